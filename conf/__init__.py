@@ -1,0 +1,1 @@
+"""TOML run configurations and privacy-budget presets shipped with census-topdown."""

@@ -1,0 +1,1 @@
+"""Geography: spines (standard, AIAN, optimized), bypassing, custom block groups, block assignment files."""

@@ -1,0 +1,1 @@
+"""census-topdown pipeline: configuration, data contracts, measurement, estimation on Dask, outputs."""

@@ -1,0 +1,242 @@
+"""Run configuration: TOML files validated with pydantic, budgets as exact fractions.
+
+Layout of a configuration file (see ``conf/demo.toml``)::
+
+    [run]                      name, products, spine, mode, seed, input, baf, algorithm
+    [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta
+    [persons.budget.levels]    geolevel proportions, top-down
+    [persons.budget.queries.<Level>]   query proportions within a level
+    [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack
+    [persons.invariants]       <Level> = [invariant names]
+    [persons.constraints]      <Level> = [constraint names]
+    [units.*]                  the same for the housing-unit product
+
+A preset may be included with ``include = "pl94_production_2021.toml"`` at the top level; tables of
+the including file override the preset's key by key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from fractions import Fraction
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+LEVELS_STANDARD = ("US", "State", "County", "Tract", "Block_Group", "Block")
+INFINITE = "inf"
+
+
+class ConfigError(ValueError):
+    """A configuration file is invalid; the message names the file and the key."""
+
+
+def parse_fraction(value: Any) -> Fraction:
+    """An exact fraction from ``"p/q"``, an integer, or a decimal string. Floats are refused."""
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"expected a fraction such as \"1/3\", got {value!r}")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        raise ValueError(f"write budgets as exact fractions in quotes (e.g. \"1/10\"), not the float {value!r}")
+    if isinstance(value, str):
+        try:
+            return Fraction(value.strip())
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ValueError(f"{value!r} is not an exact fraction such as \"104/4099\"") from exc
+    raise ValueError(f"expected a fraction such as \"1/3\", got {value!r}")
+
+
+def _parse_budget_total(value: Any) -> Fraction | None:
+    """A total budget: an exact fraction, or ``"inf"`` (returned as None) for a zero-noise test run."""
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        return None
+    return parse_fraction(value)
+
+
+FractionField = Annotated[Fraction, BeforeValidator(parse_fraction), PlainSerializer(str, return_type=str)]
+TotalBudget = Annotated[Fraction | None, BeforeValidator(_parse_budget_total),
+                        PlainSerializer(lambda v: INFINITE if v is None else str(v), return_type=str)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BudgetConfig(_Strict):
+    """Privacy budget of one product: total, mechanism, level and query proportions."""
+
+    mechanism: Literal["discrete_gaussian", "geometric"] = "discrete_gaussian"
+    rho: TotalBudget | None = Field(default=None, description="total rho (zCDP), or 'inf' for no noise")
+    epsilon: TotalBudget | None = Field(default=None, description="total epsilon (pure DP, geometric)")
+    delta: FractionField = Fraction(1, 10**10)
+    levels: dict[str, FractionField]
+    queries: dict[str, dict[str, FractionField]]
+    infinite: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mark_infinite(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            total = data.get("rho") if data.get("mechanism", "discrete_gaussian") == "discrete_gaussian" else data.get("epsilon")
+            if isinstance(total, str) and total.strip().lower() in ("inf", "infinity"):
+                data = {**data, "infinite": True}
+        return data
+
+    @model_validator(mode="after")
+    def _check_total(self) -> "BudgetConfig":
+        if self.mechanism == "discrete_gaussian":
+            if self.rho is None and not self.infinite:
+                raise ValueError("discrete_gaussian needs 'rho' (an exact fraction, or \"inf\" for a zero-noise test run)")
+            if self.rho is not None and self.rho <= 0:
+                raise ValueError(f"rho must be positive, got {self.rho}")
+        else:
+            if self.epsilon is None and not self.infinite:
+                raise ValueError("geometric needs 'epsilon' (an exact fraction, or \"inf\" for a zero-noise test run)")
+            if self.epsilon is not None and self.epsilon <= 0:
+                raise ValueError(f"epsilon must be positive, got {self.epsilon}")
+        return self
+
+
+class EstimationConfig(_Strict):
+    """Query orderings of the multi-pass L2 estimation and rounder, per child level."""
+
+    l2_passes: dict[str, list[list[str]]]
+    rounder_passes: dict[str, list[list[str]]]
+    tau_slack: float = 0.1
+
+
+class ProductConfig(_Strict):
+    """Everything about one product (persons or units)."""
+
+    budget: BudgetConfig
+    estimation: EstimationConfig
+    invariants: dict[str, list[str]] = Field(default_factory=dict)
+    constraints: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class RunSection(_Strict):
+    name: str = "topdown"
+    products: list[Literal["persons", "units"]] = ["persons"]
+    spine: Literal["standard", "aian", "optimized"] = "standard"
+    mode: Literal["test", "production"] = "test"
+    seed: int | None = 0
+    input: str = "demo"
+    baf: str | None = None
+    algorithm: Literal["topdown", "block_by_block"] = "topdown"
+    partitions_per_worker: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> "RunSection":
+        if self.mode == "production" and self.seed is not None:
+            raise ValueError("mode = \"production\" draws from the operating system's CSPRNG and refuses a seed; remove 'seed'")
+        if self.mode == "test" and self.seed is None:
+            raise ValueError("mode = \"test\" needs an integer 'seed'")
+        return self
+
+
+class Config(_Strict):
+    """A whole run configuration."""
+
+    run: RunSection = RunSection()
+    persons: ProductConfig | None = None
+    units: ProductConfig | None = None
+    source: str = Field(default="<memory>", exclude=True)
+
+    @model_validator(mode="after")
+    def _check_products(self) -> "Config":
+        for product in self.run.products:
+            if getattr(self, product) is None:
+                raise ValueError(f"run.products lists {product!r} but there is no [{product}] table")
+        return self
+
+    def product(self, name: str) -> ProductConfig:
+        cfg = getattr(self, name)
+        assert cfg is not None
+        return cfg
+
+    def with_overrides(self, **run_fields: Any) -> "Config":
+        """A copy with some ``[run]`` fields replaced (validated again)."""
+        data = self.model_dump(mode="json")
+        data["run"].update({k: v for k, v in run_fields.items()})
+        return Config.model_validate({**data, "source": self.source})
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON of the configuration (the manifest's config hash)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def preset_dir() -> Path:
+    """The folder of shipped presets (``conf/``)."""
+    return Path(__file__).resolve().parent.parent / "conf" if (Path(__file__).resolve().parent.parent / "conf" / "demo.toml").exists() \
+        else Path(__import__("topdown.conf", fromlist=["__file__"]).__file__).parent
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """A config path as given, or the name of a shipped preset (``demo``, ``pl94_production_2021``...)."""
+    p = Path(path)
+    if p.exists():
+        return p
+    candidate = preset_dir() / (p.name if p.suffix == ".toml" else p.name + ".toml")
+    if candidate.exists():
+        return candidate
+    raise ConfigError(f"{path}: no such configuration file or shipped preset (presets: "
+                      f"{', '.join(sorted(q.stem for q in preset_dir().glob('*.toml')))})")
+
+
+def read_toml(path: Path) -> dict:
+    """A TOML file with ``include`` resolved (relative to the file, then the shipped presets)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    include = data.pop("include", None)
+    if include:
+        inc = path.parent / include
+        if not inc.exists():
+            inc = resolve_config_path(include)
+        data = _deep_merge(read_toml(inc), data)
+    return data
+
+
+def _format_validation_error(path: Path | str, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid configuration"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a configuration file (or shipped preset name)."""
+    p = resolve_config_path(path)
+    data = read_toml(p)
+    return config_from_dict(data, source=str(p))
+
+
+def config_from_dict(data: dict, source: str = "<memory>") -> Config:
+    """Validate a configuration given as a dictionary (as parsed from TOML)."""
+    try:
+        return Config.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(source, exc)) from None
