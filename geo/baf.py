@@ -1,0 +1,147 @@
+"""Census block assignment files (BAFs) and the entity codes the spine needs (facts 6.2).
+
+A BAF is pipe-delimited with a header row, one row per tabulation block keyed by ``BLOCKID`` (the
+15-character block GEOID), e.g. ``BlockAssign_ST44_RI_MCD.txt`` with ``BLOCKID|COUNTYFP|COUSUBFP``. An
+empty field means "not in any such area". Every column is read as a string.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+BAF_NAME = re.compile(r"^BlockAssign_ST(\d{2})_([A-Z]{2})_(.+)\.txt$")
+
+# Known files: entity name -> {BAF column: our column}. Files not listed here keep every column,
+# named "<entity>_<column>" in lower case.
+KNOWN_COLUMNS: dict[str, dict[str, str]] = {
+    "AIANNH": {"AIANNHCE": "aiannhce", "COMPTYP": "comptyp"},
+    "INCPLACE_CDP": {"PLACEFP": "placefp"},
+    "MCD": {"COUNTYFP": "countyfp", "COUSUBFP": "cousubfp"},
+    "CD": {"DISTRICT": "cd"},
+    "VTD": {"COUNTYFP": "vtd_countyfp", "DISTRICT": "vtd_district"},
+}
+
+# Strong-MCD states (facts 6.2, `table_reader.py` default): CT ME MA MI MN NH NJ NY PA RI VT WI.
+STRONG_MCD_STATES = frozenset({"09", "23", "25", "26", "27", "33", "34", "36", "42", "44", "50", "55"})
+
+# Included AIANNHCE ranges (facts 6.2, production `aian_areas`), inclusive.
+AIAN_RANGES = ((1, 4799), (4800, 4989), (5000, 5499), (5500, 5899), (5900, 5999), (6000, 7999), (9000, 9499))
+FORBIDDEN_AIAN = (4990, 4999)
+NOT_AIAN = "9999"
+
+
+def _read_one(path: Path, entity: str) -> pd.DataFrame:
+    """One BAF as a frame indexed by geoid with our column names."""
+    frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False, na_values=[])
+    if "BLOCKID" not in frame.columns:
+        raise ValueError(f"{path}: no BLOCKID column in the header {list(frame.columns)}")
+    bad = frame.loc[~frame["BLOCKID"].str.fullmatch(r"\d{15}"), "BLOCKID"]
+    if len(bad):
+        raise ValueError(f"{path}: row {bad.index[0] + 2} has BLOCKID {bad.iloc[0]!r}, not 15 digits")
+    known = KNOWN_COLUMNS.get(entity)
+    if known is not None:
+        missing = [c for c in known if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{path}: expected columns {missing} for a {entity} file")
+        frame = frame.rename(columns=known)[["BLOCKID", *known.values()]]
+    else:
+        frame = frame.rename(columns={c: f"{entity}_{c}".lower() for c in frame.columns if c != "BLOCKID"})
+    return frame.rename(columns={"BLOCKID": "geoid"}).set_index("geoid")
+
+
+def read_baf_dir(directory: Path | str) -> pd.DataFrame:
+    """All BAFs in ``directory`` (one or more states) joined into one frame indexed by ``geoid``.
+
+    Columns: ``aiannhce, comptyp, placefp, countyfp, cousubfp, cd, vtd`` (``vtd`` = county FIPS +
+    district, unique within a state) for the files present, and ``<entity>_<column>`` for any other
+    file. A block absent from one entity's file gets "" there (not in any such area).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"BAF directory {directory} does not exist")
+    per_entity: dict[str, list[pd.DataFrame]] = {}
+    for path in sorted(directory.iterdir()):
+        match = BAF_NAME.match(path.name)
+        if match:
+            per_entity.setdefault(match.group(3), []).append(_read_one(path, match.group(3)))
+    if not per_entity:
+        raise FileNotFoundError(f"no block assignment files (BlockAssign_STxx_XX_<ENTITY>.txt) in {directory}")
+    frames = []
+    for entity, parts in per_entity.items():
+        frame = pd.concat(parts)
+        dup = frame.index[frame.index.duplicated()]
+        if len(dup):
+            raise ValueError(f"{directory}: block {dup[0]} appears twice in the {entity} files")
+        frames.append(frame)
+    baf = pd.concat(frames, axis=1, join="outer").fillna("").sort_index()
+    if "vtd_district" in baf.columns:
+        county = baf["vtd_countyfp"]
+        baf["vtd"] = (county + baf["vtd_district"]).where(baf["vtd_district"] != "", "")
+        baf = baf.drop(columns=["vtd_countyfp", "vtd_district"])
+    baf.index.name = "geoid"
+    return baf
+
+
+def aian_flags(aiannhce: pd.Series) -> pd.Series:
+    """True where the AIANNHCE code is in an included AIAN range (facts 6.2); blank or 9999 is False.
+
+    Raises on codes 4990-4999 (asserted absent in production) and on codes that are not 4 digits.
+    """
+    codes = aiannhce.fillna("").astype(str)
+    present = codes != ""
+    bad = codes[present & ~codes.str.fullmatch(r"\d{4}")]
+    if len(bad):
+        raise ValueError(f"AIANNHCE {bad.iloc[0]!r} (block {bad.index[0]}) is not a 4-digit code")
+    numbers = pd.to_numeric(codes.where(present, NOT_AIAN)).astype("int64")
+    forbidden = numbers[(numbers >= FORBIDDEN_AIAN[0]) & (numbers <= FORBIDDEN_AIAN[1])]
+    if len(forbidden):
+        raise ValueError(f"AIANNHCE {forbidden.iloc[0]:04d} (block {forbidden.index[0]}) is in the "
+                         f"forbidden range 4990-4999")
+    flag = pd.Series(False, index=codes.index)
+    for low, high in AIAN_RANGES:
+        flag |= (numbers >= low) & (numbers <= high)
+    return flag.rename("aian")
+
+
+def aian_area(baf: pd.DataFrame) -> pd.Series:
+    """DAS AIAN area code per block: AIANNHCE inside an included area, else "9999" (facts 6.2)."""
+    return baf["aiannhce"].where(aian_flags(baf["aiannhce"]), NOT_AIAN).rename("aian_area")
+
+
+def places(baf: pd.DataFrame) -> pd.Series:
+    """Place (incorporated place or CDP) per block: "P" + state + PLACEFP, "" outside any place."""
+    state = pd.Series(baf.index.str[:2], index=baf.index)
+    return ("P" + state + baf["placefp"]).where(baf["placefp"] != "", "").rename("place")
+
+
+def mcds(baf: pd.DataFrame) -> pd.Series:
+    """MCD per block: "M" + state + county + COUSUBFP, "" where COUSUBFP is blank or 00000 (not defined)."""
+    state = pd.Series(baf.index.str[:2], index=baf.index)
+    code = "M" + state + baf["countyfp"] + baf["cousubfp"]
+    return code.where(~baf["cousubfp"].isin(["", "00000"]), "").rename("mcd")
+
+
+def place_mcd_entity(baf: pd.DataFrame, state: str | pd.Series | None = None,
+                     strong_mcd_states: frozenset[str] = STRONG_MCD_STATES) -> pd.Series:
+    """The targeted place/MCD entity per block (facts 6.2; paper section 7.5).
+
+    In a strong-MCD state and outside AIAN areas: the MCD (see ``mcds``); elsewhere the place (see
+    ``places``). ``state`` (2-digit FIPS, one for all blocks or one per block) defaults to the first two
+    characters of the geoid index.
+    """
+    missing = [c for c in ("placefp", "countyfp", "cousubfp", "aiannhce") if c not in baf.columns]
+    if missing:
+        raise ValueError(f"place_mcd_entity needs BAF columns {missing} (INCPLACE_CDP, MCD, AIANNH files)")
+    if state is None:
+        state = pd.Series(baf.index.str[:2], index=baf.index)
+    elif isinstance(state, str):
+        state = pd.Series(state, index=baf.index)
+    use_mcd = state.isin(strong_mcd_states) & ~aian_flags(baf["aiannhce"])
+    return mcds(baf).where(use_mcd, places(baf)).rename("place_mcd")
+
+
+def target_entities(baf: pd.DataFrame) -> pd.DataFrame:
+    """The production off-spine entities per block: place/MCD code and DAS AIAN area (facts 6.4 step 2)."""
+    return pd.concat([place_mcd_entity(baf), aian_area(baf)], axis=1)

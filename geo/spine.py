@@ -1,0 +1,292 @@
+"""The geographic spine as a table: one row per tabulation block, one column per level (DESIGN.md section 2).
+
+Three kinds (facts 6.1-6.5; paper sections 7.4-7.5):
+
+* standard: the tabulation hierarchy US > State > County > Tract > Block_Group > Block by GEOID prefixes;
+* aian: every state, county, tract and block group is split into its AIAN part and its non-AIAN part, so
+  that each node nests in one branch; node geocodes are prefixed by the AIAN flag ("1" or "0");
+* optimized: the AIAN split plus custom block groups (``geo.blockgroups``).
+
+Bypassing (facts 6.5): a parent with exactly one child carries the child's geolevel budget as well as
+its own; the child gets none (it is copied from its parent). ``budget_levels`` records these moves. The
+condition of Theorem 2 (paper, Appendix B) is that along every root-to-block path each level's budget
+proportion is used exactly once; ``check_path_condition`` verifies it.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .baf import aian_flags, read_baf_dir, target_entities
+from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures
+
+LEVELS = ("US", "State", "County", "Tract", "Block_Group", "Block")
+ROOT = "US"
+KINDS = ("standard", "aian", "optimized")
+PREFIX = {"State": 2, "County": 5, "Tract": 11, "Block_Group": 12}
+METADATA_KEY = b"topdown.spine"
+
+
+@dataclass
+class Spine:
+    """A spine: ``levels`` top-down, ``table`` (geoid + one geocode column per level), budget moves.
+
+    ``moves[level][geocode]`` holds the levels whose budget proportions that node carries when it is not
+    just ``(level,)``; see ``budget_levels``.
+    """
+
+    levels: list[str]
+    table: pd.DataFrame
+    moves: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    kind: str = "standard"
+
+    def __post_init__(self) -> None:
+        self.levels = list(self.levels)
+        missing = [c for c in ["geoid", *self.levels] if c not in self.table.columns]
+        if missing:
+            raise ValueError(f"spine table lacks columns {missing}")
+        if self.table["geoid"].duplicated().any():
+            raise ValueError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
+                             f"appears twice")
+        if self.table[self.levels[0]].nunique() != 1:
+            raise ValueError(f"spine table: the root level {self.levels[0]} must hold one node")
+        if self.table[self.levels[-1]].duplicated().any():
+            raise ValueError(f"spine table: the {self.levels[-1]} column must be unique per block")
+        for level, codes in self.moves.items():
+            if level not in self.levels:
+                raise ValueError(f"budget moves name unknown level {level!r}")
+            for geocode, carried in codes.items():
+                unknown = [c for c in carried if c not in self.levels]
+                if unknown:
+                    raise ValueError(f"budget moves of {level} node {geocode!r} name unknown levels {unknown}")
+        self.check_nesting()
+
+    def check_nesting(self) -> None:
+        """Every node has exactly one parent at the level above; raises naming the first offender."""
+        for parent, child in zip(self.levels, self.levels[1:]):
+            parents = self.table.groupby(child, sort=False)[parent].nunique()
+            bad = parents[parents > 1]
+            if len(bad):
+                raise ValueError(f"{child} node {bad.index[0]!r} has {bad.iloc[0]} parents at level {parent}")
+
+    def nodes(self, level: str) -> pd.Series:
+        """The unique node geocodes at ``level``, sorted."""
+        return pd.Series(np.sort(self.table[level].unique()), name=level)
+
+    def parent_level(self, level: str) -> str | None:
+        """The level above ``level`` (None for the root)."""
+        i = self.levels.index(level)
+        return self.levels[i - 1] if i else None
+
+    def child_level(self, level: str) -> str | None:
+        """The level below ``level`` (None for the block level)."""
+        i = self.levels.index(level)
+        return self.levels[i + 1] if i + 1 < len(self.levels) else None
+
+    def parents(self, level: str) -> pd.Series:
+        """Parent geocode of every node at ``level`` (indexed by the node's geocode); not for the root."""
+        above = self.parent_level(level)
+        if above is None:
+            raise ValueError(f"{level} is the root level; it has no parents")
+        pairs = self.table[[level, above]].drop_duplicates(level)
+        return pd.Series(pairs[above].to_numpy(), index=pd.Index(pairs[level].to_numpy(), name=level), name=above)
+
+    def fanout(self, level: str) -> pd.Series:
+        """Number of children of every node at ``level`` (not for the block level)."""
+        below = self.child_level(level)
+        if below is None:
+            raise ValueError(f"{level} is the block level; its nodes have no children")
+        return self.table.groupby(level)[below].nunique().rename("fanout")
+
+    def budget_levels(self, level: str, geocode: str) -> tuple[str, ...]:
+        """Levels whose geolevel budget proportions node (level, geocode) carries (facts 6.5)."""
+        return self.moves.get(level, {}).get(geocode, (level,))
+
+    def to_parquet(self, path: Path | str) -> None:
+        """Write the table (geoid + one column per level); kind, levels and moves go in the file metadata."""
+        table = pa.Table.from_pandas(self.table[["geoid", *self.levels]], preserve_index=False)
+        meta = {"kind": self.kind, "levels": self.levels,
+                "moves": {lvl: {g: list(c) for g, c in codes.items()} for lvl, codes in self.moves.items()}}
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta)})
+        pq.write_table(table, path)
+
+    @classmethod
+    def read_parquet(cls, path: Path | str) -> Spine:
+        """Read a spine written by ``to_parquet``."""
+        table = pq.read_table(path)
+        raw = (table.schema.metadata or {}).get(METADATA_KEY)
+        if raw is None:
+            raise ValueError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
+        meta = json.loads(raw)
+        moves = {lvl: {g: tuple(c) for g, c in codes.items()} for lvl, codes in meta["moves"].items()}
+        return cls(levels=meta["levels"], table=table.to_pandas(), moves=moves, kind=meta["kind"])
+
+
+def check_path_condition(spine: Spine) -> None:
+    """Theorem 2, condition 4: on every root-to-block path each level's budget is carried exactly once.
+
+    Raises ValueError naming the first offending block and the levels it uses 0 or 2+ times.
+    """
+    column = {level: j for j, level in enumerate(spine.levels)}
+    uses = np.zeros((len(spine.table), len(spine.levels)), dtype=np.int64)
+    for j, level in enumerate(spine.levels):
+        uses[:, j] += 1
+        by_carried: dict[tuple[str, ...], list[str]] = {}
+        for geocode, carried in spine.moves.get(level, {}).items():
+            by_carried.setdefault(carried, []).append(geocode)
+        for carried, geocodes in by_carried.items():
+            mask = spine.table[level].isin(geocodes).to_numpy()
+            uses[mask, j] -= 1
+            for other in carried:
+                uses[mask, column[other]] += 1
+    bad = np.flatnonzero((uses != 1).any(axis=1))
+    if len(bad):
+        row = bad[0]
+        wrong = {level: int(uses[row, j]) for j, level in enumerate(spine.levels) if uses[row, j] != 1}
+        raise ValueError(f"block {spine.table['geoid'].iloc[row]}: the budgets of levels {wrong} "
+                         f"(level: times used) break the path condition (each level exactly once)")
+
+
+def bypass(spine: Spine) -> Spine:
+    """Bypass every parent with exactly one child, bottom-up, at every level (facts 6.5).
+
+    The parent then carries its own and the child's budget levels (which may already include levels
+    moved up from below) and the child carries none.
+    """
+    moves = {level: dict(codes) for level, codes in spine.moves.items()}
+    for parent, child in reversed(list(zip(spine.levels, spine.levels[1:]))):
+        grouped = spine.table.groupby(parent, sort=False)[child]
+        count = grouped.nunique()
+        only = grouped.first()[count == 1]
+        parent_moves, child_moves = moves.setdefault(parent, {}), moves.setdefault(child, {})
+        for node, only_child in only.items():
+            parent_moves[node] = parent_moves.get(node, (parent,)) + child_moves.get(only_child, (child,))
+            child_moves[only_child] = ()
+    result = Spine(spine.levels, spine.table, {lvl: m for lvl, m in moves.items() if m}, spine.kind)
+    check_path_condition(result)
+    return result
+
+
+def _block_geoids(geoids: pd.Series | pd.Index | list[str]) -> pd.Series:
+    """Validated, sorted 15-digit block GEOIDs."""
+    values = pd.Series(np.asarray(geoids, dtype=object)).astype(str)
+    bad = values[~values.str.fullmatch(r"\d{15}")]
+    if len(bad):
+        raise ValueError(f"block GEOID {bad.iloc[0]!r} (row {bad.index[0]}) is not 15 digits")
+    dup = values[values.duplicated()]
+    if len(dup):
+        raise ValueError(f"block GEOID {dup.iloc[0]} appears twice")
+    return values.sort_values(ignore_index=True)
+
+
+def _prefixed_table(geoids: pd.Series, flag: pd.Series | None) -> pd.DataFrame:
+    """The tabulation prefixes per level, each prefixed by ``flag`` when given; Block is the GEOID."""
+    table = {"geoid": geoids, ROOT: pd.Series(ROOT, index=geoids.index)}
+    for level, width in PREFIX.items():
+        table[level] = geoids.str[:width] if flag is None else flag + geoids.str[:width]
+    table["Block"] = geoids
+    return pd.DataFrame(table)
+
+
+def _aligned_flag(aian: pd.Series, geoids: pd.Series) -> pd.Series:
+    """The AIAN flag ("1"/"0") per block; ``aian`` is a boolean Series indexed by geoid."""
+    flags = aian.reindex(pd.Index(geoids))
+    if flags.isna().any():
+        raise ValueError(f"no AIAN flag for block {geoids[flags.isna().to_numpy()].iloc[0]}")
+    return pd.Series(np.where(flags.astype(bool).to_numpy(), "1", "0"), index=geoids.index)
+
+
+def standard_spine(geoids: pd.Series, bypass_single_children: bool = False) -> Spine:
+    """The tabulation spine by GEOID prefixes (facts 6.1); optionally bypassed."""
+    spine = Spine(list(LEVELS), _prefixed_table(_block_geoids(geoids), None), kind="standard")
+    return bypass(spine) if bypass_single_children else spine
+
+
+def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool = True) -> Spine:
+    """The AIAN spine (facts 6.3; paper section 7.4): each node's geocode is [AIAN flag] + its prefix."""
+    geoids = _block_geoids(geoids)
+    spine = Spine(list(LEVELS), _prefixed_table(geoids, _aligned_flag(aian, geoids)), kind="aian")
+    return bypass(spine) if bypass_single_children else spine
+
+
+def optimized_spine(geoids: pd.Series, entities: pd.DataFrame, gq_signature: pd.Series | None,
+                    aian: pd.Series, fanout_cutoff: int = FANOUT_CUTOFF,
+                    bypass_single_children: bool = True) -> Spine:
+    """The optimized spine (facts 6.4-6.5; paper section 7.5): AIAN split, custom block groups, bypassing.
+
+    ``entities`` (indexed by geoid) holds one column per targeted off-spine entity code (production:
+    place/MCD and DAS AIAN area); ``gq_signature`` (indexed by geoid) the 7-character GQ signature, or
+    None to ignore group quarters. Tracts stay tabulation tracts within each AIAN part (production has
+    no tract-group level). The custom block group geocode is the tract's geocode plus a zero-padded
+    index, the width being the digits of the largest fan-out.
+    """
+    geoids = _block_geoids(geoids)
+    table = _prefixed_table(geoids, _aligned_flag(aian, geoids))
+    index = pd.Index(geoids)
+    aligned = entities.reindex(index)
+    if aligned.isna().any(axis=None):
+        raise ValueError(f"no off-spine entity codes for block {geoids[aligned.isna().any(axis=1).to_numpy()].iloc[0]}")
+    key = pd.Series("", index=index)
+    for column in aligned.columns:
+        key = key + "|" + aligned[column].astype(str)
+    if gq_signature is not None:
+        signature = gq_signature.reindex(index)
+        if signature.isna().any():
+            raise ValueError(f"no GQ signature for block {geoids[signature.isna().to_numpy()].iloc[0]}")
+        key = key + "|" + signature.astype(str)
+    bg = custom_block_groups(table["Tract"], table["geoid"], pd.Series(key.to_numpy(), index=table.index),
+                             fanout_cutoff)
+    width = len(str(int(bg.max()) + 1))
+    table["Block_Group"] = table["Tract"] + (bg + 1).astype(str).str.zfill(width)
+    spine = Spine(list(LEVELS), table, kind="optimized")
+    return bypass(spine) if bypass_single_children else spine
+
+
+def _baf_for(geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None, kind: str) -> pd.DataFrame:
+    """BAF rows for ``geoids``; blocks missing from the BAF are "not in any area" (with a warning)."""
+    if baf_dir is None:
+        raise ValueError(f"spine kind {kind!r} needs a block assignment file directory (--baf DIR)")
+    baf = baf_dir if isinstance(baf_dir, pd.DataFrame) else read_baf_dir(baf_dir)
+    source = "the given BAF table" if isinstance(baf_dir, pd.DataFrame) else str(baf_dir)
+    if "aiannhce" not in baf.columns:
+        raise ValueError(f"{source}: no AIANNH block assignment file; spine kind {kind!r} needs it")
+    index = pd.Index(_block_geoids(geoids), name="geoid")
+    missing = int((~index.isin(baf.index)).sum())
+    if missing:
+        warnings.warn(f"{missing} of {len(index)} blocks are not in the BAFs of {source}; "
+                      f"they are treated as in no AIAN area, place or MCD", stacklevel=3)
+    return baf.reindex(index, fill_value="")
+
+
+def build_spine(kind: str, geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None = None,
+                units: pd.DataFrame | Path | str | None = None) -> Spine:
+    """Build a spine of ``kind`` ("standard", "aian", "optimized") for the blocks ``geoids``.
+
+    aian and optimized need ``baf_dir`` (a BAF directory, or a frame from ``read_baf_dir``); optimized takes the GQ signature from ``units`` (a units
+    table or the path of a units parquet with columns geoid, unit_type, occupied) when given.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown spine kind {kind!r}; expected one of {KINDS}")
+    if kind == "standard":
+        return standard_spine(geoids)
+    baf = _baf_for(geoids, baf_dir, kind)
+    aian = aian_flags(baf["aiannhce"])
+    if kind == "aian":
+        return aian_spine(baf.index.to_series(), aian)
+    if isinstance(units, (str, Path)):
+        units = pd.read_parquet(units, columns=["geoid", "unit_type"])
+    signature = None
+    if units is not None:
+        outside = int((~pd.Index(units["geoid"].unique()).isin(baf.index)).sum())
+        if outside:
+            warnings.warn(f"{outside} blocks of the units table are not among the spine's blocks; "
+                          f"their GQ facilities are ignored", stacklevel=2)
+        signature = gq_signatures(units, baf.index.to_series())
+    return optimized_spine(baf.index.to_series(), target_entities(baf), signature, aian)
