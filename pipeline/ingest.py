@@ -1,0 +1,471 @@
+"""Build CEF-like input (persons.parquet, units.parquet; DESIGN.md section 2) from published block tables.
+
+Both readers write one row per person and one row per unit, sorted by geoid and then by the codes in column
+order (persons: hhgq, votingage, hispanic, cenrace; units: unit_type, occupied with False first). The output
+is a deterministic function of the input. Blocks with neither persons nor units produce no rows (the DAS has
+no such blocks, facts 1.5).
+
+P.L. 94-171 legacy files (:func:`ingest_pl94`), summary level 750 only
+--------------------------------------------------------------------------
+The tables pin the (votingage x hispanic x cenrace) cross of every block exactly (facts 1.1-1.2 cell order;
+P1 race cells 003-008, 011-025, 027-046, 048-062, 064-069, 071 are cenrace 0..62 in order):
+
+* 18+, not Hispanic: P4 race cell; 18+, Hispanic: P3 - P4;
+* under 18, not Hispanic: P2 - P4; under 18, Hispanic: (P1 - P2) - (P3 - P4).
+
+What the tables leave open is allocated as follows.
+
+1. GQ persons (P5 types 003, 004, 005, 006, 008, 009, 010 = hhgq 1..7). Types are served in the order
+   nursing (3) first, then 1, 2, 4, 5, 6, 7. A type takes persons from the block's still unallocated
+   (votingage, hispanic, cenrace) cells: first the 18+ cells, then the under-18 cells (juvenile facilities,
+   type 2, take under-18 cells first); within each age group cells are taken whole, largest remaining count
+   first, ties to the lower cell index, until the type's count is met. Nursing-facility persons come only
+   from 18+ cells (structural zero ``nurse_nva_0``, facts 2.4); if the block has too few, it is an error.
+   Everybody left is in a household (hhgq 0).
+2. GQ facilities. The prototype's geographic-header HU100 counts housing units plus GQ facilities
+   (data README caveat 4), so the block has F = HU100 - H1_001 facilities. Every GQ type with persons gets
+   one; the rest go one at a time to the type with the most persons per facility (n_k / f_k, exact integer
+   comparison, ties to the lower type), never to a type with as many facilities as persons (D'Hondt
+   apportionment). If F = 0 while the block has GQ persons (published files whose HU100 is the housing-unit
+   count only) the block gets exactly one facility per present type; :class:`Summary` counts those blocks.
+   0 < F < present types, or F > GQ persons, is an error.
+3. Housing units: H1_002 occupied and H1_003 vacant rows of unit_type 0. GQ facilities are occupied.
+
+Every published cell of P1, P2, P3, P4, P5 and H1 of every block is reproduced exactly; the input's own
+subtotal identities are checked first (data README, "Verified").
+
+Block demographics CSV (:func:`ingest_blocks`)
+-----------------------------------------------
+Columns ``GEOID, pop, pop_<g>, vap, vap_<g>`` for the 8 groups g = hisp, white, black, aian, asian, nhpi,
+other, two (Hispanic of any race, and not-Hispanic single races / two or more). ``pop_g`` and ``vap_g`` are
+reproduced exactly; everybody lives in a household (hhgq 0).
+
+* Not-Hispanic single-race groups map to cenrace 0..5 (White, Black, AIAN, Asian, NHPI, SOR).
+* ``two`` (not Hispanic) and ``hisp`` get their cenrace from a fixed weight table (``TWO_RACE_WEIGHTS``,
+  ``HISPANIC_RACE_WEIGHTS``: rounded 2010 national shares, percent) by a stride sequence: the group's persons
+  are numbered j = 0, 1, ... over the whole file in output order (geoid, then under-18 before 18+), and
+  person j gets the weight bucket that holds slot (j * 37) mod 100. Any 100 consecutive persons follow the
+  weights exactly; consecutive persons get different races.
+* Housing units: occupied = ceil(household persons / 2.5) (so at least one in every populated block, and
+  never more than the persons); vacant units follow the file-wide ratio of one vacant per 9 occupied units
+  (a 10 % vacancy rate): with C_b the running total of occupied units over blocks in GEOID order, block b
+  gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .schema import CENRACE_COMBOS, PERSONS, cenrace_index
+
+NRACE = 63
+NURSING, JUVENILE = 3, 2
+GQ_ORDER = (3, 1, 2, 4, 5, 6, 7)
+GEO_FIELDS = 97
+ID_FIELDS = ("FILEID", "STUSAB", "CHARITER", "CIFSN", "LOGRECNO")
+#: 0-based positions in the geographic header (data README, "Legacy file layout").
+GEO_POS = {"SUMLEV": 2, "LOGRECNO": 7, "GEOCODE": 9, "POP100": 90, "HU100": 91}
+BLOCK_SUMLEV = "750"
+#: P5 cells 003, 004, 005, 006, 008, 009, 010 are hhgq 1..7 (0-based positions in P5's 10 cells).
+P5_DETAIL = (2, 3, 4, 5, 7, 8, 9)
+
+
+class IngestError(ValueError):
+    """Published tables that cannot be read or are inconsistent; the message names file, column and row."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What an ingest wrote. All figures are of published (already protected) tables."""
+
+    source: str
+    blocks_read: int
+    blocks_written: int
+    persons: int
+    housing_units: int
+    gq_facilities: int
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_cell: np.ndarray,
+              person_count: np.ndarray, unit_block: np.ndarray, unit_type: np.ndarray, unit_occupied: np.ndarray,
+              unit_count: np.ndarray) -> tuple[int, int]:
+    """Expand (block, cell, count) and (block, unit_type, occupied, count) rows into out/persons.parquet and
+    out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. Returns (persons, units) written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    geo = pa.array(np.asarray(geoids, dtype=object), type=pa.string())
+    geo_rank = np.argsort(np.argsort(np.asarray(geoids, dtype=object), kind="stable"), kind="stable")
+
+    keep = np.asarray(person_count) > 0
+    pb, pcell, pn = (np.asarray(a)[keep].astype(np.int64) for a in (person_block, person_cell, person_count))
+    order = np.lexsort((pcell, geo_rank[pb]))
+    rows = np.repeat(order, pn[order])
+    levels = PERSONS.unravel(pcell[rows])
+    persons = pa.table({"geoid": geo.take(pa.array(pb[rows])),
+                        **{name: pa.array(lv.astype(np.int8)) for name, lv in zip(PERSONS.dim_names, levels)}})
+
+    keep = np.asarray(unit_count) > 0
+    ub, ut, un = (np.asarray(a)[keep].astype(np.int64) for a in (unit_block, unit_type, unit_count))
+    uo = np.asarray(unit_occupied)[keep].astype(bool)
+    order = np.lexsort((uo, ut, geo_rank[ub]))
+    rows = np.repeat(order, un[order])
+    units = pa.table({"geoid": geo.take(pa.array(ub[rows])), "unit_type": pa.array(ut[rows].astype(np.int8)),
+                      "occupied": pa.array(uo[rows])})
+    pq.write_table(persons, out / "persons.parquet")
+    pq.write_table(units, out / "units.parquet")
+    return persons.num_rows, units.num_rows
+
+
+# --------------------------------------------------------------------------------------------- P.L. 94-171
+
+def _race_table(detail: np.ndarray) -> np.ndarray:
+    """The 71 P1/P3 cells from the 63 detailed race counts (rows = blocks)."""
+    sizes = np.array([sum(c) for c in CENRACE_COMBOS])
+    cols = [detail.sum(1)]
+    one = detail[:, sizes == 1]
+    cols += [one.sum(1), *one.T, detail[:, sizes > 1].sum(1)]
+    for k in range(2, 7):
+        part = detail[:, sizes == k]
+        cols += [part.sum(1), *part.T]
+    return np.stack(cols, axis=1)
+
+
+#: Positions of the 63 detailed cells within the 71 P1 cells.
+DETAIL_POS = np.array([i for i in range(71) if i not in (0, 1, 8, 9, 25, 46, 62, 69)])
+
+
+def _table_fields(table: int, ncells: int, prefix: str = "P") -> list[str]:
+    return [f"{prefix}{table:03d}{i:04d}" for i in range(1, ncells + 1)]
+
+
+SEGMENT_FIELDS = {
+    1: _table_fields(1, 71) + _table_fields(2, 73),
+    2: _table_fields(3, 71) + _table_fields(4, 73) + _table_fields(1, 3, "H"),
+    3: _table_fields(5, 10),
+}
+
+
+def _read_pipe(src: Path | Traversable) -> pd.DataFrame:
+    try:
+        with src.open("rb") as fh:
+            return pd.read_csv(fh, sep="|", header=None, dtype=str, keep_default_na=False, encoding="latin-1",
+                               compression="gzip" if src.name.endswith(".gz") else None, quoting=3)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise IngestError(f"{src}: column -, row -: cannot read pipe-delimited file ({exc})") from exc
+
+
+def _ints(frame: pd.DataFrame, src: object, names: list[str], first_col: int) -> np.ndarray:
+    raw = frame.iloc[:, first_col:first_col + len(names)].to_numpy(dtype=object)
+    ok = np.vectorize(lambda s: s.isdigit(), otypes=[bool])(raw) if raw.size else np.ones(raw.shape, bool)
+    if not ok.all():
+        r, c = np.argwhere(~ok)[0]
+        raise IngestError(f"{src}: column {names[c]}, row {frame.index[r]}: not a non-negative integer "
+                          f"(value {raw[r, c]!r})")
+    return raw.astype(np.int64)
+
+
+def _segment(src: Path | Traversable, number: int, blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The segment's table cells for each block (rows = blocks) and each block's 0-based row in the file."""
+    names = SEGMENT_FIELDS[number]
+    frame = _read_pipe(src)
+    if frame.shape[1] != len(ID_FIELDS) + len(names):
+        raise IngestError(f"{src}: column -, row 0: expected {len(ID_FIELDS) + len(names)} fields for segment "
+                          f"{number}, found {frame.shape[1]}")
+    cifsn = frame.iloc[:, 3].to_numpy(dtype=object)
+    bad = np.flatnonzero(cifsn != f"{number:02d}")
+    if bad.size:
+        raise IngestError(f"{src}: column CIFSN, row {bad[0]}: expected {number:02d} (value {cifsn[bad[0]]!r})")
+    logrec = _ints(frame, src, ["LOGRECNO"], 4)[:, 0]
+    if len(np.unique(logrec)) != len(logrec):
+        dup = pd.Series(logrec).duplicated().to_numpy().argmax()
+        raise IngestError(f"{src}: column LOGRECNO, row {dup}: duplicate logical record (value {logrec[dup]})")
+    pos = pd.Index(logrec).get_indexer(blocks["LOGRECNO"].to_numpy())
+    if (pos < 0).any():
+        i = int(np.flatnonzero(pos < 0)[0])
+        raise IngestError(f"{src}: column LOGRECNO, row -: no record for block {blocks['GEOCODE'].iat[i]} "
+                          f"(value {blocks['LOGRECNO'].iat[i]})")
+    return _ints(frame.iloc[pos], src, names, len(ID_FIELDS)), pos
+
+
+def _find_pl94(directory: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in sorted(Path(directory).iterdir()):
+        name = path.name.lower()
+        if not re.search(r"\.pl(\.gz)?$", name):
+            continue
+        if re.match(r"^[a-z]{2}geo\d{4}", name):
+            found.setdefault("geo", path)
+        elif m := re.match(r"^[a-z]{2}0000([1-3])\d{4}", name):
+            found.setdefault(f"seg{m.group(1)}", path)
+    missing = [k for k in ("geo", "seg1", "seg2", "seg3") if k not in found]
+    if missing:
+        raise IngestError(f"{directory}: column -, row -: missing P.L. 94-171 file(s) {missing} "
+                          "(expected xxgeoYYYY*.pl, xx00001YYYY*.pl .. xx00003YYYY*.pl, optionally .gz)")
+    return found
+
+
+def ingest_pl94(dir: Path, out: Path) -> Summary:  # noqa: A002 - name fixed by the CLI contract
+    """Read P.L. 94-171 legacy files (geo header + segments 1-3) in ``dir``; write CEF-like Parquet to ``out``."""
+    files = _find_pl94(Path(dir))
+    return ingest_pl94_files(files["geo"], files["seg1"], files["seg2"], files["seg3"], Path(out))
+
+
+def _check_equal(src: object, got: np.ndarray, published: np.ndarray, names: list[str], rows: np.ndarray,
+                 geocodes: np.ndarray, what: str) -> None:
+    bad = got != published
+    if bad.any():
+        b, c = np.argwhere(bad)[0]
+        raise IngestError(f"{src}: column {names[c]}, row {rows[b]}: block {geocodes[b]}: {what}")
+
+
+def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: Path | Traversable,
+                      seg3: Path | Traversable, out: Path) -> Summary:
+    """:func:`ingest_pl94` on explicit files (plain or gzipped), e.g. package resources."""
+    header = _read_pipe(geo)
+    if header.shape[1] != GEO_FIELDS:
+        raise IngestError(f"{geo}: column -, row 0: expected {GEO_FIELDS} geographic-header fields, "
+                          f"found {header.shape[1]}")
+    blocks = header[header.iloc[:, GEO_POS["SUMLEV"]] == BLOCK_SUMLEV]
+    blocks = pd.DataFrame({name: blocks.iloc[:, pos] for name, pos in GEO_POS.items()})
+    rows = blocks.index.to_numpy()
+    for name in ("LOGRECNO", "POP100", "HU100"):
+        blocks[name] = _ints(blocks, geo, [name], list(blocks.columns).index(name))[:, 0]
+    bad = np.flatnonzero(~blocks["GEOCODE"].str.fullmatch(r"\d{15}").to_numpy(bool))
+    if bad.size:
+        raise IngestError(f"{geo}: column GEOCODE, row {rows[bad[0]]}: malformed block GEOID "
+                          f"(value {blocks['GEOCODE'].iat[bad[0]]!r})")
+    dup = blocks["GEOCODE"].duplicated().to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        raise IngestError(f"{geo}: column GEOCODE, row {rows[i]}: duplicate block (value {blocks['GEOCODE'].iat[i]!r})")
+    geocodes = blocks["GEOCODE"].to_numpy(dtype=object)
+
+    (s1, r1), (s2, r2), (p5, r3) = (_segment(src, n, blocks) for n, src in ((1, seg1), (2, seg2), (3, seg3)))
+    f1, f2, f3 = SEGMENT_FIELDS[1], SEGMENT_FIELDS[2], SEGMENT_FIELDS[3]
+    p1, p2, p3, p4, h1 = s1[:, :71], s1[:, 71:], s2[:, :71], s2[:, 71:144], s2[:, 144:]
+
+    tot, va = p1[:, DETAIL_POS], p3[:, DETAIL_POS]
+    nh, va_nh = p2[:, DETAIL_POS + 2], p4[:, DETAIL_POS + 2]
+    _check_equal(seg1, _race_table(tot), p1, f1[:71], r1, geocodes, "P1 subtotals disagree with its cells")
+    _check_equal(seg2, _race_table(va), p3, f2[:71], r2, geocodes, "P3 subtotals disagree with its cells")
+    for src, table, hisp_total, nh_detail, names, srow, label in (
+            (seg1, p2, p1[:, 0], nh, f1[71:], r1, "P2"), (seg2, p4, p3[:, 0], va_nh, f2[71:144], r2, "P4")):
+        expect = np.column_stack([hisp_total, hisp_total - nh_detail.sum(1), _race_table(nh_detail)])
+        _check_equal(src, expect, table, names, srow, geocodes, f"{label} disagrees with its cells or with P1/P3")
+    _check_equal(seg2, np.column_stack([h1[:, 1] + h1[:, 2]]), h1[:, :1], f2[144:145], r2, geocodes,
+                 "H1 total is not occupied + vacant")
+    gq = p5[:, list(P5_DETAIL)]
+    inst, noninst = gq[:, :4].sum(1), gq[:, 4:].sum(1)
+    _check_equal(seg3, np.column_stack([inst + noninst, inst, noninst]), p5[:, [0, 1, 6]],
+                 [f3[0], f3[1], f3[6]], r3, geocodes, "P5 subtotals disagree with its cells")
+    _check_equal(geo, p1[:, :1], blocks[["POP100"]].to_numpy(), ["POP100"], rows, geocodes, "POP100 is not P1 total")
+
+    # votingage x hispanic x cenrace, shape (blocks, 2, 2, 63)
+    cross = np.stack([np.stack([nh - va_nh, (tot - nh) - (va - va_nh)], 1), np.stack([va_nh, va - va_nh], 1)], 1)
+    if (cross < 0).any():
+        b, v, h, r = np.argwhere(cross < 0)[0]
+        col = f1[71 + 2 + DETAIL_POS[r]] if v == 0 else f2[71 + 2 + DETAIL_POS[r]]
+        raise IngestError(f"{seg1 if v == 0 else seg2}: column {col}, row {(r1 if v == 0 else r2)[b]}: block "
+                          f"{geocodes[b]}: P1-P4 imply a negative {'18+' if v else 'under-18'} "
+                          f"{'Hispanic' if h else 'not-Hispanic'} count for this race")
+
+    gq_persons = gq.sum(1)
+    facilities = blocks["HU100"].to_numpy() - h1[:, 0]
+    bad = (facilities < 0) | ((gq_persons == 0) & (facilities != 0))
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise IngestError(f"{geo}: column HU100, row {rows[b]}: block {geocodes[b]}: HU100 - H1_001 is negative, or "
+                          "non-zero without GQ population (HU100 counts housing units plus GQ facilities)")
+    hh_persons = p1[:, 0] - gq_persons
+    if ((hh_persons > 0) & (h1[:, 0] == 0)).any():
+        b = int(np.flatnonzero((hh_persons > 0) & (h1[:, 0] == 0))[0])
+        raise IngestError(f"{seg2}: column H0010001, row {r2[b]}: block {geocodes[b]} has household "
+                          "population but no housing unit")
+
+    person_block, person_cell, person_count = [], [], []
+    fac_type, fac_block, fac_count = [], [], []
+    fallback = 0
+    for b in np.flatnonzero(gq_persons > 0):
+        cells = cross[b].reshape(-1).copy()
+        for k, taken in _allocate_gq(cells, gq[b], geo, rows[b], geocodes[b]):
+            nz = np.flatnonzero(taken)
+            person_block.append(np.full(nz.size, b))
+            person_cell.append(k * 252 + nz)
+            person_count.append(taken[nz])
+        cross[b] = cells.reshape(2, 2, NRACE)
+        fallback += int(facilities[b] == 0)
+        fac = _allocate_facilities(gq[b], int(facilities[b]), geo, rows[b], geocodes[b])
+        fac_type.append(np.arange(1, 8))
+        fac_block.append(np.full(7, b))
+        fac_count.append(fac)
+    flat = cross.reshape(len(blocks), -1)
+    b_idx, c_idx = np.nonzero(flat)
+    person_block.append(b_idx)
+    person_cell.append(c_idx)  # hhgq 0: cells 0..251
+    person_count.append(flat[b_idx, c_idx])
+
+    nb = len(blocks)
+    unit_block = np.concatenate([np.arange(nb), np.arange(nb), *fac_block])
+    unit_type = np.concatenate([np.zeros(2 * nb, np.int64), *fac_type])
+    unit_occ = np.concatenate([np.ones(nb, bool), np.zeros(nb, bool), np.ones(sum(len(f) for f in fac_type), bool)])
+    unit_count = np.concatenate([h1[:, 1], h1[:, 2], *fac_count])
+    n_persons, n_units = write_cef(out, geocodes, np.concatenate(person_block), np.concatenate(person_cell),
+                                   np.concatenate(person_count), unit_block, unit_type, unit_occ, unit_count)
+    written = int(((p1[:, 0] > 0) | (h1[:, 0] > 0)).sum())
+    notes = (f"{fallback} block(s) without a facility count (HU100 = H1_001): one GQ facility per present type",) \
+        if fallback else ()
+    return Summary(source=str(geo), blocks_read=nb, blocks_written=written, persons=n_persons,
+                   housing_units=int(h1[:, 0].sum()), gq_facilities=n_units - int(h1[:, 0].sum()), notes=notes)
+
+
+def _allocate_gq(cells: np.ndarray, gq: np.ndarray, src: object, row: int, geocode: str):
+    """Yield (hhgq, taken[252]) per GQ type, removing the taken persons from ``cells`` (module docstring, 1)."""
+    for k in GQ_ORDER:
+        need = int(gq[k - 1])
+        if need == 0:
+            continue
+        adult, minor = np.arange(126, 252), np.arange(126)
+        groups = (adult,) if k == NURSING else ((minor, adult) if k == JUVENILE else (adult, minor))
+        taken = np.zeros_like(cells)
+        for group in groups:
+            order = group[np.lexsort((group, -cells[group]))]
+            before = np.cumsum(cells[order]) - cells[order]
+            take = np.clip(need - before, 0, cells[order])
+            taken[order] += take
+            need -= int(take.sum())
+        if need > 0:
+            raise IngestError(f"{src}: column -, row {row}: block {geocode}: too few persons aged 18+ for the "
+                              f"nursing-facility population (P5 cell 005 vs P3)" if k == NURSING else
+                              f"{src}: column -, row {row}: block {geocode}: GQ population exceeds the population")
+        cells -= taken
+        yield k, taken
+
+
+def _allocate_facilities(gq: np.ndarray, facilities: int, src: object, row: int, geocode: str) -> np.ndarray:
+    """Facilities per GQ type 1..7 (module docstring, 2)."""
+    present = gq > 0
+    if facilities == 0:
+        return present.astype(np.int64)
+    if facilities < present.sum() or facilities > gq.sum():
+        raise IngestError(f"{src}: column HU100, row {row}: block {geocode}: HU100 - H1_001 does not give between "
+                          "one facility per GQ type present and one per GQ person")
+    fac = present.astype(np.int64)
+    for _ in range(int(facilities - fac.sum())):
+        best = -1
+        for k in np.flatnonzero(fac < gq):
+            if best < 0 or gq[k] * fac[best] > gq[best] * fac[k]:
+                best = k
+        fac[best] += 1
+    return fac
+
+
+# --------------------------------------------------------------------------------------------- block CSV
+
+BLOCK_GROUPS = ("hisp", "white", "black", "aian", "asian", "nhpi", "other", "two")
+#: Not-Hispanic single-race groups -> cenrace index.
+SINGLE_RACE = {"white": 0, "black": 1, "aian": 2, "asian": 3, "nhpi": 4, "other": 5}
+_W, _B, _I, _A, _P, _S = range(6)
+
+
+def _combo(*races: int) -> int:
+    return cenrace_index(tuple(int(r in races) for r in range(6)))
+
+
+#: Two-race combinations, percent weights (rounded 2010 national shares of the two-race population).
+TWO_RACE_WEIGHTS: dict[int, int] = {
+    _combo(_W, _B): 22, _combo(_W, _I): 18, _combo(_W, _A): 20, _combo(_W, _P): 2, _combo(_W, _S): 21,
+    _combo(_B, _I): 3, _combo(_B, _A): 2, _combo(_B, _P): 1, _combo(_B, _S): 4, _combo(_I, _A): 1,
+    _combo(_I, _P): 1, _combo(_I, _S): 1, _combo(_A, _P): 2, _combo(_A, _S): 1, _combo(_P, _S): 1,
+}
+#: Race of Hispanic persons, percent weights (rounded 2010 national shares).
+HISPANIC_RACE_WEIGHTS: dict[int, int] = {_W: 53, _B: 2, _I: 1, _A: 1, _S: 37, _combo(_W, _S): 6}
+STRIDE = 37
+
+
+def _stride_races(counts: np.ndarray, weights: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Spread ``counts`` (per owner, in output order) over the races in ``weights`` by the stride sequence
+    (module docstring). Returns (owner, race) per person."""
+    total = sum(weights.values())
+    races = np.array(list(weights))
+    bounds = np.cumsum(list(weights.values()))
+    owner = np.repeat(np.arange(counts.size), counts)
+    slot = (np.arange(owner.size, dtype=np.int64) * STRIDE) % total
+    return owner, races[np.searchsorted(bounds, slot, side="right")]
+
+
+def ingest_blocks(csv: Path, out: Path) -> Summary:
+    """Read a block demographics CSV (``GEOID, pop, pop_<g>.., vap, vap_<g>..``); write CEF-like Parquet."""
+    csv = Path(csv)
+    try:
+        frame = pd.read_csv(csv, dtype={"GEOID": str}, keep_default_na=False)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise IngestError(f"{csv}: column -, row -: cannot read CSV ({exc})") from exc
+    need = ["GEOID", "pop", "vap"] + [f"{a}_{g}" for a in ("pop", "vap") for g in BLOCK_GROUPS]
+    missing = [c for c in need if c not in frame.columns]
+    if missing:
+        raise IngestError(f"{csv}: column {missing[0]}, row -: required column missing")
+    geoids = frame["GEOID"].to_numpy(dtype=object)
+    bad = np.flatnonzero(~frame["GEOID"].str.fullmatch(r"\d{15}").to_numpy(bool))
+    if bad.size:
+        raise IngestError(f"{csv}: column GEOID, row {bad[0]}: malformed block GEOID (value {geoids[bad[0]]!r})")
+    dup = frame["GEOID"].duplicated().to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        raise IngestError(f"{csv}: column GEOID, row {i}: duplicate block (value {geoids[i]!r})")
+    values = {}
+    for col in need[1:]:
+        series = frame[col]
+        ok = series.astype(str).str.fullmatch(r"\d+").to_numpy(bool)
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            raise IngestError(f"{csv}: column {col}, row {i}: not a non-negative integer (value {series.iat[i]!r})")
+        values[col] = series.astype(np.int64).to_numpy()
+    pop = np.stack([values[f"pop_{g}"] for g in BLOCK_GROUPS], 1)
+    vap = np.stack([values[f"vap_{g}"] for g in BLOCK_GROUPS], 1)
+    for col, got, want in (("pop", pop.sum(1), values["pop"]), ("vap", vap.sum(1), values["vap"])):
+        if (got != want).any():
+            i = int(np.flatnonzero(got != want)[0])
+            raise IngestError(f"{csv}: column {col}, row {i}: block {geoids[i]}: total is not the sum of the groups")
+    if (vap > pop).any():
+        i, g = np.argwhere(vap > pop)[0]
+        raise IngestError(f"{csv}: column vap_{BLOCK_GROUPS[g]}, row {i}: block {geoids[i]}: voting age exceeds "
+                          f"pop_{BLOCK_GROUPS[g]}")
+
+    order = np.argsort(geoids, kind="stable")
+    geoids, pop, vap = geoids[order], pop[order], vap[order]
+    nb = len(geoids)
+    # counts[b, v, g]: persons of block b, votingage v, group g
+    counts = np.stack([pop - vap, vap], 1)
+    blocks_l, cells_l, counts_l = [], [], []
+    for g, name in enumerate(BLOCK_GROUPS):
+        per = counts[:, :, g].reshape(-1)  # owner = b * 2 + v, i.e. geoid then under-18 before 18+
+        if name in SINGLE_RACE:
+            owner, race, hisp = np.arange(per.size), np.full(per.size, SINGLE_RACE[name]), 0
+            n = per
+        else:
+            owner, race = _stride_races(per, HISPANIC_RACE_WEIGHTS if name == "hisp" else TWO_RACE_WEIGHTS)
+            hisp, n = int(name == "hisp"), np.ones(owner.size, np.int64)
+        cell = PERSONS.cell_index(np.zeros_like(owner), owner % 2, np.full_like(owner, hisp), race)
+        blocks_l.append(owner // 2)
+        cells_l.append(np.asarray(cell))
+        counts_l.append(n)
+    household = pop.sum(1)
+    occupied = (2 * household + 4) // 5  # ceil(persons / 2.5)
+    running = np.cumsum(occupied)
+    vacant = running // 9 - np.concatenate([[0], running[:-1]]) // 9
+    n_persons, n_units = write_cef(out, geoids, np.concatenate(blocks_l), np.concatenate(cells_l),
+                                   np.concatenate(counts_l), np.concatenate([np.arange(nb)] * 2),
+                                   np.zeros(2 * nb, np.int64), np.repeat([True, False], nb),
+                                   np.concatenate([occupied, vacant]))
+    return Summary(source=str(csv), blocks_read=nb, blocks_written=int(((household > 0) | (vacant > 0)).sum()),
+                   persons=n_persons, housing_units=n_units, gq_facilities=0)

@@ -1,0 +1,151 @@
+"""Synthetic census-like input for scale tests (not real data; every draw comes from ``default_rng(seed)``).
+
+Shape, chosen to look like Rhode Island 2010 (data README, section 2) and national shares:
+
+* Geography: counties of 1,000-4,000 blocks (odd FIPS codes 001, 003, ...), tracts of 50-150 blocks
+  (codes 000100, 000200, ... within a county), 1-4 block groups per tract splitting its blocks in order;
+  block code = block-group digit + 3-digit sequence, so every GEOID has 15 digits.
+* Persons: 30 % of blocks empty; the others lognormal (median 36, sigma 0.98: p90 about 125), so about 40
+  persons per block on average. Each tract draws its own mix of 8 groups (Hispanic and 7 not-Hispanic race
+  groups) from a Dirichlet around national shares (``GROUP_SHARES``: Hispanic 18 %, two or more races
+  about 3 %); blocks draw multinomially from their tract's mix. Hispanic persons' and multi-race persons'
+  detailed races come from fixed weights (mostly White or Some Other Race; two races mostly White-X).
+  Each block's voting-age share is Beta(30, 9) (mean 77 %).
+* Housing: occupied units = household persons / a block household size in [1.9, 3.2] (rounded, at least
+  one, at most the persons); vacant units Binomial(occupied, Beta(2, 18)); 5 % of empty blocks hold 1-3
+  vacant units.
+* Group quarters: about 1.2 facilities per 100 blocks (at least 5), the first five of types college (5),
+  nursing (3), adult correctional (1), military (6), other noninstitutional (7), the rest drawn from
+  ``GQ_TYPE_SHARES``; lognormal residents around a per-type median; nursing residents are all 18+.
+
+The output passes :func:`topdown.pipeline.validate.validate_input`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, write_cef
+from .schema import CENRACE_COMBOS, PERSONS
+
+#: Groups: Hispanic, then not-Hispanic White, Black, AIAN, Asian, NHPI, SOR, two or more races.
+GROUP_SHARES = np.array([0.18, 0.60, 0.12, 0.007, 0.058, 0.002, 0.005, 0.028])
+TRACT_CONCENTRATION = 8.0
+EMPTY_SHARE = 0.30
+POP_MEDIAN, POP_SIGMA = 36.0, 0.98
+#: Facility type shares beyond the first five, and per-type (median residents, share aged 18+).
+GQ_TYPE_SHARES = np.array([0.12, 0.04, 0.35, 0.06, 0.18, 0.03, 0.22])
+GQ_FIRST_TYPES = (5, 3, 1, 6, 7)
+GQ_SIZE = {1: (300, 1.0), 2: (30, 0.1), 3: (80, 1.0), 4: (40, 0.7), 5: (250, 0.97), 6: (200, 0.99), 7: (25, 0.8)}
+
+
+def _multi_race_weights() -> tuple[np.ndarray, np.ndarray]:
+    """Races of not-Hispanic multi-race persons: 90 % two races (``TWO_RACE_WEIGHTS``), 7 % three races
+    (those with White twice as likely), 3 % four or more races evenly."""
+    sizes = np.array([sum(c) for c in CENRACE_COMBOS])
+    weights = np.zeros(len(CENRACE_COMBOS))
+    for race, w in TWO_RACE_WEIGHTS.items():
+        weights[race] = 0.90 * w / sum(TWO_RACE_WEIGHTS.values())
+    three = np.flatnonzero(sizes == 3)
+    white = np.array([CENRACE_COMBOS[i][0] + 1.0 for i in three])
+    weights[three] = 0.07 * white / white.sum()
+    more = np.flatnonzero(sizes >= 4)
+    weights[more] = 0.03 / more.size
+    races = np.flatnonzero(weights)
+    return races, weights[races] / weights[races].sum()
+
+
+def _geography(rng: np.random.Generator, blocks: int, state: str) -> tuple[np.ndarray, np.ndarray]:
+    """15-digit GEOIDs (sorted) and each block's tract number."""
+    geoids: list[str] = []
+    tract_of: list[np.ndarray] = []
+    county, tract_id, left = 0, 0, blocks
+    while left > 0:
+        in_county = min(left, int(rng.integers(1000, 4001)))
+        left -= in_county
+        tract, county_left = 0, in_county
+        while county_left > 0:
+            size = min(county_left, int(rng.integers(50, 151)))
+            county_left -= size
+            groups = min(size, int(rng.integers(1, 5)))
+            pos = np.arange(size)
+            bg = pos * groups // size
+            start = np.searchsorted(bg, bg)
+            prefix = f"{state}{2 * county + 1:03d}{(tract + 1) * 100:06d}"
+            geoids += [f"{prefix}{g + 1}{j:03d}" for g, j in zip(bg, pos - start)]
+            tract_of.append(np.full(size, tract_id))
+            tract += 1
+            tract_id += 1
+        county += 1
+    return np.array(geoids, dtype=object), np.concatenate(tract_of)
+
+
+def _races(rng: np.random.Generator, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hispanic, cenrace) for persons of the given groups (index into GROUP_SHARES)."""
+    race = np.zeros(group.size, np.int64)
+    for g, name in enumerate(("white", "black", "aian", "asian", "nhpi", "other"), start=1):
+        race[group == g] = SINGLE_RACE[name]
+    hisp = group == 0
+    h_races, h_weights = np.array(list(HISPANIC_RACE_WEIGHTS)), np.array(list(HISPANIC_RACE_WEIGHTS.values()), float)
+    race[hisp] = rng.choice(h_races, size=int(hisp.sum()), p=h_weights / h_weights.sum())
+    multi = group == 7
+    m_races, m_weights = _multi_race_weights()
+    race[multi] = rng.choice(m_races, size=int(multi.sum()), p=m_weights)
+    return hisp.astype(np.int64), race
+
+
+def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> None:
+    """Write out/persons.parquet and out/units.parquet: ``blocks`` synthetic blocks, deterministic in ``seed``."""
+    if blocks < 1 or not (len(state) == 2 and state.isdigit()):
+        raise ValueError(f"write_synthetic: need blocks >= 1 and a 2-digit state code (blocks={blocks}, state={state!r})")
+    rng = np.random.default_rng(seed)
+    geoids, tract = _geography(rng, blocks, state)
+    tract_mix = rng.dirichlet(TRACT_CONCENTRATION * GROUP_SHARES, size=int(tract.max()) + 1)
+
+    # household persons per block, by group and voting age
+    pop = np.where(rng.random(blocks) < EMPTY_SHARE, 0,
+                   np.maximum(1, np.rint(rng.lognormal(np.log(POP_MEDIAN), POP_SIGMA, blocks)))).astype(np.int64)
+    by_group = rng.multinomial(pop, tract_mix[tract])
+    adult_share = rng.beta(30, 9, size=blocks)
+    adults = rng.binomial(by_group, adult_share[:, None])
+    counts = np.stack([by_group - adults, adults], axis=2)  # (block, group, votingage)
+    owner = np.repeat(np.arange(counts.size), counts.reshape(-1))
+    block = owner // (counts.shape[1] * 2)
+    group = owner // 2 % counts.shape[1]
+    va = owner % 2
+    hhgq = np.zeros(owner.size, np.int64)
+
+    # group quarters
+    n_fac = min(blocks, max(5, round(blocks * 0.012)))
+    fac_type = np.concatenate([GQ_FIRST_TYPES, rng.choice(np.arange(1, 8), size=max(0, n_fac - 5), p=GQ_TYPE_SHARES)])
+    fac_type = fac_type[:n_fac].astype(np.int64)
+    fac_block = rng.choice(blocks, size=n_fac, replace=False)
+    median = np.array([GQ_SIZE[k][0] for k in fac_type], float)
+    residents = np.maximum(1, np.rint(rng.lognormal(np.log(median), 0.7))).astype(np.int64)
+    gq_fac = np.repeat(np.arange(n_fac), residents)
+    gq_block = fac_block[gq_fac]
+    gq_group = (rng.random(gq_fac.size)[:, None] > np.cumsum(tract_mix[tract[gq_block]], axis=1)).sum(1)
+    gq_group = np.minimum(gq_group, len(GROUP_SHARES) - 1)
+    gq_va = (rng.random(gq_fac.size) < np.array([GQ_SIZE[k][1] for k in fac_type])[gq_fac]).astype(np.int64)
+
+    block = np.concatenate([block, gq_block])
+    group = np.concatenate([group, gq_group])
+    va = np.concatenate([va, gq_va])
+    hhgq = np.concatenate([hhgq, fac_type[gq_fac]])
+    hisp, race = _races(rng, group)
+    cells = np.asarray(PERSONS.cell_index(hhgq, va, hisp, race))
+    keys, n = np.unique(block * PERSONS.ncells + cells, return_counts=True)
+
+    # housing units
+    hh_size = rng.uniform(1.9, 3.2, size=blocks)
+    occupied = np.where(pop > 0, np.clip(np.rint(pop / hh_size), 1, np.maximum(pop, 1)), 0).astype(np.int64)
+    vacant = rng.binomial(occupied, rng.beta(2, 18, size=blocks))
+    vacant += np.where((pop == 0) & (rng.random(blocks) < 0.05), rng.integers(1, 4, size=blocks), 0)
+
+    unit_block = np.concatenate([np.arange(blocks), np.arange(blocks), fac_block])
+    unit_type = np.concatenate([np.zeros(2 * blocks, np.int64), fac_type])
+    unit_occ = np.concatenate([np.ones(blocks, bool), np.zeros(blocks, bool), np.ones(n_fac, bool)])
+    unit_count = np.concatenate([occupied, vacant, np.ones(n_fac, np.int64)])
+    write_cef(Path(out), geoids, keys // PERSONS.ncells, keys % PERSONS.ncells, n,
+              unit_block, unit_type, unit_occ, unit_count)

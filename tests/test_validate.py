@@ -1,0 +1,179 @@
+"""validate_input: one test per kind of bad input; messages name file, column, row and never a person count."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from topdown.pipeline.validate import InputError, validate_input
+
+A, B, C = "440070001011000", "440070001011001", "440070002002005"
+
+
+def _persons() -> pd.DataFrame:
+    """A: 41 in households; B: 29 in households + 27 in college housing; C: 23 nursing (18+) + 31 households."""
+    rows = [(A, 0, 1, 0, 0)] * 41 + [(B, 0, 1, 1, 5)] * 29 + [(B, 5, 1, 0, 3)] * 27 \
+        + [(C, 3, 1, 0, 1)] * 23 + [(C, 0, 0, 0, 6)] * 31
+    return pd.DataFrame(rows, columns=["geoid", "hhgq", "votingage", "hispanic", "cenrace"]).astype(
+        {"hhgq": "int8", "votingage": "int8", "hispanic": "int8", "cenrace": "int8"})
+
+
+def _units() -> pd.DataFrame:
+    rows = [(A, 0, True)] * 17 + [(A, 0, False)] * 2 + [(B, 0, True)] * 11 + [(B, 5, True)] * 2 \
+        + [(C, 0, True)] * 12 + [(C, 3, True)]
+    return pd.DataFrame(rows, columns=["geoid", "unit_type", "occupied"]).astype({"unit_type": "int8"})
+
+
+def _person_counts(persons: pd.DataFrame) -> set[int]:
+    """Every tally of persons an error message could leak: total, per block, per block and type, per type."""
+    counts = {len(persons)}
+    counts |= set(persons.groupby("geoid").size())
+    counts |= set(persons.groupby(["geoid", "hhgq"]).size())
+    counts |= set(persons.groupby("hhgq").size())
+    counts |= set(persons.groupby(["geoid", "votingage"]).size())
+    return {int(c) for c in counts if c > 0}
+
+
+def _write(tmp_path: Path, persons: pd.DataFrame, units: pd.DataFrame) -> tuple[Path, Path]:
+    p, u = tmp_path / "persons.parquet", tmp_path / "units.parquet"
+    persons.to_parquet(p, index=False)
+    units.to_parquet(u, index=False)
+    return p, u
+
+
+def _expect(tmp_path: Path, persons: pd.DataFrame, units: pd.DataFrame, file: str, column: str,
+            row: int | None, value: str | None = None) -> str:
+    p, u = _write(tmp_path, persons, units)
+    with pytest.raises(InputError) as err:
+        validate_input(p, u)
+    msg = str(err.value)
+    assert isinstance(err.value, ValueError)
+    assert str(tmp_path / file) in msg
+    assert f"column '{column}'" in msg
+    if row is not None:
+        assert f"row {row}:" in msg
+    if value is not None:
+        assert f"value {value}" in msg
+    # no tally of persons anywhere outside the path, the row number and the GEOIDs
+    scrubbed = re.sub(r"row \d+", "", msg.replace(str(tmp_path / file), "")).replace(A, "").replace(B, "").replace(C, "")
+    numbers = {int(x) for x in re.findall(r"\d+", scrubbed)}
+    assert not numbers & _person_counts(_persons()), msg
+    return msg
+
+
+def test_valid_input_returns_compact_frames(tmp_path) -> None:
+    p, u = _write(tmp_path, _persons(), _units())
+    persons, units = validate_input(p, u)
+    assert len(persons) == len(_persons()) and len(units) == len(_units())
+    assert pd.api.types.is_string_dtype(persons["geoid"]) and pd.api.types.is_string_dtype(units["geoid"])
+    assert all(persons[c].dtype == np.int8 for c in ("hhgq", "votingage", "hispanic", "cenrace"))
+    assert units["unit_type"].dtype == np.int8 and units["occupied"].dtype == bool
+    assert persons["geoid"].iloc[-1] == C
+
+
+def test_missing_column(tmp_path) -> None:
+    _expect(tmp_path, _persons().drop(columns="cenrace"), _units(), "persons.parquet", "cenrace", None)
+
+
+def test_wrong_type_codes(tmp_path) -> None:
+    persons = _persons().astype({"hhgq": "float64"})
+    _expect(tmp_path, persons, _units(), "persons.parquet", "hhgq", 0, "0.0")
+
+
+def test_wrong_type_geoid(tmp_path) -> None:
+    units = _units().assign(geoid=lambda f: f["geoid"].astype("int64"))
+    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", 0, "440070001011000")
+
+
+def test_wrong_type_occupied(tmp_path) -> None:
+    units = _units().assign(occupied=lambda f: f["occupied"].map({True: "yes", False: "no"}))
+    _expect(tmp_path, _persons(), units, "units.parquet", "occupied", 0, "'yes'")
+
+
+def test_null(tmp_path) -> None:
+    persons = _persons().astype({"hispanic": "Int8"})
+    persons.loc[7, "hispanic"] = pd.NA
+    _expect(tmp_path, persons, _units(), "persons.parquet", "hispanic", 7)
+
+
+def test_null_geoid(tmp_path) -> None:
+    units = _units()
+    units.loc[3, "geoid"] = None
+    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", 3)
+
+
+def test_out_of_range_code(tmp_path) -> None:
+    persons = _persons()
+    persons.loc[11, "cenrace"] = 63
+    _expect(tmp_path, persons, _units(), "persons.parquet", "cenrace", 11, "63")
+
+
+def test_out_of_range_unit_type(tmp_path) -> None:
+    units = _units()
+    units.loc[4, "unit_type"] = -1
+    _expect(tmp_path, _persons(), units, "units.parquet", "unit_type", 4, "-1")
+
+
+@pytest.mark.parametrize("bad", ["44007000101100", "4400700010110001", "44007000101100x", " 44007000101100"])
+def test_malformed_geoid(tmp_path, bad: str) -> None:
+    units = _units()
+    units.loc[3, "geoid"] = bad
+    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", 3, repr(bad))
+
+
+def test_truncated_parquet(tmp_path) -> None:
+    p, u = _write(tmp_path, _persons(), _units())
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=re.escape(str(p)) + ".*not a readable Parquet file"):
+        validate_input(p, u)
+
+
+def test_missing_file(tmp_path) -> None:
+    _, u = _write(tmp_path, _persons(), _units())
+    with pytest.raises(InputError, match="nope.parquet.*not a readable Parquet file"):
+        validate_input(tmp_path / "nope.parquet", u)
+
+
+def test_household_person_without_housing_unit(tmp_path) -> None:
+    units = _units()
+    units = units[~((units["geoid"] == C) & (units["unit_type"] == 0))]
+    msg = _expect(tmp_path, _persons(), units, "persons.parquet", "hhgq", 41 + 56 + 23, "0")
+    assert C in msg and "housing unit" in msg
+
+
+def test_gq_person_without_facility_of_type(tmp_path) -> None:
+    persons = _persons()
+    persons.loc[50, "hhgq"] = 7  # a household person of B moved to other noninstitutional GQ
+    msg = _expect(tmp_path, persons, _units(), "persons.parquet", "hhgq", 50, "7")
+    assert B in msg and "type 7" in msg
+
+
+def test_gq_facility_unoccupied(tmp_path) -> None:
+    units = _units()
+    units.loc[30, "occupied"] = False  # the first college facility of B
+    msg = _expect(tmp_path, _persons(), units, "units.parquet", "occupied", 30, "False")
+    assert B in msg
+
+
+def test_nursing_person_under_18(tmp_path) -> None:
+    persons = _persons()
+    persons.loc[100, "votingage"] = 0  # a nursing resident of C
+    msg = _expect(tmp_path, persons, _units(), "persons.parquet", "votingage", 100, "0")
+    assert C in msg and "nurse_nva_0" in msg
+
+
+def test_gq_facility_without_resident(tmp_path) -> None:
+    units = pd.concat([_units(), pd.DataFrame({"geoid": [A], "unit_type": [4], "occupied": [True]})],
+                      ignore_index=True).astype({"unit_type": "int8"})
+    msg = _expect(tmp_path, _persons(), units, "units.parquet", "unit_type", len(_units()), "4")
+    assert A in msg
+
+
+def test_gq_facilities_outnumber_residents(tmp_path) -> None:
+    persons = _persons().drop(index=range(71, 97)).reset_index(drop=True)  # B keeps one college resident
+    msg = _expect(tmp_path, persons, _units(), "units.parquet", "unit_type", 30, "5")
+    assert B in msg
