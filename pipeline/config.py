@@ -133,7 +133,7 @@ class RunSection(_Strict):
     input: str = "demo"
     baf: str | None = None
     algorithm: Literal["topdown", "block_by_block"] = "topdown"
-    partitions_per_worker: int = Field(default=4, ge=1)
+    build_demo_input: bool = Field(default=False, description="write the bundled demo input to `input` when missing")
 
     @model_validator(mode="after")
     def _check_mode(self) -> "RunSection":

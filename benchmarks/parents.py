@@ -1,0 +1,109 @@
+"""Time solve_parent on census-like synthetic parents: our Pyomo path against the direct numpy/scipy
+build of the same problem solved by the same back ends and the same pass code (the floor).
+
+Prints one JSON object per line: level, children, people, variables, ours_s, floor_s (medians), ratio.
+Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60] [--repeats 3]
+Set OPENBLAS_NUM_THREADS=1 for single-threaded figures (solver_notes pitfall 3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from topdown.pipeline.queries import build_query
+from topdown.pipeline.schema import CENRACE_COMBOS, PERSONS
+from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
+from topdown.solvers.direct import compile_direct
+from topdown.solvers.model import compile_pyomo
+
+#: Variances per query (solver_notes "Synthetic workload").
+VARIANCES = {"total": 4, "cenrace": 20, "hispanic": 10, "votingage": 10, "hhinstlevels": 10, "hhgq": 15,
+             "hispanic * cenrace": 30, "votingage * cenrace": 30, "votingage * hispanic": 12,
+             "votingage * hispanic * cenrace": 50, "detailed": 100}
+L2_PASSES = [["total"], [q for q in VARIANCES if q != "total"]]
+ROUNDER_PASSES = [["total"], ["hhgq", "hhgq * hispanic", "hhgq * hispanic * cenrace",
+                              "hhgq * votingage * hispanic * cenrace", "detailed"]]
+#: name: (level, children, people, dense)
+CASES = {"bg15": ("Block_Group -> Block", 15, 830, False), "bg80": ("Block_Group -> Block", 80, 3200, False),
+         "tract5": ("Tract -> Block_Group", 5, 4000, False), "county30": ("County -> Tract", 30, 120_000, True),
+         "state60": ("State -> County", 60, 1_500_000, True)}
+NATIONAL = np.array([0.616, 0.124, 0.011, 0.060, 0.002, 0.084])  # White, Black, AIAN, Asian, NHPI, SOR
+
+
+def cell_distribution(rng: np.random.Generator, dense: bool) -> np.ndarray:
+    """Probabilities over the 2016 person cells: Dirichlet race mix around national shares, Beta
+    Hispanic share, ~77% adults, ~2.5% in group quarters, no minors in nursing facilities."""
+    single = rng.dirichlet(NATIONAL * (200 if dense else 20))
+    multi = np.array([np.prod([single[r] for r in range(6) if bits[r]]) ** (0.6 if dense else 0.9)
+                      for bits in CENRACE_COMBOS])
+    single_mask = np.array([sum(b) for b in CENRACE_COMBOS]) == 1
+    race = 0.85 * multi * single_mask / (multi * single_mask).sum() + 0.15 * rng.dirichlet(np.full(63, 0.3))
+    race /= race.sum()
+    hisp = rng.beta(1.5, 3)
+    hh = np.array([0.975] + [0.025 / 7] * 7)
+    p = (hh[:, None, None, None] * np.array([0.23, 0.77])[None, :, None, None]
+         * np.array([1 - hisp, hisp])[None, None, :, None] * race[None, None, None, :])
+    p[3, 0] = 0.0
+    return (p / p.sum()).reshape(-1)
+
+
+def synthetic_parent(rng: np.random.Generator, k: int, people: int, dense: bool) -> ParentProblem:
+    """Children with Dirichlet(0.8) sizes and their own race affinity; facilities per child."""
+    base = cell_distribution(rng, dense)
+    sizes = rng.multinomial(people, rng.dirichlet(np.full(k, 0.8)))
+    truth = np.zeros((k, PERSONS.ncells), dtype=np.int64)
+    for c in range(k):
+        p = base * rng.gamma(2.0, 1.0, PERSONS.ncells) ** (0.3 if dense else 1.0)
+        if not dense:  # a block has group quarters of a few types only
+            hh = PERSONS.unravel(np.arange(PERSONS.ncells))[0]
+            p[(hh > 0) & ~np.isin(hh, rng.choice(np.arange(1, 8), 1))] = 0.0
+            p[(hh > 0)] *= rng.random() < 0.2
+        truth[c] = rng.multinomial(sizes[c], p / p.sum())
+    per_type = build_query(PERSONS, "hhgq").answer(truth)
+    facilities = np.where(per_type > 0, np.minimum(per_type, 1 + rng.poisson(per_type / 50.0)), 0)
+    constraints = [Constraint("hhgq_total_lb", "hhgq", ">=", np.where(np.arange(8) == 0, 0, facilities).astype(float)),
+                   Constraint("hhgq_total_ub", "hhgq", "<=", (facilities + (np.arange(8) == 0)) * 99999.0),
+                   Constraint("nurse_nva_0", "gqNursingTotal * nonvoting", "==", np.zeros((k, 1)))]
+    meas = []
+    for q, var in VARIANCES.items():
+        ans = build_query(PERSONS, q).answer(truth).astype(float)
+        meas.append(Measurement(q, ans + rng.normal(0.0, np.sqrt(var), ans.shape), np.full(k, float(var))))
+    return ParentProblem(PERSONS, "synthetic", [f"{c:04d}" for c in range(k)], truth.sum(axis=0), meas,
+                         constraints, l2_passes=L2_PASSES, rounder_passes=ROUNDER_PASSES)
+
+
+def timed(problem: ParentProblem, compiler) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    sol = solve_parent(problem, compiler=compiler)
+    return time.perf_counter() - t0, sol.stats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cases", default="bg15,bg80,tract5")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    for name in args.cases.split(","):
+        level, k, people, dense = CASES[name]
+        problem = synthetic_parent(np.random.default_rng(args.seed), k, people, dense)
+        timed(problem, compile_direct)  # warm imports and caches
+        ours, floor = [], []
+        for _ in range(args.repeats):
+            t, stats = timed(problem, compile_pyomo)
+            ours.append(t)
+            floor.append(timed(problem, compile_direct)[0])
+        o, f = statistics.median(ours), statistics.median(floor)
+        print(json.dumps({"case": name, "level": level, "children": k, "people": people,
+                          "nonzero_parent_cells": int((problem.parent_hist > 0).sum()), "variables": stats["n_x"],
+                          "columns": stats["n_cols"], "ours_s": round(o, 4), "floor_s": round(f, 4),
+                          "ratio": round(o / f, 2), "pyomo_build_s": stats["build_s"],
+                          "failsafe_level": stats["level"], "rounder_milp": stats["rounder_milp"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""Privacy accounting in exact fractions: budget checks, per-query allocations, zCDP -> (epsilon, delta).
+
+zCDP (discrete Gaussian, 2020 production): a query q at a node with geolevel budget share PLB gets
+rho_q = qprop * PLB * rho_total and noise N_Z(0, sigma2), sigma2 = 1 / rho_q. Every query is a marginal
+(each cell counted by exactly one answer), so changing one record moves at most two answers by one:
+squared L2 sensitivity 2 under bounded neighbours, and 2 / (2 sigma2) = rho_q (facts file section 3.2;
+seed 003 Appendix B, Theorem 2). Composition over the queries of a node and over the nodes on a block's
+path sums to rho_total when the proportions sum to one (Theorem 2, conditions 3 and 4).
+
+Pure DP (geometric, 2018 End-to-End): epsilon_q = qprop * PLB * epsilon_total with L1 sensitivity 2
+(bounded neighbours; facts section 10.1), noise ~ exp(-epsilon_q |y| / 2).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable
+
+from .config import BudgetConfig, ConfigError
+from .mechanisms import discrete_gaussian_variance, geometric_variance
+from .queries import QueryError, build_query
+from .schema import Schema
+
+#: L1 sensitivity of a marginal under bounded neighbours (change one record): used by the geometric mechanism.
+BOUNDED_SENSITIVITY = 2
+
+
+def check_budget(budget: BudgetConfig, levels: list[str], schema: Schema, where: str = "budget") -> None:
+    """Raise :class:`ConfigError` naming the offending entry unless ``budget`` is a valid strategy for
+    ``levels`` on ``schema`` (facts file section 3.4; Theorem 2 conditions 1-3)."""
+    known = set(levels)
+    for section, keys in (("levels", budget.levels), ("queries", budget.queries)):
+        for level in keys:
+            if level not in known:
+                raise ConfigError(f"{where}.{section}.{level}: unknown level (levels of this run: {', '.join(levels)})")
+    for level in levels:
+        if level not in budget.levels:
+            raise ConfigError(f"{where}.levels: no proportion for level {level!r}")
+        if level not in budget.queries or not budget.queries[level]:
+            raise ConfigError(f"{where}.queries.{level}: no queries for level {level!r}")
+    for level, prop in budget.levels.items():
+        if prop < 0:
+            raise ConfigError(f"{where}.levels.{level} = {prop} is negative")
+    total = sum(budget.levels.values(), Fraction(0))
+    if total != 1:
+        raise ConfigError(f"{where}.levels: level proportions sum to {total}, not exactly 1")
+    for level in levels:
+        _check_level_queries(budget.queries[level], schema, f"{where}.queries.{level}")
+
+
+def _check_level_queries(props: dict[str, Fraction], schema: Schema, where: str) -> None:
+    seen: dict[bytes, str] = {}
+    for name, prop in props.items():
+        entry = f"{where}.\"{name}\""
+        if prop < 0:
+            raise ConfigError(f"{entry} = {prop} is negative")
+        try:
+            query = build_query(schema, name)
+        except QueryError as exc:
+            raise ConfigError(f"{entry}: {exc}") from None
+        if not query.is_partition:
+            raise ConfigError(f"{entry}: query does not count every cell exactly once (not a partition of the "
+                              f"{schema.name} cells), so its sensitivity is not that of a marginal")
+        key = query.groups.tobytes()
+        if key in seen:
+            raise ConfigError(f"{entry}: the same query as \"{seen[key]}\" is measured twice at this level")
+        seen[key] = name
+    total = sum(props.values(), Fraction(0))
+    if total != 1:
+        raise ConfigError(f"{where}: query proportions sum to {total}, not exactly 1")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The budget of one query at one node.
+
+    ``share`` is the query's fraction of the product's total budget (qprop * PLB). For zCDP ``rho`` and
+    ``sigma2`` are set; for pure DP ``epsilon`` and ``sensitivity``. With an infinite budget there is no
+    noise (all three None, variance 0); with share 0 the query is not measured (variance infinite).
+    """
+
+    level: str
+    query: str
+    mechanism: str
+    share: Fraction
+    rho: Fraction | None
+    epsilon: Fraction | None
+    sigma2: Fraction | None
+    sensitivity: int | None
+    variance: float
+
+    @property
+    def measured(self) -> bool:
+        """False when the node has no budget for this query (PLB 0 after bypassing, or qprop 0)."""
+        return self.share > 0
+
+    @property
+    def noiseless(self) -> bool:
+        """True for an infinite-budget (zero-noise) test run."""
+        return self.measured and self.variance == 0.0
+
+
+def allocate(budget: BudgetConfig, level: str, query: str, plb: Fraction | None = None) -> Allocation:
+    """The allocation of ``query`` at a node of ``level`` whose geolevel budget share is ``plb``
+    (default: the level's proportion; the spine may move budget between levels by bypassing)."""
+    if level not in budget.levels or level not in budget.queries:
+        raise ConfigError(f"budget: no proportions for level {level!r}")
+    if query not in budget.queries[level]:
+        raise ConfigError(f"budget.queries.{level}: query {query!r} is not measured at this level "
+                          f"(measured: {', '.join(budget.queries[level])})")
+    plb = budget.levels[level] if plb is None else Fraction(plb)
+    if not 0 <= plb <= 1:
+        raise ValueError(f"allocate({level!r}, {query!r}): node budget share {plb} is outside [0, 1]")
+    share = budget.queries[level][query] * plb
+    dg = budget.mechanism == "discrete_gaussian"
+    empty = Allocation(level, query, budget.mechanism, share, None, None, None, None, 0.0)
+    if share == 0:
+        zero = Fraction(0)
+        return Allocation(level, query, budget.mechanism, share, zero if dg else None, None if dg else zero,
+                          None, None, math.inf)
+    if budget.infinite:
+        return empty
+    if dg:
+        assert budget.rho is not None
+        rho = share * budget.rho
+        sigma2 = 1 / rho
+        return Allocation(level, query, budget.mechanism, share, rho, None, sigma2, None,
+                          discrete_gaussian_variance(sigma2))
+    assert budget.epsilon is not None
+    eps = share * budget.epsilon
+    return Allocation(level, query, budget.mechanism, share, None, eps, None, BOUNDED_SENSITIVITY,
+                      geometric_variance(eps, BOUNDED_SENSITIVITY))
+
+
+def _zcdp_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:
+    """epsilon(alpha) = alpha rho + (log(1/delta) - log alpha) / (alpha - 1) + log(1 - 1/alpha)."""
+    return alpha * rho + (log_inv_delta - math.log(alpha)) / (alpha - 1) + math.log1p(-1 / alpha)
+
+
+def zcdp_to_epsilon(rho: Fraction, delta: Fraction | float) -> float:
+    """Smallest epsilon with rho-zCDP => (epsilon, delta)-DP by the tight conversion of Canonne, Kamath &
+    Steinke (2020), the bound the Bureau's code reports (``curve.py``, facts file section 3.1):
+    delta = exp((alpha-1)(alpha rho - epsilon)) / (alpha-1) * (1 - 1/alpha)^alpha, minimised over alpha > 1."""
+    r, lid = _check_rho_delta(rho, delta)
+    if r == 0:
+        return 0.0
+    # epsilon(alpha) is unimodal on alpha > 1; golden-section search on log(alpha - 1).
+    f = lambda s: _zcdp_epsilon_at(1 + math.exp(s), r, lid)  # noqa: E731
+    lo, hi = -30.0, math.log(10 + 10 * math.sqrt(lid / r))
+    phi = (math.sqrt(5) - 1) / 2
+    a, b = hi - phi * (hi - lo), lo + phi * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(200):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - phi * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + phi * (hi - lo)
+            fb = f(b)
+    return max(0.0, min(fa, fb))
+
+
+def zcdp_to_epsilon_bun_steinke(rho: Fraction, delta: Fraction | float) -> float:
+    """The looser Bun-Steinke (2016) conversion epsilon = rho + 2 sqrt(rho log(1/delta)) (seed 003 App. B)."""
+    r, lid = _check_rho_delta(rho, delta)
+    return r + 2 * math.sqrt(r * lid)
+
+
+def epsilon_delta_curve(rho: Fraction, deltas: Iterable[float]) -> list[tuple[float, float]]:
+    """(delta, epsilon) pairs of the CKS conversion for each delta."""
+    return [(float(d), zcdp_to_epsilon(rho, d)) for d in deltas]
+
+
+def _check_rho_delta(rho: Fraction, delta: Fraction | float) -> tuple[float, float]:
+    if rho < 0:
+        raise ValueError(f"rho must be non-negative, got {rho}")
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    return float(rho), -math.log(float(delta))

@@ -1,0 +1,172 @@
+"""The privacy certificate of a run: exact budgets per product, level and query, and (epsilon, delta).
+
+``certificate(config)`` is a JSON-ready dict (written as ``certificate.json``); ``render_certificate``
+prints it as text tables. Exact quantities are fraction strings ("p/q"); floats are for reading only.
+The composition argument is seed 003 Appendix B, Theorem 2: per-query proportions of every level sum to 1
+(checked by :func:`check_budget`) and the node shares on every block's path sum to 1
+(:func:`check_path_condition`, for spines that move budget between levels by bypassing).
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Mapping
+
+from .accounting import (allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
+                         zcdp_to_epsilon_bun_steinke)
+from .config import Config, ConfigError, ProductConfig
+from .schema import SCHEMAS
+
+#: The deltas of the reported epsilon-delta curve.
+CURVE_DELTAS = tuple(10.0 ** -k for k in range(6, 15))
+INFINITE = "inf"
+
+PathShares = Mapping[str, Mapping[str, Fraction]]
+
+
+def check_path_condition(path_shares: PathShares, levels: list[str] | None = None) -> dict[str, Any]:
+    """Check Theorem 2's condition 4: for every block, the budget shares c_ij of the nodes on its path
+    (one per level, block included) are non-negative and sum to exactly 1.
+
+    ``path_shares`` maps a block geocode to ``{level: share of that block's node at that level}``; with
+    ``levels`` given, every block must list exactly those levels. Raises :class:`ConfigError` naming the
+    first offending block; returns a summary (number of blocks, min and max share per level as strings).
+    """
+    lo: dict[str, Fraction] = {}
+    hi: dict[str, Fraction] = {}
+    for block, shares in path_shares.items():
+        if levels is not None and set(shares) != set(levels):
+            raise ConfigError(f"path condition: block {block} has shares for levels {sorted(shares)}, expected {levels}")
+        for level, share in shares.items():
+            share = Fraction(share)
+            if share < 0:
+                raise ConfigError(f"path condition: block {block}, level {level}: negative share {share}")
+            lo[level] = min(lo.get(level, share), share)
+            hi[level] = max(hi.get(level, share), share)
+        total = sum((Fraction(s) for s in shares.values()), Fraction(0))
+        if total != 1:
+            raise ConfigError(f"path condition: the shares on block {block}'s path sum to {total}, not 1")
+    return {"blocks": len(path_shares), "holds": True,
+            "min_share": {k: str(v) for k, v in lo.items()}, "max_share": {k: str(v) for k, v in hi.items()}}
+
+
+def _fraction_str(value: Fraction | None) -> str:
+    return INFINITE if value is None else str(value)
+
+
+def _product_certificate(name: str, product: ProductConfig, path_shares: PathShares | None) -> dict[str, Any]:
+    budget = product.budget
+    levels = list(budget.levels)
+    check_budget(budget, levels, SCHEMAS[name], where=f"{name}.budget")
+    zcdp = budget.mechanism == "discrete_gaussian"
+    total = budget.rho if zcdp else budget.epsilon
+    unit = "rho" if zcdp else "epsilon"
+    level_rows, query_rows = [], []
+    for level in levels:
+        level_rows.append({"level": level, "share": str(budget.levels[level]),
+                           unit: _fraction_str(None if total is None else budget.levels[level] * total)})
+        for query in budget.queries[level]:
+            a = allocate(budget, level, query)
+            row: dict[str, Any] = {"level": level, "query": query, "share": str(a.share)}
+            if zcdp:
+                row.update(rho=_fraction_str(a.rho), sigma2=_fraction_str(a.sigma2),
+                           sigma2_float=None if a.sigma2 is None else float(a.sigma2))
+            else:
+                row.update(epsilon=_fraction_str(a.epsilon), sensitivity=a.sensitivity)
+            row["variance"] = a.variance
+            query_rows.append(row)
+    cert: dict[str, Any] = {
+        "product": name,
+        "mechanism": budget.mechanism,
+        "framework": ("rho-zCDP" if zcdp else "pure epsilon-DP") + ", bounded neighbours (change one record)",
+        "levels": level_rows,
+        "queries": query_rows,
+        "queries_note": "per-query values for a node holding its level's share; a node whose share was moved "
+                        "by bypassing has rho scaled by (its share / the level's share)",
+        "path_condition": (check_path_condition(path_shares, levels) if path_shares is not None
+                           else {"holds": True, "note": "every node has its level's share; level shares sum to 1"}),
+    }
+    if total is None:
+        cert.update({unit: INFINITE, "epsilon": INFINITE, "delta": "0",
+                     "note": "infinite budget: no noise is added, the output is NOT private (tests only)"})
+        return cert
+    if zcdp:
+        delta = budget.delta
+        cert.update({"rho": str(total), "rho_float": float(total), "delta": str(delta), "delta_float": float(delta),
+                     "epsilon": zcdp_to_epsilon(total, delta),
+                     "epsilon_bun_steinke": zcdp_to_epsilon_bun_steinke(total, delta),
+                     "conversion": "Canonne-Kamath-Steinke 2020 (tight); Bun-Steinke 2016 for comparison",
+                     "curve": [{"delta": d, "epsilon": e} for d, e in epsilon_delta_curve(total, CURVE_DELTAS)]})
+    else:
+        cert.update({"epsilon": str(total), "epsilon_float": float(total), "delta": "0", "delta_float": 0.0,
+                     "curve": [{"delta": d, "epsilon": float(total)} for d in CURVE_DELTAS]})
+    return cert
+
+
+def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = None) -> dict[str, Any]:
+    """The privacy certificate of ``config``: one top-level entry per product in ``config.run.products``
+    (``persons``, ``units``), beside ``run``, ``mode`` (``production`` draws from the OS CSPRNG, without a
+    seed; ``test`` from the seeded counter-based stream) and ``config_sha256``.
+
+    ``spine_budget`` optionally maps a product name to its per-block path shares (see
+    :func:`check_path_condition`) when the spine moved budget between levels.
+    """
+    spine_budget = spine_budget or {}
+    return {
+        "run": config.run.name,
+        "mode": config.run.mode,
+        "randomness": ("operating-system CSPRNG (os.urandom), no seed" if config.run.mode == "production"
+                       else f"seeded counter-based Philox stream keyed by (seed, node, query); seed {config.run.seed}"),
+        "config_sha256": config.digest(),
+        **{name: _product_certificate(name, config.product(name), spine_budget.get(name))
+           for name in config.run.products},
+    }
+
+
+def products(cert: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The per-product entries of a certificate."""
+    return {name: cert[name] for name in ("persons", "units") if name in cert}
+
+
+def _fmt(value: Any, width: int) -> str:
+    if isinstance(value, float):
+        text = "inf" if math.isinf(value) else f"{value:.6g}"
+    else:
+        text = str(value)
+    return text.rjust(width) if isinstance(value, (int, float)) else text.ljust(width)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    widths = [max(len(c), *(len(_fmt(r.get(c, ""), 0)) for r in rows)) for c in columns]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  " + "  ".join(_fmt(r.get(c, ""), w) for c, w in zip(columns, widths)) for r in rows]
+    return lines
+
+
+def render_certificate(cert: dict[str, Any]) -> str:
+    """A readable text rendering of :func:`certificate`'s output."""
+    lines = [f"Privacy certificate: run {cert['run']} (mode {cert['mode']}, config sha256 {cert['config_sha256'][:12]})"]
+    lines.append(f"  randomness: {cert['randomness']}")
+    for name, p in products(cert).items():
+        lines.append("")
+        lines.append(f"[{name}] {p['mechanism']}, {p['framework']}")
+        if "note" in p:
+            lines.append(f"  {p['note']}")
+        if p["mechanism"] == "discrete_gaussian" and p["rho"] != INFINITE:
+            lines.append(f"  total rho = {p['rho']} = {p['rho_float']:.6g}")
+            lines.append(f"  (epsilon, delta) = ({p['epsilon']:.4f}, {p['delta_float']:.0e})  "
+                         f"[Bun-Steinke: {p['epsilon_bun_steinke']:.4f}]")
+            lines.append("  epsilon at other deltas: " +
+                         ", ".join(f"{c['delta']:.0e}: {c['epsilon']:.2f}" for c in p["curve"]))
+        elif p["mechanism"] == "geometric" and p["epsilon"] != INFINITE:
+            lines.append(f"  total epsilon = {p['epsilon']} = {p['epsilon_float']:.6g} (pure DP, delta = 0)")
+        unit = "rho" if p["mechanism"] == "discrete_gaussian" else "epsilon"
+        lines.append("  per level:")
+        lines += _table(p["levels"], ["level", "share", unit])
+        lines.append("  per query:")
+        cols = ["level", "query", "share", unit] + (["sigma2_float"] if unit == "rho" else ["sensitivity"]) + ["variance"]
+        lines += _table(p["queries"], cols)
+        pc = p["path_condition"]
+        lines.append(f"  path condition (Theorem 2): {'holds' if pc['holds'] else 'FAILS'}"
+                     + (f" for {pc['blocks']} blocks" if "blocks" in pc else f" ({pc.get('note', '')})"))
+    return "\n".join(lines)

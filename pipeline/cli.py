@@ -1,0 +1,199 @@
+"""The ``topdown`` command line.
+
+Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configuration or usage;
+3 bad input data; 4 run directory unusable (locked, not writable, already complete without --force);
+5 estimation failed; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+
+log = logging.getLogger("topdown")
+
+
+def _progress_printer(quiet: bool):
+    last = {"t": 0.0}
+
+    def progress(product: str, level: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if quiet or (done < total and now - last["t"] < 1.0):
+            return
+        last["t"] = now
+        print(f"  {product:8s} {level:12s} {done:5d}/{total} tasks", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .runner import run
+
+    config = load_config(args.config)
+    overrides = {}
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.input:
+        overrides["input"] = args.input
+    if overrides:
+        config = config.with_overrides(**overrides)
+    start = time.perf_counter()
+    out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
+              force=args.force, progress=_progress_printer(args.quiet))
+    manifest = json.loads((out / "manifest.json").read_text())
+    print(f"run complete in {time.perf_counter() - start:.1f}s: {out}")
+    for product, levels in manifest["parents_solved"].items():
+        print(f"  {product}: " + ", ".join(f"{lv} {v['solved']} solved/{v['parents']} parents" for lv, v in levels.items()))
+    if manifest["failsafe"]:
+        print(f"  failsafe used for {len(manifest['failsafe'])} parent(s); see manifest.json")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_run
+
+    report = verify_run(args.run)
+    for note in report.notes:
+        print(f"  note: {note}")
+    if report.ok:
+        print(f"verify: OK ({report.checks} checks) {args.run}")
+        return EXIT_OK
+    print(f"verify: {len(report.failures)} of {report.checks} checks FAILED in {args.run}")
+    for failure in report.failures:
+        print(f"  - {failure}")
+    return EXIT_VERIFY
+
+
+def cmd_privacy(args: argparse.Namespace) -> int:
+    from .certificate import certificate, render_certificate
+    from .config import load_config
+
+    cert = certificate(load_config(args.config))
+    if args.out:
+        Path(args.out).write_text(json.dumps(cert, indent=2) + "\n")
+    print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
+    return EXIT_OK
+
+
+def cmd_demo_data(args: argparse.Namespace) -> int:
+    from .demo_data import write_demo_input
+
+    write_demo_input(Path(args.out))
+    print(f"demo input written to {args.out}/persons.parquet and {args.out}/units.parquet")
+    return EXIT_OK
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from .synth import write_synthetic
+
+    write_synthetic(Path(args.out), blocks=args.blocks, seed=args.seed)
+    print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
+    return EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from .ingest import ingest_blocks, ingest_pl94
+
+    fn = ingest_pl94 if args.format == "pl94" else ingest_blocks
+    summary = fn(Path(args.source), Path(args.out))
+    print(f"ingested {args.source} -> {args.out}: {summary}")
+    return EXIT_OK
+
+
+def cmd_spine(args: argparse.Namespace) -> int:
+    from topdown.geo.report import spine_command
+
+    report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
+    print((Path(args.out) / "report.txt").read_text() if (Path(args.out) / "report.txt").exists() else json.dumps(report, indent=2))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run TopDown end to end")
+    p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. demo)")
+    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--input", help="input directory with persons.parquet and units.parquet (overrides [run] input)")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
+    p.add_argument("--seed", type=int, help="override the configured seed (test mode)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run after its last complete level")
+    p.add_argument("--force", action="store_true", help="recompute a run directory that is already complete")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("verify", help="re-check a run directory")
+    p.add_argument("run")
+    p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("privacy", help="print the privacy certificate of a configuration")
+    p.add_argument("config")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--out", help="also write the JSON certificate to this file")
+    p.set_defaults(fn=cmd_privacy)
+
+    p = sub.add_parser("demo-data", help="write the bundled demo input (2018 End-to-End prototype, 569 blocks)")
+    p.add_argument("out")
+    p.set_defaults(fn=cmd_demo_data)
+
+    p = sub.add_parser("synth", help="write synthetic census-like input")
+    p.add_argument("--blocks", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("out")
+    p.set_defaults(fn=cmd_synth)
+
+    p = sub.add_parser("ingest", help="turn published tables into CEF-like input")
+    p.add_argument("format", choices=["pl94", "blocks"], help="pl94: legacy-format P.L. 94-171 files; blocks: block CSV")
+    p.add_argument("source", help="directory (pl94) or CSV file (blocks)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_ingest)
+
+    p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
+    p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")
+    p.add_argument("--units", help="units.parquet (GQ signatures for custom block groups)")
+    p.add_argument("--out", required=True)
+    p.set_defaults(fn=cmd_spine)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    for noisy in ("distributed", "pyomo", "asyncio", "tornado", "bokeh"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from .config import ConfigError
+    from .invariants import InvariantError
+    from .rundir import RunDirError
+    from .tasks import EstimationError
+
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        print(f"topdown: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RunDirError as exc:
+        print(f"topdown: {exc}", file=sys.stderr)
+        return EXIT_RUNDIR
+    except EstimationError as exc:
+        print(f"topdown: estimation failed: {exc}", file=sys.stderr)
+        return EXIT_ESTIMATION
+    except (InvariantError, FileNotFoundError, ValueError) as exc:
+        print(f"topdown: input error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("topdown: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

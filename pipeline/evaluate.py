@@ -1,0 +1,417 @@
+"""``topdown evaluate``: accuracy and empirical privacy loss of one or more runs against the truth.
+
+Writes ``RUN/evaluation/`` (the first run directory, or ``out``)::
+
+    summary.parquet         run, seed, product, level, query, n, n_answers, mean_abs_error (paper Tables 9-10:
+                            per-geounit L1 averaged over geounits), mean_abs_cell_error, median_abs_error,
+                            max_abs_error, signed residual quantiles q0.005..q0.995 over all answers
+    errors_by_bin.parquet   TOTAL error by true-population bin per level (facts 8; paper Tables 11-12)
+    blau.parquet            TOTAL error by Blau-index quintile per level (paper Table 13)
+    homogeneity.parquet     TOTAL bias by homogeneity index per level (Petti & Flaxman 2020, Figure 3)
+    entities.parquet        off-spine entities: TOTAL error and largest-group share within 5 points, by bin
+    epl.parquet             empirical privacy loss per run, level and query
+    sampling.parquet        simple-random-sample baselines: the same error and EPL metrics per rate
+    replicates.parquet      run-to-run spread of each geounit's estimate (several runs only)
+    *.png, report.html      figures and a one-page report
+
+Only summaries over geounits are written: a per-geounit error next to the published estimate would disclose
+the confidential count. The runs and the sampling replicates are evaluated as one Dask job.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import metrics as M
+from .queries import build_query
+from .rundir import write_table
+from .schema import PERSONS, SCHEMAS
+from .tabulate import block_histograms, units_histograms
+
+log = logging.getLogger("topdown")
+
+#: Queries of the paper's Tables 9-10 plus hhgq and the 14-cell race/ethnicity query of facts 8.
+PERSON_QUERIES: tuple[str, ...] = ("total", "votingage", "hispanic", "hhgq", "cenrace", "hispanic * cenrace",
+                                   "majorRaces * hispanic", "detailed")
+UNIT_QUERIES: tuple[str, ...] = ("total", "occupancy")
+#: Blau index cells: hispanic x majorRaces, 14 cells (facts 8).
+BLAU_QUERY = "hispanic * majorRaces"
+#: Largest-group share query for off-spine entities (facts 8, "L1 relative").
+SHARE_QUERY = "hispanic * cenrace_7lev_two_comb"
+SAMPLING_RATES: tuple[float, ...] = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
+#: Petti & Flaxman's total count (TC) and age/race/ethnicity stratified count (SC).
+SAMPLING_QUERIES: tuple[str, ...] = ("total", "votingage * hispanic * cenrace")
+
+
+class EvaluationError(ValueError):
+    """Inputs that cannot be evaluated together (names the offending file or entry)."""
+
+
+@dataclass
+class EvalOptions:
+    """What to compute. Queries are per product; ``dense_limit`` caps dense per-geounit answer arrays."""
+
+    queries: dict[str, tuple[str, ...]] = field(default_factory=lambda: {"persons": PERSON_QUERIES,
+                                                                         "units": UNIT_QUERIES})
+    sampling_rates: tuple[float, ...] = SAMPLING_RATES
+    sampling_replicates: int = 1
+    sampling_seed: int = 0
+    sampling_queries: tuple[str, ...] = SAMPLING_QUERIES
+    replicate_queries: tuple[str, ...] = ("total",)
+    entity_bins: tuple[int, ...] = M.ENTITY_BINS
+    epl_factor: float = 0.1
+    dense_limit: int = 20_000_000
+    figures: bool = True
+
+
+# -- inputs ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Truth:
+    """True block histograms per product (geocode = 15-character block GEOID) and the person records."""
+
+    blocks: dict[str, pd.DataFrame]
+    persons: pd.DataFrame
+
+
+def load_truth(truth: Path) -> Truth:
+    """Read ``persons.parquet`` and ``units.parquet`` of an input directory and tabulate them by block."""
+    truth = Path(truth)
+    paths = {name: truth / f"{name}.parquet" for name in ("persons", "units")}
+    for path in paths.values():
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: truth file not found (the truth is a run's input directory)")
+    persons = pd.read_parquet(paths["persons"], columns=["geoid", *PERSONS.dim_names])
+    persons["geoid"] = persons["geoid"].astype(str)
+    units = pd.read_parquet(paths["units"])
+    units["geoid"] = units["geoid"].astype(str)
+    return Truth({"persons": block_histograms(persons), "units": units_histograms(units)}, persons)
+
+
+def load_entities(path: Path) -> pd.DataFrame:
+    """Block-to-entity table (geoid, entity_type, entity) from a CSV/Parquet table or a BAF directory
+    (entity types place, mcd, and place_mcd where the AIANNH file is present; see geo/baf.py)."""
+    path = Path(path)
+    if path.is_dir():
+        from topdown.geo.baf import mcds, place_mcd_entity, places, read_baf_dir
+
+        baf = read_baf_dir(path)
+        series = []
+        if "placefp" in baf.columns:
+            series.append(("place", places(baf)))
+        if "cousubfp" in baf.columns:
+            series.append(("mcd", mcds(baf)))
+        if {"placefp", "cousubfp", "aiannhce"} <= set(baf.columns):
+            series.append(("place_mcd", place_mcd_entity(baf)))
+        if not series:
+            raise EvaluationError(f"{path}: no INCPLACE_CDP or MCD block assignment file")
+        table = pd.concat([pd.DataFrame({"geoid": s.index.astype(str), "entity_type": kind,
+                                         "entity": s.to_numpy().astype(str)}) for kind, s in series])
+    elif path.suffix == ".parquet":
+        table = pd.read_parquet(path)
+    elif path.suffix in (".csv", ".txt"):
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    else:
+        raise EvaluationError(f"{path}: entities must be a .csv/.parquet table or a BAF directory")
+    missing = {"geoid", "entity_type", "entity"} - set(table.columns)
+    if missing:
+        raise EvaluationError(f"{path}: entities table lacks column(s) {', '.join(sorted(missing))}")
+    table = table[["geoid", "entity_type", "entity"]].astype(str)
+    table = table[table["entity"] != ""].reset_index(drop=True)
+    dup = table.duplicated(["geoid", "entity_type"])
+    if dup.any():
+        row = table[dup].iloc[0]
+        raise EvaluationError(f"{path}: block {row['geoid']} is in two {row['entity_type']!r} entities")
+    return table
+
+
+class RunView:
+    """One run directory: manifest, spine and the unit index of every block at every level."""
+
+    def __init__(self, root: Path, label: str):
+        self.root, self.label = Path(root), label
+        mpath = self.root / "manifest.json"
+        if not mpath.exists():
+            raise EvaluationError(f"{mpath}: not a run directory (no manifest.json)")
+        self.manifest = json.loads(mpath.read_text())
+        if self.manifest.get("status") != "complete":
+            raise EvaluationError(f"{mpath}: run status is {self.manifest.get('status')!r}, not 'complete'")
+        self.levels: list[str] = list(self.manifest["levels"])
+        spine = pd.read_parquet(self.root / "spine.parquet").astype(str)
+        if list(spine.columns) != ["geoid", *self.levels]:
+            raise EvaluationError(f"{self.root / 'spine.parquet'}: columns are not geoid + the manifest's levels")
+        self.spine = spine
+        self.geoid_index = pd.Index(spine["geoid"])
+        self.nodes: dict[str, pd.Index] = {}
+        self.codes: dict[str, np.ndarray] = {}
+        for level in self.levels:
+            codes, nodes = pd.factorize(spine[level], sort=True)
+            self.nodes[level], self.codes[level] = pd.Index(nodes.astype(str)), codes.astype(np.int64)
+
+    @property
+    def seed(self) -> Any:
+        return self.manifest.get("seed")
+
+    def truth_at(self, blocks: pd.DataFrame, level: str) -> M.SparseHist:
+        """True block histograms rolled up to ``level`` by this run's spine."""
+        rows = self.geoid_index.get_indexer(blocks["geocode"])
+        if (rows < 0).any():
+            raise EvaluationError(f"{self.root / 'spine.parquet'}: truth block {blocks['geocode'].iloc[np.flatnonzero(rows < 0)[0]]} "
+                                  "is not in the run's spine (truth and run do not match)")
+        return M.SparseHist(self.codes[level][rows], blocks["cell"].to_numpy(np.int64), blocks["count"].to_numpy(),
+                            len(self.nodes[level]))
+
+    def estimate_at(self, product: str, level: str) -> M.SparseHist:
+        path = self.root / "histograms" / product / f"level={level}"
+        if not path.exists():
+            raise EvaluationError(f"{path}: histograms of level {level} not found")
+        h = pd.read_parquet(path, columns=["geocode", "cell", "count"])
+        units = self.nodes[level].get_indexer(h["geocode"].astype(str))
+        if (units < 0).any():
+            raise EvaluationError(f"{path}: geocode {h['geocode'].iloc[np.flatnonzero(units < 0)[0]]!r} is not a "
+                                  f"{level} node of the spine")
+        return M.SparseHist(units, h["cell"].to_numpy(np.int64), h["count"].to_numpy(np.int64), len(self.nodes[level]))
+
+    def block_geoids(self) -> np.ndarray:
+        """GEOID of each Block-level node (the leaf level must be one node per tabulation block)."""
+        leaf = self.levels[-1]
+        if len(self.nodes[leaf]) != len(self.spine):
+            raise EvaluationError(f"{self.root / 'spine.parquet'}: {leaf} nodes are not one per block GEOID")
+        out = np.empty(len(self.spine), dtype=object)
+        out[self.codes[leaf]] = self.spine["geoid"].to_numpy()
+        return out
+
+
+# -- per-run evaluation (one Dask task) ------------------------------------------------------------------
+
+def _key(run: str, seed: Any, product: str, level: str, **more) -> dict:
+    return {"run": run, "seed": None if seed is None else str(seed), "product": product, "level": level, **more}
+
+
+def _summary_row(qe: M.QueryErrors) -> dict:
+    med, mx = qe.abs_quantiles((0.5, 1.0))
+    row = {"n": qe.n_units, "n_answers": qe.n_answers, "mean_abs_error": qe.mean_abs_error,
+           "mean_abs_cell_error": float(qe.l1.sum() / (qe.n_units * qe.n_answers)) if qe.n_units else np.nan,
+           "median_abs_error": float(med), "max_abs_error": float(mx)}
+    row.update({M.quantile_column(q): float(v) for q, v in zip(M.QUANTILES, qe.signed_quantiles(M.QUANTILES))})
+    return row
+
+
+def _epl_row(qe: M.QueryErrors, factor: float) -> dict:
+    res = M.empirical_privacy_loss(qe.values, qe.counts, factor=factor)
+    return {"n_residuals": int(qe.counts.sum()), "epl": res.epl, "bound": res.bound, "bandwidth": res.bandwidth}
+
+
+def _level_metrics(run: str, seed: Any, product: str, level: str, true: M.SparseHist, est: M.SparseHist,
+                   queries: Sequence[str], opts: EvalOptions) -> tuple[list[dict], list[dict], dict[str, M.QueryErrors]]:
+    schema = SCHEMAS[product]
+    summary, epl, kept = [], [], {}
+    for name in queries:
+        qe = M.query_errors(true, est, build_query(schema, name), opts.dense_limit)
+        summary.append({**_key(run, seed, product, level, query=name), **_summary_row(qe)})
+        epl.append({**_key(run, seed, product, level, query=name), **_epl_row(qe, opts.epl_factor)})
+        if qe.true is not None:
+            kept[name] = qe
+    return summary, epl, kept
+
+
+def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | None, opts: EvalOptions) -> dict:
+    """All metrics of one run directory; returns frames keyed by output table, plus replicate estimates."""
+    view = RunView(root, label)
+    out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
+    replicates: dict[tuple[str, str, str], pd.Series] = {}
+    seed = view.seed
+    for product in view.manifest["products"]:
+        if product not in truth.blocks:
+            continue
+        extra = opts.sampling_queries if product == "persons" else ()
+        queries = list(dict.fromkeys(["total", *opts.queries.get(product, ("total",)), *extra, *opts.replicate_queries]))
+        for level in view.levels:
+            true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
+            summary, epl, kept = _level_metrics(label, seed, product, level, true, est, queries, opts)
+            out["summary"] += summary
+            out["epl"] += epl
+            total = kept["total"]
+            err = (total.est - total.true)[:, 0]
+            edges = M.BLOCK_BINS if level == view.levels[-1] else M.COUNTY_BINS
+            out["errors_by_bin"].append(M.errors_by_bin(total.true[:, 0], err, edges)
+                                        .assign(**_key(label, seed, product, level, query="total")))
+            for name in opts.replicate_queries:
+                if name in kept:
+                    qe = kept[name]
+                    idx = pd.MultiIndex.from_product([view.nodes[level], range(qe.n_answers)], names=["geocode", "answer"])
+                    replicates[(product, level, name)] = pd.Series(qe.est.ravel(), index=idx)
+            if product != "persons":
+                continue
+            blau_true = M.query_errors(true, true, build_query(PERSONS, BLAU_QUERY), opts.dense_limit).true
+            out["blau"].append(M.blau_quintile_errors(M.blau_index(blau_true), err)
+                               .assign(**_key(label, seed, product, level)))
+            hom = M.homogeneity_index(M.nonzero_cells(true), PERSONS.ncells)
+            out["homogeneity"].append(M.bias_by_homogeneity(hom, err).assign(**_key(label, seed, product, level)))
+        if product == "persons" and entities is not None:
+            out["entities"] += _entity_metrics(view, truth.blocks[product], entities, opts)
+    frames = {k: _frame(v) for k, v in out.items()}
+    return {"tables": frames, "replicates": replicates, "label": label, "seed": seed}
+
+
+def _frame(parts: list) -> pd.DataFrame:
+    if not parts:
+        return pd.DataFrame()
+    if isinstance(parts[0], pd.DataFrame):
+        frame = pd.concat(parts, ignore_index=True)
+    else:
+        frame = pd.DataFrame(parts)
+    lead = [c for c in ("run", "seed", "rate", "replicate", "product", "level", "entity_type", "query") if c in frame]
+    return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+def _entity_metrics(view: RunView, blocks: pd.DataFrame, entities: pd.DataFrame, opts: EvalOptions) -> list[pd.DataFrame]:
+    leaf = view.levels[-1]
+    est = view.estimate_at("persons", leaf)
+    est_geoid = view.block_geoids()[est.unit]
+    frames = []
+    for kind, table in entities.groupby("entity_type", sort=True):
+        codes, names = pd.factorize(table["entity"], sort=True)
+        where = pd.Index(table["geoid"])
+        t_rows = where.get_indexer(blocks["geocode"])
+        e_rows = where.get_indexer(pd.Index(est_geoid.astype(str)))
+        t_sel, e_sel = t_rows >= 0, e_rows >= 0
+        n = len(names)
+        true = M.SparseHist(codes[t_rows[t_sel]], blocks["cell"].to_numpy(np.int64)[t_sel],
+                            blocks["count"].to_numpy(np.int64)[t_sel], n)
+        esth = M.SparseHist(codes[e_rows[e_sel]], est.cell[e_sel], est.count[e_sel], n)
+        tot = M.query_errors(true, esth, build_query(PERSONS, "total"), opts.dense_limit)
+        share = M.query_errors(true, esth, build_query(PERSONS, SHARE_QUERY), opts.dense_limit)
+        frame = M.entity_metrics(tot.true[:, 0], (tot.est - tot.true)[:, 0],
+                                 M.largest_share_error(share.est, share.true), opts.entity_bins)
+        frames.append(frame.assign(run=view.label, seed=None if view.seed is None else str(view.seed),
+                                   entity_type=kind, query="total"))
+    return frames
+
+
+# -- simple random sampling baselines (one Dask task per rate and replicate) -----------------------------
+
+def sampling_replicate(root: Path, truth: Truth, rate: float, replicate: int, opts: EvalOptions) -> dict:
+    """Error and EPL of a simple random sample of persons (without replacement) scaled by 1 / rate, on the
+    first run's spine. Generator seed: (sampling_seed, round(rate x 10000), replicate)."""
+    view = RunView(root, "srs")
+    persons = truth.persons
+    seed = (opts.sampling_seed, int(round(rate * 10000)), replicate)
+    sample = persons.iloc[M.simple_random_sample(len(persons), rate, seed)]
+    blocks = block_histograms(sample)
+    scaled = blocks.assign(count=blocks["count"].to_numpy(float) / rate)
+    rows = []
+    for level in view.levels:
+        true, est = view.truth_at(truth.blocks["persons"], level), view.truth_at(scaled, level)
+        summary, epl, _ = _level_metrics("srs", None, "persons", level, true, est, opts.sampling_queries, opts)
+        for s, e in zip(summary, epl):
+            rows.append({"rate": rate, "replicate": replicate, "sampling_seed": opts.sampling_seed,
+                         "level": level, "query": s["query"], "n": s["n"], "mean_abs_error": s["mean_abs_error"],
+                         "median_abs_error": s["median_abs_error"], "mean_abs_cell_error": s["mean_abs_cell_error"],
+                         "epl": e["epl"]})
+    return {"sampling": pd.DataFrame(rows)}
+
+
+# -- replicates ------------------------------------------------------------------------------------------
+
+def replicate_spread(results: list[dict]) -> pd.DataFrame:
+    """Run-to-run spread of each geounit's estimate: n_runs, mean, std (ddof 1), min, max."""
+    keys = sorted({k for r in results for k in r["replicates"]})
+    frames = []
+    for product, level, query in keys:
+        cols = {r["label"]: r["replicates"][(product, level, query)] for r in results if (product, level, query) in r["replicates"]}
+        if len(cols) < 2:
+            continue
+        wide = pd.DataFrame(cols)
+        stats = pd.DataFrame({"n_runs": wide.notna().sum(axis=1), "mean_estimate": wide.mean(axis=1),
+                              "std_estimate": wide.std(axis=1, ddof=1), "min_estimate": wide.min(axis=1),
+                              "max_estimate": wide.max(axis=1)}).reset_index()
+        frames.append(stats.assign(product=product, level=level, query=query))
+    if not frames:
+        return pd.DataFrame()
+    frame = pd.concat(frames, ignore_index=True)
+    lead = ["product", "level", "query", "geocode", "answer"]
+    return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+# -- driver ----------------------------------------------------------------------------------------------
+
+def _labels(runs: list[Path]) -> list[str]:
+    labels: list[str] = []
+    for r in runs:
+        name = r.resolve().name
+        labels.append(name if name not in labels else f"{name}#{len(labels)}")
+    return labels
+
+
+def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, out: Path | None = None, client=None,
+             options: EvalOptions | None = None) -> Path:
+    """Evaluate ``run_dirs`` against the input directory ``truth`` and write the tables, figures and
+    report.html to ``out`` (default: ``<first run>/evaluation``). Returns the output directory.
+
+    All runs and sampling replicates form one Dask job, computed on ``client`` if given, else locally on
+    threads. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
+    """
+    import dask
+
+    opts = options or EvalOptions()
+    runs = [Path(r) for r in run_dirs]
+    if not runs:
+        raise EvaluationError("evaluate needs at least one run directory")
+    labels = _labels(runs)
+    for r in runs:
+        RunView(r, "check")  # fail fast, naming the offending directory
+    out = Path(out) if out is not None else runs[0] / "evaluation"
+    truth_d = dask.delayed(load_truth)(Path(truth))
+    ent_d = dask.delayed(load_entities)(Path(entities)) if entities is not None else None
+    tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
+    manifest = json.loads((runs[0] / "manifest.json").read_text())
+    if "persons" in manifest["products"]:
+        tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)
+                  for rate in opts.sampling_rates for rep in range(opts.sampling_replicates)]
+    if client is not None:
+        results = client.gather(client.compute(tasks))
+    else:
+        results = list(dask.compute(*tasks, scheduler="threads"))
+    run_results = results[:len(runs)]
+    tables: dict[str, pd.DataFrame] = {}
+    for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl"):
+        tables[name] = _frame([r["tables"][name] for r in run_results if not r["tables"][name].empty])
+    tables["sampling"] = _frame([r["sampling"] for r in results[len(runs):]])
+    tables["replicates"] = replicate_spread(run_results)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        write_table(frame, out / f"{name}.parquet")
+    from .eval_report import write_report
+
+    write_report(out, tables, labels, figures=opts.figures)
+    return out
+
+
+def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = None, out: str | None = None,
+                     scheduler: str | None = None, workers: int | None = None) -> int:
+    """CLI helper for ``topdown evaluate RUN [RUN...] --truth INPUT [--entities TABLE] [--out DIR]``: evaluates
+    (on a Dask scheduler if given, else threads), prints where the report is and the headline errors."""
+    client = None
+    if scheduler or workers:
+        from .runner import dask_client
+
+        with dask_client(None, scheduler, workers) as client:
+            path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
+                            Path(out) if out else None, client=client)
+    else:
+        path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
+                        Path(out) if out else None)
+    summary = pd.read_parquet(path / "summary.parquet")
+    tot = summary[summary["query"] == "total"].pivot_table(index="level", columns="run", values="mean_abs_error",
+                                                            sort=False)
+    print(f"evaluation written to {path} (report: {path / 'report.html'})")
+    print("mean absolute error of TOTAL by level:")
+    print(tot.to_string(float_format=lambda v: f"{v:.3f}"))
+    return 0

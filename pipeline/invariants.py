@@ -1,0 +1,151 @@
+"""Invariants and constraint right-hand sides per node (facts file sections 2.1-2.8).
+
+Node data per level is a frame indexed by node geocode with unit counts ``u0..u7`` (housing units
+and GQ facilities of each major type, sums of block values: ``gqhh_vect``), ``occupied``
+(occupied housing units), and ``tot`` (total persons) where ``tot`` is an invariant.
+
+Constraint right-hand sides follow facts 2.3: without a total invariant the hhgq bounds are
+``persons_k >= u_k * m_k`` and ``persons_k <= u_k * 99999``; with the total T invariant (State):
+``ub_k = min(T - M_k if u_k > 0 else 0, 99999 u_k)`` and ``lb_k = L_k if O_k > 0 else T``, the stricter
+of that and the sum of the children's right-hand sides; above State (US) the sum of the States'.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from topdown.solvers.problem import Constraint
+
+from .config import ProductConfig
+
+UNIT_COLUMNS = [f"u{k}" for k in range(8)]
+GQ_CAP = 99999
+MIN_PER_UNIT = np.array([0, 1, 1, 1, 1, 1, 1, 1])
+
+PERSON_CONSTRAINTS = ("total", "hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0", "hh_lb_occupied")
+UNIT_CONSTRAINTS = ("total",)
+PERSON_INVARIANTS = ("tot", "gqhh_vect", "gqhh_tot")
+UNIT_INVARIANTS = ("hu_tot",)
+
+
+class InvariantError(ValueError):
+    """The input violates a declared invariant or constraint (an infeasible problem)."""
+
+
+@dataclass
+class LevelConstraints:
+    """Right-hand sides of every constraint for every node of one level, rows in node order."""
+
+    nodes: pd.Index
+    rhs: dict[str, tuple[str, str, np.ndarray]]  # name -> (query, sense, rhs[n_nodes, n_answers])
+
+    def take(self, idx: np.ndarray) -> list[Constraint]:
+        """The constraints of the nodes at integer positions ``idx`` (a parent's children)."""
+        return [Constraint(name, query, sense, rhs[idx]) for name, (query, sense, rhs) in self.rhs.items()]
+
+
+def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: str) -> set[str]:
+    """Names configured at ``level`` or any level below it (they propagate upward as sums)."""
+    return {name for lv in levels[levels.index(level):] for name in cfg_map.get(lv, [])}
+
+
+def check_names(product: str, cfg: ProductConfig, levels: list[str]) -> None:
+    """Unknown invariant or constraint names and unknown levels are configuration errors."""
+    from .config import ConfigError
+
+    known_c = PERSON_CONSTRAINTS if product == "persons" else UNIT_CONSTRAINTS
+    known_i = PERSON_INVARIANTS if product == "persons" else UNIT_INVARIANTS
+    for table, known in (("constraints", known_c), ("invariants", known_i)):
+        for level, names in getattr(cfg, table).items():
+            if level not in levels:
+                raise ConfigError(f"[{product}.{table}] names level {level!r}; levels are {', '.join(levels)}")
+            for name in names:
+                if name not in known:
+                    raise ConfigError(f"[{product}.{table}].{level}: unknown {table[:-1]} {name!r}; known: {', '.join(known)}")
+
+
+def _hhgq_bounds(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds on persons by hhgq type (facts 2.3)."""
+    lower = u * MIN_PER_UNIT
+    upper = u * GQ_CAP
+    if total is None:
+        return lower.astype(float), upper.astype(float)
+    t = total[:, None]
+    units_total = u.sum(axis=1, keepdims=True)
+    others = units_total - u
+    forced_others = lower.sum(axis=1, keepdims=True) - lower
+    ub = np.minimum(np.where(u > 0, t - forced_others, 0), upper)
+    lb = np.where(others > 0, lower, t)
+    return lb.astype(float), ub.astype(float)
+
+
+def person_constraints(
+    cfg: ProductConfig, levels: list[str], level: str, nodes: pd.DataFrame, child_rhs: LevelConstraints | None,
+    child_parent: np.ndarray | None,
+) -> LevelConstraints:
+    """Constraint right-hand sides of the persons product at one level.
+
+    ``nodes`` has columns u0..u7, occupied and (if invariant here) tot. ``child_rhs`` are the
+    right-hand sides one level down and ``child_parent`` maps each child row to its row here, for the
+    sum propagation (None at the block level).
+    """
+    active = configured_below(cfg.constraints, levels, level)
+    here = set(cfg.constraints.get(level, []))
+    n = len(nodes)
+    u = nodes[UNIT_COLUMNS].to_numpy(dtype=np.int64)
+    has_tot = "tot" in nodes.columns and nodes["tot"].notna().all() and "tot" in cfg.invariants.get(level, [])
+    rhs: dict[str, tuple[str, str, np.ndarray]] = {}
+
+    def summed(name: str) -> np.ndarray | None:
+        if child_rhs is None or name not in child_rhs.rhs:
+            return None
+        vals = child_rhs.rhs[name][2]
+        out = np.zeros((n, vals.shape[1]))
+        np.add.at(out, child_parent, vals)
+        return out
+
+    if {"hhgq_total_lb", "hhgq_total_ub"} & active:
+        above_state = level in levels[: levels.index("State")] if "State" in levels else False
+        lb, ub = _hhgq_bounds(u, nodes["tot"].to_numpy(dtype=np.int64) if has_tot else None)
+        slb, sub = summed("hhgq_total_lb"), summed("hhgq_total_ub")
+        if above_state and slb is not None:
+            lb, ub = slb, sub
+        elif has_tot and slb is not None:
+            lb, ub = np.maximum(lb, slb), np.minimum(ub, sub)
+        if "hhgq_total_lb" in active:
+            rhs["hhgq_total_lb"] = ("hhgq", ">=", lb)
+        if "hhgq_total_ub" in active:
+            rhs["hhgq_total_ub"] = ("hhgq", "<=", ub)
+    if "nurse_nva_0" in active:
+        rhs["nurse_nva_0"] = ("gqNursingTotal * nonvoting", "==", np.zeros((n, 1)))
+    if "hh_lb_occupied" in active:
+        rhs["hh_lb_occupied"] = ("householdTotal", ">=", nodes[["occupied"]].to_numpy(dtype=float))
+    if "total" in here:
+        if "tot" not in nodes.columns or nodes["tot"].isna().any():
+            from .config import ConfigError
+            raise ConfigError(f"constraint 'total' at {level} needs the invariant 'tot' at {level} or below")
+        rhs["total"] = ("total", "==", nodes[["tot"]].to_numpy(dtype=float))
+    return LevelConstraints(nodes.index, rhs)
+
+
+def unit_constraints(nodes: pd.DataFrame) -> LevelConstraints:
+    """The housing-unit product: the housing-unit count of every node is invariant (block HU counts sum up)."""
+    return LevelConstraints(nodes.index, {"total": ("total", "==", nodes[["u0"]].to_numpy(dtype=float))})
+
+
+def check_feasible(level: str, cons: LevelConstraints, true_answers: dict[str, np.ndarray]) -> None:
+    """The true data must satisfy every constraint; otherwise the invariants are contradictory.
+
+    The message names the level, constraint and node but no count.
+    """
+    for name, (query, sense, rhs) in cons.rhs.items():
+        val = true_answers[query]
+        ok = np.isnan(rhs) | {"==": np.isclose(val, rhs), "<=": val <= rhs + 1e-9, ">=": val >= rhs - 1e-9}[sense]
+        bad = np.flatnonzero(~ok.all(axis=1))
+        if bad.size:
+            raise InvariantError(
+                f"input data violate constraint {name!r} at level {level} for node {cons.nodes[bad[0]]!r} "
+                f"({bad.size} node(s) in all): the declared invariants are infeasible"
+            )

@@ -1,0 +1,85 @@
+"""Noisy measurements of every configured query at a set of nodes (DESIGN.md section 3, step 5).
+
+Noise for (node, query) is drawn from a stream keyed by (run seed, product/node geocode, query), so
+the answers do not depend on how nodes are grouped into tasks or on the number of workers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from .accounting import Allocation, allocate
+from .config import BudgetConfig
+from .mechanisms import discrete_gaussian, geometric
+from .queries import build_query
+from .rng import make_source
+from .schema import Schema
+
+#: Sensitivity of a marginal query under the bounded (change-one-record) neighbour relation.
+BOUNDED_L1_SENSITIVITY = 2
+
+
+@dataclass
+class NodeMeasurements:
+    """Noisy answers of one query for a block of nodes: values[n, answers], variance[n] (inf: unmeasured)."""
+
+    query: str
+    values: np.ndarray
+    variance: np.ndarray
+
+
+def _noise(alloc: Allocation, mode: str, seed: int | None, key: str, query: str, size: int) -> np.ndarray:
+    source = make_source(mode, seed, key, query)
+    if alloc.sigma2 is not None:
+        return discrete_gaussian(source, alloc.sigma2, size)
+    return geometric(source, alloc.epsilon, BOUNDED_L1_SENSITIVITY, size)
+
+
+def measure(
+    product: str, schema: Schema, budget: BudgetConfig, level: str, geocodes: pd.Index | list[str],
+    plb: list[Fraction], hist: sp.csr_matrix, mode: str, seed: int | None,
+) -> tuple[list[NodeMeasurements], pd.DataFrame]:
+    """Measure every query configured for ``level`` at the given nodes.
+
+    Returns per-query noisy answers (for the solver) and the long noisy-measurement table
+    (geocode, query, answer, value, variance) to publish. Nodes with a zero budget share are not
+    measured (variance inf, no rows).
+    """
+    geocodes = list(geocodes)
+    n = len(geocodes)
+    out: list[NodeMeasurements] = []
+    frames: list[pd.DataFrame] = []
+    for query, share in budget.queries.get(level, {}).items():
+        q = build_query(schema, query)
+        true = np.asarray((hist @ q.matrix().T.tocsc()).todense(), dtype=np.int64).reshape(n, q.n_answers)
+        values = np.full((n, q.n_answers), np.nan)
+        variance = np.full(n, np.inf)
+        allocations: dict[Fraction, Allocation] = {}
+        for i, (geocode, node_plb) in enumerate(zip(geocodes, plb)):
+            if share == 0 or node_plb == 0:
+                continue
+            alloc = allocations.get(node_plb) or allocations.setdefault(node_plb, allocate(budget, level, query, plb=node_plb))
+            if budget.infinite:
+                values[i] = true[i]
+                variance[i] = 0.0
+            else:
+                values[i] = true[i] + _noise(alloc, mode, seed, f"{product}/{geocode}", query, q.n_answers)
+                variance[i] = alloc.variance
+        out.append(NodeMeasurements(query, values, variance))
+        measured = np.flatnonzero(np.isfinite(variance))
+        if measured.size:
+            frames.append(pd.DataFrame({
+                "geocode": np.repeat(np.asarray(geocodes, dtype=object)[measured], q.n_answers),
+                "query": query,
+                "answer": np.tile(np.arange(q.n_answers, dtype=np.int32), measured.size),
+                "value": values[measured].ravel().astype(np.int64),
+                "variance": np.repeat(variance[measured], q.n_answers),
+            }))
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        {"geocode": pd.Series(dtype=object), "query": pd.Series(dtype=object), "answer": pd.Series(dtype=np.int32),
+         "value": pd.Series(dtype=np.int64), "variance": pd.Series(dtype=float)})
+    return out, table

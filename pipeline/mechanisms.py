@@ -1,0 +1,258 @@
+"""Exact, vectorized noise samplers: the discrete Gaussian and the two-sided geometric distribution.
+
+Distributions (all budgets are exact ``Fraction``s; no float ever decides an outcome on its own):
+
+* ``discrete_gaussian(source, sigma2, size)``: P(Y = y) proportional to exp(-y^2 / (2 sigma2)), y in Z
+  (Canonne, Kamath & Steinke 2020, "CKS", Algorithm 3; facts file section 5.1). With t = floor(sigma)+1,
+  draw Y from the discrete Laplace distribution P(Y = y) ~ exp(-|y|/t) and accept it with probability
+  exp(-gamma(Y)), gamma(y) = (|y| - sigma2/t)^2 / (2 sigma2) = (|y| t d - n)^2 / (2 t^2 d n) for
+  sigma2 = n/d. Accepted values are exactly discrete-Gaussian (CKS section 5).
+* ``geometric(source, epsilon, sensitivity, size)``: the two-sided geometric (discrete Laplace)
+  distribution P(Y = y) ~ q^|y|, q = exp(-epsilon/sensitivity) (facts section 5.4, seed 000).
+
+Discrete Laplace with ratio q = exp(-lam) (lam rational) is drawn by inversion: for a uniform real V in
+[0, 1), X = max{x >= 0 : V < q^x} has P(X >= x) = q^x, i.e. P(X = x) = (1 - q) q^x; a fair sign bit B
+gives Y = +-X, and the pair (B = 1, X = 0) is rejected, so P(Y = y) ~ q^|y| exactly (CKS Algorithm 2
+with the geometric drawn by inversion instead of by repeated Bernoulli trials).
+
+Why the outputs are exact although floating point is used
+---------------------------------------------------------
+Every random decision has the form "is V < p?" with p = exp(-g) for an exact rational g >= 0 and V a
+uniform real in [0, 1) whose binary digits are revealed lazily: the top 53 bits of a 64-bit word give
+an integer N with V in [N 2^-53, (N+1) 2^-53); further digits come from fresh words only when needed.
+
+1. Fast path. A float f approximates p. We accept "V < p" only if (N+1) 2^-53 + margin <= f and
+   "V >= p" only if N 2^-53 >= f + margin, with margin = 2^-40. The float error |f - p| is below
+   2^-48: g is computed from correctly rounded conversions of the exact rationals with a few float
+   operations, each of relative error <= 2^-53, which moves exp(-g) by at most
+   e^-g (sqrt(2g) + 5g) 2^-53 < 2^-51 (discrete Gaussian) or e^-g g 2^-51 < 2^-52 (geometric);
+   numpy's exp/log are accurate to a few ulp (< 2^-50 absolute on [0, 1]); the comparison sums are
+   rounded by at most 2^-53. Whenever the fast path decides, the decision is therefore the one the exact
+   comparison would make. Candidates with magnitude >= 2^40 (where float integers would lose
+   exactness) are never decided on the fast path.
+2. Exact path. Undecided draws (probability about 2^-38 each) keep the same V and compare it against
+   integer bounds lo <= 2^P exp(-g) <= hi computed with Python integers only (alternating Taylor series
+   of exp(-g / 2^m) with a proven truncation/rounding bound, then m exact-bound squarings), revealing
+   64 more bits of V and raising P until the interval decides. Since exp(-g) is irrational for rational
+   g > 0 (Lindemann), this ends with probability 1.
+
+Because every decision equals the decision of the exact comparison of the same uniform V, the output
+distribution is exactly the target distribution; floats only choose which path computes it. Taking the
+first ``size`` accepted candidates of an i.i.d. candidate sequence yields i.i.d. draws. The ``margin``
+keyword exists for tests: ``margin >= 1`` sends every draw down the exact path.
+
+Consumption of the source depends only on the arguments, so a SeededSource gives reproducible draws.
+Each round reads all its fresh words before any exact-path word, so from the same seed the fast and the
+exact path give identical draws for the whole first round (up to 65536 outputs; this is tested).
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from .rng import RandomSource
+
+#: Absolute margin between a uniform draw and the float value of exp(-g) needed to decide on the fast path.
+FAST_MARGIN = 2.0 ** -40
+_FAST_LIMIT = float(2 ** 40)     # candidates at or above this magnitude always take the exact path
+_GUARD_BITS = 32                 # extra precision of exp bounds beyond the revealed bits of V
+_BLOCK = 1 << 16                 # outputs produced per vectorized round
+_TWO53 = 2.0 ** -53
+
+
+def _as_fraction(value: Fraction | int, name: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (Fraction, int)):
+        raise TypeError(f"{name} must be an exact Fraction or int (no floats in noise parameters), got {value!r}")
+    value = Fraction(value)
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def _check_size(size: int) -> int:
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise ValueError(f"size must be a non-negative integer, got {size!r}")
+    return int(size)
+
+
+# ----------------------------------------------------------------------------------------- exact path
+@lru_cache(maxsize=1 << 16)
+def _exp_neg_bounds(gamma: Fraction, prec: int) -> tuple[int, int]:
+    """Integers ``lo <= 2**prec * exp(-gamma) <= hi`` for rational ``gamma >= 0``, by integer arithmetic.
+
+    With x = gamma / 2^m <= 1 and scale 2^w, the Taylor terms T_i = floor(T_{i-1} x / i) satisfy
+    0 <= t_i - T_i <= i (t_i the true terms); the series alternates with decreasing terms, so stopping
+    at the first T_n = 0 leaves a tail <= t_n <= n and an accumulated rounding error <= n(n-1)/2:
+    |2^w exp(-x) - S| <= n^2. Squaring m times with floor/ceil keeps a valid bracket.
+    """
+    if gamma == 0:
+        return 1 << prec, 1 << prec
+    m, x = 0, gamma
+    while x > 1:
+        x /= 2
+        m += 1
+    w = prec + 2 * m + _GUARD_BITS
+    a, b = x.numerator, x.denominator
+    term, total, i = 1 << w, 1 << w, 0
+    while term:
+        i += 1
+        term = term * a // (b * i)
+        total = total - term if i & 1 else total + term
+    one = 1 << w
+    lo, hi = max(total - i * i, 0), min(total + i * i, one)
+    for _ in range(m):
+        lo, hi = (lo * lo) >> w, -((-hi * hi) >> w)
+    shift = w - prec
+    return lo >> shift, -((-hi) >> shift)
+
+
+class _LazyUniform:
+    """A uniform real V in [0, 1) known to lie in [n 2^-k, (n+1) 2^-k); more bits come from the source."""
+
+    __slots__ = ("n", "k", "source")
+
+    def __init__(self, source: RandomSource, n: int, k: int) -> None:
+        self.source, self.n, self.k = source, n, k
+
+    def below_exp(self, gamma: Fraction) -> bool:
+        """Exactly decide V < exp(-gamma)."""
+        while True:
+            lo, hi = _exp_neg_bounds(gamma, self.k + _GUARD_BITS)
+            if (self.n + 1) << _GUARD_BITS <= lo:
+                return True
+            if self.n << _GUARD_BITS >= hi:
+                return False
+            self.n = (self.n << 64) | int(self.source.uint64(1)[0])
+            self.k += 64
+
+
+def _exact_geometric(v: _LazyUniform, lam: Fraction, start: int) -> int:
+    """X = max{x >= 0 : V < exp(-x lam)} exactly, searching outward from the float guess ``start``."""
+    x = max(start, 0)
+    if v.below_exp(x * lam):
+        lo, step = x, 1
+        while v.below_exp((lo + step) * lam):
+            lo += step
+            step *= 2
+        hi = lo + step
+    else:
+        hi, step = x, 1
+        while True:
+            cand = hi - step
+            if cand <= 0:
+                lo = 0
+                break
+            if v.below_exp(cand * lam):
+                lo = cand
+                break
+            hi, step = cand, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if v.below_exp(mid * lam):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# ------------------------------------------------------------------------------------------ fast path
+def _bernoulli_exp(source: RandomSource, words: np.ndarray, g: np.ndarray,
+                   exact_gamma: Callable[[int], Fraction], margin: float) -> np.ndarray:
+    """Independent Bernoulli(exp(-gamma_i)) from one fresh word each; ``g`` approximates gamma_i (NaN
+    forces the exact path), which reads further words from ``source``."""
+    top = words >> np.uint64(11)
+    u = top.astype(np.float64) * _TWO53
+    f = np.exp(-g)
+    yes = u + (_TWO53 + margin) <= f
+    decided = yes | (u >= f + margin)
+    for i in np.flatnonzero(~decided):
+        yes[i] = _LazyUniform(source, int(top[i]), 53).below_exp(exact_gamma(int(i)))
+    return yes
+
+
+def _discrete_laplace(source: RandomSource, words: np.ndarray, lam: Fraction, margin: float) -> np.ndarray:
+    """I.i.d. draws with P(Y = y) ~ exp(-lam |y|), one per fresh word except rejected (-, 0) pairs."""
+    top = words >> np.uint64(11)
+    negative = (words & np.uint64(1)).astype(bool)          # bit 0 is disjoint from the 53 bits of V
+    u = top.astype(np.float64) * _TWO53
+    lam_f = float(lam)
+    x = np.floor(-np.log(u + 0.5 * _TWO53) / lam_f)
+    np.minimum(x, _FAST_LIMIT, out=x)
+    f_hi = np.exp(-x * lam_f)                               # ~ q^x
+    f_lo = f_hi * math.exp(-lam_f)                          # ~ q^(x+1)
+    ok = (u + (_TWO53 + margin) <= f_hi) & (u >= f_lo + margin) & (x < _FAST_LIMIT)
+    mags = x.astype(np.int64)
+    for i in np.flatnonzero(~ok):
+        mags[i] = _exact_geometric(_LazyUniform(source, int(top[i]), 53), lam, int(mags[i]))
+    keep = ~(negative & (mags == 0))
+    return np.where(negative, -mags, mags)[keep]
+
+
+# ------------------------------------------------------------------------------------------ public API
+def discrete_gaussian(source: RandomSource, sigma2: Fraction, size: int, *, margin: float = FAST_MARGIN) -> np.ndarray:
+    """``size`` i.i.d. exact discrete Gaussian draws N_Z(0, sigma2) (int64), CKS 2020 Algorithm 3."""
+    sigma2 = _as_fraction(sigma2, "sigma2")
+    size = _check_size(size)
+    n, d = sigma2.numerator, sigma2.denominator
+    t = math.isqrt(n // d) + 1                              # floor(sqrt(sigma2)) + 1
+    lam = Fraction(1, t)
+    c_f, inv2s2 = float(sigma2 / t), float(1 / (2 * sigma2))
+    out = np.empty(size, dtype=np.int64)
+    filled = 0
+    while filled < size:
+        need = min(size - filled, _BLOCK)
+        count = need + need // 2 + 64
+        lap_words, acc_words = source.uint64(count), source.uint64(count)   # all fresh words first
+        y = _discrete_laplace(source, lap_words, lam, margin)
+        ay = np.abs(y)
+        g = (ay.astype(np.float64) - c_f) ** 2 * inv2s2
+        g[ay >= _FAST_LIMIT] = np.nan
+        accept = _bernoulli_exp(source, acc_words[:y.size], g,
+                                lambda i: Fraction((int(ay[i]) * t * d - n) ** 2, 2 * t * t * d * n), margin)
+        good = y[accept][:need]
+        out[filled:filled + good.size] = good
+        filled += good.size
+    return out
+
+
+def geometric(source: RandomSource, epsilon: Fraction, sensitivity: int, size: int, *,
+              margin: float = FAST_MARGIN) -> np.ndarray:
+    """``size`` i.i.d. two-sided geometric draws, P(Y = y) ~ exp(-epsilon |y| / sensitivity) (int64)."""
+    epsilon = _as_fraction(epsilon, "epsilon")
+    if isinstance(sensitivity, bool) or not isinstance(sensitivity, int) or sensitivity <= 0:
+        raise ValueError(f"sensitivity must be a positive integer, got {sensitivity!r}")
+    size = _check_size(size)
+    lam = epsilon / sensitivity
+    keep_rate = 0.5 + 0.5 * math.exp(-float(lam))          # 1 - P(B = 1, X = 0)
+    out = np.empty(size, dtype=np.int64)
+    filled = 0
+    while filled < size:
+        need = min(size - filled, _BLOCK)
+        y = _discrete_laplace(source, source.uint64(int(need / keep_rate * 1.05) + 64), lam, margin)[:need]
+        out[filled:filled + y.size] = y
+        filled += y.size
+    return out
+
+
+def discrete_gaussian_variance(sigma2: Fraction) -> float:
+    """Variance of N_Z(0, sigma2): sum n^2 e^(-n^2/2s2) / sum e^(-n^2/2s2) over |n| <= 50 sigma, and
+    sigma2 itself above 100 where the two agree to double precision (facts file section 3.2)."""
+    sigma2 = _as_fraction(sigma2, "sigma2")
+    s2 = float(sigma2)
+    if s2 > 100:
+        return s2
+    bound = int(50 * math.sqrt(s2)) + 1
+    k = np.arange(-bound, bound + 1, dtype=np.float64)
+    w = np.exp(-k * k / (2 * s2))
+    return math.fsum(k * k * w) / math.fsum(w)
+
+
+def geometric_variance(epsilon: Fraction, sensitivity: int) -> float:
+    """Variance 2q / (1 - q)^2 of the two-sided geometric distribution, q = exp(-epsilon/sensitivity)."""
+    lam = float(_as_fraction(epsilon, "epsilon") / sensitivity)
+    q = math.exp(-lam)
+    return 2 * q / math.expm1(-lam) ** 2

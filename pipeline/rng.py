@@ -1,0 +1,103 @@
+"""Sources of random 64-bit words for the noise samplers.
+
+Two sources sit behind one interface, :class:`RandomSource`:
+
+* :class:`SeededSource` (test mode): a counter-based Philox stream whose 128-bit key is the SHA-256 of
+  ``(seed, geocode, query)``. A node's noise therefore depends only on the run seed, the node and the
+  query, never on the worker, partition or order in which nodes are processed (DESIGN.md section 4).
+* :class:`OSSource` (production mode): words from ``os.urandom``, the operating system's CSPRNG. The
+  Bureau mixed Intel RDRAND into the same kernel source (facts file section 5.2); no seed, not
+  reproducible by design.
+
+:meth:`RandomSource.integers` draws exact uniform integers in ``[0, m)`` by rejection (no modulo bias).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+_TWO64 = 1 << 64
+
+
+class RandomSource(ABC):
+    """A stream of independent uniform 64-bit words."""
+
+    @abstractmethod
+    def uint64(self, n: int) -> np.ndarray:
+        """The next ``n`` words of the stream (uint64 array)."""
+
+    def integers(self, m: int, size: int) -> np.ndarray:
+        """``size`` exact uniform integers in ``[0, m)``, ``1 <= m <= 2**64`` (uint64 array).
+
+        A word ``w`` is kept when ``w < limit``, the largest multiple of ``m`` not above ``2**64``; the kept
+        words are uniform on ``[0, limit)`` and ``w mod m`` is exactly uniform. At least half the words
+        are kept, so the expected cost is below two words per integer.
+        """
+        if not 1 <= m <= _TWO64:
+            raise ValueError(f"integers: the range m must be in [1, 2**64], got {m}")
+        out = np.empty(size, dtype=np.uint64)
+        if m == 1:
+            out[:] = 0
+            return out
+        limit = _TWO64 - _TWO64 % m
+        filled = 0
+        while filled < size:
+            need = size - filled
+            words = self.uint64(need + need // 2 + 8 if limit < _TWO64 else need)
+            if limit < _TWO64:
+                words = words[words < np.uint64(limit)]
+            take = words[:need]
+            out[filled:filled + take.size] = take % np.uint64(m) if m < _TWO64 else take
+            filled += take.size
+        return out
+
+    def bits(self, size: int) -> np.ndarray:
+        """``size`` independent fair bits (uint8 array of 0/1), 64 per word."""
+        words = self.uint64(-(-size // 64))
+        return np.unpackbits(words.view(np.uint8))[:size]
+
+
+class SeededSource(RandomSource):
+    """Philox4x64 stream keyed by SHA-256 of ``(seed, geocode, query)``; for tests and reproducible runs."""
+
+    def __init__(self, seed: int, geocode: str, query: str) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"SeededSource: seed must be an int, got {seed!r}")
+        self.seed, self.geocode, self.query = seed, str(geocode), str(query)
+        material = json.dumps(["census-topdown/rng/v1", seed, self.geocode, self.query]).encode()
+        digest = hashlib.sha256(material).digest()
+        key = np.frombuffer(digest[:16], dtype="<u8").astype(np.uint64)
+        self._gen = np.random.Philox(key=key)
+
+    def uint64(self, n: int) -> np.ndarray:
+        return np.asarray(self._gen.random_raw(int(n)), dtype=np.uint64)
+
+    def __repr__(self) -> str:
+        return f"SeededSource(seed={self.seed}, geocode={self.geocode!r}, query={self.query!r})"
+
+
+class OSSource(RandomSource):
+    """Words from ``os.urandom`` (the operating system's CSPRNG): the production source."""
+
+    def uint64(self, n: int) -> np.ndarray:
+        return np.frombuffer(os.urandom(8 * int(n)), dtype="<u8").astype(np.uint64)
+
+    def __repr__(self) -> str:
+        return "OSSource()"
+
+
+def make_source(mode: str, seed: int | None, geocode: str, query: str) -> RandomSource:
+    """The source for one node and query: ``"test"`` mode needs a seed, ``"production"`` refuses one."""
+    if mode == "test":
+        if seed is None:
+            raise ValueError("make_source: mode \"test\" needs an integer seed")
+        return SeededSource(seed, geocode, query)
+    if mode == "production":
+        if seed is not None:
+            raise ValueError(f"make_source: mode \"production\" draws from os.urandom and refuses a seed (got {seed!r})")
+        return OSSource()
+    raise ValueError(f"make_source: unknown mode {mode!r} (expected \"test\" or \"production\")")

@@ -1,0 +1,130 @@
+"""The run directory: layout, one-writer lock, atomic level writes, and the manifest.
+
+Layout (DESIGN.md section 2)::
+
+    manifest.json  certificate.json  spine.parquet
+    invariants/<product>.parquet            declared-public invariants per node (level, geocode, ...)
+    noisy_measurements/<product>/level=<L>/ geocode, query, answer, value, variance
+    histograms/<product>/level=<L>/         geocode, cell, count
+    mdf/<product>/                          one row per person / unit, tabulation geography
+
+Every directory is written under ``.staging/`` and renamed into place when complete, so a reader
+never sees half a level.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+STAGING = ".staging"
+LOCK = ".lock"
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used (locked, not writable, or inconsistent)."""
+
+
+class RunDir:
+    """Paths and atomic writes inside one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # -- paths -----------------------------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    def histograms(self, product: str, level: str) -> Path:
+        return self.root / "histograms" / product / f"level={level}"
+
+    def measurements(self, product: str, level: str) -> Path:
+        return self.root / "noisy_measurements" / product / f"level={level}"
+
+    def mdf(self, product: str) -> Path:
+        return self.root / "mdf" / product
+
+    def invariants(self, product: str) -> Path:
+        return self.root / "invariants" / f"{product}.parquet"
+
+    def staging(self, final: Path) -> Path:
+        """The staging twin of a final path (same relative path under ``.staging``)."""
+        return self.root / STAGING / final.relative_to(self.root)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create the directory (or check it is writable) and clear stale staging output."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise RunDirError(f"{self.root}: cannot write the run directory ({exc.strerror or exc})") from None
+        shutil.rmtree(self.root / STAGING, ignore_errors=True)
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the one-writer lock of this run directory."""
+        path = self.root / LOCK
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = path.read_text(errors="replace").strip() if path.exists() else "?"
+            raise RunDirError(
+                f"{self.root} is locked by another run ({holder}). If no run is active, delete {path}."
+            ) from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}")
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+    def commit(self, final: Path) -> None:
+        """Move a staged file or directory into place, replacing any earlier version."""
+        staged = self.staging(final)
+        if not staged.exists():
+            raise RunDirError(f"nothing staged for {final}")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            staged.rename(final)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        else:
+            staged.rename(final)
+
+    # -- manifest --------------------------------------------------------------------------------
+    def read_manifest(self) -> dict[str, Any]:
+        if not self.manifest_path.exists():
+            return {}
+        return json.loads(self.manifest_path.read_text())
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_json_atomic(self.manifest_path, manifest)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON through a temporary file and an atomic rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_table(table: pa.Table | Any, path: Path) -> None:
+    """Write a pandas frame or Arrow table as one Parquet file (directories created), deterministically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_pandas(table, preserve_index=False)
+    pq.write_table(table, path, compression="zstd", write_statistics=True)

@@ -1,0 +1,240 @@
+"""``topdown.pipeline.run``: the whole flow of DESIGN.md section 3 for one configuration.
+
+ingest and validate -> spine -> tabulate and roll up -> invariants and constraints -> per level:
+measure and estimate (Dask) -> MDF -> certificate and manifest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from contextlib import ExitStack, contextmanager
+from fractions import Fraction
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from topdown.geo.spine import build_spine
+
+from .certificate import certificate
+from .accounting import check_budget
+from .config import Config, ConfigError, load_config
+from .engine import LevelReport, ProgressFn, estimate_level, read_level_histograms
+from .invariants import UNIT_COLUMNS, check_names
+from .levels import Level, build_levels
+from .mdf import person_mdf, unit_mdf
+from .rundir import RunDir, RunDirError, write_json_atomic, write_table
+from .schema import SCHEMAS
+from .tabulate import block_histograms, block_units, units_histograms
+from .validate import validate_input
+
+log = logging.getLogger("topdown")
+
+#: Environment that pins BLAS and solver threads to one per worker process.
+SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                     "RAYON_NUM_THREADS": "1"}
+
+
+class AlreadyComplete(RunDirError):
+    """The run directory holds a complete run; use force to recompute."""
+
+
+@contextmanager
+def dask_client(client=None, scheduler: str | None = None, workers: int | None = None) -> Iterator:
+    """The given client, a client of an existing scheduler, or an embedded LocalCluster of processes."""
+    from distributed import Client, LocalCluster
+
+    if client is not None:
+        yield client
+        return
+    if scheduler:
+        with Client(scheduler) as c:
+            yield c
+        return
+    os.environ.update(SINGLE_THREAD_ENV)
+    n = workers or max(1, os.cpu_count() or 1)
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                      host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
+        log.info("embedded Dask cluster: %d worker processes, dashboard %s", n, c.dashboard_link)
+        yield c
+
+
+def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
+    path = Path(input_dir or config.run.input)
+    if config.run.build_demo_input and not (path / "persons.parquet").exists():
+        from .demo_data import write_demo_input
+
+        log.info("building the demo input in %s", path)
+        write_demo_input(path)
+    for name in ("persons.parquet", "units.parquet"):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path / name}: input file not found (the input directory needs persons.parquet "
+                                    "and units.parquet; see `topdown demo-data`, `topdown synth`, `topdown ingest`)")
+    return path
+
+
+def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
+    cfg = config.product(product)
+    schema = SCHEMAS[product]
+    check_budget(cfg.budget, spine_levels, schema)
+    check_names(product, cfg, spine_levels)
+    for table in ("l2_passes", "rounder_passes"):
+        passes = getattr(cfg.estimation, table)
+        for level in spine_levels:
+            if level not in passes:
+                raise ConfigError(f"[{product}.estimation.{table}] has no entry for level {level!r}")
+        for level in passes:
+            if level not in spine_levels:
+                raise ConfigError(f"[{product}.estimation.{table}] names level {level!r}; levels are {', '.join(spine_levels)}")
+        for level in spine_levels:
+            measured = set(cfg.budget.queries.get(level, {}))
+            listed = {q for p in cfg.estimation.l2_passes[level] for q in p}
+            if missing := measured - listed:
+                raise ConfigError(f"[{product}.estimation.l2_passes].{level} does not list measured "
+                                  f"quer{'y' if len(missing) == 1 else 'ies'} {', '.join(sorted(missing))}")
+
+
+def run(
+    config: Config | str | Path, out: str | Path | None = None, *, input_dir: str | Path | None = None, client=None, scheduler: str | None = None,
+    workers: int | None = None, resume: bool = False, force: bool = False, progress: ProgressFn | None = None,
+) -> Path:
+    """Run TopDown for ``config`` (a Config, a TOML path or a preset name) into the run directory ``out``
+    (default ``runs/<name>``). Uses ``client`` if given, else a client of ``scheduler``, else an embedded
+    LocalCluster of ``workers`` processes. Returns the run directory's path."""
+    if not isinstance(config, Config):
+        config = load_config(config)
+    out = out if out is not None else Path("runs") / config.run.name
+    rundir = RunDir(out)
+    rundir.prepare()
+    with rundir.lock():
+        manifest = rundir.read_manifest()
+        if manifest.get("status") == "complete" and not force:
+            raise AlreadyComplete(f"{out} already holds a complete run (config {manifest.get('config_hash', '?')[:12]}); "
+                                  "use --force to recompute it")
+        if manifest and resume and manifest.get("config_hash") != config.digest():
+            raise RunDirError(f"{out} holds a run of a different configuration; cannot resume it")
+        if not resume:
+            manifest = {}
+        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress)
+
+
+def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, client, scheduler, workers,
+                progress: ProgressFn | None) -> Path:
+    t0 = time.perf_counter()
+    timings: dict[str, float] = manifest.get("timings", {})
+    inp = _input_dir(config, input_dir)
+    persons, units = validate_input(inp / "persons.parquet", inp / "units.parquet")
+    timings["ingest"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    geoids = pd.Series(np.union1d(units["geoid"].unique(), persons["geoid"].unique()), name="geoid")
+    spine = build_spine(config.run.spine, geoids, baf_dir=config.run.baf, units=units)
+    for product in config.run.products:
+        _level_names(config, product, spine.levels)
+    write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
+    timings["spine"] = time.perf_counter() - t
+
+    cert = certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products})
+    write_json_atomic(rundir.root / "certificate.json", cert)
+    completed: dict[str, list[str]] = manifest.get("completed", {})
+    manifest.update({
+        "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
+        "seed_mode": config.run.mode, "seed": config.run.seed, "spine": config.run.spine, "levels": spine.levels,
+        "products": list(config.run.products),
+        "budgets": {p: {k: v for k, v in cert[p].items() if k in ("mechanism", "rho", "epsilon", "delta")}
+                    for p in config.run.products}, "completed": completed,
+        "parents_solved": manifest.get("parents_solved", {}), "failsafe": manifest.get("failsafe", []),
+        "timings": timings,
+    })
+    rundir.write_manifest(manifest)
+
+    bunits = block_units(units).set_index("geoid")
+    with dask_client(client, scheduler, workers) as dclient:
+        for product in config.run.products:
+            t = time.perf_counter()
+            hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
+            levels = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
+            _write_invariants(rundir, product, levels)
+            timings[f"{product}.tabulate"] = time.perf_counter() - t
+            block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress)
+            t = time.perf_counter()
+            _write_mdf(rundir, product, spine, levels[-1], block_hist)
+            timings[f"{product}.mdf"] = time.perf_counter() - t
+            rundir.write_manifest(manifest)
+    shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
+    manifest["status"] = "complete"
+    timings["total"] = time.perf_counter() - t0
+    rundir.write_manifest(manifest)
+    return rundir.root
+
+
+def _path_shares(spine, budget) -> dict[str, dict[str, Fraction]]:
+    """Per block, the budget share of its node at every level (Theorem 2's path condition input)."""
+    shares = {}
+    for level in spine.levels:
+        nodes = spine.table[level].unique()
+        node_share = {g: sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0)) for g in nodes}
+        shares[level] = spine.table[level].map(node_share).to_numpy()
+    blocks = spine.table[spine.levels[-1]].to_numpy()
+    return {b: {lv: shares[lv][i] for lv in spine.levels} for i, b in enumerate(blocks)}
+
+
+def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
+                      progress: ProgressFn | None):
+    done = manifest["completed"].setdefault(product, [])
+    solved = manifest["parents_solved"].setdefault(product, {})
+    hist = None
+    for i, level in enumerate(levels):
+        parent = levels[i - 1] if i else None
+        if level.name in done:
+            hist = read_level_histograms(rundir, product, level)
+            log.info("%s %s: complete in an earlier run, read back", product, level.name)
+            continue
+        hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress)
+        _log_report(product, report)
+        done.append(level.name)
+        solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
+                              "tasks": report.tasks, "max_parent_seconds": round(report.max_parent_seconds, 3)}
+        manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)
+        manifest["timings"][f"{product}.{level.name}"] = round(report.seconds, 3)
+        rundir.write_manifest(manifest)
+    return hist
+
+
+def _log_report(product: str, r: LevelReport) -> None:
+    log.info("%s %s: %d parents (%d solved, %d copied) in %d tasks, %.1fs%s", product, r.level, r.parents, r.solved,
+             r.copied, r.tasks, r.seconds, f", failsafe for {len(r.failsafe)} parent(s)" if r.failsafe else "")
+
+
+def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None:
+    """The declared-public invariants of every node: unit counts (and state/US totals for persons)."""
+    frames = []
+    for level in levels:
+        cols = ["u0"] if product == "units" else UNIT_COLUMNS + (["tot"] if "tot" in level.units.columns else [])
+        f = level.units[cols].reset_index(names="geocode")
+        frames.append(f.assign(level=level.name))
+    path = rundir.invariants(product)
+    write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
+    rundir.commit(path)
+
+
+def _write_mdf(rundir: RunDir, product: str, spine, blocks: Level, block_hist) -> None:
+    geoid_of = spine.table.set_index(spine.levels[-1])["geoid"]
+    geoids = geoid_of.reindex(blocks.nodes).to_numpy()
+    final = rundir.mdf(product)
+    staged = rundir.staging(final)
+    order = np.argsort(geoids, kind="stable")
+    states = pd.Series(geoids[order]).str[:5].to_numpy()
+    for county in np.unique(states):
+        rows = order[states == county]
+        if product == "persons":
+            frame = person_mdf(geoids[rows], block_hist[rows])
+        else:
+            gq = blocks.units[UNIT_COLUMNS[1:]].to_numpy().sum(axis=1)[rows]
+            frame = unit_mdf(geoids[rows], block_hist[rows], gq)
+        write_table(frame, staged / f"county={county}" / "part-00000.parquet")
+    staged.mkdir(parents=True, exist_ok=True)
+    rundir.commit(final)

@@ -1,0 +1,121 @@
+"""One Dask task: measure the children of a group of whole parents and estimate each parent's children.
+
+A task is a pure function of its :class:`Chunk` (deterministic noise keyed by node and query,
+single-threaded solvers), so results are identical whatever worker runs it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from topdown.solvers.problem import Constraint, GroupTotal, Measurement, ParentProblem
+
+from .config import ProductConfig
+from .measure import measure
+from .rundir import write_table
+from .schema import SCHEMAS
+
+
+class EstimationError(RuntimeError):
+    """A parent could not be estimated consistently."""
+
+
+@dataclass
+class ParentTask:
+    """One parent and its children (rows of ``child_hist`` in child order)."""
+
+    parent: str
+    parent_hist: np.ndarray | None  # int64[ncells]; None at the root
+    children: list[str]
+    child_rows: slice  # rows of this parent's children in the chunk's child arrays
+    constraints: list[Constraint]
+    group_totals: list[GroupTotal] = field(default_factory=list)
+
+
+@dataclass
+class Chunk:
+    """Whole parents of one level, processed by one task."""
+
+    index: int
+    product: str
+    level: str  # the children's level
+    cfg: ProductConfig
+    mode: str
+    seed: int | None
+    children: list[str]
+    child_hist: sp.csr_matrix  # true child histograms (confidential; never leaves the task)
+    child_plb: list[Fraction]
+    parents: list[ParentTask]
+    measurements_path: str  # Parquet part file for this chunk's noisy measurements
+
+
+@dataclass
+class ChunkResult:
+    index: int
+    children: list[str]
+    hist: sp.csr_matrix  # estimated child histograms, int64
+    failsafe: list[dict] = field(default_factory=list)
+    solved: int = 0
+    copied: int = 0
+    seconds: float = 0.0
+    solve_seconds: list[float] = field(default_factory=list)
+
+
+#: The failsafe's last resort (facts 4.8) relaxes the parent equality; such parents are recorded, not summed.
+PARENT_RELAXED = "relaxed the parent equality"
+
+
+def _check(task: ParentTask, hist: np.ndarray, failsafe: list[str]) -> None:
+    if hist.dtype.kind != "i" or (hist < 0).any():
+        raise EstimationError(f"parent {task.parent!r}: estimate is not a non-negative integer histogram")
+    relaxed = any(PARENT_RELAXED in step for step in failsafe)
+    if task.parent_hist is not None and not relaxed and not np.array_equal(hist.sum(axis=0), task.parent_hist):
+        raise EstimationError(f"parent {task.parent!r}: children do not sum to the parent")
+
+
+def run_chunk(chunk: Chunk) -> ChunkResult:
+    """Measure the chunk's children, write their noisy measurements, and estimate every parent."""
+    from topdown.solvers import solve_parent
+
+    start = time.perf_counter()
+    schema = SCHEMAS[chunk.product]
+    cfg = chunk.cfg
+    measured, table = measure(chunk.product, schema, cfg.budget, chunk.level, chunk.children, chunk.child_plb,
+                              chunk.child_hist, chunk.mode, chunk.seed)
+    write_table(table, Path(chunk.measurements_path))
+    del table
+    l2 = cfg.estimation.l2_passes.get(chunk.level, [])
+    rounder = cfg.estimation.rounder_passes.get(chunk.level, [])
+    out = np.zeros((len(chunk.children), schema.ncells), dtype=np.int64)
+    result = ChunkResult(chunk.index, chunk.children, sp.csr_matrix(out))
+    for task in chunk.parents:
+        rows = task.child_rows
+        if task.parent_hist is not None and (len(task.children) == 1 or not task.parent_hist.any()):
+            out[rows] = task.parent_hist if len(task.children) == 1 else 0
+            result.copied += 1
+            continue
+        problem = ParentProblem(
+            schema=schema, parent=task.parent, children=task.children, parent_hist=task.parent_hist,
+            measurements=[Measurement(m.query, m.values[rows],
+                                      np.where(m.variance[rows] == 0, 1.0, m.variance[rows])) for m in measured],
+            constraints=task.constraints, group_totals=task.group_totals,
+            l2_passes=l2, rounder_passes=rounder, tau_slack=cfg.estimation.tau_slack,
+        )
+        t0 = time.perf_counter()
+        solution = solve_parent(problem)
+        result.solve_seconds.append(time.perf_counter() - t0)
+        hist = np.asarray(solution.hist, dtype=np.int64)
+        _check(task, hist, solution.failsafe)
+        out[rows] = hist
+        result.solved += 1
+        if solution.failsafe:
+            result.failsafe.append({"parent": task.parent, "level": chunk.level, "steps": list(solution.failsafe),
+                                    "parent_relaxed": any(PARENT_RELAXED in st for st in solution.failsafe)})
+    result.hist = sp.csr_matrix(out)
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,141 @@
+"""``topdown verify RUN``: re-check a run directory independently of the code that wrote it.
+
+Checks, for every product and level: histograms are non-negative integers on valid cells; children
+sum to their parent cell by cell (parents from ``spine.parquet``); invariants hold (US and state
+totals, block housing-unit and GQ-facility bounds, no minors in nursing facilities, housing-unit
+counts); the MDF tabulates back to the block histograms.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from .invariants import GQ_CAP, UNIT_COLUMNS
+from .mdf import tabulate_person_mdf
+from .schema import PERSONS, SCHEMAS
+
+
+@dataclass
+class VerifyReport:
+    checks: int = 0
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def check(self, condition: bool, message: str) -> None:
+        self.checks += 1
+        if not condition:
+            self.failures.append(message)
+
+
+def _read(path: Path) -> pd.DataFrame:
+    return pq.read_table(path).to_pandas()
+
+
+def _parent_map(spine: pd.DataFrame, child: str, parent: str) -> pd.Series:
+    pairs = spine[[child, parent]].drop_duplicates()
+    return pairs.set_index(child)[parent]
+
+
+def verify_run(root: str | Path) -> VerifyReport:
+    """Verify a run directory; the report lists every failed check."""
+    root = Path(root)
+    rep = VerifyReport()
+    manifest = json.loads((root / "manifest.json").read_text())
+    rep.check(manifest.get("status") == "complete", f"manifest status is {manifest.get('status')!r}, not 'complete'")
+    levels: list[str] = manifest["levels"]
+    spine = _read(root / "spine.parquet").astype(str)
+    rep.check(list(spine.columns) == ["geoid", *levels], "spine.parquet columns are not geoid + the manifest's levels")
+    relaxed = {(f["product"], f["level"], f["parent"]) for f in manifest.get("failsafe", []) if f.get("parent_relaxed")}
+    for product, level, parent in sorted(relaxed):
+        rep.notes.append(f"{product} {level}: parent {parent!r} needed the failsafe's parent relaxation (manifest)")
+    for product in manifest["products"]:
+        _verify_product(root, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product})
+    return rep
+
+
+def _level_hist(root: Path, product: str, level: str) -> pd.DataFrame:
+    return _read(root / "histograms" / product / f"level={level}")
+
+
+def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
+                    relaxed: set[str]) -> None:
+    schema = SCHEMAS[product]
+    inv = _read(root / "invariants" / f"{product}.parquet")
+    hists = {}
+    for level in levels:
+        h = _level_hist(root, product, level)
+        h["geocode"] = h["geocode"].astype(str)
+        hists[level] = h
+        rep.check(h["count"].dtype.kind in "iu", f"{product} {level}: counts are not integers")
+        rep.check(bool((h["count"] >= 0).all()), f"{product} {level}: negative counts")
+        rep.check(bool(h["cell"].between(0, schema.ncells - 1).all()), f"{product} {level}: cell out of range")
+        rep.check(not h.duplicated(["geocode", "cell"]).any(), f"{product} {level}: duplicate (geocode, cell) rows")
+        nodes = set(spine[level])
+        rep.check(set(h["geocode"]) <= nodes, f"{product} {level}: histogram geocode not in the spine")
+    for parent, child in zip(levels[:-1], levels[1:]):
+        pmap = _parent_map(spine, child, parent)
+        c = hists[child].assign(parent=lambda d: d["geocode"].map(pmap))
+        summed = c.groupby(["parent", "cell"])["count"].sum()
+        summed = summed[summed != 0]
+        p = hists[parent].set_index(["geocode", "cell"])["count"]
+        p = p[p != 0]
+        p.index.names = ["parent", "cell"]
+        diff = summed.sub(p, fill_value=0)
+        bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
+        rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
+                             f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
+    if product == "persons":
+        _verify_person_invariants(hists, inv, levels, spine, rep)
+        mdf = _read(root / "mdf" / "persons")
+        tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
+        block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
+                                        right_on=levels[-1])
+        block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
+        tab = tab.set_index(["geocode", "cell"])["count"]
+        tab.index.names = ["geoid", "cell"]
+        rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
+                  "persons MDF does not tabulate back to the block histograms")
+    else:
+        for level in levels:
+            totals = hists[level].groupby("geocode")["count"].sum()
+            u0 = inv[inv["level"] == level].set_index("geocode")["u0"]
+            diff = totals.reindex(u0.index, fill_value=0) - u0
+            rep.check(bool((diff == 0).all()), f"units {level}: housing-unit counts differ from the invariant")
+        mdf = _read(root / "mdf" / "units")
+        hu = int((mdf["RTYPE"] == "2").sum())
+        rep.check(hu == int(hists[levels[-1]]["count"].sum()), "units MDF housing-unit rows differ from the block histograms")
+
+
+def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str], spine: pd.DataFrame,
+                              rep: VerifyReport) -> None:
+    hhgq_of_cell = PERSONS.unravel(np.arange(PERSONS.ncells))[0]
+    nurse_minor = PERSONS.cell_index(3, 0, 0, 0)
+    for level in levels:
+        h = hists[level]
+        lv_inv = inv[inv["level"] == level].set_index("geocode")
+        by_type = (h.assign(hhgq=hhgq_of_cell[h["cell"].to_numpy()]).groupby(["geocode", "hhgq"])["count"].sum()
+                   .unstack(fill_value=0).reindex(columns=range(8), fill_value=0).reindex(lv_inv.index, fill_value=0))
+        u = lv_inv[UNIT_COLUMNS].to_numpy()
+        p = by_type.to_numpy()
+        rep.check(bool((p[:, 1:] >= u[:, 1:]).all()), f"persons {level}: fewer GQ residents than GQ facilities of a type")
+        rep.check(bool((p <= u * GQ_CAP).all()), f"persons {level}: persons of a type with no unit of that type")
+        minors = h[(h["cell"] >= nurse_minor) & (h["cell"] < nurse_minor + 2 * 63) & (h["count"] > 0)]
+        rep.check(minors.empty, f"persons {level}: persons under 18 in nursing facilities")
+        if "tot" in lv_inv.columns and lv_inv["tot"].notna().any():
+            totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
+            if level == "State":
+                state = spine.drop_duplicates("State").set_index("State")["geoid"].str[:2]
+                got = totals.groupby(state.reindex(totals.index).to_numpy()).sum()
+                want = lv_inv["tot"].groupby(state.reindex(lv_inv.index).to_numpy()).sum()
+                rep.check(bool((got == want).all()), "persons State: a state's total differs from its invariant")
+            else:
+                rep.check(bool((totals == lv_inv["tot"]).all()), f"persons {level}: total differs from its invariant")

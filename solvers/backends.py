@@ -1,0 +1,129 @@
+"""Solver back ends behind one small interface: ``qp(...)`` for the L2 passes, ``lp(...)`` for the tau
+LPs, the failsafe's slack LPs and the rounder.
+
+Problems come in one box form: columns with bounds ``lb <= z <= ub`` and rows ``lo <= A z <= hi``
+(equal entries of ``lo`` and ``hi`` mean an equality; infinite entries mean no bound). Defaults follow
+solver_notes.md: Clarabel (interior point) for the QPs, qdldl below 30k columns and faer above, one
+thread; HiGHS dual simplex, one thread, for the LPs (a simplex vertex, which the rounder's totally
+unimodular flow form needs). A Gurobi back end would implement the same two methods.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import clarabel
+import highspy
+import numpy as np
+import scipy.sparse as sp
+
+#: Columns above which Clarabel switches from qdldl to faer (solver_notes.md, pitfall 3).
+FAER_ABOVE = 30_000
+
+
+@dataclass
+class Result:
+    """One solve: ``ok`` when the solver reports an optimum; ``x`` is None otherwise."""
+
+    ok: bool
+    status: str
+    x: np.ndarray | None
+    objective: float
+    seconds: float
+
+
+class Backend(Protocol):
+    """What the estimation code needs from a solver."""
+
+    def qp(self, p_diag: np.ndarray, q: np.ndarray, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray,
+           lb: np.ndarray, ub: np.ndarray) -> Result:
+        """min 1/2 z' diag(p_diag) z + q'z subject to the box form."""
+        ...
+
+    def lp(self, c: np.ndarray, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
+           ub: np.ndarray, integer: np.ndarray | None = None) -> Result:
+        """min c'z subject to the box form; ``integer`` (bool per column) makes it a MILP."""
+        ...
+
+
+def _cone_rows(a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray, ub: np.ndarray
+               ) -> tuple[sp.csc_matrix, np.ndarray, int, int]:
+    """Clarabel's ``A z + s = b`` with s in (zero cone)^neq x (nonnegative cone)^nineq."""
+    n = a.shape[1]
+    eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
+    up = np.isfinite(hi) & ~eq
+    down = np.isfinite(lo) & ~eq
+    eye = sp.identity(n, format="csr")
+    col_up, col_down = np.isfinite(ub), np.isfinite(lb)
+    blocks = [a[eq], a[up], -a[down], eye[col_up], -eye[col_down]]
+    rhs = [hi[eq], hi[up], -lo[down], ub[col_up], -lb[col_down]]
+    mat = sp.vstack(blocks, format="csc")
+    return mat, np.concatenate(rhs), int(eq.sum()), mat.shape[0] - int(eq.sum())
+
+
+_CLARABEL_OK = {"Solved", "AlmostSolved"}
+
+
+class ClarabelHighs:
+    """Clarabel for QPs, HiGHS for LPs and MILPs; single-threaded and deterministic."""
+
+    def __init__(self, tol: float = 1e-9, max_iter: int = 200) -> None:
+        self.tol = tol
+        self.max_iter = max_iter
+
+    def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
+        t0 = time.perf_counter()
+        n = a.shape[1]
+        mat, b, neq, nineq = _cone_rows(a, lo, hi, lb, ub)
+        p = sp.diags(p_diag, format="csc")
+        cones = []
+        if neq:
+            cones.append(clarabel.ZeroConeT(neq))
+        if nineq:
+            cones.append(clarabel.NonnegativeConeT(nineq))
+        s = clarabel.DefaultSettings()
+        s.verbose = False
+        s.max_threads = 1
+        s.direct_solve_method = "faer" if n > FAER_ABOVE else "qdldl"
+        s.tol_feas = s.tol_gap_abs = s.tol_gap_rel = self.tol
+        s.max_iter = self.max_iter
+        sol = clarabel.DefaultSolver(p, np.asarray(q, float), mat, b, cones, s).solve()
+        status = str(sol.status).split(".")[-1]
+        ok = status in _CLARABEL_OK
+        x = np.asarray(sol.x) if ok else None
+        return Result(ok, status, x, float(sol.obj_val) if ok else np.nan, time.perf_counter() - t0)
+
+    def lp(self, c, a, lo, hi, lb, ub, integer=None) -> Result:
+        t0 = time.perf_counter()
+        csc = sp.csc_matrix(a)
+        csc.sort_indices()
+        model = highspy.HighsLp()
+        model.num_col_, model.num_row_ = csc.shape[1], csc.shape[0]
+        model.col_cost_ = np.asarray(c, float)
+        model.col_lower_ = np.asarray(lb, float)
+        model.col_upper_ = np.asarray(ub, float)
+        model.row_lower_ = np.asarray(lo, float)
+        model.row_upper_ = np.asarray(hi, float)
+        model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        model.a_matrix_.start_ = csc.indptr.astype(np.int32)
+        model.a_matrix_.index_ = csc.indices.astype(np.int32)
+        model.a_matrix_.value_ = csc.data.astype(float)
+        if integer is not None and integer.any():
+            model.integrality_ = [highspy.HighsVarType.kInteger if f else highspy.HighsVarType.kContinuous
+                                  for f in integer]
+        h = highspy.Highs()
+        for key, val in (("output_flag", False), ("threads", 1), ("solver", "simplex"),
+                         ("simplex_strategy", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):
+            h.setOptionValue(key, val)
+        h.passModel(model)
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
+        ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        x = np.asarray(h.getSolution().col_value) if ok else None
+        obj = h.getInfo().objective_function_value if ok else np.nan
+        return Result(ok, status, x, float(obj), time.perf_counter() - t0)
+
+
+#: The default back end.
+DEFAULT_BACKEND: Backend = ClarabelHighs()

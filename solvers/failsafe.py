@@ -1,0 +1,81 @@
+"""The failsafe (facts 4.8): when a parent's problem is infeasible or a solve fails, relax in a fixed order.
+
+Levels, each tried only if the previous one failed, each recorded in ``ParentSolution.failsafe``:
+
+0. exact: the problem as given.
+1. step 1, inside the L2 passes (l2.py): a pass that fails with tau bands of earlier passes is
+   re-solved once without them.
+2. step 2, ``relax_inequalities``: cells that an inequality makes structurally zero get variables
+   again, constant-infeasible inequalities are dropped, and an LP minimizes the total L1 slack of the
+   "<=" / ">=" constraint rows; each violated row's rhs is then moved by its slack (rounded up to an
+   integer) and the passes run on the relaxed rows.
+3. step 3, ``relax_parent`` (not at the root): as step 2, and the parent equality is replaced by
+   per-cell slacks sp/sn (sum_c x - sp + sn = parent) while the parent's marginal over the other
+   dimensions (for persons: votingage x hispanic x cenrace, facts 4.8's ``minimalSchema = hhgq``) stays
+   exact; the slack LP minimizes parent slack plus constraint slack, then the passes keep
+   sum(sp + sn) <= optimum + 1 (as the Bureau's ``backupFeasOptimize``) and the rounder prices slack.
+If every level fails, :class:`FailsafeExhausted` names the parent and lists what was tried.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from .backends import Backend
+from .l2 import SolveFailure, problem_scale
+from .layout import Layout
+from .standard import StandardForm
+
+RELAX_EPS = 1e-6
+
+LEVELS = ("exact", "relax_inequalities", "relax_parent")
+
+
+class FailsafeExhausted(RuntimeError):
+    """Every failsafe level failed for a parent."""
+
+
+def relax_rows(layout: Layout, form: StandardForm, backend: Backend) -> tuple[StandardForm, list[str]]:
+    """Phase-A slack LP and the relaxed StandardForm (steps 2 and 3)."""
+    p = layout.problem
+    notes = [f"dropped constant-infeasible {msg}" for kind, msg in layout.infeasible if kind == "inequality"]
+    s = problem_scale(layout)
+    start = form.rows["constraints"].start
+    rows = np.array([start + i for i, r in enumerate(layout.constraint_rows) if r.sense != "=="], dtype=np.int64)
+    signs = np.array([-1.0 if layout.constraint_rows[i - start].sense == "<=" else 1.0 for i in rows])
+    m, n = form.shape
+    slack = sp.csr_matrix((signs, (rows, np.arange(rows.size))), shape=(m, rows.size))
+    a = sp.hstack([form.a, slack], format="csr")
+    c = np.zeros(n + rows.size)
+    c[n:] = 1.0
+    parent_cols = np.concatenate([layout.spcol[layout.spcol >= 0], layout.sncol[layout.sncol >= 0]])
+    c[parent_cols] = 1.0
+    res = backend.lp(c, a, form.lo / s, form.hi / s, np.append(form.lb / s, np.zeros(rows.size)),
+                     np.append(form.ub / s, np.full(rows.size, np.inf)))
+    if not res.ok:
+        raise SolveFailure(f"failsafe slack LP: solver status {res.status}")
+    amount = np.ceil(res.x[n:] * s - RELAX_EPS)
+    lo, hi = form.lo.copy(), form.hi.copy()
+    for row, sign, by in zip(rows, signs, amount):
+        if by <= 0:
+            continue
+        info = layout.constraint_rows[row - start]
+        name = p.constraints[info.constraint].name
+        if sign < 0:
+            hi[row] += by
+        else:
+            lo[row] -= by
+        notes.append(f"relaxed constraint {name!r} child {p.children[info.child]!r} answer {info.answer} "
+                     f"({info.sense}) by {by:g}")
+    a_out, rows_out = form.a, dict(form.rows)
+    if parent_cols.size:
+        change = float(res.x[parent_cols].sum() * s)
+        cap = sp.csr_matrix((np.ones(parent_cols.size), (np.zeros(parent_cols.size, dtype=np.int64), parent_cols)),
+                            shape=(1, n))
+        a_out = sp.vstack([form.a, cap], format="csr")
+        lo = np.append(lo, -np.inf)
+        hi = np.append(hi, np.ceil(change - RELAX_EPS) + 1.0)
+        rows_out["slack_cap"] = slice(m, m + 1)
+        notes.append(f"relaxed the parent equality along {p.schema.dim_names[0]} (other dimensions' "
+                     f"marginal exact): minimal L1 change {change:.6g}")
+    return StandardForm(a_out, lo, hi, form.lb, form.ub, rows_out), notes

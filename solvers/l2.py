@@ -1,0 +1,129 @@
+"""Multi-pass weighted non-negative least squares (eq. 7.5) with tau bands between passes (eq. 7.6).
+
+Pass k minimizes sum over its queries q and children c with finite variance of
+(1/var_qc) ||Q_q x_c - y_qc||^2; the ``detailed`` term enters only the last pass (facts 4.4). After
+pass k < K-1 the tau LP gives t*, and every later pass keeps |Q x - Q x*_k| <= t* + tau_slack for
+pass k's queries (accumulating). Since Q x is an auxiliary column, a band is a column bound.
+Counts are solved as z = x / s with s = max(1, magnitude / 1e4) (solver_notes pitfall 4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from topdown.pipeline.queries import canonical_name
+
+from .backends import Backend
+from .layout import DETAILED, Layout
+from .standard import StandardForm
+from .tau import tau_lp
+
+#: Target magnitude of a scaled count.
+SCALE_TARGET = 1e4
+
+
+class SolveFailure(RuntimeError):
+    """A pass, LP or check that failed; the failsafe catches it and relaxes."""
+
+
+@dataclass
+class L2Result:
+    """The continuous solution (unscaled column values) and what each pass did."""
+
+    z: np.ndarray
+    pass_values: list[np.ndarray] = field(default_factory=list)  # column values after each pass
+    band_cols: list[np.ndarray] = field(default_factory=list)  # banded columns after pass k
+    tolerances: list[float] = field(default_factory=list)  # t*_k + tau_slack, count units
+    stats: list[dict] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)  # failsafe step 1 events
+
+
+def problem_scale(layout: Layout) -> float:
+    """s of the rescaling: the parent total (root: the largest constraint rhs or measured row sum) / 1e4."""
+    p = layout.problem
+    if p.parent_hist is not None:
+        magnitude = float(np.sum(p.parent_hist))
+    else:
+        magnitude = 0.0
+        for con in p.constraints:
+            rhs = np.asarray(con.rhs, float)
+            if np.isfinite(rhs).any():
+                magnitude = max(magnitude, float(np.abs(rhs[np.isfinite(rhs)]).max()))
+        for m in p.measurements:
+            magnitude = max(magnitude, float(np.abs(m.values).sum(axis=1).max()))
+    return max(1.0, magnitude / SCALE_TARGET)
+
+
+def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: float
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Diagonal P and linear q of 1/2 z'Pz + q'z for the pass, in scaled columns (z = x / s)."""
+    p_diag = np.zeros(layout.n_cols)
+    q = np.zeros(layout.n_cols)
+    wanted = set(queries) - {DETAILED}
+    if with_detailed:
+        wanted.add(DETAILED)
+    for meas in layout.problem.measurements:
+        name = canonical_name(meas.query)
+        if name not in wanted:
+            continue
+        cols = layout.cols(name)
+        var = np.asarray(meas.variance, float)
+        for c in np.flatnonzero(np.isfinite(var)):
+            have = cols[c] >= 0
+            w = 1.0 / var[c]
+            idx = cols[c][have]
+            np.add.at(p_diag, idx, 2.0 * w * scale * scale)
+            np.add.at(q, idx, -2.0 * w * scale * np.asarray(meas.values, float)[c][have])
+    return p_diag, q
+
+
+def band_columns(layout: Layout, queries: list[str]) -> np.ndarray:
+    """The columns of a pass's queries (its ``B^(k)``), sorted, unique."""
+    cols = [layout.cols(q).reshape(-1) for q in queries]
+    cols = np.unique(np.concatenate(cols)) if cols else np.zeros(0, dtype=np.int64)
+    return cols[cols >= 0]
+
+
+def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
+    """Run all L2 passes; on an infeasible pass with bands, drop the earlier bands once (failsafe step 1)."""
+    p = layout.problem
+    passes = [[canonical_name(n) for n in names] for names in p.l2_passes] or [[DETAILED]]
+    s = problem_scale(layout)
+    lo, hi = form.lo / s, form.hi / s
+    base_lb, base_ub = form.lb / s, form.ub / s
+    lb, ub = base_lb.copy(), base_ub.copy()
+    banded = False
+    out = L2Result(z=np.zeros(layout.n_cols))
+    last = len(passes) - 1
+    for k, names in enumerate(passes):
+        p_diag, q = objective(layout, names, k == last, s)
+        res = backend.qp(p_diag, q, form.a, lo, hi, lb, ub)
+        stat = {"pass": k, "status": res.status, "qp_s": round(res.seconds, 6)}
+        if not res.ok and banded:
+            out.steps.append(f"step 1 (drop tau): L2 pass {k} returned {res.status}; dropped the tau bands "
+                             f"of passes 0..{k - 1} and re-solved")
+            lb, ub = base_lb.copy(), base_ub.copy()
+            banded = False
+            res = backend.qp(p_diag, q, form.a, lo, hi, lb, ub)
+            stat.update(status=res.status, qp_s=round(stat["qp_s"] + res.seconds, 6), dropped_tau=True)
+        if not res.ok:
+            out.stats.append(stat)
+            raise SolveFailure(f"L2 pass {k} ({', '.join(names)}): solver status {res.status}")
+        z = res.x
+        cols = band_columns(layout, names)
+        out.pass_values.append(z * s)
+        out.band_cols.append(cols)
+        if k < last and cols.size:
+            t = tau_lp(backend, form.a, lo, hi, lb, ub, cols, z[cols])
+            if not t.ok:
+                raise SolveFailure(f"tau LP after L2 pass {k}: solver status {t.status}")
+            tol = max(t.objective, 0.0) + p.tau_slack / s
+            lb[cols] = np.maximum(lb[cols], z[cols] - tol)
+            ub[cols] = np.minimum(ub[cols], z[cols] + tol)
+            banded = True
+            stat.update(tau=t.objective * s, tau_lp_s=round(t.seconds, 6))
+            out.tolerances.append(tol * s)
+        out.stats.append(stat)
+    out.z = z * s
+    return out

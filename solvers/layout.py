@@ -1,0 +1,285 @@
+"""Which variables and rows one parent's model has (solver_notes.md, "elimination levels" e2 + hier).
+
+Columns: one ``x`` per (child, cell) in play, one auxiliary ``a`` per (query, child, answer) that
+covers at least one ``x`` of that child, and, when the parent equality is relaxed (failsafe step 3,
+facts 4.8), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families, all linear with 0/+-1
+coefficients: ``definitions`` (a = sum of a finer query's aux columns when one refines it, else the
+sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (step 3 only), the
+problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, direct) read this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from topdown.pipeline.queries import Query, QueryError, build_query, canonical_name
+
+from .problem import ParentProblem
+
+DETAILED = "detailed"
+
+
+class ProblemError(ValueError):
+    """A malformed ParentProblem (shapes, unknown query names)."""
+
+
+@dataclass
+class Rows:
+    """A family of rows in CSR pieces with bounds ``lo <= A z <= hi``."""
+
+    indptr: list[int] = field(default_factory=lambda: [0])
+    cols: list[np.ndarray] = field(default_factory=list)
+    coefs: list[np.ndarray] = field(default_factory=list)
+    lo: list[float] = field(default_factory=list)
+    hi: list[float] = field(default_factory=list)
+
+    def add(self, cols: np.ndarray, coefs: np.ndarray, lo: float, hi: float) -> None:
+        self.cols.append(cols)
+        self.coefs.append(coefs)
+        self.indptr.append(self.indptr[-1] + len(cols))
+        self.lo.append(lo)
+        self.hi.append(hi)
+
+    def __len__(self) -> int:
+        return len(self.lo)
+
+
+@dataclass
+class ConstraintRow:
+    """Where a row of the ``constraints`` family came from."""
+
+    constraint: int
+    child: int
+    answer: int
+    sense: str
+
+
+@dataclass
+class Layout:
+    """Column maps and row families of one parent's model."""
+
+    problem: ParentProblem
+    relax_parent: bool
+    queries: dict[str, Query]  # canonical name -> Query, every query the model refers to
+    xcol: np.ndarray  # int64[n_children, ncells], -1 = no variable
+    acol: dict[str, np.ndarray]  # aux query -> int64[n_children, n_answers], -1 = no variable
+    spcol: np.ndarray  # int64[ncells], -1 unless relax_parent
+    sncol: np.ndarray
+    n_cols: int
+    families: dict[str, Rows]
+    constraint_rows: list[ConstraintRow]
+    infeasible: list[tuple[str, str]]  # (kind, message): constant rows no variable can satisfy;
+    # kind "inequality" for a "<=" / ">=" constraint (failsafe step 2 drops it), else "equality"
+
+    def cols(self, query: str) -> np.ndarray:
+        """Column of each (child, answer) of a query: the x columns for ``detailed``."""
+        return self.xcol if query == DETAILED else self.acol[query]
+
+    @property
+    def n_x(self) -> int:
+        return int((self.xcol >= 0).sum())
+
+
+def parse_query(problem: ParentProblem, name: str, where: str) -> tuple[str, Query]:
+    """Canonical name and Query, with an error naming where the bad name came from."""
+    try:
+        q = build_query(problem.schema, name)
+    except QueryError as err:
+        raise ProblemError(f"parent {problem.parent!r}, {where}: {err}") from None
+    return q.name, q
+
+
+def _refinement(fine: Query, coarse: Query) -> np.ndarray | None:
+    """Map fine answer -> coarse answer (-1: outside) if ``fine`` refines ``coarse``, else None."""
+    gf, gc = fine.groups, coarse.groups
+    if ((gc >= 0) & (gf < 0)).any():
+        return None
+    inside = gf >= 0
+    mapping = np.full(fine.n_answers, -2, dtype=np.int64)
+    mapping[gf[inside]] = gc[inside]
+    if (mapping[gf[inside]] != gc[inside]).any():
+        return None
+    mapping[mapping == -2] = -1
+    return mapping
+
+
+def _validate(problem: ParentProblem) -> None:
+    k, n = problem.n_children, problem.schema.ncells
+    if k == 0:
+        raise ProblemError(f"parent {problem.parent!r}: no children")
+    if problem.parent_hist is None and k != 1:
+        raise ProblemError(f"root problem {problem.parent!r} must have exactly one child, has {k}")
+    if problem.parent_hist is not None and np.shape(problem.parent_hist) != (n,):
+        raise ProblemError(f"parent {problem.parent!r}: parent_hist has shape {np.shape(problem.parent_hist)}, "
+                           f"expected ({n},)")
+    if problem.parent_hist is not None and (np.asarray(problem.parent_hist) < 0).any():
+        raise ProblemError(f"parent {problem.parent!r}: parent_hist has negative entries")
+    for m in problem.measurements:
+        _, q = parse_query(problem, m.query, f"measurement {m.query!r}")
+        if np.shape(m.values) != (k, q.n_answers) or np.shape(m.variance) != (k,):
+            raise ProblemError(f"parent {problem.parent!r}, measurement {m.query!r}: values {np.shape(m.values)} "
+                               f"and variance {np.shape(m.variance)}, expected ({k}, {q.n_answers}) and ({k},)")
+        if (np.asarray(m.variance) <= 0).any():
+            raise ProblemError(f"parent {problem.parent!r}, measurement {m.query!r}: variance must be > 0")
+    for con in problem.constraints:
+        _, q = parse_query(problem, con.query, f"constraint {con.name!r}")
+        if con.sense not in ("==", "<=", ">="):
+            raise ProblemError(f"parent {problem.parent!r}, constraint {con.name!r}: bad sense {con.sense!r}")
+        if np.shape(con.rhs) != (k, q.n_answers):
+            raise ProblemError(f"parent {problem.parent!r}, constraint {con.name!r}: rhs shape {np.shape(con.rhs)}, "
+                               f"expected ({k}, {q.n_answers})")
+    for g in problem.group_totals:
+        idx = np.asarray(g.children)
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= k:
+            raise ProblemError(f"parent {problem.parent!r}: group total has child indices outside 0..{k - 1}")
+
+
+def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: bool) -> np.ndarray:
+    """bool[n_children, ncells]: cells that get a variable (facts 4.2, plus child structural zeros)."""
+    schema, k = problem.schema, problem.n_children
+    if problem.parent_hist is None:
+        base = np.ones(schema.ncells, dtype=bool)
+    elif relax_parent:
+        # Facts 4.8: a cell is in play if the parent's marginal over the first dimension is > 0.
+        marg = np.asarray(problem.parent_hist).reshape(schema.shape).sum(axis=0, keepdims=True)
+        base = np.broadcast_to(marg > 0, schema.shape).reshape(-1)
+    else:
+        base = np.asarray(problem.parent_hist) > 0
+    mask = np.repeat(base[None, :], k, axis=0)
+    for con in problem.constraints:
+        if con.sense == ">=" or (con.sense == "<=" and relax_inequalities):
+            continue
+        _, q = parse_query(problem, con.query, f"constraint {con.name!r}")
+        rhs = np.asarray(con.rhs, float)
+        zero = np.isfinite(rhs) & (rhs <= 0)
+        for c, j in zip(*np.nonzero(zero)):
+            mask[c, q.groups == j] = False
+    return mask
+
+
+def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequalities: bool = False) -> Layout:
+    """Columns and rows of the parent's model.
+
+    ``relax_inequalities`` keeps cells that an inequality makes structurally zero (failsafe step 2 may
+    relax that inequality); ``relax_parent`` replaces the parent equality by slacks plus the exact
+    marginal over the other dimensions (failsafe step 3).
+    """
+    _validate(problem)
+    schema, k = problem.schema, problem.n_children
+    names: list[str] = []
+    for i, names_k in enumerate(problem.l2_passes):
+        names += [parse_query(problem, n, f"l2 pass {i}")[0] for n in names_k]
+    for i, names_k in enumerate(problem.rounder_passes):
+        names += [parse_query(problem, n, f"rounder pass {i}")[0] for n in names_k]
+    names += [parse_query(problem, c.query, f"constraint {c.name!r}")[0] for c in problem.constraints]
+    queries = {n: build_query(schema, n) for n in sorted(set(names)) if n != DETAILED}
+    # Identical groupings (e.g. a query listed under two spellings) share one set of aux columns.
+    by_groups: dict[bytes, str] = {}
+    alias: dict[str, str] = {}
+    for n, q in queries.items():
+        alias[n] = by_groups.setdefault(q.groups.tobytes(), n)
+    distinct = sorted({alias[n] for n in queries}, key=lambda n: (-queries[n].n_answers, n))
+
+    mask = _in_play(problem, relax_parent, relax_inequalities)
+    xcol = np.full(mask.shape, -1, dtype=np.int64)
+    xcol[mask] = np.arange(int(mask.sum()))
+    ncol = int(mask.sum())
+    families = {name: Rows() for name in ("definitions", "parent", "marginal", "constraints", "group_totals")}
+
+    # Aux columns and definitions, finest query first; each defined from the coarsest finer query
+    # that refines it (hierarchical aux: solver_notes pitfall 5), else from the cells.
+    acol: dict[str, np.ndarray] = {}
+    defined: list[str] = []
+    for n in distinct:
+        q = queries[n]
+        source, mapping = None, None
+        for f in sorted(defined, key=lambda d: (queries[d].n_answers, d)):
+            mapping = _refinement(queries[f], q)
+            if mapping is not None:
+                source = f
+                break
+        cols = np.full((k, q.n_answers), -1, dtype=np.int64)
+        for c in range(k):
+            if source is not None:
+                fine = acol[source][c]
+                have = np.flatnonzero((fine >= 0) & (mapping >= 0))
+                parts, members = mapping[have], fine[have]
+            else:
+                cells = np.flatnonzero(mask[c] & (q.groups >= 0))
+                parts, members = q.groups[cells], xcol[c, cells]
+            order = np.argsort(parts, kind="stable")
+            parts, members = parts[order], members[order]
+            answers, starts = np.unique(parts, return_index=True)
+            cols[c, answers] = ncol + np.arange(answers.size)
+            ncol += answers.size
+            for j, group in zip(answers, np.split(members, starts[1:])):
+                families["definitions"].add(np.concatenate(([cols[c, j]], group)),
+                                            np.concatenate(([1.0], -np.ones(group.size))), 0.0, 0.0)
+        acol[n] = cols
+        defined.append(n)
+    for n in queries:
+        acol[n] = acol[alias[n]]
+
+    spcol = np.full(schema.ncells, -1, dtype=np.int64)
+    sncol = np.full(schema.ncells, -1, dtype=np.int64)
+    infeasible: list[tuple[str, str]] = []
+    if problem.parent_hist is not None:
+        parent = np.asarray(problem.parent_hist, dtype=np.int64)
+        cells = np.flatnonzero(mask.any(axis=0) | (parent > 0)) if relax_parent else np.flatnonzero(parent > 0)
+        if relax_parent:
+            spcol[cells] = ncol + np.arange(cells.size)
+            sncol[cells] = ncol + cells.size + np.arange(cells.size)
+            ncol += 2 * cells.size
+        for i in cells:
+            members = xcol[:, i][xcol[:, i] >= 0]
+            if relax_parent:
+                families["parent"].add(np.concatenate((members, [spcol[i], sncol[i]])),
+                                       np.concatenate((np.ones(members.size), [-1.0, 1.0])),
+                                       float(parent[i]), float(parent[i]))
+            elif members.size:
+                families["parent"].add(members, np.ones(members.size), float(parent[i]), float(parent[i]))
+            else:
+                infeasible.append(("equality", f"parent cell {i} is positive but every child has a "
+                                               "structural zero there"))
+        if relax_parent:
+            rest = parent.reshape(schema.shape[0], -1)
+            marg = rest.sum(axis=0)
+            xs = xcol.reshape(k, schema.shape[0], -1)
+            for m in np.flatnonzero(marg > 0):
+                members = xs[:, :, m].reshape(-1)
+                members = np.sort(members[members >= 0])
+                if members.size:
+                    families["marginal"].add(members, np.ones(members.size), float(marg[m]), float(marg[m]))
+                else:
+                    infeasible.append(("equality", f"parent marginal {m} is positive but no cell of it "
+                                                   "can be positive"))
+
+    constraint_rows: list[ConstraintRow] = []
+    for ci, con in enumerate(problem.constraints):
+        name = canonical_name(con.query)
+        cols = xcol if name == DETAILED else acol[name]
+        rhs = np.asarray(con.rhs, float)
+        for c, j in zip(*np.nonzero(np.isfinite(rhs))):
+            r = float(rhs[c, j])
+            lo = r if con.sense in ("==", ">=") else -np.inf
+            hi = r if con.sense in ("==", "<=") else np.inf
+            if cols[c, j] < 0:
+                if not lo <= 0.0 <= hi:
+                    kind = "equality" if con.sense == "==" else "inequality"
+                    infeasible.append((kind, f"constraint {con.name!r} child {problem.children[c]!r} answer {j}: "
+                                             f"{con.sense} {r:g} but no cell of that answer can be positive"))
+                continue
+            families["constraints"].add(np.array([cols[c, j]]), np.ones(1), lo, hi)
+            constraint_rows.append(ConstraintRow(ci, int(c), int(j), con.sense))
+    for g in problem.group_totals:
+        members = np.sort(xcol[np.asarray(g.children)].reshape(-1))
+        members = members[members >= 0]
+        if members.size == 0:
+            if g.total != 0:
+                infeasible.append(("equality", f"group total of children {list(g.children)} = {g.total} "
+                                               "but no cell is in play"))
+            continue
+        families["group_totals"].add(members, np.ones(members.size), float(g.total), float(g.total))
+    return Layout(problem, relax_parent, queries, xcol, acol, spcol, sncol, ncol, families,
+                  constraint_rows, infeasible)

@@ -1,0 +1,167 @@
+"""Multi-pass controlled rounding (eq. 7.7) as LPs in a totally unimodular flow form.
+
+x = F + b with F = floor(x_L2 + 1e-9) and b in [0, 1] on cells where the parent still has people to
+hand out (D = parent - sum_c F > 0; every variable cell at the root or with a relaxed parent). All
+structural rows are kept with their right-hand sides reduced by F (eq. 7.7's rhs minus floors). Pass k
+minimizes the L1 distance of its queries' answers to the L2 answers: for answer row g with target
+T_g = (Q b_L2)_g, r = floor(T_g), f = T_g - r, the row ``(Q b)_g - u1 - u2 + v = r`` with
+u1 in [0, 1] at cost 1 - 2f and u2, v >= 0 at cost 1 prices |Q b - T| up to a constant
+(solver_notes (d)); ``detailed`` is the cellwise cost (1 - 2f) b. Earlier passes' rounded answers are
+fixed (column bounds). On a laminar query chain the matrix is TU, so the simplex vertex is integral;
+that is checked after each solve (max |b - round b| < 1e-6) and a MILP re-solve is the fallback.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from topdown.pipeline.queries import canonical_name
+
+from .backends import Backend
+from .l2 import SolveFailure
+from .layout import DETAILED, Layout
+from .standard import StandardForm
+
+INTEGRAL_TOL = 1e-6
+FLOOR_EPS = 1e-9
+
+
+def column_values(layout: Layout, hist: np.ndarray) -> np.ndarray:
+    """All column values implied by child histograms ``hist[c, cell]`` (aux = answers, slacks = excess)."""
+    z = np.zeros(layout.n_cols)
+    have = layout.xcol >= 0
+    z[layout.xcol[have]] = hist[have]
+    for name, cols in layout.acol.items():
+        ans = layout.queries[name].answer(hist)
+        ok = cols >= 0
+        z[cols[ok]] = ans[ok]
+    if layout.relax_parent:
+        diff = hist.sum(axis=0) - np.asarray(layout.problem.parent_hist, float)
+        cells = np.flatnonzero(layout.spcol >= 0)
+        z[layout.spcol[cells]] = np.maximum(diff[cells], 0.0)
+        z[layout.sncol[cells]] = np.maximum(-diff[cells], 0.0)
+    return z
+
+
+def l2_histograms(layout: Layout, z: np.ndarray) -> np.ndarray:
+    """Child histograms from L2 column values: clipped at 0 and, with an exact parent equality,
+    rescaled cell by cell so the children sum to the parent exactly (removes solver tolerance)."""
+    p = layout.problem
+    hist = np.zeros(layout.xcol.shape)
+    have = layout.xcol >= 0
+    hist[have] = np.maximum(z[layout.xcol[have]], 0.0)
+    if p.parent_hist is not None and not layout.relax_parent:
+        parent = np.asarray(p.parent_hist, float)
+        total = hist.sum(axis=0)
+        pos = parent > 0
+        scale = np.divide(parent, total, out=np.zeros_like(parent), where=total > 0)
+        hist[:, pos & (total > 0)] *= scale[pos & (total > 0)]
+        empty = pos & (total <= 0)
+        if empty.any():
+            counts = have[:, empty].sum(axis=0)
+            hist[:, empty] = np.where(have[:, empty], parent[empty] / np.maximum(counts, 1), 0.0)
+    return hist
+
+
+def _flow_block(cols: np.ndarray, target: np.ndarray, n: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray,
+                                                                        np.ndarray, np.ndarray]:
+    """Rows ``z[cols] - u1 - u2 + v = floor(target)`` over n structural columns + 3 per row."""
+    g = cols.size
+    r = np.floor(target + FLOOR_EPS)
+    f = np.clip(target - r, 0.0, 1.0)
+    rows = np.arange(g)
+    data = np.concatenate([np.ones(g), -np.ones(g), -np.ones(g), np.ones(g)])
+    ij = (np.tile(rows, 4), np.concatenate([cols, n + rows, n + g + rows, n + 2 * g + rows]))
+    block = sp.csr_matrix((data, ij), shape=(g, n + 3 * g))
+    cost = np.concatenate([1.0 - 2.0 * f, np.ones(g), np.ones(g)])
+    ub = np.concatenate([np.ones(g), np.full(2 * g, np.inf)])
+    return block, r, cost, np.zeros(3 * g), ub
+
+
+def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: Backend
+                ) -> tuple[np.ndarray, list[dict]]:
+    """Integer child histograms (int64[n_children, ncells]) and per-pass statistics."""
+    p = layout.problem
+    passes = [[canonical_name(n) for n in names] for names in p.rounder_passes] or [[DETAILED]]
+    hist = l2_histograms(layout, z_l2)
+    have = layout.xcol >= 0
+    floor = np.where(have, np.floor(hist + FLOOR_EPS), 0.0)
+    frac_hist = hist - floor
+    shift = column_values(layout, floor)
+    if layout.relax_parent:
+        shift[layout.spcol[layout.spcol >= 0]] = 0.0
+        shift[layout.sncol[layout.sncol >= 0]] = 0.0
+    target_all = column_values(layout, hist) - shift
+    n = layout.n_cols
+    lb = np.full(n, -np.inf)
+    ub = np.full(n, np.inf)
+    xcols = layout.xcol[have]
+    if p.parent_hist is None or layout.relax_parent:
+        play = have
+    else:
+        deficit = np.asarray(p.parent_hist, float) - floor.sum(axis=0)
+        if (deficit < -FLOOR_EPS).any():
+            raise SolveFailure("rounder: the floors of the L2 solution exceed the parent")
+        play = have & (deficit > 0.5)[None, :]
+    lb[xcols] = 0.0
+    ub[xcols] = 0.0
+    ub[layout.xcol[play]] = 1.0
+    for s in (layout.spcol, layout.sncol):
+        lb[s[s >= 0]] = 0.0
+    offset = form.a @ shift
+    lo, hi = form.lo - offset, form.hi - offset
+    stats = []
+    z = np.zeros(n)
+    for k, names in enumerate(passes):
+        blocks, rhs, costs, flb, fub = [], [], [], [], []
+        base_cost = np.zeros(n)
+        if DETAILED in names:
+            base_cost[layout.xcol[play]] = 1.0 - 2.0 * frac_hist[play]
+        if layout.relax_parent:
+            for s in (layout.spcol, layout.sncol):
+                base_cost[s[s >= 0]] = 1.0
+        width = 0
+        for name in names:
+            if name == DETAILED:
+                continue
+            cols = layout.acol[name][layout.acol[name] >= 0]
+            block, r, cost, l_, u_ = _flow_block(cols, target_all[cols], n)
+            blocks.append((block, width))
+            width += block.shape[1] - n
+            rhs.append(r), costs.append(cost), flb.append(l_), fub.append(u_)
+        extra = [sp.hstack([b[:, :n], sp.csr_matrix((b.shape[0], off)), b[:, n:],
+                            sp.csr_matrix((b.shape[0], width - off - (b.shape[1] - n)))], format="csr")
+                 for b, off in blocks]
+        a = sp.vstack([sp.hstack([form.a, sp.csr_matrix((form.a.shape[0], width))], format="csr")] + extra,
+                      format="csr")
+        c = np.concatenate([base_cost] + costs)
+        row_lo = np.concatenate([lo] + rhs)
+        row_hi = np.concatenate([hi] + rhs)
+        col_lb = np.concatenate([lb] + flb)
+        col_ub = np.concatenate([ub] + fub)
+        res = backend.lp(c, a, row_lo, row_hi, col_lb, col_ub)
+        stat = {"pass": k, "status": res.status, "lp_s": round(res.seconds, 6), "milp": False,
+                "columns": a.shape[1], "rows": a.shape[0]}
+        if not res.ok:
+            stats.append(stat)
+            raise SolveFailure(f"rounder pass {k} ({', '.join(names)}): solver status {res.status}")
+        y = res.x[xcols]
+        gap = float(np.abs(y - np.round(y)).max()) if y.size else 0.0
+        stat["max_fraction"] = gap
+        if gap >= INTEGRAL_TOL:
+            integer = np.zeros(a.shape[1], dtype=bool)
+            integer[layout.xcol[play]] = True
+            res = backend.lp(c, a, row_lo, row_hi, col_lb, col_ub, integer=integer)
+            stat.update(milp=True, status=res.status, lp_s=round(stat["lp_s"] + res.seconds, 6))
+            if not res.ok:
+                stats.append(stat)
+                raise SolveFailure(f"rounder pass {k} MILP fallback: solver status {res.status}")
+        z = np.round(res.x[:n])
+        for name in names:
+            cols = layout.cols(name)
+            cols = cols[cols >= 0]
+            lb[cols] = ub[cols] = z[cols]
+        stats.append(stat)
+    out = floor.copy()
+    out[have] += z[xcols]
+    return out.astype(np.int64), stats

@@ -1,0 +1,90 @@
+"""``solve_parent``: one parent's children, from noisy measurements to integer histograms.
+
+Sequence per failsafe level (failsafe.py): layout (layout.py) -> Pyomo model compiled once (model.py)
+-> multi-pass L2 with tau bands (l2.py, eqs. 7.5-7.6) -> multi-pass rounder (rounder.py, eq. 7.7) ->
+check of every row on the integer result. Shortcuts (facts 4.1): an all-zero parent gives zeros, a
+single child (not at the root) gets the parent's histogram.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from .backends import DEFAULT_BACKEND, Backend
+from .failsafe import LEVELS, FailsafeExhausted, relax_rows
+from .l2 import SolveFailure, run_l2
+from .layout import Layout, build_layout
+from .model import compile_pyomo
+from .problem import ParentProblem, ParentSolution
+from .rounder import column_values, run_rounder
+from .standard import StandardForm
+
+CHECK_TOL = 1e-6
+
+Compiler = Callable[[Layout], StandardForm]
+
+
+def check_rows(layout: Layout, form: StandardForm, hist: np.ndarray) -> None:
+    """Raise SolveFailure if the integer histograms break a row (parent, constraints, groups, bands)."""
+    if (hist < 0).any():
+        raise SolveFailure("rounded histogram has negative cells")
+    if (hist[layout.xcol < 0] != 0).any():
+        raise SolveFailure("rounded histogram is positive on a cell without a variable")
+    val = form.a @ column_values(layout, hist.astype(float))
+    bad = (val < form.lo - CHECK_TOL) | (val > form.hi + CHECK_TOL)
+    if bad.any():
+        fams = [name for name, sl in form.rows.items() if bad[sl].any()]
+        raise SolveFailure(f"rounded histogram breaks {int(bad.sum())} rows (families: {', '.join(fams)})")
+
+
+def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
+                 compiler: Compiler = compile_pyomo) -> ParentSolution:
+    """Estimate the children of one parent (see the ParentProblem contract in problem.py).
+
+    ``compiler`` turns a Layout into a StandardForm: the Pyomo model (default) or ``direct.compile_direct``.
+    """
+    k, ncells = problem.n_children, problem.schema.ncells
+    t_start = time.perf_counter()
+    if problem.parent_hist is not None:
+        parent = np.asarray(problem.parent_hist, dtype=np.int64)
+        if not parent.any():
+            build_layout(problem)  # validates the problem
+            return ParentSolution(np.zeros((k, ncells), dtype=np.int64), stats={"shortcut": "zero parent"})
+        if k == 1:
+            build_layout(problem)
+            return ParentSolution(parent[None, :].copy(), stats={"shortcut": "single child"})
+    failsafe: list[str] = []
+    levels = LEVELS if problem.parent_hist is not None else LEVELS[:2]
+    for level, name in enumerate(levels):
+        stats: dict = {"level": name}
+        try:
+            t0 = time.perf_counter()
+            layout = build_layout(problem, relax_parent=name == "relax_parent",
+                                  relax_inequalities=name != "exact")
+            form = compiler(layout)
+            stats.update(build_s=round(time.perf_counter() - t0, 6), n_x=layout.n_x, n_cols=layout.n_cols,
+                         n_rows=form.shape[0], nnz=int(form.a.nnz))
+            fatal = [msg for kind, msg in layout.infeasible if kind == "equality" or name == "exact"]
+            if fatal:
+                raise SolveFailure("infeasible input: " + "; ".join(fatal[:5])
+                                   + (f" (+{len(fatal) - 5} more)" if len(fatal) > 5 else ""))
+            if name != "exact":
+                form, notes = relax_rows(layout, form, backend)
+                failsafe += [f"step {level + 1} ({name}): {note}" for note in notes]
+            l2 = run_l2(layout, form, backend)
+            failsafe += l2.steps
+            stats.update(l2=l2.stats, tau=[st.get("tau") for st in l2.stats if "tau" in st])
+            hist, rstats = run_rounder(layout, form, l2.z, backend)
+            stats["rounder"] = rstats
+            stats["rounder_milp"] = sum(st["milp"] for st in rstats)
+            check_rows(layout, form, hist)
+        except SolveFailure as err:
+            failsafe.append(f"level {name} failed: {err}")
+            continue
+        if problem.parent_hist is not None:
+            stats["parent_l1_change"] = int(np.abs(hist.sum(axis=0) - problem.parent_hist).sum())
+        stats["total_s"] = round(time.perf_counter() - t_start, 6)
+        return ParentSolution(hist, failsafe=failsafe, stats=stats)
+    raise FailsafeExhausted(f"parent {problem.parent!r}: every failsafe level failed: " + " | ".join(failsafe))

@@ -1,0 +1,29 @@
+"""Shared fixtures: the demo input (built once) and one embedded Dask cluster for the session."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def demo_input(tmp_path_factory) -> Path:
+    from topdown.pipeline.demo_data import write_demo_input
+
+    path = tmp_path_factory.mktemp("demo-input")
+    write_demo_input(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        yield client

@@ -1,0 +1,210 @@
+"""Budget checks, allocations, zCDP conversions, certificates and the shipped presets."""
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from topdown.pipeline.accounting import (Allocation, allocate, check_budget, epsilon_delta_curve,
+                                         zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
+from topdown.pipeline.certificate import certificate, check_path_condition, render_certificate
+from topdown.pipeline.config import BudgetConfig, ConfigError, config_from_dict, load_config
+from topdown.pipeline.mechanisms import discrete_gaussian_variance, geometric_variance
+from topdown.pipeline.schema import PERSONS, SCHEMAS, UNITS
+
+PRODUCTION_RHO = Fraction(293764, 114921)
+PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940")
+
+
+def budget(**overrides) -> BudgetConfig:
+    data = {"mechanism": "discrete_gaussian", "rho": "1",
+            "levels": {"A": "1/2", "B": "1/2"},
+            "queries": {"A": {"total": "1"}, "B": {"total": "1/4", "detailed": "3/4"}}}
+    data.update(overrides)
+    return BudgetConfig.model_validate(data)
+
+
+# ------------------------------------------------------------------------------------------ allocation
+def test_allocation_by_hand() -> None:
+    a = allocate(budget(), "B", "detailed")
+    assert a == Allocation("B", "detailed", "discrete_gaussian", Fraction(3, 8), Fraction(3, 8), None,
+                           Fraction(8, 3), None, discrete_gaussian_variance(Fraction(8, 3)))
+    assert a.measured and not a.noiseless
+    moved = allocate(budget(), "B", "detailed", plb=Fraction(1, 4))          # budget moved by bypassing
+    assert (moved.share, moved.rho, moved.sigma2) == (Fraction(3, 16), Fraction(3, 16), Fraction(16, 3))
+    assert allocate(budget(rho="1/10"), "A", "total").sigma2 == 20
+
+
+def test_unmeasured_and_infinite_allocations() -> None:
+    off = allocate(budget(), "A", "total", plb=Fraction(0))
+    assert not off.measured and off.variance == math.inf and off.sigma2 is None and off.rho == 0
+    inf = allocate(budget(rho="inf"), "B", "total")
+    assert inf.noiseless and inf.variance == 0.0 and inf.rho is None and inf.sigma2 is None
+    with pytest.raises(ValueError, match="outside"):
+        allocate(budget(), "A", "total", plb=Fraction(3, 2))
+
+
+def test_geometric_allocation() -> None:
+    b = budget(mechanism="geometric", rho=None, epsilon="1/4")
+    a = allocate(b, "B", "detailed")
+    assert (a.epsilon, a.sensitivity, a.rho, a.sigma2) == (Fraction(3, 32), 2, None, None)
+    q = math.exp(-3 / 64)
+    assert a.variance == pytest.approx(2 * q / (1 - q) ** 2, rel=1e-12)
+    assert a.variance == geometric_variance(Fraction(3, 32), 2)
+
+
+def test_allocate_names_unknown_entries() -> None:
+    with pytest.raises(ConfigError, match="'Tract'"):
+        allocate(budget(), "Tract", "total")
+    with pytest.raises(ConfigError, match=r"queries\.A: query 'hhgq'"):
+        allocate(budget(), "A", "hhgq")
+
+
+# -------------------------------------------------------------------------------------- budget checks
+@pytest.mark.parametrize("overrides, levels, message", [
+    ({"levels": {"A": "-1/2", "B": "3/2"}}, ["A", "B"], r"budget\.levels\.A = -1/2 is negative"),
+    ({"levels": {"A": "1/2", "B": "1/3"}}, ["A", "B"], r"level proportions sum to 5/6"),
+    ({}, ["A", "B", "C"], r"no proportion for level 'C'"),
+    ({}, ["A"], r"budget\.levels\.B: unknown level"),
+    ({"queries": {"A": {"total": "1"}, "B": {"total": "1/2", "detailed": "1/3"}}}, ["A", "B"],
+     r"budget\.queries\.B: query proportions sum to 5/6"),
+    ({"queries": {"A": {"total": "1"}, "B": {"total": "-1/4", "detailed": "5/4"}}}, ["A", "B"],
+     r"budget\.queries\.B\.\"total\" = -1/4 is negative"),
+    ({"queries": {"A": {"total": "1"}, "B": {"agegroup": "1"}}}, ["A", "B"],
+     r"budget\.queries\.B\.\"agegroup\": unknown query term"),
+    ({"queries": {"A": {"total": "1"}, "B": {"voting": "1/2", "detailed": "1/2"}}}, ["A", "B"],
+     r"budget\.queries\.B\.\"voting\": .*not a partition"),
+    ({"queries": {"A": {"votingage * hispanic": "1/2", "hispanic * votingage": "1/2"}, "B": {"total": "1"}}},
+     ["A", "B"], r"budget\.queries\.A\.\"hispanic \* votingage\": the same query as \"votingage \* hispanic\""),
+    ({"queries": {"A": {"total": "1"}}}, ["A", "B"], r"budget\.queries\.B: no queries"),
+])
+def test_check_budget_names_the_offending_entry(overrides: dict, levels: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_budget(budget(**overrides), levels, PERSONS)
+
+
+def test_check_budget_accepts_valid_and_prefixes_location() -> None:
+    check_budget(budget(), ["A", "B"], PERSONS)
+    with pytest.raises(ConfigError, match=r"^my\.toml: units\.budget\.queries\.A\.\"occupied\""):
+        check_budget(budget(queries={"A": {"occupied": "1"}, "B": {"total": "1"}}), ["A", "B"], UNITS,
+                     where="my.toml: units.budget")
+
+
+# ---------------------------------------------------------------------------------------- conversions
+def test_production_epsilon_and_bun_steinke_values_of_the_paper() -> None:
+    assert round(zcdp_to_epsilon(PRODUCTION_RHO, Fraction(1, 10 ** 10)), 2) == 17.14      # facts section 3.1
+    # seed 003 section 8.1 quotes the Bun-Steinke conversion for the April 2021 budgets
+    assert round(zcdp_to_epsilon_bun_steinke(Fraction(1095, 1000), 1e-10), 2) == 11.14
+    assert round(zcdp_to_epsilon_bun_steinke(Fraction(1885, 10000), 1e-10), 2) == 4.36
+    assert zcdp_to_epsilon(Fraction(0), 1e-10) == 0.0
+
+
+@pytest.mark.parametrize("rho", [Fraction(1, 100), Fraction(1), PRODUCTION_RHO, Fraction(50)])
+def test_cks_epsilon_solves_the_delta_equation(rho: Fraction) -> None:
+    """At the returned epsilon, min over alpha of the CKS delta(alpha) equals the target delta."""
+    delta = 1e-10
+    eps = zcdp_to_epsilon(rho, delta)
+    alphas = 1 + np.exp(np.linspace(-12, 8, 400_001))
+    r = float(rho)
+    log_delta = ((alphas - 1) * (alphas * r - eps) - np.log(alphas - 1) + alphas * np.log1p(-1 / alphas))
+    assert log_delta.min() == pytest.approx(math.log(delta), abs=1e-4)
+    assert eps <= zcdp_to_epsilon_bun_steinke(rho, delta)
+
+
+def test_epsilon_delta_curve_is_decreasing_in_delta() -> None:
+    curve = epsilon_delta_curve(PRODUCTION_RHO, [1e-6, 1e-8, 1e-10, 1e-12, 1e-14])
+    eps = [e for _, e in curve]
+    assert eps == sorted(eps) and curve[2][1] == pytest.approx(17.1436, abs=1e-3)
+    with pytest.raises(ValueError, match="delta"):
+        zcdp_to_epsilon(PRODUCTION_RHO, 0)
+
+
+# -------------------------------------------------------------------------------------------- presets
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_load_and_pass_budget_checks(name: str) -> None:
+    config = load_config(name)
+    for product in config.run.products:
+        b = config.product(product).budget
+        check_budget(b, list(b.levels), SCHEMAS[product])
+        est = config.product(product).estimation
+        for level, props in b.queries.items():       # every measured query is estimated in some L2 pass
+            in_l2 = {q for pass_ in est.l2_passes[level] for q in pass_}
+            assert set(props) <= in_l2, (name, product, level)
+    assert (config.run.mode, config.run.seed) == ("test", 0)
+
+
+def test_production_preset_matches_the_facts() -> None:
+    config = load_config("pl94_production_2021")
+    b = config.persons.budget
+    assert b.rho == PRODUCTION_RHO and config.run.products == ["persons", "units"]
+    total = sum((allocate(b, lv, q).rho for lv in b.levels for q in b.queries[lv]), Fraction(0))
+    assert total == PRODUCTION_RHO                                               # facts section 3.3 sanity
+    assert "total" not in b.queries["US"]
+    level_rho = {lv: float(b.levels[lv] * b.rho) for lv in b.levels}
+    assert level_rho["US"] == pytest.approx(0.06486, abs=1e-5)
+    assert level_rho["Block_Group"] == pytest.approx(0.78327, abs=1e-5)
+    sigma2 = {(lv, q): float(allocate(b, lv, q).sigma2) for lv in b.levels for q in b.queries[lv]}
+    assert sigma2[("State", "total")] == pytest.approx(1.209, abs=1e-3)
+    assert sigma2[("Block", "total")] == pytest.approx(7963, abs=1)
+    assert sigma2[("Tract", "hispanic * cenrace")] == pytest.approx(4.953, abs=1e-3)
+    assert sigma2[("Block_Group", "detailed")] == pytest.approx(4.063, abs=1e-3)
+    assert config.persons.invariants == {"State": ["tot"], "Block": ["gqhh_vect", "gqhh_tot"]}
+    assert config.persons.constraints["Block"] == ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"]
+    u = config.units
+    assert u.budget.rho == Fraction(3379, 12343) ** 2 and u.invariants == {"Block": ["hu_tot"]}
+    assert u.budget.levels["County"] == Fraction(7, 82) and u.budget.levels["Tract"] == Fraction(364, 1025)
+
+
+def test_e2e_preset_is_pure_dp_geometric() -> None:
+    config = load_config("e2e_1940")
+    b = config.persons.budget
+    assert (b.mechanism, b.epsilon, config.run.products) == ("geometric", Fraction(1, 4), ["persons"])
+    a = allocate(b, "County", "votingage * hispanic * cenrace")
+    assert a.epsilon == Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40) and a.sensitivity == 2
+    assert "hh_lb_occupied" in config.persons.constraints["Block"]
+
+
+# ----------------------------------------------------------------------------------------- certificate
+def test_certificate_of_the_production_preset() -> None:
+    cert = certificate(load_config("pl94_production_2021"))
+    json.dumps(cert)                                        # JSON-ready
+    p = cert["persons"]
+    assert p["rho"] == "293764/114921" and round(p["epsilon"], 2) == 17.14 and p["delta"] == "1/10000000000"
+    assert [row["level"] for row in p["levels"]] == ["US", "State", "County", "Tract", "Block_Group", "Block"]
+    assert sum(Fraction(row["rho"]) for row in p["queries"]) == PRODUCTION_RHO
+    row = next(r for r in p["queries"] if (r["level"], r["query"]) == ("State", "total"))
+    assert Fraction(row["sigma2"]) == 1 / (Fraction(3773, 4097) * Fraction(1440, 4099) * PRODUCTION_RHO)
+    assert [c["delta"] for c in p["curve"]] == [10.0 ** -k for k in range(6, 15)]
+    assert "units" in cert
+    text = render_certificate(cert)
+    assert "17.1436" in text and "293764/114921" in text and "Block_Group" in text
+
+
+def test_certificate_of_pure_dp_and_infinite_budgets() -> None:
+    cert = certificate(load_config("e2e_1940"))["persons"]
+    assert cert["epsilon"] == "1/4" and cert["delta"] == "0" and all(c["epsilon"] == 0.25 for c in cert["curve"])
+    assert "total epsilon = 1/4" in render_certificate(certificate(load_config("e2e_1940")))
+    config = load_config("e2e_1940")
+    data = config.model_dump(mode="json")
+    data["persons"]["budget"]["epsilon"] = "inf"
+    inf = certificate(config_from_dict(data))["persons"]
+    assert inf["epsilon"] == "inf" and "NOT private" in inf["note"]
+    assert all(r["variance"] == 0.0 for r in inf["queries"])
+
+
+def test_path_condition() -> None:
+    ok = {"440070001001000": {"US": Fraction(1, 4), "State": Fraction(3, 4)},
+          "440070001001001": {"US": Fraction(1, 2), "State": Fraction(1, 2)}}
+    summary = check_path_condition(ok, ["US", "State"])
+    assert summary["blocks"] == 2 and summary["min_share"]["US"] == "1/4" and summary["max_share"]["State"] == "3/4"
+    bad = {**ok, "440070001001002": {"US": Fraction(1, 4), "State": Fraction(1, 2)}}
+    with pytest.raises(ConfigError, match="block 440070001001002's path sum to 3/4"):
+        check_path_condition(bad)
+    with pytest.raises(ConfigError, match="negative share"):
+        check_path_condition({"b": {"US": Fraction(-1), "State": Fraction(2)}})
+    cert = certificate(load_config("e2e_1940"), spine_budget={"persons": {
+        "b": {lv: Fraction(1, 6) for lv in ["US", "State", "County", "Tract", "Block_Group", "Block"]}}})
+    assert cert["persons"]["path_condition"]["blocks"] == 1

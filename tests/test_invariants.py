@@ -1,0 +1,78 @@
+"""Constraint right-hand sides (facts file sections 2.3-2.6), hand-checked."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from topdown.pipeline.config import config_from_dict
+from topdown.pipeline.invariants import (
+    GQ_CAP, InvariantError, LevelConstraints, _hhgq_bounds, check_feasible, person_constraints,
+)
+
+LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
+
+
+def test_bounds_without_total_invariant():
+    u = np.array([[3, 2, 0, 0, 0, 0, 0, 1]])
+    lb, ub = _hhgq_bounds(u, None)
+    assert lb.tolist() == [[0, 2, 0, 0, 0, 0, 0, 1]]
+    assert ub.tolist() == [[3 * GQ_CAP, 2 * GQ_CAP, 0, 0, 0, 0, 0, GQ_CAP]]
+
+
+def test_bounds_with_total_invariant():
+    # T = 50 persons; 3 HUs, 2 correctional facilities, 1 other noninstitutional facility.
+    u = np.array([[3, 2, 0, 0, 0, 0, 0, 1]])
+    lb, ub = _hhgq_bounds(u, np.array([50]))
+    # ub_k = T - (forced persons in other types) if u_k > 0, else 0.
+    assert ub.tolist() == [[50 - 3, 50 - 1, 0, 0, 0, 0, 0, 50 - 2]]
+    assert lb.tolist() == [[0, 2, 0, 0, 0, 0, 0, 1]]
+
+
+def test_only_unit_type_gets_everybody():
+    u = np.array([[0, 0, 0, 0, 0, 4, 0, 0]])
+    lb, ub = _hhgq_bounds(u, np.array([300]))
+    assert lb[0, 5] == 300 and ub[0, 5] == 300
+    assert ub[0, :5].tolist() == [0] * 5
+
+
+def _cfg():
+    return config_from_dict({
+        "persons": {
+            "budget": {"rho": "1", "levels": {lv: "1/6" for lv in LEVELS}, "queries": {lv: {"total": "1"} for lv in LEVELS}},
+            "estimation": {"l2_passes": {lv: [["total"]] for lv in LEVELS}, "rounder_passes": {lv: [["total"]] for lv in LEVELS}},
+            "invariants": {"State": ["tot"], "Block": ["gqhh_vect", "gqhh_tot"]},
+            "constraints": {"US": ["total"], "State": ["hhgq_total_lb", "hhgq_total_ub"],
+                            "Block": ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"]},
+        }
+    }).product("persons")
+
+
+def _units(rows, tot=None):
+    cols = [f"u{k}" for k in range(8)]
+    df = pd.DataFrame(rows, columns=cols).assign(occupied=0)
+    if tot is not None:
+        df["tot"] = tot
+    return df
+
+
+def test_constraints_propagate_and_state_takes_the_stricter():
+    cfg = _cfg()
+    blocks = _units([[2, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0]])
+    cb = person_constraints(cfg, LEVELS, "Block", blocks, None, None)
+    assert set(cb.rhs) == {"hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"}
+    county = _units([[3, 1, 0, 0, 0, 0, 0, 0]])
+    cc = person_constraints(cfg, LEVELS, "County", county, cb, np.array([0, 0]))
+    assert cc.rhs["hhgq_total_lb"][2][0].tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
+    assert cc.rhs["hhgq_total_ub"][2][0, :2].tolist() == [3 * GQ_CAP, GQ_CAP]
+    state = _units([[3, 1, 0, 0, 0, 0, 0, 0]], tot=[10])
+    cs = person_constraints(cfg, LEVELS, "State", state, cc, np.array([0]))
+    assert cs.rhs["hhgq_total_ub"][2][0, :2].tolist() == [9, 10]
+    us = person_constraints(cfg, LEVELS, "US", state, cs, np.array([0]))
+    assert us.rhs["total"][2].tolist() == [[10]]
+    assert us.rhs["hhgq_total_ub"][2][0, :2].tolist() == [9, 10]
+
+
+def test_infeasible_truth_is_reported_without_counts():
+    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": ("hhgq", ">=", np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
+    with pytest.raises(InvariantError, match="440010001001000") as err:
+        check_feasible("Block", cons, {"hhgq": np.array([[7, 3, 0, 0, 0, 0, 0, 0]])})
+    assert "3" not in str(err.value).replace("440010001001000", "")

@@ -1,0 +1,70 @@
+"""Tests of the multi-pass rounder (eq. 7.7): integral simplex vertices on laminar query chains, closeness
+to the L2 answers, and the MILP fallback."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_solvers import assert_valid, make_problem, random_truth
+
+from topdown.pipeline.queries import build_query
+from topdown.solvers import solve_parent
+from topdown.solvers.backends import ClarabelHighs, Result
+from topdown.solvers.l2 import run_l2
+from topdown.solvers.layout import build_layout
+from topdown.solvers.model import compile_pyomo
+from topdown.solvers.rounder import l2_histograms, run_rounder
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_laminar_chain_is_integral_without_milp(seed):
+    rng = np.random.default_rng(1000 + seed)
+    k = int(rng.integers(2, 13))
+    truth = random_truth(rng, k, n_cells=int(rng.integers(20, 150)), people=int(rng.integers(20, 200)))
+    problem = make_problem(truth, rng, noise=20.0)
+    layout = build_layout(problem)
+    form = compile_pyomo(layout)
+    l2 = run_l2(layout, form, ClarabelHighs())
+    hist, stats = run_rounder(layout, form, l2.z, ClarabelHighs())
+    assert [s["milp"] for s in stats] == [False, False]
+    assert max(s["max_fraction"] for s in stats) < 1e-6
+    assert_valid(problem, hist)
+    # Pass 0 rounds each child's total to within one person of its L2 total.
+    l2_total = l2_histograms(layout, l2.z).sum(axis=1)
+    assert np.abs(hist.sum(axis=1) - l2_total).max() < 1.0
+    # The rounded histogram stays within one person of the L2 histogram in every cell.
+    assert np.abs(hist - l2_histograms(layout, l2.z)).max() < 1.0
+
+
+def test_later_pass_keeps_earlier_rounded_answers():
+    rng = np.random.default_rng(77)
+    truth = random_truth(rng, 6, n_cells=60, people=80)
+    problem = make_problem(truth, rng, noise=20.0,
+                           rounder_passes=[["total"], ["hhgq"], ["hhgq * votingage * hispanic * cenrace", "detailed"]])
+    layout = build_layout(problem)
+    form = compile_pyomo(layout)
+    l2 = run_l2(layout, form, ClarabelHighs())
+    hist, stats = run_rounder(layout, form, l2.z, ClarabelHighs())
+    assert len(stats) == 3 and not any(s["milp"] for s in stats)
+    hhgq = build_query(problem.schema, "hhgq")
+    l2_hist = l2_histograms(layout, l2.z)
+    assert np.abs(hhgq.answer(hist) - hhgq.answer(l2_hist)).max() < 1.0
+    assert_valid(problem, hist)
+
+
+class FractionalFirst(ClarabelHighs):
+    """A back end whose LPs come back fractional (as a non-TU problem could), to force the MILP fallback."""
+
+    def lp(self, c, a, lo, hi, lb, ub, integer=None) -> Result:
+        res = super().lp(c, a, lo, hi, lb, ub, integer)
+        if integer is None and res.ok:
+            res.x = res.x + 0.25
+        return res
+
+
+def test_milp_fallback_when_vertex_is_fractional():
+    rng = np.random.default_rng(5)
+    truth = random_truth(rng, 4, n_cells=25, people=50)
+    problem = make_problem(truth, rng, noise=5.0, l2_passes=[["total", "hhgq", "detailed"]])
+    sol = solve_parent(problem, backend=FractionalFirst())
+    assert sol.stats["rounder_milp"] == 2
+    assert_valid(problem, sol.hist)

@@ -1,0 +1,286 @@
+"""Tests of topdown.solvers.solve_parent: exactness without noise, L2 passes against independent solves,
+properties on random parents, failsafe, root problem, units schema, determinism, Pyomo = direct build."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import highspy
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from topdown.pipeline.queries import build_query
+from topdown.pipeline.schema import PERSONS, UNITS
+from topdown.solvers import (Constraint, FailsafeExhausted, GroupTotal, Measurement, ParentProblem,
+                             ProblemError, solve_parent)
+from topdown.solvers.backends import DEFAULT_BACKEND
+from topdown.solvers.direct import compile_direct
+from topdown.solvers.l2 import run_l2
+from topdown.solvers.layout import build_layout
+from topdown.solvers.model import compile_pyomo
+
+MEASURED = ["total", "hhgq", "votingage * hispanic", "votingage * hispanic * cenrace", "detailed"]
+VARIANCE = {"total": 4.0, "hhgq": 15.0, "votingage * hispanic": 12.0, "votingage * hispanic * cenrace": 50.0,
+            "detailed": 100.0}
+L2_PASSES = [["total"], ["hhgq", "votingage * hispanic", "votingage * hispanic * cenrace", "detailed"]]
+ROUNDER_PASSES = [["total"], ["hhgq", "hhgq * hispanic", "hhgq * hispanic * cenrace",
+                              "hhgq * votingage * hispanic * cenrace", "detailed"]]
+
+
+def random_truth(rng: np.random.Generator, k: int, n_cells: int, people: int) -> np.ndarray:
+    """k child histograms on a few person cells; no minors in nursing facilities (facts 2.4)."""
+    hh, va, _, _ = PERSONS.unravel(np.arange(PERSONS.ncells))
+    allowed = np.flatnonzero(~((hh == 3) & (va == 0)))
+    cells = rng.choice(allowed, n_cells, replace=False)
+    truth = np.zeros((k, PERSONS.ncells), dtype=np.int64)
+    for c in range(k):
+        picks = rng.choice(cells, people)
+        np.add.at(truth[c], picks, 1)
+    return truth
+
+
+def invariant_constraints(rng: np.random.Generator, truth: np.ndarray) -> list[Constraint]:
+    """hhgq_total_lb/ub (facts 2.3, no state total) from synthetic facility counts, and nurse_nva_0."""
+    per_type = build_query(PERSONS, "hhgq").answer(truth)
+    facilities = np.where(per_type > 0, np.minimum(per_type, rng.integers(1, 3, per_type.shape)), 0)
+    facilities[:, 0] = per_type[:, 0] > 0
+    lb = np.where(np.arange(8) == 0, 0, facilities).astype(float)
+    ub = facilities * 99999.0
+    k = truth.shape[0]
+    return [Constraint("hhgq_total_lb", "hhgq", ">=", lb), Constraint("hhgq_total_ub", "hhgq", "<=", ub),
+            Constraint("nurse_nva_0", "gqNursingTotal * nonvoting", "==", np.zeros((k, 1)))]
+
+
+def make_problem(truth: np.ndarray, rng: np.random.Generator | None, noise: float = 1.0,
+                 schema=PERSONS, measured=MEASURED, constraints=None, l2_passes=L2_PASSES,
+                 rounder_passes=ROUNDER_PASSES) -> ParentProblem:
+    """A ParentProblem with Gaussian noise of variance noise*VARIANCE (noise 0: exact measurements)."""
+    k = truth.shape[0]
+    meas = []
+    for q in measured:
+        ans = build_query(schema, q).answer(truth).astype(float)
+        var = VARIANCE.get(q, 10.0)
+        if noise > 0:
+            ans = ans + rng.normal(0.0, np.sqrt(noise * var), ans.shape)
+        meas.append(Measurement(q, ans, np.full(k, var)))
+    if constraints is None:
+        constraints = invariant_constraints(rng or np.random.default_rng(0), truth) if schema is PERSONS else []
+    return ParentProblem(schema, "parent", [f"child{c}" for c in range(k)], truth.sum(axis=0), meas,
+                         constraints, l2_passes=l2_passes, rounder_passes=rounder_passes)
+
+
+def assert_valid(problem: ParentProblem, hist: np.ndarray) -> None:
+    """Non-negative integers, exact parent sums, every constraint and group total (checked independently)."""
+    assert hist.dtype == np.int64 and hist.shape == (problem.n_children, problem.schema.ncells)
+    assert (hist >= 0).all()
+    if problem.parent_hist is not None:
+        np.testing.assert_array_equal(hist.sum(axis=0), problem.parent_hist)
+    for con in problem.constraints:
+        ans = build_query(problem.schema, con.query).answer(hist).astype(float)
+        ok = np.isfinite(con.rhs)
+        got, rhs = ans[ok], con.rhs[ok]
+        assert {"==": np.all(got == rhs), "<=": np.all(got <= rhs), ">=": np.all(got >= rhs)}[con.sense], con.name
+    for g in problem.group_totals:
+        assert hist[g.children].sum() == g.total
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_zero_noise_reproduces_truth(seed):
+    rng = np.random.default_rng(seed)
+    truth = random_truth(rng, k=int(rng.integers(2, 7)), n_cells=12, people=25)
+    sol = solve_parent(make_problem(truth, rng, noise=0.0))
+    np.testing.assert_array_equal(sol.hist, truth)
+    assert sol.failsafe == [] and sol.stats["rounder_milp"] == 0
+
+
+def _dense_reference(problem: ParentProblem, queries: list[str], with_detailed: bool, band=None):
+    """Independent solve of one L2 pass: the dense QP on parent-positive cells, HiGHS's own QP solver.
+
+    ``band`` = (tol, totals): |child total - totals[c]| <= tol. Returns (x[k, cells], cells, objective fn).
+    """
+    k = problem.n_children
+    cells = np.flatnonzero(problem.parent_hist > 0)
+    m = cells.size
+    hess, lin, terms = np.zeros((k * m, k * m)), np.zeros(k * m), []
+    for meas in problem.measurements:
+        if not (meas.query in queries and meas.query != "detailed" or meas.query == "detailed" and with_detailed):
+            continue
+        mat = build_query(problem.schema, meas.query).matrix()[:, cells].toarray()
+        for c in range(k):
+            w = 1.0 / meas.variance[c]
+            sl = slice(c * m, (c + 1) * m)
+            hess[sl, sl] += 2 * w * mat.T @ mat
+            lin[sl] += -2 * w * mat.T @ meas.values[c]
+            terms.append((c, mat, meas.values[c], w))
+    rows, lo, hi = [np.tile(np.eye(m), k)], [problem.parent_hist[cells]], [problem.parent_hist[cells]]
+    for con in problem.constraints:
+        mat = build_query(problem.schema, con.query).matrix()[:, cells].toarray()
+        for c in range(k):
+            for j in np.flatnonzero(np.isfinite(con.rhs[c])):
+                row = np.zeros((1, k * m))
+                row[0, c * m:(c + 1) * m] = mat[j]
+                rows.append(row)
+                r = con.rhs[c, j]
+                lo.append([r if con.sense in ("==", ">=") else -np.inf])
+                hi.append([r if con.sense in ("==", "<=") else np.inf])
+    if band is not None:
+        tol, totals = band
+        for c in range(k):
+            row = np.zeros((1, k * m))
+            row[0, c * m:(c + 1) * m] = 1.0
+            rows.append(row)
+            lo.append([totals[c] - tol])
+            hi.append([totals[c] + tol])
+    a = sp.csc_matrix(np.vstack(rows))
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = k * m, a.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = lin, np.zeros(k * m), np.full(k * m, np.inf)
+    lp.row_lower_, lp.row_upper_ = np.concatenate(lo).astype(float), np.concatenate(hi).astype(float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+    model = highspy.HighsModel()
+    model.lp_ = lp
+    tri = sp.csc_matrix(np.tril(hess))
+    model.hessian_.dim_ = k * m
+    model.hessian_.format_ = highspy.HessianFormat.kTriangular
+    model.hessian_.start_, model.hessian_.index_, model.hessian_.value_ = tri.indptr, tri.indices, tri.data
+    h.passModel(model)
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    x = np.asarray(h.getSolution().col_value).reshape(k, m)
+
+    def f(v):
+        v = v.reshape(k, m)
+        return sum(w * np.sum((mat @ v[c] - y) ** 2) for c, mat, y, w in terms)
+    return x, cells, f
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_l2_passes_match_independent_solve(seed):
+    rng = np.random.default_rng(100 + seed)
+    truth = random_truth(rng, k=3, n_cells=6, people=15)
+    problem = make_problem(truth, rng, noise=4.0)
+    layout = build_layout(problem)
+    l2 = run_l2(layout, compile_pyomo(layout), DEFAULT_BACKEND)
+    # Pass 0 (total only): objective values agree (its optimum is not unique in x).
+    ref0, cells, f0 = _dense_reference(problem, ["total"], False)
+    ours0 = l2.pass_values[0][layout.xcol[:, cells].clip(0)] * (layout.xcol[:, cells] >= 0)
+    assert f0(ours0.ravel()) == pytest.approx(f0(ref0.ravel()), rel=1e-6, abs=1e-6)
+    # Pass 1: strictly convex (detailed term), so x itself must agree; keep pass 0's tau band.
+    ref1, _, _ = _dense_reference(problem, L2_PASSES[1], True, band=(l2.tolerances[0], ours0.sum(axis=1)))
+    ours1 = l2.z[layout.xcol[:, cells].clip(0)] * (layout.xcol[:, cells] >= 0)
+    np.testing.assert_allclose(ours1, ref1, atol=2e-4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(2, 6), n_cells=st.integers(1, 15),
+       noise=st.sampled_from([0.5, 1.0, 10.0]))
+def test_random_parents_properties(seed, k, n_cells, noise):
+    rng = np.random.default_rng(seed)
+    truth = random_truth(rng, k, n_cells, people=int(rng.integers(1, 40)))
+    problem = make_problem(truth, rng, noise=noise)
+    sol = solve_parent(problem)
+    assert_valid(problem, sol.hist)
+    assert sol.failsafe == []
+    layout = build_layout(problem)
+    l2 = run_l2(layout, compile_pyomo(layout), DEFAULT_BACKEND)
+    for kk, tol in enumerate(l2.tolerances):
+        cols = l2.band_cols[kk]
+        for later in l2.pass_values[kk + 1:]:
+            assert np.abs(later[cols] - l2.pass_values[kk][cols]).max() <= tol + 1e-6
+
+
+def test_pyomo_and_direct_builds_agree():
+    rng = np.random.default_rng(7)
+    truth = random_truth(rng, k=4, n_cells=20, people=40)
+    problem = make_problem(truth, rng, noise=1.0)
+    layout = build_layout(problem)
+    a, b = compile_pyomo(layout), compile_direct(layout)
+    assert (a.a != b.a).nnz == 0
+    np.testing.assert_array_equal(a.lo, b.lo)
+    np.testing.assert_array_equal(a.hi, b.hi)
+    np.testing.assert_array_equal(solve_parent(problem).hist, solve_parent(problem, compiler=compile_direct).hist)
+
+
+def test_deterministic():
+    rng = np.random.default_rng(11)
+    truth = random_truth(rng, k=5, n_cells=30, people=60)
+    problem = make_problem(truth, rng, noise=1.0)
+    assert solve_parent(problem).hist.tobytes() == solve_parent(problem).hist.tobytes()
+
+
+def test_failsafe_relaxes_lower_bounds_above_parent():
+    rng = np.random.default_rng(3)
+    truth = random_truth(rng, k=3, n_cells=10, people=20)
+    problem = make_problem(truth, rng, noise=1.0)
+    lb = next(c for c in problem.constraints if c.name == "hhgq_total_lb")
+    lb.rhs[:, 0] = problem.parent_hist.sum()  # every child must hold the whole parent in households
+    sol = solve_parent(problem)
+    assert sol.stats["level"] == "relax_inequalities"
+    assert any("hhgq_total_lb" in step for step in sol.failsafe)
+    assert (sol.hist >= 0).all()
+    np.testing.assert_array_equal(sol.hist.sum(axis=0), problem.parent_hist)
+
+
+def test_failsafe_relaxes_parent_along_hhgq():
+    rng = np.random.default_rng(5)
+    truth = random_truth(rng, k=3, n_cells=10, people=20)
+    problem = make_problem(truth, rng, noise=1.0)
+    nursing_minor = PERSONS.cell_index(3, 0, 0, 0)
+    problem.parent_hist = problem.parent_hist.copy()
+    problem.parent_hist[nursing_minor] += 2  # the parent breaks every child's nurse_nva_0 equality
+    sol = solve_parent(problem)
+    assert sol.stats["level"] == "relax_parent"
+    assert any("relax_parent" in step for step in sol.failsafe)
+    shape = (problem.n_children,) + PERSONS.shape
+    np.testing.assert_array_equal(sol.hist.reshape(shape).sum(axis=(0, 1)),
+                                  problem.parent_hist.reshape(PERSONS.shape).sum(axis=0))
+    assert sol.hist.reshape(shape)[:, 3, 0].sum() == 0
+    assert sol.stats["parent_l1_change"] >= 4
+
+
+def test_failsafe_exhausted_raises():
+    rng = np.random.default_rng(9)
+    truth = random_truth(rng, k=1, n_cells=5, people=10)
+    problem = make_problem(truth, rng, noise=1.0, l2_passes=[MEASURED], rounder_passes=[["total", "detailed"]])
+    problem.parent_hist = None
+    problem.constraints = [Constraint("total", "total", "==", np.array([[10.0]])),
+                           Constraint("also_total", "total", "==", np.array([[12.0]]))]
+    with pytest.raises(FailsafeExhausted, match="parent 'parent'"):
+        solve_parent(problem)
+
+
+def test_root_problem_fixes_total():
+    rng = np.random.default_rng(2)
+    truth = random_truth(rng, k=1, n_cells=40, people=5000)
+    problem = make_problem(truth, rng, noise=1.0, l2_passes=[MEASURED], rounder_passes=ROUNDER_PASSES)
+    problem.parent_hist = None
+    problem.constraints = [Constraint("total", "total", "==", np.array([[float(truth.sum())]]))]
+    sol = solve_parent(problem)
+    assert sol.hist.shape == (1, PERSONS.ncells) and (sol.hist >= 0).all()
+    assert sol.hist.sum() == truth.sum()
+    assert np.abs(sol.hist - truth).sum() < 0.2 * truth.sum()
+
+
+def test_group_total_and_units_schema():
+    rng = np.random.default_rng(4)
+    truth = rng.integers(0, 30, size=(4, UNITS.ncells))
+    problem = make_problem(truth, rng, noise=1.0, schema=UNITS, measured=["total", "occupancy"],
+                           l2_passes=[["total"], ["occupancy"]], rounder_passes=[["total"], ["detailed"]])
+    problem.group_totals = [GroupTotal(np.array([0, 1]), int(truth[:2].sum()))]
+    sol = solve_parent(problem)
+    assert_valid(problem, sol.hist)
+
+
+def test_shortcuts_and_validation():
+    rng = np.random.default_rng(1)
+    truth = random_truth(rng, k=1, n_cells=3, people=5)
+    one = make_problem(truth, rng)
+    np.testing.assert_array_equal(solve_parent(one).hist, truth)
+    zero = make_problem(np.zeros((3, PERSONS.ncells), dtype=np.int64), rng)
+    assert not solve_parent(zero).hist.any()
+    bad = make_problem(random_truth(rng, k=2, n_cells=3, people=5), rng, l2_passes=[["total", "hhgq * nosuch"]])
+    with pytest.raises(ProblemError, match="l2 pass 0"):
+        solve_parent(bad)
