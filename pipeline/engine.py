@@ -25,8 +25,10 @@ from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 
 log = logging.getLogger("topdown")
 
-#: Target work per task, in (children x non-zero parent cells); a parent above it is a task alone.
-CHUNK_COST = 400_000
+#: Target work per task, in (children x non-zero parent cells), and most children per task; a parent
+#: above either is a task alone. Fixed numbers, so the chunks do not depend on the cluster.
+CHUNK_COST = 60_000
+CHUNK_CHILDREN = 256
 
 ProgressFn = Callable[[str, str, int, int], None]
 
@@ -98,7 +100,7 @@ def make_chunks(
     for s, e in zip(starts, ends):
         prow = int(par_sorted[s])
         c = (e - s) * max(int(nnz[prow]), 1)
-        if pending and cost + c > CHUNK_COST:
+        if pending and (cost + c > CHUNK_COST or s - pending[0][1] + (e - s) > CHUNK_CHILDREN):
             flush()
         pending.append((prow, int(s), int(e)))
         cost += c
