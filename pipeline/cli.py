@@ -39,8 +39,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = {}
     if args.seed is not None:
         overrides["seed"] = args.seed
-    if args.input:
-        overrides["input"] = args.input
+    if args.input:  # an explicit input directory must exist: never fill it with the demo data
+        overrides.update(input=args.input, build_demo_input=False)
     if overrides:
         config = config.with_overrides(**overrides)
     start = time.perf_counter()
@@ -114,6 +114,14 @@ def cmd_spine(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import evaluate_command
+
+    return evaluate_command([Path(r) for r in args.runs], Path(args.truth),
+                            entities=Path(args.entities) if args.entities else None,
+                            out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -157,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(fn=cmd_ingest)
 
+    p = sub.add_parser("evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")
+    p.add_argument("runs", nargs="+", help="run directories (several: replicates with different seeds)")
+    p.add_argument("--truth", required=True, help="the input directory the runs protected")
+    p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
+    p.add_argument("--out", help="output directory (default RUN/evaluation)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    p.set_defaults(fn=cmd_evaluate)
+
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")
     p.add_argument("--units", help="units.parquet (GQ signatures for custom block groups)")
@@ -169,8 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    import warnings
+
+    import distributed  # noqa: F401  (configures its loggers on import; quiet them afterwards)
+
     for noisy in ("distributed", "pyomo", "asyncio", "tornado", "bokeh"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    # Chunks carry their parents' data by design (a task holds whole parents).
+    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
     from .config import ConfigError
     from .invariants import InvariantError
     from .rundir import RunDirError

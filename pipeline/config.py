@@ -135,6 +135,14 @@ class RunSection(_Strict):
     algorithm: Literal["topdown", "block_by_block"] = "topdown"
     build_demo_input: bool = Field(default=False, description="write the bundled demo input to `input` when missing")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_default_seed_in_production(cls, data: Any) -> Any:
+        """The default seed belongs to test mode: production without a 'seed' key has none."""
+        if isinstance(data, dict) and data.get("mode") == "production" and "seed" not in data:
+            data = {**data, "seed": None}
+        return data
+
     @model_validator(mode="after")
     def _check_mode(self) -> "RunSection":
         if self.mode == "production" and self.seed is not None:
@@ -168,7 +176,7 @@ class Config(_Strict):
         """A copy with some ``[run]`` fields replaced (validated again)."""
         data = self.model_dump(mode="json")
         data["run"].update({k: v for k, v in run_fields.items()})
-        return Config.model_validate({**data, "source": self.source})
+        return config_from_dict(data, source=self.source)
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of the configuration (the manifest's config hash)."""
@@ -215,7 +223,11 @@ def read_toml(path: Path) -> dict:
         inc = path.parent / include
         if not inc.exists():
             inc = resolve_config_path(include)
-        data = _deep_merge(read_toml(inc), data)
+        base = read_toml(inc)
+        run = data.get("run", {})
+        if run.get("mode") == "production" and "seed" not in run:
+            base.get("run", {}).pop("seed", None)  # a preset's test seed does not carry into production
+        data = _deep_merge(base, data)
     return data
 
 
@@ -223,7 +235,9 @@ def _format_validation_error(path: Path | str, exc: ValidationError) -> str:
     lines = [f"{path}: invalid configuration"]
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        lines.append(f"  {loc}: {err['msg']}")
+        got = err.get("input")
+        shown = f" (got {got!r})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
+        lines.append(f"  {loc}: {err['msg']}{shown}")
     return "\n".join(lines)
 
 

@@ -56,53 +56,60 @@ def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
 
 def make_chunks(
     product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
-    staging_dir: str,
+    staging_dir: str, independent: bool = False,
 ) -> tuple[list[Chunk], np.ndarray]:
-    """Chunks of whole parents for ``level``, and the child order (node rows) the chunks follow."""
+    """Chunks of whole parents for ``level``, and the child order (node rows) the chunks follow.
+
+    At the root (``parent_level`` None) the level's nodes form one root problem; with ``independent``
+    every node is its own root problem (the block-by-block algorithm, seed 003 Appendix A).
+    """
     cfg = config.product(product)
     common = dict(product=product, level=level.name, cfg=cfg, mode=config.run.mode, seed=config.run.seed)
-    if parent_level is None:
-        rows = np.arange(len(level))
-        task = ParentTask("", None, list(level.nodes), slice(0, len(level)), level.constraints.take(rows))
-        return [Chunk(index=0, children=list(level.nodes), child_hist=level.hist, child_plb=list(level.plb),
-                      parents=[task], measurements_path=f"{staging_dir}/part-00000.parquet", **common)], rows
-    order = np.lexsort((np.arange(len(level)), level.parent))
-    par_sorted = level.parent[order]
-    bounds = np.flatnonzero(np.diff(par_sorted)) + 1
-    starts = np.concatenate([[0], bounds])
-    ends = np.concatenate([bounds, [len(order)]])
-    nnz = np.diff(parent_hist.indptr)
+    n = len(level)
+    if independent or parent_level is None:
+        order = np.arange(n)
+        bounds = np.arange(1, n) if independent else np.zeros(0, dtype=np.int64)
+        nnz = np.ones(n, dtype=np.int64)  # chunk sizes must not depend on confidential counts
+    else:
+        order = np.lexsort((np.arange(n), level.parent))
+        bounds = np.flatnonzero(np.diff(level.parent[order])) + 1
+        nnz = np.diff(parent_hist.indptr)[level.parent[order][np.concatenate([[0], bounds])]]
+    starts = np.concatenate([[0], bounds]).astype(np.int64)
+    ends = np.concatenate([bounds, [n]]).astype(np.int64)
+
+    def parent_task(g: int, s: int, e: int, lo: int) -> ParentTask:
+        crow = order[s:e]
+        children = [str(x) for x in level.nodes[crow]]
+        if independent or parent_level is None:
+            label, hist = (children[0] if independent else ""), None
+        else:
+            prow = int(level.parent[order[s]])
+            label, hist = str(parent_level.nodes[prow]), np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel()
+        return ParentTask(label, hist, children, slice(s - lo, e - lo), level.constraints.take(crow),
+                          _group_totals(level, crow))
+
     chunks: list[Chunk] = []
-    pending: list[tuple[int, int, int]] = []
+    pending: list[int] = []
     cost = 0
 
     def flush() -> None:
         nonlocal pending, cost
         if not pending:
             return
-        lo, hi = pending[0][1], pending[-1][2]
+        lo, hi = int(starts[pending[0]]), int(ends[pending[-1]])
         rows = order[lo:hi]
-        parents = []
-        for prow, s, e in pending:
-            crow = order[s:e]
-            parents.append(ParentTask(
-                parent=str(parent_level.nodes[prow]),
-                parent_hist=np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel(),
-                children=[str(g) for g in level.nodes[crow]], child_rows=slice(s - lo, e - lo),
-                constraints=level.constraints.take(crow), group_totals=_group_totals(level, crow),
-            ))
         idx = len(chunks)
         chunks.append(Chunk(index=idx, children=[str(g) for g in level.nodes[rows]], child_hist=level.hist[rows],
-                            child_plb=[level.plb[r] for r in rows], parents=parents,
+                            child_plb=[level.plb[r] for r in rows],
+                            parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in pending],
                             measurements_path=f"{staging_dir}/part-{idx:05d}.parquet", **common))
         pending, cost = [], 0
 
-    for s, e in zip(starts, ends):
-        prow = int(par_sorted[s])
-        c = (e - s) * max(int(nnz[prow]), 1)
-        if pending and (cost + c > CHUNK_COST or s - pending[0][1] + (e - s) > CHUNK_CHILDREN):
+    for g, (s, e) in enumerate(zip(starts, ends)):
+        c = int(e - s) * max(int(nnz[g]), 1)
+        if pending and (cost + c > CHUNK_COST or e - starts[pending[0]] > CHUNK_CHILDREN):
             flush()
-        pending.append((prow, int(s), int(e)))
+        pending.append(g)
         cost += c
     flush()
     return chunks, order
@@ -117,13 +124,14 @@ def _hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
 
 def estimate_level(
     client: Client, rundir: RunDir, product: str, config: Config, level: Level, parent_level: Level | None,
-    parent_hist: sp.csr_matrix | None, progress: ProgressFn | None = None,
+    parent_hist: sp.csr_matrix | None, progress: ProgressFn | None = None, independent: bool = False,
 ) -> tuple[sp.csr_matrix, LevelReport]:
     """Measure and estimate one level; write its measurements and histograms atomically."""
     start = time.perf_counter()
     mdir = rundir.measurements(product, level.name)
     hdir = rundir.histograms(product, level.name)
-    chunks, order = make_chunks(product, config, level, parent_level, parent_hist, str(rundir.staging(mdir)))
+    chunks, order = make_chunks(product, config, level, parent_level, parent_hist, str(rundir.staging(mdir)),
+                                independent)
     rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
     costs = [sum(len(p.children) for p in c.parents) * max(len(c.parents), 1) for c in chunks]
     futures = {}
@@ -159,6 +167,13 @@ def estimate_level(
         max_parent_seconds=max((s for r in results.values() for s in r.solve_seconds), default=0.0),
     )
     return hist.astype(np.int64), report
+
+
+def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
+    """Write an aggregated (not estimated) level's histograms atomically, in one part."""
+    hdir = rundir.histograms(product, level.name)
+    write_table(_hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
+    rundir.commit(hdir)
 
 
 def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:

@@ -20,7 +20,6 @@ the confidential count. The runs and the sampling replicates are evaluated as on
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,8 +32,6 @@ from .queries import build_query
 from .rundir import write_table
 from .schema import PERSONS, SCHEMAS
 from .tabulate import block_histograms, units_histograms
-
-log = logging.getLogger("topdown")
 
 #: Queries of the paper's Tables 9-10 plus hhgq and the 14-cell race/ethnicity query of facts 8.
 PERSON_QUERIES: tuple[str, ...] = ("total", "votingage", "hispanic", "hhgq", "cenrace", "hispanic * cenrace",
@@ -398,7 +395,6 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
                      scheduler: str | None = None, workers: int | None = None) -> int:
     """CLI helper for ``topdown evaluate RUN [RUN...] --truth INPUT [--entities TABLE] [--out DIR]``: evaluates
     (on a Dask scheduler if given, else threads), prints where the report is and the headline errors."""
-    client = None
     if scheduler or workers:
         from .runner import dask_client
 

@@ -15,7 +15,8 @@ import scipy.sparse as sp
 from topdown.geo.spine import Spine
 
 from .config import ProductConfig
-from .invariants import UNIT_COLUMNS, LevelConstraints, check_feasible, person_constraints, unit_constraints
+from .invariants import (UNIT_COLUMNS, LevelConstraints, check_feasible, configured_below, person_constraints,
+                         unit_constraints)
 from .queries import build_query
 from .schema import Schema
 
@@ -96,7 +97,8 @@ def build_levels(
     state_level = spine.levels.index("State") if "State" in spine.levels else None
     for i in range(len(per_level) - 1, -1, -1):
         name, nodes, hist, units, _, _ = per_level[i]
-        if product == "persons" and state_level is not None and i <= state_level:
+        if (product == "persons" and state_level is not None and i <= state_level
+                and "tot" in configured_below(cfg.invariants, spine.levels, name)):  # only a declared total
             units = units.assign(tot=np.asarray(hist.sum(axis=1)).ravel())
             per_level[i] = (name, nodes, hist, units, per_level[i][4], per_level[i][5])
         if product == "persons":

@@ -14,7 +14,9 @@ never sees half a level.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -24,6 +26,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+log = logging.getLogger("topdown")
 
 STAGING = ".staging"
 LOCK = ".lock"
@@ -62,7 +66,7 @@ class RunDir:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create the directory (or check it is writable) and clear stale staging output."""
+        """Create the directory or check it is writable (nothing else is touched before the lock)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe-{os.getpid()}"
@@ -70,25 +74,57 @@ class RunDir:
             probe.unlink()
         except OSError as exc:
             raise RunDirError(f"{self.root}: cannot write the run directory ({exc.strerror or exc})") from None
+
+    def clear_staging(self) -> None:
+        """Remove half-written output of an interrupted run (call only while holding the lock)."""
         shutil.rmtree(self.root / STAGING, ignore_errors=True)
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the one-writer lock of this run directory."""
+        """Hold the one-writer lock of this run directory.
+
+        The lock file records ``pid <pid> on <host> since <time>``. A lock left by a process of this host
+        that no longer exists (a killed run) is stale and taken over, with a warning in the log; a lock
+        of another host, or of a live process, refuses the run with a message naming the holder.
+        """
         path = self.root / LOCK
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = path.read_text(errors="replace").strip() if path.exists() else "?"
-            raise RunDirError(
-                f"{self.root} is locked by another run ({holder}). If no run is active, delete {path}."
-            ) from None
+        fd = self._try_create(path)
+        if fd is None:
+            holder = _read_lock(path)
+            if holder is not None and _is_stale(holder):
+                self._take_over(path, holder)
+                fd = self._try_create(path)
+            if fd is None:
+                holder = _read_lock(path) or "holder unknown"
+                raise RunDirError(
+                    f"{self.root} is locked by another run ({holder}). If no run is active, delete {path}."
+                )
         with os.fdopen(fd, "w") as fh:
             fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}")
         try:
             yield
         finally:
             path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _try_create(path: Path) -> int | None:
+        try:
+            return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return None
+
+    def _take_over(self, path: Path, holder: str) -> None:
+        """Move a stale lock aside (atomic rename) and delete it if it is still the one judged stale."""
+        aside = path.with_name(f"{LOCK}.stale-{os.getpid()}")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return  # another process took it over first; the O_EXCL create decides
+        if _read_lock(aside) != holder:  # a fresh lock replaced the stale one meanwhile: put it back
+            os.rename(aside, path)
+            return
+        aside.unlink(missing_ok=True)
+        log.warning("%s: took over the stale lock of a run that no longer exists (%s)", self.root, holder)
 
     def commit(self, final: Path) -> None:
         """Move a staged file or directory into place, replacing any earlier version."""
@@ -113,6 +149,30 @@ class RunDir:
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.manifest_path, manifest)
+
+
+_LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")
+
+
+def _read_lock(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+
+
+def _is_stale(holder: str) -> bool:
+    """True when the lock text names a process of this host that no longer exists."""
+    m = _LOCK_TEXT.match(holder)
+    if m is None or m.group(2) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

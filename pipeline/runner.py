@@ -16,13 +16,14 @@ from typing import Iterator
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
 from topdown.geo.spine import build_spine
 
 from .certificate import certificate
 from .accounting import check_budget
-from .config import Config, ConfigError, load_config
-from .engine import LevelReport, ProgressFn, estimate_level, read_level_histograms
+from .config import Config, ConfigError, config_from_dict, load_config
+from .engine import LevelReport, ProgressFn, estimate_level, read_level_histograms, write_level_histograms
 from .invariants import UNIT_COLUMNS, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
@@ -79,7 +80,7 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
 def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
     cfg = config.product(product)
     schema = SCHEMAS[product]
-    check_budget(cfg.budget, spine_levels, schema)
+    check_budget(cfg.budget, spine_levels, schema, where=f"{product}.budget")
     check_names(product, cfg, spine_levels)
     for table in ("l2_passes", "rounder_passes"):
         passes = getattr(cfg.estimation, table)
@@ -106,10 +107,13 @@ def run(
     LocalCluster of ``workers`` processes. Returns the run directory's path."""
     if not isinstance(config, Config):
         config = load_config(config)
+    if config.run.algorithm == "block_by_block":
+        config = block_by_block_config(config)
     out = out if out is not None else Path("runs") / config.run.name
     rundir = RunDir(out)
     rundir.prepare()
     with rundir.lock():
+        rundir.clear_staging()
         manifest = rundir.read_manifest()
         if manifest.get("status") == "complete" and not force:
             raise AlreadyComplete(f"{out} already holds a complete run (config {manifest.get('config_hash', '?')[:12]}); "
@@ -134,15 +138,24 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
     spine = build_spine(config.run.spine, geoids, baf_dir=config.run.baf, units=units)
     for product in config.run.products:
         _level_names(config, product, spine.levels)
-    write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
     timings["spine"] = time.perf_counter() - t
 
+    # Every check (configuration against the spine, path condition, feasible invariants) runs before
+    # the first write, so a bad configuration or input leaves the run directory as it was.
     cert = certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products})
+    bunits = block_units(units).set_index("geoid")
+    all_levels: dict[str, list[Level]] = {}
+    for product in config.run.products:
+        t = time.perf_counter()
+        hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
+        all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
+        timings[f"{product}.tabulate"] = time.perf_counter() - t
+    write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
     write_json_atomic(rundir.root / "certificate.json", cert)
     completed: dict[str, list[str]] = manifest.get("completed", {})
     manifest.update({
         "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
-        "seed_mode": config.run.mode, "seed": config.run.seed, "spine": config.run.spine, "levels": spine.levels,
+        "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed, "spine": config.run.spine, "levels": spine.levels,
         "products": list(config.run.products),
         "budgets": {p: {k: v for k, v in cert[p].items() if k in ("mechanism", "rho", "epsilon", "delta")}
                     for p in config.run.products}, "completed": completed,
@@ -151,14 +164,10 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
     })
     rundir.write_manifest(manifest)
 
-    bunits = block_units(units).set_index("geoid")
     with dask_client(client, scheduler, workers) as dclient:
         for product in config.run.products:
-            t = time.perf_counter()
-            hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
-            levels = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
+            levels = all_levels[product]
             _write_invariants(rundir, product, levels)
-            timings[f"{product}.tabulate"] = time.perf_counter() - t
             block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress)
             t = time.perf_counter()
             _write_mdf(rundir, product, spine, levels[-1], block_hist)
@@ -184,16 +193,21 @@ def _path_shares(spine, budget) -> dict[str, dict[str, Fraction]]:
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
                       progress: ProgressFn | None):
+    """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
+    by_block = config.run.algorithm == "block_by_block"
     hist = None
     for i, level in enumerate(levels):
-        parent = levels[i - 1] if i else None
+        if by_block and i < len(levels) - 1:
+            continue
+        parent = levels[i - 1] if i and not by_block else None
         if level.name in done:
             hist = read_level_histograms(rundir, product, level)
             log.info("%s %s: complete in an earlier run, read back", product, level.name)
             continue
-        hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress)
+        hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
+                                      independent=by_block)
         _log_report(product, report)
         done.append(level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
@@ -201,7 +215,25 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
         manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)
         manifest["timings"][f"{product}.{level.name}"] = round(report.seconds, 3)
         rundir.write_manifest(manifest)
+    if by_block:
+        up = hist
+        for child, level in zip(levels[:0:-1], levels[-2::-1]):
+            up = sp.csr_matrix((np.ones(len(child)), (child.parent, np.arange(len(child)))),
+                               shape=(len(level), len(child))) @ up
+            write_level_histograms(rundir, product, level, up.astype(np.int64).tocsr())
+            if level.name not in done:
+                done.append(level.name)
+        rundir.write_manifest(manifest)
     return hist
+
+
+def block_by_block_config(config: Config) -> Config:
+    """The block-by-block algorithm spends every product's whole budget on the block level."""
+    data = config.model_dump(mode="json")
+    for product in config.run.products:
+        levels = data[product]["budget"]["levels"]
+        data[product]["budget"]["levels"] = {lv: ("1" if lv == "Block" else "0") for lv in levels}
+    return config_from_dict(data, source=config.source)
 
 
 def _log_report(product: str, r: LevelReport) -> None:

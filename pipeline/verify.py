@@ -57,6 +57,9 @@ def verify_run(root: str | Path) -> VerifyReport:
     relaxed = {(f["product"], f["level"], f["parent"]) for f in manifest.get("failsafe", []) if f.get("parent_relaxed")}
     for product, level, parent in sorted(relaxed):
         rep.notes.append(f"{product} {level}: parent {parent!r} needed the failsafe's parent relaxation (manifest)")
+    if manifest.get("algorithm") == "block_by_block":
+        rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
+                         "(seed 003 Appendix A); their checks are skipped")
     for product in manifest["products"]:
         _verify_product(root, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product})
     return rep
@@ -94,7 +97,8 @@ def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataF
         rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
                              f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
     if product == "persons":
-        _verify_person_invariants(hists, inv, levels, spine, rep)
+        totals_invariant = json.loads((root / "manifest.json").read_text()).get("algorithm") != "block_by_block"
+        _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant)
         mdf = _read(root / "mdf" / "persons")
         tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
         block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
@@ -116,7 +120,7 @@ def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataF
 
 
 def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str], spine: pd.DataFrame,
-                              rep: VerifyReport) -> None:
+                              rep: VerifyReport, totals_invariant: bool = True) -> None:
     hhgq_of_cell = PERSONS.unravel(np.arange(PERSONS.ncells))[0]
     nurse_minor = PERSONS.cell_index(3, 0, 0, 0)
     for level in levels:
@@ -130,7 +134,7 @@ def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str],
         rep.check(bool((p <= u * GQ_CAP).all()), f"persons {level}: persons of a type with no unit of that type")
         minors = h[(h["cell"] >= nurse_minor) & (h["cell"] < nurse_minor + 2 * 63) & (h["count"] > 0)]
         rep.check(minors.empty, f"persons {level}: persons under 18 in nursing facilities")
-        if "tot" in lv_inv.columns and lv_inv["tot"].notna().any():
+        if totals_invariant and "tot" in lv_inv.columns and lv_inv["tot"].notna().any():
             totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
             if level == "State":
                 state = spine.drop_duplicates("State").set_index("State")["geoid"].str[:2]

@@ -67,6 +67,9 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
             stats.update(build_s=round(time.perf_counter() - t0, 6), n_x=layout.n_x, n_cols=layout.n_cols,
                          n_rows=form.shape[0], nnz=int(form.a.nnz))
             fatal = [msg for kind, msg in layout.infeasible if kind == "equality" or name == "exact"]
+            if layout.n_x == 0 and not fatal:  # every cell is a structural zero: nothing to estimate
+                return ParentSolution(np.zeros((k, ncells), dtype=np.int64), failsafe,
+                                      stats={**stats, "shortcut": "no free cells"})
             if fatal:
                 raise SolveFailure("infeasible input: " + "; ".join(fatal[:5])
                                    + (f" (+{len(fatal) - 5} more)" if len(fatal) > 5 else ""))

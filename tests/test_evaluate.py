@@ -1,0 +1,176 @@
+"""evaluate() on a hand-made run directory of four blocks (pipeline/evaluate.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from topdown.pipeline.evaluate import EvalOptions, EvaluationError, evaluate, load_entities
+from topdown.pipeline.rundir import write_table
+from topdown.pipeline.schema import PERSONS
+
+LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
+B1, B2, B3, B4 = "440010001001000", "440010001001001", "440010001002000", "440030002001000"
+WHITE_NH = PERSONS.cell_index(0, 1, 0, 0)  # household, adult, non-hispanic, white alone
+BLACK_H = PERSONS.cell_index(0, 1, 1, 1)  # household, adult, hispanic, black alone
+
+# True persons: B1 3 white NH, B2 none, B3 10 white NH + 2 hispanic black, B4 1 white NH.
+TRUTH = {B1: {WHITE_NH: 3}, B2: {}, B3: {WHITE_NH: 10, BLACK_H: 2}, B4: {WHITE_NH: 1}}
+# Run A: totals 4, 1, 12, 0 (errors +1, +1, 0, -1); B3 6 white NH + 6 hispanic black.
+RUN_A = {B1: {WHITE_NH: 4}, B2: {WHITE_NH: 1}, B3: {WHITE_NH: 6, BLACK_H: 6}, B4: {}}
+# Run B: totals 3, 0, 12, 2.
+RUN_B = {B1: {WHITE_NH: 3}, B2: {}, B3: {WHITE_NH: 10, BLACK_H: 2}, B4: {WHITE_NH: 2}}
+
+
+def _spine() -> pd.DataFrame:
+    g = pd.Series([B1, B2, B3, B4])
+    return pd.DataFrame({"geoid": g, "US": "US", "State": g.str[:2], "County": g.str[:5], "Tract": g.str[:11],
+                         "Block_Group": g.str[:12], "Block": g})
+
+
+def _write_truth(root: Path) -> Path:
+    rows = []
+    for geoid, cells in TRUTH.items():
+        for cell, n in cells.items():
+            hhgq, va, hisp, race = (int(v) for v in PERSONS.unravel(cell))
+            rows += [{"geoid": geoid, "hhgq": hhgq, "votingage": va, "hispanic": hisp, "cenrace": race}] * n
+    root.mkdir(parents=True)
+    write_table(pd.DataFrame(rows).astype({c: "int8" for c in PERSONS.dim_names}), root / "persons.parquet")
+    units = pd.DataFrame({"geoid": [B1, B2, B3, B4], "unit_type": 0, "occupied": True})
+    write_table(units, root / "units.parquet")
+    return root
+
+
+def _write_run(root: Path, blocks: dict, seed: int) -> Path:
+    spine = _spine()
+    root.mkdir(parents=True)
+    (root / "manifest.json").write_text(json.dumps({"status": "complete", "levels": LEVELS, "products": ["persons"],
+                                                    "seed": seed}))
+    write_table(spine, root / "spine.parquet")
+    long = pd.DataFrame([{"geoid": g, "cell": c, "count": n} for g, cells in blocks.items() for c, n in cells.items()])
+    for level in LEVELS:
+        node = long["geoid"].map(spine.set_index("geoid")[level])
+        h = long.assign(geocode=node).groupby(["geocode", "cell"], as_index=False)["count"].sum()
+        write_table(h[["geocode", "cell", "count"]].astype({"cell": "int32", "count": "int64"}),
+                    root / "histograms" / "persons" / f"level={level}" / "part-00000.parquet")
+    return root
+
+
+@pytest.fixture
+def setup(tmp_path: Path):
+    truth = _write_truth(tmp_path / "input")
+    run_a = _write_run(tmp_path / "run_a", RUN_A, 1)
+    run_b = _write_run(tmp_path / "run_b", RUN_B, 2)
+    entities = tmp_path / "entities.csv"
+    pd.DataFrame({"geoid": [B1, B2, B3], "entity_type": "place", "entity": ["P1", "P1", "P2"]}).to_csv(entities, index=False)
+    return truth, run_a, run_b, entities
+
+
+OPTS = EvalOptions(sampling_rates=(0.5, 1.0), figures=False)
+
+
+def test_evaluate_tables(setup, tmp_path: Path):
+    truth, run_a, run_b, entities = setup
+    out = evaluate([run_a, run_b], truth, entities, out=tmp_path / "eval", options=OPTS)
+    names = {p.name for p in out.iterdir()}
+    for table in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl", "sampling", "replicates"):
+        assert f"{table}.parquet" in names
+    assert "report.html" in names
+
+    summary = pd.read_parquet(out / "summary.parquet").set_index(["run", "level", "query"])
+    for col in ("seed", "n", "n_answers", "mean_abs_error", "median_abs_error", "q0.005", "q0.995"):
+        assert col in summary.columns
+    assert summary.loc[("run_a", "Block", "total"), "mean_abs_error"] == 0.75
+    assert summary.loc[("run_a", "Block", "total"), "n"] == 4
+    assert summary.loc[("run_a", "County", "total"), "mean_abs_error"] == 1.5  # 44001: 17 vs 15, 44003: 0 vs 1
+    # US hispanic: true [14, 2], run A [11, 6] -> L1 = 7
+    assert summary.loc[("run_a", "US", "hispanic"), "mean_abs_error"] == 7
+    assert summary.loc[("run_b", "Block", "total"), "mean_abs_error"] == 0.25
+
+    bins = pd.read_parquet(out / "errors_by_bin.parquet")
+    block = bins[(bins["run"] == "run_a") & (bins["level"] == "Block")].set_index("bin")
+    assert block.loc["0", "n"] == 1 and block.loc["0", "mean_signed_error"] == 1
+    assert block.loc["1-9", "n"] == 2 and block.loc["1-9", "mean_abs_error"] == 1
+    assert block.loc["1-9", "mean_signed_error"] == 0
+    assert block.loc["10-99", "n"] == 1 and block.loc["10-99", "mean_abs_error"] == 0
+    county = bins[(bins["run"] == "run_a") & (bins["level"] == "County")].set_index("bin")
+    assert county.loc["0-1000", "n"] == 2
+
+    # Blau at blocks: B1 0, B3 40/144, B4 0 (B2 has no persons) -> quintiles 2, 5, 4 (ties by position)
+    blau = pd.read_parquet(out / "blau.parquet")
+    b = blau[(blau["run"] == "run_a") & (blau["level"] == "Block")].set_index("quintile")
+    assert list(b["n"]) == [0, 1, 0, 1, 1]
+    assert b.loc[2, "mean_signed_error"] == 1 and b.loc[4, "mean_signed_error"] == -1
+    assert b.loc[5, "blau_max"] == pytest.approx(40 / 144)
+
+    hom = pd.read_parquet(out / "homogeneity.parquet")
+    h = hom[(hom["run"] == "run_a") & (hom["level"] == "Block")].set_index("homogeneity")
+    assert h.loc[2015, "n"] == 2 and h.loc[2015, "bias"] == 0 and h.loc[2016, "bias"] == 1
+
+    # Entities: P1 = B1 + B2 (true 3, est 5), P2 = B3 (true 12, est 12; largest share 0.5 vs 10/12)
+    ent = pd.read_parquet(out / "entities.parquet")
+    e = ent[(ent["run"] == "run_a") & (ent["entity_type"] == "place")].set_index("bin")
+    assert e.loc["0-99", "n"] == 2 and e.loc["0-99", "mean_abs_error"] == 1
+    assert e.loc["0-99", "share_within_5pp"] == 0.5
+    e_b = ent[ent["run"] == "run_b"].set_index("bin")
+    assert e_b.loc["all", "share_within_5pp"] == 1.0
+
+    epl = pd.read_parquet(out / "epl.parquet")
+    assert {"run", "level", "query", "epl", "bound", "bandwidth", "n_residuals"} <= set(epl.columns)
+    assert len(epl) == len(summary)
+
+    sampling = pd.read_parquet(out / "sampling.parquet")
+    full = sampling[sampling["rate"] == 1.0]
+    assert (full["mean_abs_error"] == 0).all() and np.isinf(full["epl"]).all()  # a 100% sample is exact
+    assert set(sampling["level"]) == set(LEVELS)
+
+    rep = pd.read_parquet(out / "replicates.parquet")
+    r = rep[(rep["level"] == "Block") & (rep["query"] == "total")].set_index("geocode")
+    assert r.loc[B1, "n_runs"] == 2 and r.loc[B1, "mean_estimate"] == 3.5
+    assert r.loc[B4, "std_estimate"] == pytest.approx(np.sqrt(2))
+    assert r.loc[B3, "std_estimate"] == 0
+
+
+def test_evaluate_default_out_and_figures(setup):
+    pytest.importorskip("matplotlib")
+    truth, run_a, _, _ = setup
+    out = evaluate([run_a], truth, options=EvalOptions(sampling_rates=(0.5,)))
+    assert out == run_a / "evaluation"
+    assert (out / "mae_by_level.png").exists() and (out / "epl_tradeoff.png").exists()
+    assert "data:image/png;base64" in (out / "report.html").read_text()
+    assert pd.read_parquet(out / "replicates.parquet").empty  # one run: no spread
+
+
+def test_evaluate_dask_client(setup, tmp_path: Path):
+    distributed = pytest.importorskip("distributed")
+    truth, run_a, run_b, _ = setup
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
+        out = evaluate([run_a, run_b], truth, out=tmp_path / "eval", client=client, options=OPTS)
+    summary = pd.read_parquet(out / "summary.parquet").set_index(["run", "level", "query"])
+    assert summary.loc[("run_a", "Block", "total"), "mean_abs_error"] == 0.75
+
+
+def test_evaluate_errors(setup, tmp_path: Path):
+    truth, run_a, _, _ = setup
+    manifest = json.loads((run_a / "manifest.json").read_text())
+    (run_a / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    with pytest.raises(EvaluationError, match="not 'complete'"):
+        evaluate([run_a], truth, options=OPTS)
+    (run_a / "manifest.json").write_text(json.dumps(manifest))
+    bad = tmp_path / "dup.csv"
+    pd.DataFrame({"geoid": [B1, B1], "entity_type": "place", "entity": ["P1", "P2"]}).to_csv(bad, index=False)
+    with pytest.raises(EvaluationError, match="two 'place' entities"):
+        load_entities(bad)
+
+
+def test_entities_from_baf_dir(tmp_path: Path):
+    baf = tmp_path / "baf"
+    baf.mkdir()
+    (baf / "BlockAssign_ST44_RI_INCPLACE_CDP.txt").write_text(f"BLOCKID|PLACEFP\n{B1}|12345\n{B2}|\n")
+    (baf / "BlockAssign_ST44_RI_MCD.txt").write_text(f"BLOCKID|COUNTYFP|COUSUBFP\n{B1}|001|00100\n{B2}|001|00100\n")
+    table = load_entities(baf)
+    assert set(map(tuple, table[["geoid", "entity_type", "entity"]].to_numpy())) == {
+        (B1, "place", "P4412345"), (B1, "mcd", "M4400100100"), (B2, "mcd", "M4400100100")}

@@ -1,0 +1,159 @@
+"""Accuracy and empirical-privacy metrics on hand-computable cases (pipeline/metrics.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topdown.pipeline import metrics as M
+from topdown.pipeline.queries import build_query
+from topdown.pipeline.schema import PERSONS
+
+
+def test_mean_abs_error():
+    assert M.mean_abs_error([1, 2, 3], [1, 1, 1]) == 1.0
+    assert M.mean_abs_error([0, 0], [2, -2]) == 2.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-20, 20), min_size=1, max_size=40),
+       st.sampled_from(M.QUANTILES))
+def test_weighted_quantiles_match_numpy_inverted_cdf(data, q):
+    values, counts = np.unique(data, return_counts=True)
+    got = M.weighted_quantiles(values, counts, [q])[0]
+    assert got == np.quantile(np.array(data), q, method="inverted_cdf")
+
+
+def test_weighted_quantiles_hand():
+    # 1, 2, 2, 3: F(1)=.25, F(2)=.75, F(3)=1
+    assert list(M.weighted_quantiles([3, 1, 2], [1, 1, 2], [0.25, 0.5, 0.75, 0.995])) == [1, 2, 2, 3]
+
+
+def test_bins_and_labels():
+    assert M.bin_labels(M.BLOCK_BINS) == ["0", "1-9", "10-99", "100-999", "1000+"]
+    assert M.bin_labels(M.COUNTY_BINS) == ["0-1000", "1001-9999", "10000-99999", "100000-999999", "1000000+"]
+    assert list(M.assign_bins([0, 1, 9, 10, 999, 1000, 5000], M.BLOCK_BINS)) == [0, 1, 1, 2, 3, 4, 4]
+    assert list(M.assign_bins([1000, 1001], M.COUNTY_BINS)) == [0, 1]
+
+
+def test_errors_by_bin_hand():
+    frame = M.errors_by_bin(np.array([0, 0, 5, 50]), np.array([1, 3, -2, 4]), M.BLOCK_BINS).set_index("bin")
+    assert list(frame.index) == ["0", "1-9", "10-99", "100-999", "1000+", "all"]
+    assert frame.loc["0", "n"] == 2 and frame.loc["0", "mean_abs_error"] == 2.0
+    assert frame.loc["0", "q0.5"] == 1 and frame.loc["0", "q0.995"] == 3
+    assert frame.loc["1-9", "mean_signed_error"] == -2.0
+    assert frame.loc["1-9", "mean_rel_abs_error"] == pytest.approx(2 / 5)
+    assert frame.loc["100-999", "n"] == 0 and np.isnan(frame.loc["100-999", "mean_abs_error"])
+    assert frame.loc["all", "n"] == 4 and frame.loc["all", "mean_abs_error"] == 2.5
+    assert frame.loc["all", "mean_signed_error"] == 1.5
+
+
+def _sparse(rows, n_units):
+    unit, cell, count = (np.array(c) for c in zip(*rows)) if rows else (np.zeros(0, int),) * 3
+    return M.SparseHist(unit.astype(np.int64), cell.astype(np.int64), count.astype(float), n_units)
+
+
+def test_query_errors_hand():
+    hisp = PERSONS.cell_index(0, 1, 1, 0)  # household, adult, hispanic, white
+    nonh = PERSONS.cell_index(0, 1, 0, 0)
+    true = _sparse([(0, nonh, 3), (0, hisp, 1), (2, nonh, 2)], 3)
+    est = _sparse([(0, nonh, 2), (0, hisp, 2), (1, hisp, 1), (2, nonh, 2)], 3)
+    qe = M.query_errors(true, est, build_query(PERSONS, "hispanic"))
+    # answers [non-hispanic, hispanic]; errors unit0 [-1, +1], unit1 [0, +1], unit2 [0, 0]
+    assert list(qe.l1) == [2, 1, 0]
+    assert qe.mean_abs_error == 1.0
+    assert dict(zip(qe.values, qe.counts)) == {-1.0: 1, 0.0: 3, 1.0: 2}
+    np.testing.assert_array_equal(qe.true, [[3, 1], [0, 0], [2, 0]])
+    np.testing.assert_array_equal(qe.est, [[2, 2], [0, 1], [2, 0]])
+    total = M.query_errors(true, est, build_query(PERSONS, "total"), dense_limit=0)
+    assert total.true is None and list(total.l1) == [0, 1, 0]
+    assert M.nonzero_cells(true).tolist() == [2, 0, 1]
+
+
+def test_blau_index_and_quintiles():
+    b = M.blau_index(np.array([[5, 5], [10, 0], [0, 0], [1, 1]]))
+    assert b[0] == 0.5 and b[1] == 0 and np.isnan(b[2]) and b[3] == 0.5
+    assert list(M.quintiles(np.arange(10.0))) == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    # ties are split by position: three equal values of five go to quintiles 1, 2, 3
+    assert list(M.quintiles(np.array([0.0, 0.0, 0.0, 0.5, 0.4]))) == [1, 2, 3, 5, 4]
+
+
+def test_blau_quintile_errors():
+    blau = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, np.nan])
+    err = np.array([1, 3, 0, 0, -1, -1, 2, 2, -4, 0, 100])
+    frame = M.blau_quintile_errors(blau, err).set_index("quintile")
+    assert list(frame["n"]) == [2] * 5  # the NaN (zero-population) unit is left out
+    assert list(frame["mean_signed_error"]) == [2.0, 0.0, -1.0, 2.0, -2.0]
+    assert list(frame["mean_abs_error"]) == [2.0, 0.0, 1.0, 2.0, 2.0]
+    assert frame.loc[1, "blau_min"] == 0.1 and frame.loc[5, "blau_max"] == 1.0
+
+
+def test_homogeneity():
+    idx = M.homogeneity_index(np.array([1, 0, 2, 1]), 2016)
+    assert list(idx) == [2015, 2016, 2014, 2015]
+    frame = M.bias_by_homogeneity(idx, np.array([1, 1, 0, -1])).set_index("homogeneity")
+    assert frame.loc[2015, "n"] == 2 and frame.loc[2015, "bias"] == 0 and frame.loc[2015, "mean_abs_error"] == 1
+    assert frame.loc[2016, "bias"] == 1 and frame.loc[2014, "bias"] == 0
+
+
+def test_largest_share_error():
+    est = np.array([[6, 4], [0, 0], [0, 0], [3, 3]])
+    true = np.array([[5, 5], [0, 0], [1, 0], [2, 4]])
+    got = M.largest_share_error(est, true)
+    assert got[0] == pytest.approx(0.1) and got[1] == 0 and np.isnan(got[2])
+    assert got[3] == pytest.approx(0.5 - 2 / 6)  # tie: the first answer is the largest
+
+
+def test_entity_metrics():
+    frame = M.entity_metrics(np.array([50, 60, 500, 0]), np.array([2, -4, 10, 0]),
+                             np.array([0.01, 0.2, 0.05, np.nan])).set_index("bin")
+    assert frame.loc["0-99", "n"] == 3 and frame.loc["0-99", "mean_abs_error"] == 2.0
+    assert frame.loc["0-99", "n_share"] == 2 and frame.loc["0-99", "share_within_5pp"] == 0.5
+    assert frame.loc["100-999", "share_within_5pp"] == 1.0  # exactly 5 points is within
+    assert frame.loc["all", "n"] == 4 and frame.loc["all", "share_within_5pp"] == pytest.approx(2 / 3)
+    assert frame.loc["10000+", "n"] == 0
+
+
+def test_kde_matches_scipy():
+    data = np.array([-3, -1, 0, 0, 0, 1, 2, 2, 5], dtype=float)
+    values, counts = np.unique(data, return_counts=True)
+    x = np.arange(-6, 7, dtype=float)
+    logp, h = M.kde_log_density(values, counts, x, 0.1)
+    kde = scipy.stats.gaussian_kde(data, bw_method=0.1)
+    np.testing.assert_allclose(logp, kde.logpdf(x), rtol=1e-9, atol=1e-9)
+    assert h == pytest.approx(np.sqrt(kde.covariance[0, 0]))
+
+
+def test_epl_hand():
+    # residuals uniform on {-2..2}: the 99th-percentile bound is 2, so B = 3 and x runs over -3..2
+    values = np.arange(-2, 3, dtype=float)
+    res = M.empirical_privacy_loss(values, np.full(5, 1000))
+    assert res.bound == 3.0 and list(res.x) == [-3, -2, -1, 0, 1, 2]
+    logp, _ = M.kde_log_density(values, np.full(5, 1000), np.arange(-3, 4, dtype=float))
+    assert res.epl == pytest.approx(np.abs(logp[:-1] - logp[1:]).max())
+    assert np.allclose(res.epl_x, -res.epl_x[::-1])  # symmetric residuals give an antisymmetric curve
+    assert M.empirical_privacy_loss(np.zeros(5)).epl == np.inf  # invariant: no density
+
+
+def test_epl_of_geometric_mechanism_is_close_to_epsilon():
+    """Two-sided geometric noise with epsilon = 0.5 (Flaxman 2019; Petti & Flaxman Table SA1: EPL about epsilon).
+    Fixed seed; the band 0.8-1.5 x epsilon is wide against the estimator's spread at 200k residuals."""
+    rng = np.random.default_rng(20200406)
+    eps = 0.5
+    p = 1 - np.exp(-eps)
+    x = rng.geometric(p, 200_000) - rng.geometric(p, 200_000)
+    values, counts = np.unique(x, return_counts=True)
+    epl = M.empirical_privacy_loss(values, counts).epl
+    assert 0.8 * eps <= epl <= 1.5 * eps
+
+
+def test_simple_random_sample():
+    a = M.simple_random_sample(1000, 0.25, (0, 2500, 0))
+    assert a.size == 250 and np.unique(a).size == 250 and a.min() >= 0 and a.max() < 1000
+    assert np.array_equal(a, M.simple_random_sample(1000, 0.25, (0, 2500, 0)))
+    assert not np.array_equal(a, M.simple_random_sample(1000, 0.25, (0, 2500, 1)))
+    assert M.simple_random_sample(10, 1.0, 0).tolist() == list(range(10))
+    with pytest.raises(ValueError, match="not in"):
+        M.simple_random_sample(10, 0.0, 0)
