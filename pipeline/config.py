@@ -113,6 +113,8 @@ class EstimationConfig(_Strict):
     l2_passes: dict[str, list[list[str]]]
     rounder_passes: dict[str, list[list[str]]]
     tau_slack: float = 0.1
+    backend: Literal["clarabel-highs", "gurobi"] = Field(
+        default="clarabel-highs", description="solvers: Clarabel (QP) + HiGHS (LP), or Gurobi where licensed")
 
 
 class ProductConfig(_Strict):

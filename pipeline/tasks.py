@@ -81,7 +81,14 @@ def _check(task: ParentTask, hist: np.ndarray, failsafe: list[str]) -> None:
 def run_chunk(chunk: Chunk) -> ChunkResult:
     """Measure the chunk's children, write their noisy measurements, and estimate every parent."""
     from topdown.solvers import solve_parent
+    from topdown.solvers.backends import DEFAULT_BACKEND
 
+    if chunk.cfg.estimation.backend == "gurobi":
+        from topdown.solvers.gurobi import Gurobi
+
+        backend = Gurobi()
+    else:
+        backend = DEFAULT_BACKEND
     start = time.perf_counter()
     schema = SCHEMAS[chunk.product]
     cfg = chunk.cfg
@@ -107,7 +114,7 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
             l2_passes=l2, rounder_passes=rounder, tau_slack=cfg.estimation.tau_slack,
         )
         t0 = time.perf_counter()
-        solution = solve_parent(problem)
+        solution = solve_parent(problem, backend)
         result.solve_seconds.append(time.perf_counter() - t0)
         hist = np.asarray(solution.hist, dtype=np.int64)
         _check(task, hist, solution.failsafe)
