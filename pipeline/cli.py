@@ -1,8 +1,8 @@
 """The ``topdown`` command line.
 
-Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configuration or usage;
-3 bad input data; 4 run directory unusable (locked, not writable, already complete without --force);
-5 estimation failed; 130 interrupted.
+Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configuration or usage
+(including an unreachable --scheduler); 3 bad input data; 4 run directory unusable (locked, not
+writable, already complete without --force); 5 estimation failed; 6 internal error; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
+    0, 1, 2, 3, 4, 5, 6, 130)
 
 log = logging.getLogger("topdown")
 
@@ -216,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("topdown: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:  # anything unforeseen: a distinct exit code, the traceback for a bug report
+        import traceback
+
+        traceback.print_exc()
+        print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
+              file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

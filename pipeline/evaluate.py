@@ -405,9 +405,10 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
         path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
                         Path(out) if out else None)
     summary = pd.read_parquet(path / "summary.parquet")
-    tot = summary[summary["query"] == "total"].pivot_table(index="level", columns="run", values="mean_abs_error",
+    persons = summary["product"] == "persons" if "product" in summary.columns else True
+    tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",
                                                             sort=False)
     print(f"evaluation written to {path} (report: {path / 'report.html'})")
-    print("mean absolute error of TOTAL by level:")
+    print("mean absolute error of persons TOTAL by level:")
     print(tot.to_string(float_format=lambda v: f"{v:.3f}"))
     return 0

@@ -52,7 +52,11 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
         yield client
         return
     if scheduler:
-        with Client(scheduler) as c:
+        try:
+            c = Client(scheduler, timeout="20s")
+        except (OSError, TimeoutError) as exc:
+            raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} ({exc})") from None
+        with c:
             yield c
         return
     os.environ.update(SINGLE_THREAD_ENV)
@@ -150,21 +154,23 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
         hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
         all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
         timings[f"{product}.tabulate"] = time.perf_counter() - t
-    write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
-    write_json_atomic(rundir.root / "certificate.json", cert)
-    completed: dict[str, list[str]] = manifest.get("completed", {})
-    manifest.update({
-        "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
-        "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed, "spine": config.run.spine, "levels": spine.levels,
-        "products": list(config.run.products),
-        "budgets": {p: {k: v for k, v in cert[p].items() if k in ("mechanism", "rho", "epsilon", "delta")}
-                    for p in config.run.products}, "completed": completed,
-        "parents_solved": manifest.get("parents_solved", {}), "failsafe": manifest.get("failsafe", []),
-        "timings": timings,
-    })
-    rundir.write_manifest(manifest)
-
+    # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
     with dask_client(client, scheduler, workers) as dclient:
+        write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
+        write_json_atomic(rundir.root / "certificate.json", cert)
+        completed: dict[str, list[str]] = manifest.get("completed", {})
+        manifest.update({
+            "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
+            "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed,
+            "spine": config.run.spine, "levels": spine.levels,
+            "products": list(config.run.products),
+            "budgets": {p: {k: v for k, v in cert[p].items() if k in ("mechanism", "rho", "epsilon", "delta")}
+                        for p in config.run.products}, "completed": completed,
+            "parents_solved": manifest.get("parents_solved", {}), "failsafe": manifest.get("failsafe", []),
+            "timings": timings,
+        })
+        rundir.write_manifest(manifest)
+
         for product in config.run.products:
             levels = all_levels[product]
             _write_invariants(rundir, product, levels)

@@ -63,6 +63,10 @@ def _cone_rows(a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
 
 
 _CLARABEL_OK = {"Solved", "AlmostSolved"}
+#: Statuses impossible for a QP that is bounded below; seen only from scaling (solver_notes pitfall 4).
+_SPURIOUS = {"DualInfeasible", "AlmostDualInfeasible"}
+#: Clarabel's tol_infeas_abs/rel on the re-solve (defaults 1e-8).
+STRICT_INFEAS = 1e-14
 
 
 class ClarabelHighs:
@@ -73,10 +77,14 @@ class ClarabelHighs:
         self.max_iter = max_iter
 
     def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
+        """Clarabel on the box form. A diagonal QP whose linear term lives on columns with a positive
+        weight is bounded below, so a dual-infeasibility verdict is numerical (an ill-scaled row or a
+        narrow band): it is re-solved once with infeasibility tolerances tightened to ``STRICT_INFEAS``."""
         t0 = time.perf_counter()
         n = a.shape[1]
         mat, b, neq, nineq = _cone_rows(a, lo, hi, lb, ub)
         p = sp.diags(p_diag, format="csc")
+        q = np.asarray(q, float)
         cones = []
         if neq:
             cones.append(clarabel.ZeroConeT(neq))
@@ -88,8 +96,12 @@ class ClarabelHighs:
         s.direct_solve_method = "faer" if n > FAER_ABOVE else "qdldl"
         s.tol_feas = s.tol_gap_abs = s.tol_gap_rel = self.tol
         s.max_iter = self.max_iter
-        sol = clarabel.DefaultSolver(p, np.asarray(q, float), mat, b, cones, s).solve()
+        sol = clarabel.DefaultSolver(p, q, mat, b, cones, s).solve()
         status = str(sol.status).split(".")[-1]
+        if status in _SPURIOUS and not np.any(q[np.asarray(p_diag) <= 0]):
+            s.tol_infeas_abs = s.tol_infeas_rel = STRICT_INFEAS
+            sol = clarabel.DefaultSolver(p, q, mat, b, cones, s).solve()
+            status = str(sol.status).split(".")[-1]
         ok = status in _CLARABEL_OK
         x = np.asarray(sol.x) if ok else None
         return Result(ok, status, x, float(sol.obj_val) if ok else np.nan, time.perf_counter() - t0)

@@ -158,6 +158,27 @@ def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: boo
     return mask
 
 
+def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, relax_parent: bool) -> np.ndarray:
+    """float[n_children, n_answers]: the most each child's answer can be given the parent (inf at the root).
+
+    An inequality beyond its cap (or a lower bound <= 0) cannot bind and is left out of the model: the
+    hhgq upper bounds 99999 x units (facts 2.3) are up to 1e10 against tau bands of 1e-3 in scaled
+    units, a range that makes the interior-point solver report spurious infeasibility.
+    """
+    k = problem.n_children
+    if problem.parent_hist is None:
+        n = problem.schema.ncells if query == DETAILED else query.n_answers
+        return np.full((k, n), np.inf)
+    parent = np.asarray(problem.parent_hist, float)
+    if relax_parent:  # the exact marginal over the other dimensions still fixes the total
+        cell_cap = np.where(mask, parent.sum(), 0.0)
+    else:
+        cell_cap = np.where(mask, parent[None, :], 0.0)
+    if query == DETAILED:
+        return cell_cap
+    return query.answer(cell_cap)
+
+
 def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequalities: bool = False) -> Layout:
     """Columns and rows of the parent's model.
 
@@ -260,10 +281,13 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
         name = canonical_name(con.query)
         cols = xcol if name == DETAILED else acol[name]
         rhs = np.asarray(con.rhs, float)
+        most = _answer_caps(problem, mask, DETAILED if name == DETAILED else queries[name], relax_parent)
         for c, j in zip(*np.nonzero(np.isfinite(rhs))):
             r = float(rhs[c, j])
             lo = r if con.sense in ("==", ">=") else -np.inf
             hi = r if con.sense in ("==", "<=") else np.inf
+            if cols[c, j] >= 0 and (con.sense == "<=" and hi >= most[c, j] or con.sense == ">=" and lo <= 0.0):
+                continue  # cannot bind: x >= 0 and the parent already bound the answer
             if cols[c, j] < 0:
                 if not lo <= 0.0 <= hi:
                     kind = "equality" if con.sense == "==" else "inequality"

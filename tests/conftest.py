@@ -24,6 +24,15 @@ def demo_input(tmp_path_factory) -> Path:
 def dask_client():
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                       host="127.0.0.1") as cluster, Client(cluster) as client:
         yield client
+
+
+def _shared() -> Path:
+    """The project's shared/ folder: $TOPDOWN_SHARED, or beside the checkout (as in CI)."""
+    env = os.environ.get("TOPDOWN_SHARED")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+
+
+SHARED = _shared()

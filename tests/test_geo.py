@@ -5,6 +5,7 @@ import itertools
 import json
 from pathlib import Path
 
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -18,8 +19,9 @@ from topdown.geo.report import spine_command
 from topdown.geo.spine import (LEVELS, Spine, aian_spine, build_spine, bypass, check_path_condition,
                                optimized_spine, standard_spine)
 from topdown.pipeline.config import LEVELS_STANDARD
+from conftest import SHARED
 
-RI_BAF = Path("/work/shared/data/ri_baf2020")
+RI_BAF = SHARED / "data" / "ri_baf2020"
 
 
 def geo(tract: str, block: str, county: str = "001", state: str = "44") -> str:

@@ -6,6 +6,7 @@ import shutil
 from itertools import combinations
 from pathlib import Path
 
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,9 +18,10 @@ from topdown.pipeline.ingest import (
     IngestError, _allocate_facilities, _allocate_gq, ingest_blocks, ingest_pl94,
 )
 from topdown.pipeline.validate import validate_input
+from conftest import SHARED
 
-E2E = Path("/work/shared/data/ri2018_e2e")
-RI2010 = Path("/work/shared/data/ri2010/ri_2010_block_demographics.csv")
+E2E = SHARED / "data" / "ri2018_e2e"
+RI2010 = SHARED / "data" / "ri2010" / "ri_2010_block_demographics.csv"
 needs_e2e = pytest.mark.skipif(not (E2E / "blocks.csv").exists(), reason="shared E2E data not present")
 needs_ri2010 = pytest.mark.skipif(not RI2010.exists(), reason="shared RI 2010 data not present")
 

@@ -1,0 +1,183 @@
+"""Confidentiality in operation, and production mode.
+
+* No log line (CLI at DEBUG, and the Python logging of an in-process run, worker logs forwarded) shows a
+  planted confidential count of ``rel_inputs``; only declared invariants may appear. (Every bad-input
+  message is scanned the same way in ``test_bad_inputs``.)
+* The embedded cluster listens on 127.0.0.1 only (scheduler, workers, dashboard).
+* ``mode = "production"`` draws only from the OS CSPRNG (``OSSource``), refuses a seed (exit code 2),
+  says so in ``certificate.json``, and two production runs give different noise.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rel_inputs import SECRETS, STATE_TOTAL, leaked_secrets, write_planted_input
+from topdown.pipeline import load_config, run
+from topdown.pipeline.config import ConfigError
+from topdown.pipeline.rng import OSSource, SeededSource, make_source
+
+PRODUCTION_TOML = 'include = "demo.toml"\n[run]\nname = "prod"\nmode = "production"\n'
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    return write_planted_input(tmp_path_factory.mktemp("planted"))
+
+
+@pytest.fixture(scope="module")
+def production_config(tmp_path_factory):
+    path = tmp_path_factory.mktemp("conf") / "production.toml"
+    path.write_text(PRODUCTION_TOML)
+    return path
+
+
+def test_the_scanner_sees_planted_numbers():
+    assert leaked_secrets("block 440070001001001 has 4,321 persons; tract 7138") == [
+        (4321, "block 440070001001001 has 4,321 persons; tract 7138"),
+        (7138, "block 440070001001001 has 4,321 persons; tract 7138")]
+    assert leaked_secrets("took 14.321s, geoid 440070001001001, port 43210, total 8510, share 2748/8407049") == []
+    assert [v for v, _ in leaked_secrets("x = 4321.0; y = 1,357")] == [4321, 1357]
+    assert STATE_TOTAL not in SECRETS
+
+
+def test_cli_debug_log_discloses_no_confidential_count(tmp_path, planted):
+    done = subprocess.run([sys.executable, "-m", "topdown.pipeline.cli", "-v", "run", "demo", "--out", str(tmp_path / "run"),
+                           "--input", str(planted), "--workers", "2"], capture_output=True, text=True, timeout=300)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    assert " DEBUG " in text and "persons Block:" in text  # it was a debug log of a whole run
+    assert leaked_secrets(text) == []
+
+
+def _log_from_a_task() -> None:
+    logging.getLogger("topdown").debug("forwarded from a worker task")
+
+
+def test_in_process_logs_with_worker_logs_disclose_no_confidential_count(tmp_path, planted, caplog):
+    """Every logger at DEBUG in the client and (forwarded) in the workers, except Pyomo's component dump:
+    at DEBUG Pyomo prints each model's index sets (0..n, which cover any number) and its data, which are
+    noisy measurements and public invariants only (a ParentProblem holds no true count), so a chance
+    equality with a planted number there is no disclosure. Pyomo stays at INFO on the workers."""
+    from distributed import Client, LocalCluster
+
+    def debug_everywhere() -> None:
+        logging.getLogger().setLevel(logging.DEBUG)
+        logging.getLogger("pyomo").setLevel(logging.INFO)
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        client.run(debug_everywhere)
+        client.forward_logging(level=logging.DEBUG)
+        with caplog.at_level(logging.DEBUG):
+            client.submit(_log_from_a_task, pure=False).result()
+            run(load_config("demo"), tmp_path / "run", input_dir=planted, client=client)
+    assert any(r.getMessage() == "forwarded from a worker task" for r in caplog.records)  # forwarding works
+    assert any(r.levelno == logging.DEBUG for r in caplog.records)
+    assert any("persons Block:" in r.getMessage() for r in caplog.records)
+    assert leaked_secrets("\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)) == []
+
+
+def test_run_outputs_disclose_only_declared_invariants(tmp_path, planted, dask_client):
+    """The invariants file holds the declared invariants only: unit counts and the state/US total."""
+    out = tmp_path / "run"
+    run(load_config("demo"), out, input_dir=planted, client=dask_client)
+    inv = pd.read_parquet(out / "invariants" / "persons.parquet")
+    assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "State"}
+    assert set(inv["tot"].dropna()) == {STATE_TOTAL}
+    text = "\n".join(p.read_text() for p in (out / "manifest.json", out / "certificate.json"))
+    assert leaked_secrets(text) == []
+
+
+def _listening(pids) -> set[tuple[str, int]]:
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for pid in pids for c in psutil.Process(pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def test_embedded_cluster_listens_on_localhost_only():
+    """Scheduler, dashboard, nannies (this process) and worker processes bind 127.0.0.1 only."""
+    from topdown.pipeline.runner import dask_client
+
+    before = _listening([os.getpid()])
+    with dask_client(workers=2) as client:
+        assert client.dashboard_link.startswith("http://127.0.0.1:")
+        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+        assert all(addr.startswith("tcp://127.0.0.1:") for addr in client.scheduler_info()["workers"])
+        ours = (_listening([os.getpid()]) - before) | _listening(client.run(os.getpid).values())
+    assert len(ours) >= 4 and {ip for ip, _ in ours} == {"127.0.0.1"}, ours
+
+
+# --------------------------------------------------------------------------------- production mode
+def test_production_refuses_a_seed_and_certifies_its_randomness(production_config):
+    config = load_config(production_config)
+    assert config.run.mode == "production" and config.run.seed is None  # the preset's test seed is dropped
+    with pytest.raises(ConfigError, match="refuses a seed"):
+        config.with_overrides(seed=1)
+    from topdown.pipeline.cli import EXIT_CONFIG, main
+
+    assert main(["run", str(production_config), "--out", str(production_config.parent / "r"), "--seed", "1"]) == EXIT_CONFIG
+    assert isinstance(make_source("production", None, "persons/44", "total"), OSSource)
+    with pytest.raises(ValueError, match="refuses a seed"):
+        make_source("production", 1, "persons/44", "total")
+
+
+def _count_os_words() -> None:
+    """On a worker: fail on any seeded source, count the OS CSPRNG's words."""
+    import topdown.pipeline.rng as rng
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a seeded source was used in production mode")
+
+    original = rng.OSSource.uint64
+
+    def counted(self, n):
+        rng.OS_WORDS = getattr(rng, "OS_WORDS", 0) + int(n)
+        return original(self, n)
+
+    rng.SeededSource.__init__ = refuse
+    rng.OSSource.uint64 = counted
+    rng.OS_WORDS = 0
+
+
+def _os_words() -> int:
+    import topdown.pipeline.rng as rng
+
+    return getattr(rng, "OS_WORDS", 0)
+
+
+def test_production_runs_use_only_the_os_csprng_and_differ(tmp_path, planted, production_config):
+    from distributed import Client, LocalCluster
+
+    config = load_config(production_config)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                      host="127.0.0.1") as cluster, Client(cluster) as client:
+        client.run(_count_os_words)
+        for name in ("a", "b"):
+            run(config, tmp_path / name, input_dir=planted, client=client)
+        assert sum(client.run(_os_words).values()) > 0
+    for name in ("a", "b"):
+        cert = json.loads((tmp_path / name / "certificate.json").read_text())
+        assert cert["mode"] == "production" and "os.urandom" in cert["randomness"] and "seed" in cert["randomness"]
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert manifest["seed_mode"] == "production" and manifest["seed"] is None
+    a = pd.read_parquet(tmp_path / "a" / "noisy_measurements" / "persons" / "level=Block")
+    b = pd.read_parquet(tmp_path / "b" / "noisy_measurements" / "persons" / "level=Block")
+    key = ["geocode", "query", "answer"]
+    a, b = a.sort_values(key).reset_index(drop=True), b.sort_values(key).reset_index(drop=True)
+    assert a[key].equals(b[key])
+    # About 1e5 discrete-Gaussian draws; two independent runs agree everywhere with probability ~0.
+    assert (a["value"] != b["value"]).mean() > 0.5
+
+
+def test_seeded_source_is_untouched_by_the_patch_here():
+    """The worker-side patch above never leaks into this process."""
+    assert SeededSource(1, "g", "q").uint64(2).shape == (2,)

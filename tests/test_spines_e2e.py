@@ -1,0 +1,167 @@
+"""End to end with the AIAN and optimized spines (facts 2.6, 6.3-6.5) on real 2020 Rhode Island blocks.
+
+The input is synthetic (``write_synthetic``) with its block GEOIDs remapped onto real 2020 RI blocks
+from the block assignment files: tract 44009051101 and one block of 44009051102 hold the 25 blocks of
+AIAN area 2415, so the state splits into an AIAN part "144" and a non-AIAN part "044"; two more tracts
+(one in another county) make the non-AIAN part branch. Checks: the run completes and verifies, the
+state total is exact over the two parts together, bypassed single-child nodes are not measured and
+equal their parent, the certificate's path condition holds, the MDF keeps tabulation geography.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from topdown.geo.baf import read_baf_dir
+from topdown.geo.spine import build_spine, check_path_condition
+from topdown.pipeline import load_config, run
+from topdown.pipeline.synth import write_synthetic
+from topdown.pipeline.verify import verify_run
+from conftest import SHARED
+
+BAF_DIR = SHARED / "data" / "ri_baf2020"
+AIAN_AREA = "2415"
+
+pytestmark = pytest.mark.skipif(not (BAF_DIR / "BlockAssign_ST44_RI_AIANNH.txt").exists(),
+                                reason=f"no 2020 RI block assignment files in {BAF_DIR}")
+
+
+def chosen_blocks() -> list[str]:
+    """Every AIAN-area block, plus the first non-AIAN blocks of the AIAN tracts and of two other tracts."""
+    baf = read_baf_dir(BAF_DIR)
+    aian = baf.index[baf["aiannhce"] == AIAN_AREA]
+    assert len(aian) == 25
+    rest = baf.index[baf["aiannhce"] != AIAN_AREA].to_series()
+    picks = [aian.to_series()]
+    for tract, n in (("44009051101", 16), ("44009051102", 8), ("44009051000", 20), ("44007000101", 20)):
+        picks.append(rest[rest.str.startswith(tract)].iloc[:n])
+    return sorted(pd.concat(picks).tolist())
+
+
+def write_input(out: Path, seed: int = 11) -> list[str]:
+    """Synthetic persons and units, deterministically remapped block by block onto ``chosen_blocks()``."""
+    blocks = chosen_blocks()
+    raw = out.parent / f"{out.name}-raw"
+    write_synthetic(raw, blocks=2 * len(blocks), seed=seed)
+    persons, units = pd.read_parquet(raw / "persons.parquet"), pd.read_parquet(raw / "units.parquet")
+    nonempty = np.intersect1d(persons["geoid"].unique(), units["geoid"].unique())[:len(blocks)]
+    assert len(nonempty) == len(blocks)  # every chosen block gets persons and units
+    mapping = dict(zip(nonempty, blocks))
+    persons, units = persons[persons["geoid"].isin(nonempty)], units[units["geoid"].isin(nonempty)]
+    out.mkdir(parents=True, exist_ok=True)
+    for frame, name in ((persons, "persons"), (units, "units")):
+        frame.assign(geoid=frame["geoid"].map(mapping)).to_parquet(out / f"{name}.parquet", index=False)
+    return blocks
+
+
+@pytest.fixture(scope="module")
+def spine_input(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("spines") / "input"
+    write_input(path)
+    return path
+
+
+def _run(kind: str, inp: Path, out: Path, client) -> Path:
+    config = load_config("pl94_production_2021").with_overrides(
+        name=f"spine-{kind}", spine=kind, baf=str(BAF_DIR), input=str(inp), seed=2415, mode="test")
+    return run(config, out, input_dir=inp, client=client)
+
+
+@pytest.fixture(scope="module", params=["aian", "optimized"])
+def spine_run(request, tmp_path_factory, spine_input, dask_client) -> tuple[str, Path, Path]:
+    out = tmp_path_factory.mktemp(f"run-{request.param}") / "run"
+    return request.param, _run(request.param, spine_input, out, dask_client), spine_input
+
+
+def _hist(run_dir: Path, product: str, level: str) -> pd.DataFrame:
+    h = pd.read_parquet(run_dir / "histograms" / product / f"level={level}")
+    return h.assign(geocode=h["geocode"].astype(str))
+
+
+def test_run_completes_and_verifies(spine_run):
+    kind, run_dir, _ = spine_run
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["spine"] == kind
+    assert manifest["failsafe"] == []  # the US -> State group total (facts 2.6) needs no relaxation
+    report = verify_run(run_dir)
+    assert report.ok, report.failures
+
+
+def test_state_total_exact_over_the_two_parts(spine_run):
+    _, run_dir, inp = spine_run
+    spine = pd.read_parquet(run_dir / "spine.parquet")
+    assert sorted(spine["State"].unique()) == ["044", "144"]
+    aian_blocks = spine.loc[spine["State"] == "144", "geoid"]
+    assert len(aian_blocks) == 25
+    persons = pd.read_parquet(inp / "persons.parquet")
+    state = _hist(run_dir, "persons", "State")
+    assert set(state["geocode"]) <= {"044", "144"}
+    assert int(state["count"].sum()) == len(persons)
+    units = pd.read_parquet(inp / "units.parquet")
+    assert int(_hist(run_dir, "units", "State")["count"].sum()) == int((units["unit_type"] == 0).sum())
+
+
+def test_bypassed_nodes_are_copies_and_unmeasured(spine_run):
+    kind, run_dir, inp = spine_run
+    units = pd.read_parquet(inp / "units.parquet")
+    geoids = pd.Series(np.union1d(units["geoid"].unique(), pd.read_parquet(inp / "persons.parquet")["geoid"].unique()))
+    spine = build_spine(kind, geoids, baf_dir=BAF_DIR, units=units)
+    written = pd.read_parquet(run_dir / "spine.parquet")
+    pd.testing.assert_frame_equal(written.reset_index(drop=True),
+                                  spine.table[["geoid", *spine.levels]].reset_index(drop=True), check_dtype=False)
+    bypassed = 0
+    for parent, child in zip(spine.levels[:-1], spine.levels[1:]):
+        only = spine.fanout(parent)
+        only = only[only == 1].index
+        pairs = spine.table[[parent, child]].drop_duplicates()
+        pairs = pairs[pairs[parent].isin(only)]
+        for product in ("persons", "units"):
+            nm = pd.read_parquet(run_dir / "noisy_measurements" / product / f"level={child}", columns=["geocode"])
+            assert not set(nm["geocode"].astype(str)) & set(pairs[child]), (product, child)
+            ph = _hist(run_dir, product, parent).set_index(["geocode", "cell"])["count"]
+            ch = _hist(run_dir, product, child).set_index(["geocode", "cell"])["count"]
+            for p, c in pairs.itertuples(index=False):
+                got = ch.xs(c, level="geocode") if c in ch.index.get_level_values(0) else pd.Series(dtype=np.int64)
+                want = ph.xs(p, level="geocode") if p in ph.index.get_level_values(0) else pd.Series(dtype=np.int64)
+                pd.testing.assert_series_equal(got[got != 0], want[want != 0], check_names=False, check_dtype=False)
+        above = spine.levels[:spine.levels.index(child)]
+        for row in spine.table[spine.table[child].isin(pairs[child])].drop_duplicates(child).itertuples(index=False):
+            node = row._asdict()
+            assert spine.budget_levels(child, node[child]) == ()  # its budget moved up the chain of one-child nodes
+            assert any(child in spine.budget_levels(lv, node[lv]) for lv in above)
+        bypassed += len(pairs)
+    assert bypassed > 0  # the AIAN state part has one county: at least that is bypassed
+    assert spine.budget_levels("County", "144009") == ()
+
+
+def test_certificate_path_condition(spine_run):
+    kind, run_dir, inp = spine_run
+    cert = json.loads((run_dir / "certificate.json").read_text())
+    n_blocks = pd.read_parquet(run_dir / "spine.parquet")["geoid"].nunique()
+    for product in ("persons", "units"):
+        pc = cert[product]["path_condition"]
+        assert pc["holds"] is True and pc["blocks"] == n_blocks
+        assert pc["min_share"]["County"] == "0"  # a bypassed county carries nothing
+    units = pd.read_parquet(inp / "units.parquet")
+    check_path_condition(build_spine(kind, pd.Series(np.sort(units["geoid"].unique())), baf_dir=BAF_DIR, units=units))
+
+
+def test_mdf_keeps_tabulation_geography(spine_run):
+    _, run_dir, inp = spine_run
+    persons = pd.read_parquet(inp / "persons.parquet")
+    mdf = pd.read_parquet(run_dir / "mdf" / "persons")
+    assert len(mdf) == len(persons)
+    geoid = mdf["TABBLKST"] + mdf["TABBLKCOU"] + mdf["TABTRACTCE"] + mdf["TABBLK"]
+    assert set(geoid) <= set(pd.read_parquet(run_dir / "spine.parquet")["geoid"])
+    assert (mdf["TABBLKST"] == "44").all()
+    assert (mdf["TABBLKGRPCE"] == mdf["TABBLK"].str[0]).all()
+    per_block = _hist(run_dir, "persons", "Block").groupby("geocode")["count"].sum()
+    per_block = per_block[per_block > 0]
+    counts = geoid.value_counts().sort_index()
+    assert counts.index.tolist() == per_block.sort_index().index.tolist()
+    assert (counts.to_numpy() == per_block.sort_index().to_numpy()).all()
