@@ -29,6 +29,16 @@ def dask_client():
         yield client
 
 
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory, demo_input, dask_client) -> Path:
+    """One uninterrupted run of the demo configuration (seed 2021) on the demo data, shared read-only."""
+    from topdown.pipeline import load_config, run
+
+    out = tmp_path_factory.mktemp("runs") / "demo"
+    run(load_config("demo"), out, input_dir=demo_input, client=dask_client)
+    return out
+
+
 def _shared() -> Path:
     """The project's shared/ folder: $TOPDOWN_SHARED, or beside the checkout (as in CI)."""
     env = os.environ.get("TOPDOWN_SHARED")

@@ -32,10 +32,8 @@ def zero_noise_run(tmp_path_factory, demo_input, dask_client) -> Path:
 
 
 @pytest.fixture(scope="module")
-def production_run(tmp_path_factory, demo_input, dask_client) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "prod"
-    run(load_config("demo"), out, input_dir=demo_input, client=dask_client)
-    return out
+def production_run(demo_run) -> Path:
+    return demo_run
 
 
 def test_zero_noise_reproduces_every_level(zero_noise_run, demo_input):

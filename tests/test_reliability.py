@@ -46,11 +46,9 @@ def planted_reference(tmp_path_factory, planted, dask_client) -> Path:
 
 
 @pytest.fixture(scope="module")
-def demo_reference(tmp_path_factory, demo_input, dask_client) -> Path:
-    """An uninterrupted run of the demo configuration on the demo data (the session's cluster)."""
-    out = tmp_path_factory.mktemp("ref") / "demo"
-    run(load_config("demo"), out, input_dir=demo_input, client=dask_client)
-    return out
+def demo_reference(demo_run) -> Path:
+    """An uninterrupted run of the demo configuration on the demo data (the session's shared run)."""
+    return demo_run
 
 
 def _manifest(run_dir: Path) -> dict:
