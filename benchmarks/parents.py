@@ -1,14 +1,20 @@
 """Time solve_parent on census-like synthetic parents: our Pyomo path against the direct numpy/scipy
 build of the same problem solved by the same back ends and the same pass code (the floor).
 
-Prints one JSON object per line: level, children, people, variables, ours_s, floor_s (medians), ratio.
-Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60] [--repeats 3]
+Prints one JSON object per line: level, children, people, variables, ours_s, floor_s (medians of wall
+seconds), ours_cpu_s (median CPU seconds: the figure to use on a shared, loaded machine), ratio,
+where our time goes (model build and compile, L2 QPs, tau LPs, rounder LPs) and the process's peak RSS.
+Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60] [--repeats 3] [--no-floor]
+Cases at the 2020 national averages of children per parent (seed 003 Table 2; benchmarks/projection.py):
+bg14, tract5, county24, state40, us88; the largest parents: state250 (a state of 250 counties, Texas-like)
+and county2000 (a county of 2,000 tracts, Los Angeles-like).
 Set OPENBLAS_NUM_THREADS=1 for single-threaded figures (solver_notes pitfall 3).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 
@@ -30,7 +36,13 @@ ROUNDER_PASSES = [["total"], ["hhgq", "hhgq * hispanic", "hhgq * hispanic * cenr
 #: name: (level, children, people, dense)
 CASES = {"bg15": ("Block_Group -> Block", 15, 830, False), "bg80": ("Block_Group -> Block", 80, 3200, False),
          "tract5": ("Tract -> Block_Group", 5, 4000, False), "county30": ("County -> Tract", 30, 120_000, True),
-         "state60": ("State -> County", 60, 1_500_000, True)}
+         "state60": ("State -> County", 60, 1_500_000, True),
+         # national averages: 331M persons; 5,892,698 blocks / 409,548 block groups / 84,589 tracts /
+         # 3,496 counties / 88 state parts
+         "bg14": ("Block_Group -> Block", 14, 810, False), "county24": ("County -> Tract", 24, 95_000, True),
+         "state40": ("State -> County", 40, 3_760_000, True), "us88": ("US -> State", 88, 331_000_000, True),
+         "state250": ("State -> County", 250, 29_000_000, True),
+         "county2000": ("County -> Tract", 2000, 10_000_000, True)}
 NATIONAL = np.array([0.616, 0.124, 0.011, 0.060, 0.002, 0.084])  # White, Black, AIAN, Asian, NHPI, SOR
 
 
@@ -77,32 +89,83 @@ def synthetic_parent(rng: np.random.Generator, k: int, people: int, dense: bool)
 
 
 def timed(problem: ParentProblem, compiler) -> tuple[float, dict]:
-    t0 = time.perf_counter()
+    """Wall seconds of one solve; its CPU seconds (this process, single-threaded) go into the stats."""
+    t0, c0 = time.perf_counter(), time.process_time()
     sol = solve_parent(problem, compiler=compiler)
-    return time.perf_counter() - t0, sol.stats
+    return time.perf_counter() - t0, {**sol.stats, "cpu_s": time.process_time() - c0}
+
+
+def where(stats: dict) -> dict:
+    """Seconds of the pieces a solve reports: build (layout, model, compile), QPs, tau LPs, rounder LPs."""
+    l2 = stats.get("l2", [])
+    return {"build_s": stats.get("build_s"), "qp_s": round(sum(st.get("qp_s", 0.0) for st in l2), 3),
+            "tau_lp_s": round(sum(st.get("tau_lp_s", 0.0) for st in l2), 3),
+            "rounder_lp_s": round(sum(st.get("lp_s", 0.0) for st in stats.get("rounder", [])), 3)}
+
+
+def trace_steps() -> None:
+    """Print each solve step's wall and CPU seconds and the peak RSS to stderr as it ends (for parents
+    too large to wait for: what finished, and where the time went, survives a timeout)."""
+    import functools
+    import sys
+
+    from topdown.solvers import model, solve
+
+    def wrap(module, name: str) -> None:
+        f = getattr(module, name)
+
+        @functools.wraps(f)
+        def timed_step(*a, **k):
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                print(f"  step {name}: {time.perf_counter() - t0:.2f} s wall, {time.process_time() - c0:.2f} s CPU, "
+                      f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB",
+                      file=sys.stderr, flush=True)
+        setattr(module, name, timed_step)
+
+    for name in ("build_layout", "run_l2", "run_rounder", "check_rows"):
+        wrap(solve, name)
+    for name in ("build_model", "compile_model"):
+        wrap(model, name)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="bg15,bg80,tract5")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-floor", dest="floor", action="store_false", help="skip the direct-build floor")
+    ap.add_argument("--steps", action="store_true", help="print every solve step's time to stderr")
     args = ap.parse_args()
+    if args.steps:
+        trace_steps()
+    timed(synthetic_parent(np.random.default_rng(args.seed), *CASES["bg15"][1:]), compile_pyomo)  # warm imports
     for name in args.cases.split(","):
         level, k, people, dense = CASES[name]
+        t0 = time.perf_counter()
         problem = synthetic_parent(np.random.default_rng(args.seed), k, people, dense)
-        timed(problem, compile_direct)  # warm imports and caches
-        ours, floor = [], []
+        gen_s = time.perf_counter() - t0
+        ours, ours_cpu, floor = [], [], []
         for _ in range(args.repeats):
             t, stats = timed(problem, compile_pyomo)
             ours.append(t)
-            floor.append(timed(problem, compile_direct)[0])
-        o, f = statistics.median(ours), statistics.median(floor)
+            ours_cpu.append(stats["cpu_s"])
+            if args.floor:
+                floor.append(timed(problem, compile_direct)[0])
+        o = statistics.median(ours)
+        f = statistics.median(floor) if floor else None
         print(json.dumps({"case": name, "level": level, "children": k, "people": people,
                           "nonzero_parent_cells": int((problem.parent_hist > 0).sum()), "variables": stats["n_x"],
-                          "columns": stats["n_cols"], "ours_s": round(o, 4), "floor_s": round(f, 4),
-                          "ratio": round(o / f, 2), "pyomo_build_s": stats["build_s"],
-                          "failsafe_level": stats["level"], "rounder_milp": stats["rounder_milp"]}), flush=True)
+                          "columns": stats["n_cols"], "rows": stats["n_rows"], "ours_s": round(o, 4),
+                          "ours_cpu_s": round(statistics.median(ours_cpu), 4),
+                          "floor_s": None if f is None else round(f, 4),
+                          "ratio": None if f is None else round(o / f, 2), **where(stats),
+                          "failsafe_level": stats["level"], "rounder_milp": stats["rounder_milp"],
+                          "generate_s": round(gen_s, 2),
+                          "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ histogram cell, the index of the answer that counts it, or -1 if no answer does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import scipy.sparse as sp
@@ -42,15 +42,20 @@ class Query:
         data = np.ones(cols.size)
         return sp.csr_matrix((data, (self.groups[cols], cols)), shape=(self.n_answers, self.schema.ncells))
 
+    @cached_property
+    def _summing(self) -> sp.csr_matrix:
+        """The query matrix with int64 entries (integer histograms keep an integer dtype)."""
+        return self.matrix().astype(np.int64)
+
     def answer(self, hist: np.ndarray) -> np.ndarray:
-        """Answers for a dense histogram ``hist[..., ncells]`` (any leading shape)."""
+        """Answers for a dense histogram ``hist[..., ncells]`` (any leading shape). Each answer adds its
+        cells in cell order, so float answers are the same sums, bit for bit, as a loop over cells."""
         hist = np.asarray(hist)
-        mask = self.groups >= 0
+        dtype = np.result_type(hist.dtype, np.int64)
         lead = hist.shape[:-1]
-        flat = hist.reshape(-1, hist.shape[-1])[:, mask]
-        out = np.zeros((flat.shape[0], self.n_answers), dtype=np.result_type(hist.dtype, np.int64))
-        np.add.at(out.T, self.groups[mask], flat.T)
-        return out.reshape(*lead, self.n_answers)
+        flat = hist.reshape(-1, hist.shape[-1]).astype(dtype, copy=False)
+        out = np.asarray(self._summing @ flat.T, dtype=dtype).T
+        return np.ascontiguousarray(out).reshape(*lead, self.n_answers)
 
     def answer_sparse(self, cells: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Answers for one sparse histogram given as (cells, counts)."""

@@ -7,17 +7,20 @@ pass objectives are diagonal and are built directly on the compiled columns, and
 bands are column bounds, so the model is compiled once (``LinearStandardFormCompiler``, mixed form)
 and every L2 pass, tau LP and rounder pass of the parent reuses that compilation (solver_notes (a)).
 
-Constraint bodies are built as Pyomo ``LinearExpression`` objects from the layout's coefficient
-arrays, and compiled by reading their ``linear_vars``/``linear_coefs`` directly: for a purely linear
-model this gives the same matrix as ``LinearStandardFormCompiler`` (which stays the fallback for any
-other body) at a fraction of the cost, which is what keeps the Pyomo path near the numpy floor.
+Each row family is one Pyomo ``MatrixConstraint`` (``lb <= A x <= ub`` over the model's variables,
+from the layout's CSR arrays): Pyomo's component for large linear constraint sets, which skips building
+one expression object per row (constructing per-row ``LinearExpression`` bodies was a third of a
+block-level task's time). Compilation reads each component's matrix and variable list directly; any
+other constraint component (or a fixed variable) falls back to ``LinearStandardFormCompiler``.
 """
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 import pyomo.environ as pyo
 import scipy.sparse as sp
-from pyomo.core.expr.numeric_expr import LinearExpression
+from pyomo.core.base.matrix_constraint import MatrixConstraint, _MatrixConstraintData
 from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
 
 from .layout import Layout, Rows
@@ -38,41 +41,76 @@ def build_model(layout: Layout) -> tuple[pyo.ConcreteModel, list]:
     for name in FAMILIES:
         rows = layout.families[name]
         if len(rows):
-            m.add_component(name, pyo.Constraint(range(len(rows)), rule=_rule(rows, columns)))
+            m.add_component(name, _matrix_constraint(rows, columns))
     return m, columns
 
 
-def _rule(rows: Rows, columns: list):
-    def rule(_m, r):
-        cols, coefs = rows.cols[r], rows.coefs[r]
-        body = LinearExpression(constant=0, linear_coefs=np.asarray(coefs, float).tolist(),
-                                linear_vars=[columns[i] for i in cols])
-        lo, hi = rows.lo[r], rows.hi[r]
-        return (lo if np.isfinite(lo) else None, body, hi if np.isfinite(hi) else None)
-    return rule
+class _RowData(_MatrixConstraintData):
+    """One row of a :class:`RowFamily`, in the (lb, body, ub) form Pyomo's writers ask for."""
+
+    __slots__ = ()
+
+    def to_bounded_expression(self, evaluate_bounds=False):
+        return self.lower, self.body, self.upper
+
+
+class RowFamily(MatrixConstraint):
+    """Pyomo's ``MatrixConstraint`` with the iteration signatures and row form that Pyomo 6.10's
+    writers (``LinearStandardFormCompiler``, the LP writer) expect of an indexed constraint."""
+
+    def construct(self, data=None) -> None:
+        if self._constructed:
+            return
+        self._constructed = True
+        ref = weakref.ref(self)
+        self._data = tuple(_RowData(i, ref) for i in range(len(self._lower)))
+
+    def keys(self, sort=False):
+        return iter(range(len(self._data)))
+
+    def values(self, sort=False):
+        return iter(self._data)
+
+    def items(self, sort=False):
+        return enumerate(self._data)
+
+
+def _matrix_constraint(rows: Rows, columns: list) -> RowFamily:
+    """``lo <= A z <= hi`` for one row family (infinite bounds become None)."""
+    lo = [None if not np.isfinite(v) else float(v) for v in rows.lo]
+    hi = [None if not np.isfinite(v) else float(v) for v in rows.hi]
+    return RowFamily(np.concatenate(rows.coefs).astype(float).tolist(),
+                     np.concatenate(rows.cols).astype(np.int64).tolist(), list(rows.indptr), lo, hi, columns)
 
 
 def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: list) -> StandardForm:
-    """Compile the model into layout column order: read linear bodies directly, else use Pyomo's compiler."""
+    """Compile the model into layout column order: read each RowFamily's CSR arrays and variable list
+    (``_A_data``/``_A_indices``/``_A_indptr``/``_lower``/``_upper``/``_x``, as Pyomo 6.10 names them)
+    directly, else use Pyomo's compiler."""
     position = {id(v): i for i, v in enumerate(columns)}
-    indptr, cols, coefs, lo, hi = [0], [], [], [], []
+    indptr, cols, coefs, lo, hi = [np.zeros(1, dtype=np.int64)], [], [], [], []
+    n_rows, nnz = 0, 0
+    for con in m.component_objects(pyo.Constraint, active=True):
+        if type(con) is not RowFamily:
+            return compile_with_pyomo(layout, m, columns)
     for name in FAMILIES:
         comp = m.component(name)
         if comp is None:
             continue
-        for con in comp.values():
-            body = con.body
-            if type(body) is not LinearExpression or body.constant != 0:
-                return compile_with_pyomo(layout, m, columns)
-            cols.extend(position[id(v)] for v in body.linear_vars)
-            coefs.extend(body.linear_coefs)
-            indptr.append(len(cols))
-            lo.append(-np.inf if con.lb is None else con.lb)
-            hi.append(np.inf if con.ub is None else con.ub)
-    a = sp.csr_matrix((np.asarray(coefs, float), np.asarray(cols, np.int64), np.asarray(indptr, np.int64)),
-                      shape=(len(lo), layout.n_cols))
+        if any(v.fixed for v in comp._x):
+            return compile_with_pyomo(layout, m, columns)
+        perm = np.fromiter((position[id(v)] for v in comp._x), dtype=np.int64, count=len(comp._x))
+        cols.append(perm[np.asarray(comp._A_indices, dtype=np.int64)])
+        coefs.append(np.asarray(comp._A_data, dtype=float))
+        indptr.append(np.asarray(comp._A_indptr[1:], dtype=np.int64) + nnz)
+        nnz += len(comp._A_data)
+        lo.append(np.array([-np.inf if v is None else v for v in comp._lower], dtype=float))
+        hi.append(np.array([np.inf if v is None else v for v in comp._upper], dtype=float))
+        n_rows += len(comp._lower)
+    cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
+    a = sp.csr_matrix((cat(coefs, float), cat(cols, np.int64), np.concatenate(indptr)), shape=(n_rows, layout.n_cols))
     lb, ub = base_bounds(layout)
-    return StandardForm(a, np.asarray(lo, float), np.asarray(hi, float), lb, ub, family_slices(layout))
+    return StandardForm(a, cat(lo, float), cat(hi, float), lb, ub, family_slices(layout))
 
 
 def compile_with_pyomo(layout: Layout, m: pyo.ConcreteModel, columns: list) -> StandardForm:

@@ -1,0 +1,259 @@
+"""Wall time and peak memory of every stage of one TopDown run on an embedded LocalCluster.
+
+Stages: ingest (read and validate), spine, <product>.tabulate, <product>.<level> (measure and
+estimate one level on Dask, including writing it), <product>.mdf, and "other" (everything between:
+certificate, invariants, cluster start and stop). Wall times of the named stages come from the run
+manifest's "timings"; "other" is measured here.
+
+Memory: a thread polls every worker process's RSS (``client.run``) and the driver's own RSS about
+every 0.25 s; each sample is attributed to the stage in progress. Driver stages are marked by wrapping
+the runner's stage functions; levels are identified by the ``progress(product, level, done, total)``
+callback of :func:`topdown.pipeline.runner.run` (a sample taken before a level's first progress call is
+given to that level). Peaks also use each process's high-water mark (``ru_maxrss``), so short spikes
+between samples are not missed; per stage it is reported only where the high-water mark rose.
+CPU: the same polls read each process's CPU seconds (user + system); the CPU used between two polls goes
+to the later poll's stage. On a shared machine worker CPU seconds, unlike wall time, do not grow with
+the load, so they are the figures to project from (benchmarks/projection.py reads this output).
+
+Prints one JSON object per stage, then one summary object (``"stage": "summary"``).
+Usage: python benchmarks/run_stages.py CONFIG --input DIR --workers N --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pandas as pd
+import psutil
+
+MB = 1 << 20
+POLL_SECONDS = 0.25
+
+
+def _worker_memory() -> tuple[int, int, int, float]:
+    """(pid, current RSS, high-water RSS, CPU seconds so far) of the calling worker process (bytes)."""
+    proc = psutil.Process()
+    cpu = proc.cpu_times()
+    return (os.getpid(), proc.memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            cpu.user + cpu.system)
+
+
+class StageTracker:
+    """The stage in progress, set by wrapped runner functions and by the progress callback."""
+
+    def __init__(self) -> None:
+        self.stage = "other"
+        self.pending: list[dict] = []  # samples taken while a level had not reported yet
+        self.awaiting_level = False
+        self.levels: dict[str, dict] = {}
+        self.lock = threading.Lock()
+
+    def set(self, stage: str) -> None:
+        with self.lock:
+            self.stage = stage
+            self.awaiting_level = False
+            self.pending.clear()
+
+    def await_level(self) -> None:
+        """Between driver stages while Dask levels run: the next progress call names the stage."""
+        with self.lock:
+            self.stage, self.awaiting_level = "other", True
+
+    def progress(self, product: str, level: str, done: int, total: int) -> None:
+        now = time.perf_counter()
+        name = f"{product}.{level}"
+        with self.lock:
+            info = self.levels.setdefault(name, {"first_chunk_s": now, "chunks": total})
+            info["last_chunk_s"] = now
+            if self.stage != name:
+                for s in self.pending:
+                    s["stage"] = name
+                self.pending.clear()
+                self.stage = name
+            if done == total:  # the level's writes follow; then a level not known until it reports
+                self.awaiting_level = True
+
+
+class Sampler(threading.Thread):
+    """Polls worker and driver memory until stopped."""
+
+    def __init__(self, client, tracker: StageTracker) -> None:
+        super().__init__(daemon=True)
+        self.client, self.tracker = client, tracker
+        self.samples: list[dict] = []
+        self.stop_event = threading.Event()
+        self.driver = psutil.Process()
+
+    def sample(self) -> None:
+        try:
+            workers = self.client.run(_worker_memory)
+        except Exception as exc:  # a worker restarting: keep polling, record nothing this round
+            logging.getLogger("topdown").warning("memory poll failed: %s", exc)
+            workers = {}
+        with self.tracker.lock:
+            s = {"t": time.perf_counter(), "stage": self.tracker.stage,
+                 "driver_rss": self.driver.memory_info().rss,
+                 "driver_hwm": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                 "driver_cpu": sum(self.driver.cpu_times()[:2]),
+                 "workers": {addr: {"pid": v[0], "rss": v[1], "hwm": v[2], "cpu": v[3]}
+                             for addr, v in workers.items()}}
+            self.samples.append(s)
+            if self.tracker.awaiting_level:
+                self.tracker.pending.append(s)
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            t = time.perf_counter()
+            self.sample()
+            self.stop_event.wait(max(0.0, POLL_SECONDS - (time.perf_counter() - t)))
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join()
+
+
+@contextmanager
+def wrapped(module, name: str, stage: Callable[..., str], tracker: StageTracker) -> Iterator[None]:
+    """Replace ``module.name`` for the duration by a function that marks its stage while it runs."""
+    original = getattr(module, name)
+
+    def marked(*args, **kwargs):
+        tracker.set(stage(*args, **kwargs))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            tracker.await_level()
+
+    setattr(module, name, marked)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_wall: float) -> list[dict]:
+    """Per stage: wall seconds, peak RSS of each worker process and of the driver (MB)."""
+    order = list(dict.fromkeys([k for k in timings if k != "total"] + [s["stage"] for s in samples]))
+    rows = []
+    prev_hwm: dict[int, int] = {}
+    prev_driver_hwm = 0
+    by_stage: dict[str, list[dict]] = {}
+    for s in samples:
+        by_stage.setdefault(s["stage"], []).append(s)
+    # high-water rises are attributed to the stage of the sample that saw them
+    rises: dict[str, dict] = {}
+    for s in samples:
+        r = rises.setdefault(s["stage"], {"workers": {}, "driver": 0})
+        for w in s["workers"].values():
+            if w["hwm"] > prev_hwm.get(w["pid"], 0):
+                r["workers"][w["pid"]] = max(r["workers"].get(w["pid"], 0), w["hwm"])
+                prev_hwm[w["pid"]] = w["hwm"]
+        if s["driver_hwm"] > prev_driver_hwm:
+            r["driver"] = s["driver_hwm"]
+            prev_driver_hwm = s["driver_hwm"]
+    # CPU seconds (user + system) used between a sample and the one before go to the later sample's stage
+    cpu: dict[str, float] = {}
+    driver_cpu: dict[str, float] = {}
+    last: dict[int, float] = {}
+    last_driver = samples[0]["driver_cpu"] if samples else 0.0
+    for s in samples:
+        for w in s["workers"].values():
+            cpu[s["stage"]] = cpu.get(s["stage"], 0.0) + w["cpu"] - last.get(w["pid"], w["cpu"])
+            last[w["pid"]] = w["cpu"]
+        driver_cpu[s["stage"]] = driver_cpu.get(s["stage"], 0.0) + s["driver_cpu"] - last_driver
+        last_driver = s["driver_cpu"]
+    accounted = sum(v for k, v in timings.items() if k != "total")
+    for stage in order:
+        ss = by_stage.get(stage, [])
+        peak: dict[int, int] = {}
+        for s in ss:
+            for w in s["workers"].values():
+                peak[w["pid"]] = max(peak.get(w["pid"], 0), w["rss"])
+        row = {"stage": stage,
+               "wall_s": round(timings[stage], 2) if stage in timings else (
+                   round(total_wall - accounted, 2) if stage == "other" else None),
+               "samples": len(ss),
+               "worker_cpu_s": round(cpu.get(stage, 0.0), 2), "driver_cpu_s": round(driver_cpu.get(stage, 0.0), 2),
+               "worker_rss_peak_mb": [round(v / MB) for _, v in sorted(peak.items())],
+               "driver_rss_peak_mb": round(max((s["driver_rss"] for s in ss), default=0) / MB)}
+        r = rises.get(stage)
+        if r and r["workers"]:
+            row["worker_hwm_rise_to_mb"] = {str(pid): round(v / MB) for pid, v in sorted(r["workers"].items())}
+        if r and r["driver"]:
+            row["driver_hwm_rise_to_mb"] = round(r["driver"] / MB)
+        info = tracker.levels.get(stage)
+        if info:
+            row["chunks"] = info["chunks"]
+            row["first_to_last_chunk_s"] = round(info["last_chunk_s"] - info["first_chunk_s"], 2)
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", required=True, help="run directory (replaced)")
+    ap.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
+    args = ap.parse_args()
+
+    from distributed import Client, LocalCluster
+
+    from topdown.pipeline import runner
+
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.environ.update(runner.SINGLE_THREAD_ENV)
+    tracker = StageTracker()
+    t0 = time.perf_counter()
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                      host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        cluster_s = time.perf_counter() - t0
+        sampler = Sampler(client, tracker)
+        sampler.start()
+        try:
+            with wrapped(runner, "validate_input", lambda *a, **k: "ingest", tracker), \
+                 wrapped(runner, "build_spine", lambda *a, **k: "spine", tracker), \
+                 wrapped(runner, "build_levels", lambda product, *a, **k: f"{product}.tabulate", tracker), \
+                 wrapped(runner, "_write_mdf", lambda rundir, product, *a, **k: f"{product}.mdf", tracker):
+                t1 = time.perf_counter()
+                out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
+                                 progress=tracker.progress)
+                run_wall = time.perf_counter() - t1
+        finally:
+            sampler.stop()
+    manifest = json.loads((Path(out) / "manifest.json").read_text())
+    timings = dict(manifest["timings"])
+    rows = stage_rows(sampler.samples, timings, tracker, run_wall)
+    spine = pd.read_parquet(Path(out) / "spine.parquet")
+    nodes = {level: int(spine[level].nunique()) for level in manifest["levels"]}
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    worker_peak = max((w["hwm"] for s in sampler.samples for w in s["workers"].values()), default=0)
+    worker_rss = max((w["rss"] for s in sampler.samples for w in s["workers"].values()), default=0)
+    print(json.dumps({
+        "stage": "summary", "config": args.config, "input": args.input, "workers": args.workers,
+        "total_wall_s": round(run_wall, 2), "cluster_start_s": round(cluster_s, 2),
+        "worker_cpu_s": round(sum(r["worker_cpu_s"] for r in rows), 1),
+        "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
+        "driver_rss_peak_mb": round(max((s["driver_rss"] for s in sampler.samples), default=0) / MB),
+        "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "nodes": nodes, "parents_solved": manifest.get("parents_solved"), "failsafe": len(manifest.get("failsafe", [])),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }), flush=True)
+    if not args.keep:
+        shutil.rmtree(args.out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
