@@ -16,7 +16,7 @@ from topdown.pipeline.queries import canonical_name
 
 from .backends import Backend
 from .layout import DETAILED, Layout
-from .standard import StandardForm
+from .standard import StandardForm, restrict_form
 from .tau import tau_lp
 
 #: Target magnitude of a scaled count.
@@ -85,10 +85,36 @@ def band_columns(layout: Layout, queries: list[str]) -> np.ndarray:
     return cols[cols >= 0]
 
 
+def _full(layout: Layout, keep: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """Layout column values from restricted ones: dropped aux columns get their queries' answers."""
+    out = np.zeros(layout.n_cols)
+    out[keep] = z
+    if keep.size == layout.n_cols:
+        return out
+    have = layout.xcol >= 0
+    hist = np.zeros(layout.xcol.shape)
+    hist[have] = out[layout.xcol[have]]
+    dropped = np.ones(layout.n_cols, dtype=bool)
+    dropped[keep] = False
+    for name, cols in layout.acol.items():
+        ok = cols >= 0
+        if dropped[cols[ok]].any():
+            out[cols[ok]] = layout.queries[name].answer(hist)[ok]
+    return out
+
+
 def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
-    """Run all L2 passes; on an infeasible pass with bands, drop the earlier bands once (failsafe step 1)."""
+    """Run all L2 passes; on an infeasible pass with bands, drop the earlier bands once (failsafe step 1).
+
+    The passes solve a form restricted to the aux columns of the L2 and constraint queries (the
+    rounder's other queries' columns are free and defined by their own rows, so they change nothing).
+    """
     p = layout.problem
     passes = [[canonical_name(n) for n in names] for names in p.l2_passes] or [[DETAILED]]
+    needed = {n for names in passes for n in names} | {canonical_name(c.query) for c in p.constraints}
+    form, keep = restrict_form(layout, form, needed)
+    pos = np.full(layout.n_cols, -1, dtype=np.int64)
+    pos[keep] = np.arange(keep.size)
     s = problem_scale(layout)
     lo, hi = form.lo / s, form.hi / s
     base_lb, base_ub = form.lb / s, form.ub / s
@@ -97,9 +123,10 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
     out = L2Result(z=np.zeros(layout.n_cols))
     last = len(passes) - 1
     for k, names in enumerate(passes):
-        p_diag, q = objective(layout, names, k == last, s)
+        p_diag, q = (v[keep] for v in objective(layout, names, k == last, s))
         res = backend.qp(p_diag, q, form.a, lo, hi, lb, ub)
-        stat = {"pass": k, "status": res.status, "qp_s": round(res.seconds, 6)}
+        stat = {"pass": k, "status": res.status, "qp_s": round(res.seconds, 6), "columns": form.shape[1],
+                "rows": form.shape[0]}
         if not res.ok and banded:
             out.steps.append(f"step 1 (drop tau): L2 pass {k} returned {res.status}; dropped the tau bands "
                              f"of passes 0..{k - 1} and re-solved")
@@ -111,9 +138,10 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
             out.stats.append(stat)
             raise SolveFailure(f"L2 pass {k} ({', '.join(names)}): solver status {res.status}")
         z = res.x
-        cols = band_columns(layout, names)
-        out.pass_values.append(z * s)
-        out.band_cols.append(cols)
+        full_cols = band_columns(layout, names)
+        cols = pos[full_cols]
+        out.pass_values.append(_full(layout, keep, z * s))
+        out.band_cols.append(full_cols)
         if k < last and cols.size:
             t = tau_lp(backend, form.a, lo, hi, lb, ub, cols, z[cols])
             if not t.ok:
@@ -125,5 +153,5 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
             stat.update(tau=t.objective * s, tau_lp_s=round(t.seconds, 6))
             out.tolerances.append(tol * s)
         out.stats.append(stat)
-    out.z = z * s
+    out.z = out.pass_values[-1]
     return out

@@ -1,7 +1,8 @@
 """Which variables and rows one parent's model has (solver_notes.md, "elimination levels" e2 + hier).
 
 Columns: one ``x`` per (child, cell) in play, one auxiliary ``a`` per (query, child, answer) that
-covers at least one ``x`` of that child, and, when the parent equality is relaxed (failsafe step 3,
+covers at least one ``x`` of that child (none for a query whose grouping is the identity on cells: it
+uses the ``x`` columns, as ``detailed``), and, when the parent equality is relaxed (failsafe step 3,
 facts 4.8), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families, all linear with 0/+-1
 coefficients: ``definitions`` (a = sum of a finer query's aux columns when one refines it, else the
 sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (step 3 only), the
@@ -63,7 +64,8 @@ class Layout:
     relax_parent: bool
     queries: dict[str, Query]  # canonical name -> Query, every query the model refers to
     xcol: np.ndarray  # int64[n_children, ncells], -1 = no variable
-    acol: dict[str, np.ndarray]  # aux query -> int64[n_children, n_answers], -1 = no variable
+    acol: dict[str, np.ndarray]  # query -> int64[n_children, n_answers], -1 = no variable (xcol if identity)
+    sources: dict[str, str | None]  # query -> the query its aux columns are defined from (None: cells)
     spcol: np.ndarray  # int64[ncells], -1 unless relax_parent
     sncol: np.ndarray
     n_cols: int
@@ -188,19 +190,25 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
     """
     _validate(problem)
     schema, k = problem.schema, problem.n_children
-    names: list[str] = []
+    l2_names: list[str] = []
     for i, names_k in enumerate(problem.l2_passes):
-        names += [parse_query(problem, n, f"l2 pass {i}")[0] for n in names_k]
+        l2_names += [parse_query(problem, n, f"l2 pass {i}")[0] for n in names_k]
+    l2_names += [parse_query(problem, c.query, f"constraint {c.name!r}")[0] for c in problem.constraints]
+    names = list(l2_names)
     for i, names_k in enumerate(problem.rounder_passes):
         names += [parse_query(problem, n, f"rounder pass {i}")[0] for n in names_k]
-    names += [parse_query(problem, c.query, f"constraint {c.name!r}")[0] for c in problem.constraints]
     queries = {n: build_query(schema, n) for n in sorted(set(names)) if n != DETAILED}
-    # Identical groupings (e.g. a query listed under two spellings) share one set of aux columns.
-    by_groups: dict[bytes, str] = {}
+    # Identical groupings (e.g. a query listed under two spellings) share one set of aux columns; a
+    # grouping that is the identity on cells (e.g. the cross of every dimension) is ``detailed`` itself
+    # and gets the count columns, no aux columns.
+    by_groups: dict[bytes, str] = {np.arange(schema.ncells, dtype=np.int64).tobytes(): DETAILED}
     alias: dict[str, str] = {}
     for n, q in queries.items():
-        alias[n] = by_groups.setdefault(q.groups.tobytes(), n)
-    distinct = sorted({alias[n] for n in queries}, key=lambda n: (-queries[n].n_answers, n))
+        alias[n] = by_groups.setdefault(q.groups.astype(np.int64).tobytes(), n)
+    distinct = sorted({alias[n] for n in queries} - {DETAILED}, key=lambda n: (-queries[n].n_answers, n))
+    # Queries the L2 passes need (theirs and the constraints'): defined only from each other or the
+    # cells, so the L2 passes can leave the rounder's other queries out (standard.restrict_form).
+    core = {alias[n] for n in l2_names if n != DETAILED}
 
     mask = _in_play(problem, relax_parent, relax_inequalities)
     xcol = np.full(mask.shape, -1, dtype=np.int64)
@@ -211,11 +219,13 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
     # Aux columns and definitions, finest query first; each defined from the coarsest finer query
     # that refines it (hierarchical aux: solver_notes pitfall 5), else from the cells.
     acol: dict[str, np.ndarray] = {}
+    sources: dict[str, str | None] = {}
     defined: list[str] = []
     for n in distinct:
         q = queries[n]
         source, mapping = None, None
-        for f in sorted(defined, key=lambda d: (queries[d].n_answers, d)):
+        sources_ok = [d for d in defined if n not in core or d in core]
+        for f in sorted(sources_ok, key=lambda d: (queries[d].n_answers, d)):
             mapping = _refinement(queries[f], q)
             if mapping is not None:
                 source = f
@@ -238,9 +248,11 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
                 families["definitions"].add(np.concatenate(([cols[c, j]], group)),
                                             np.concatenate(([1.0], -np.ones(group.size))), 0.0, 0.0)
         acol[n] = cols
+        sources[n] = source
         defined.append(n)
     for n in queries:
-        acol[n] = acol[alias[n]]
+        acol[n] = xcol if alias[n] == DETAILED else acol[alias[n]]
+        sources[n] = None if alias[n] == DETAILED else sources[alias[n]]
 
     spcol = np.full(schema.ncells, -1, dtype=np.int64)
     sncol = np.full(schema.ncells, -1, dtype=np.int64)
@@ -305,5 +317,5 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
                                                "but no cell is in play"))
             continue
         families["group_totals"].add(members, np.ones(members.size), float(g.total), float(g.total))
-    return Layout(problem, relax_parent, queries, xcol, acol, spcol, sncol, ncol, families,
+    return Layout(problem, relax_parent, queries, xcol, acol, sources, spcol, sncol, ncol, families,
                   constraint_rows, infeasible)

@@ -44,3 +44,41 @@ def family_slices(layout: Layout) -> dict[str, slice]:
         out[name] = slice(start, start + n)
         start += n
     return out
+
+
+def restrict_form(layout: Layout, form: StandardForm, queries: set[str]) -> tuple[StandardForm, np.ndarray]:
+    """The form without the aux columns (and their definition rows) that neither ``queries`` nor the
+    queries those are defined from use; returns it and the kept columns (sorted layout indices).
+
+    A dropped aux column appears only in its own definition row and in those of coarser queries defined
+    from it, which are dropped too, so every solution of the restricted form extends to the full one.
+    """
+    needed: set[str] = set()
+    stack = [n for n in queries if n in layout.acol]
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            if layout.sources[n] is not None:
+                stack.append(layout.sources[n])
+    keep = np.ones(layout.n_cols, dtype=bool)
+    for n, cols in layout.acol.items():
+        if n not in needed:
+            keep[cols[cols >= 0]] = False
+    for n in needed:
+        keep[layout.acol[n][layout.acol[n] >= 0]] = True
+    keep[layout.xcol[layout.xcol >= 0]] = True
+    if keep.all():
+        return form, np.arange(layout.n_cols)
+    defs = form.rows["definitions"]
+    block = form.a[defs].tocoo()
+    defined = np.full(defs.stop - defs.start, -1, dtype=np.int64)
+    plus = block.data > 0  # each definition row has one +1 entry: the aux column it defines
+    defined[block.row[plus]] = block.col[plus]
+    keep_row = np.ones(form.a.shape[0], dtype=bool)
+    keep_row[defs.start:defs.stop] = keep[defined]
+    before = np.concatenate(([0], np.cumsum(keep_row)))
+    rows = {name: slice(int(before[sl.start]), int(before[sl.stop])) for name, sl in form.rows.items()}
+    cols = np.flatnonzero(keep)
+    a = form.a[keep_row][:, cols].tocsr()
+    return StandardForm(a, form.lo[keep_row], form.hi[keep_row], form.lb[cols], form.ub[cols], rows), cols

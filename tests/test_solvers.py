@@ -18,6 +18,7 @@ from topdown.solvers.direct import compile_direct
 from topdown.solvers.l2 import run_l2
 from topdown.solvers.layout import build_layout
 from topdown.solvers.model import compile_pyomo
+from topdown.solvers.standard import restrict_form
 
 MEASURED = ["total", "hhgq", "votingage * hispanic", "votingage * hispanic * cenrace", "detailed"]
 VARIANCE = {"total": 4.0, "hhgq": 15.0, "votingage * hispanic": 12.0, "votingage * hispanic * cenrace": 50.0,
@@ -202,6 +203,27 @@ def test_pyomo_and_direct_builds_agree():
     np.testing.assert_array_equal(a.lo, b.lo)
     np.testing.assert_array_equal(a.hi, b.hi)
     np.testing.assert_array_equal(solve_parent(problem).hist, solve_parent(problem, compiler=compile_direct).hist)
+
+
+def test_identity_query_uses_counts_and_l2_drops_rounder_only_columns():
+    """A query that is the identity on cells gets the x columns; the L2 passes solve a form without the
+    rounder-only queries' aux columns, and their solution extends to the full form."""
+    rng = np.random.default_rng(5)
+    truth = random_truth(rng, k=4, n_cells=20, people=40)
+    problem = make_problem(truth, rng, noise=1.0, constraints=invariant_constraints(rng, truth))
+    layout = build_layout(problem)
+    identity = build_query(PERSONS, "hhgq * votingage * hispanic * cenrace").name
+    assert layout.acol[identity] is layout.xcol
+    form = compile_pyomo(layout)
+    sub, keep = restrict_form(layout, form, {q for names in L2_PASSES for q in names} | {"hhgq"})
+    dropped = np.setdiff1d(np.arange(layout.n_cols), keep)
+    rounder_only = build_query(PERSONS, "hhgq * hispanic * cenrace").name
+    assert np.isin(layout.acol[rounder_only][layout.acol[rounder_only] >= 0], dropped).all()
+    assert sub.shape == (form.shape[0] - dropped.size, keep.size)
+    l2 = run_l2(layout, form, DEFAULT_BACKEND)
+    assert l2.stats[-1]["columns"] == keep.size
+    val = form.a @ l2.z
+    assert (val >= form.lo - 1e-6).all() and (val <= form.hi + 1e-6).all()
 
 
 def test_deterministic():
