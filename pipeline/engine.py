@@ -6,13 +6,16 @@ submitted first, and the level is written completely (staging, then rename) befo
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import scipy.sparse as sp
 from distributed import Client, as_completed
 
@@ -20,7 +23,7 @@ from topdown.solvers.problem import GroupTotal
 
 from .config import Config
 from .levels import Level
-from .rundir import RunDir, write_table
+from .rundir import RunDir, write_json_atomic, write_table
 from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 
 log = logging.getLogger("topdown")
@@ -133,16 +136,28 @@ def estimate_level(
     chunks, order = make_chunks(product, config, level, parent_level, parent_hist, str(rundir.staging(mdir)),
                                 independent)
     rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
+    records = rundir.chunk_records(product, level.name)
+    results: dict[int, ChunkResult] = {}
+    for chunk in chunks:  # chunks an interrupted run finished (chunking is deterministic)
+        if (res := _finished_chunk(rundir, hdir, records, chunk)) is not None:
+            results[chunk.index] = res
+    if results:
+        log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(results),
+                 len(chunks))
+        if progress:
+            progress(product, level.name, len(results), len(chunks))
     costs = [sum(len(p.children) for p in c.parents) * max(len(c.parents), 1) for c in chunks]
     futures = {}
     for i in np.argsort(costs, kind="stable")[::-1]:
+        if int(i) in results:
+            continue
         fut = client.submit(run_chunk, chunks[i], key=f"{product}-{level.name}-{i}-{config.digest()[:8]}",
                             priority=int(costs[i]), pure=False)
         futures[fut] = int(i)
-    results: dict[int, ChunkResult] = {}
-    done = 0
+    done = len(results)
     for fut in as_completed(list(futures)):
         res: ChunkResult = fut.result()
+        _record_chunk(rundir, hdir, records, res)
         results[res.index] = res
         done += 1
         if progress:
@@ -156,7 +171,6 @@ def estimate_level(
         rows = order[pos:pos + n]
         pos += n
         parts.append((rows, res.hist))
-        write_table(_hist_table(pd.Index(res.children), res.hist), rundir.staging(hdir) / f"part-{i:05d}.parquet")
     hist = sp.vstack([p[1] for p in parts]).tocsr()[np.argsort(np.concatenate([p[0] for p in parts]))]
     rundir.commit(mdir)
     rundir.commit(hdir)
@@ -169,6 +183,30 @@ def estimate_level(
     return hist.astype(np.int64), report
 
 
+def _record_chunk(rundir: RunDir, hdir, records, res: ChunkResult) -> None:
+    """Stage a finished chunk's histograms, then its record (written last: the mark of a finished chunk)."""
+    write_table(_hist_table(pd.Index(res.children), res.hist), rundir.staging(hdir) / f"part-{res.index:05d}.parquet")
+    records.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(records / f"part-{res.index:05d}.json",
+                      {"failsafe": res.failsafe, "solved": res.solved, "copied": res.copied,
+                       "solve_seconds": res.solve_seconds})
+
+
+def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult | None:
+    """The result of a chunk an interrupted run finished (its record, histograms and measurements staged)."""
+    record = records / f"part-{chunk.index:05d}.json"
+    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
+    if not (record.exists() and part.exists() and Path(chunk.measurements_path).exists()):
+        return None
+    meta = json.loads(record.read_text())
+    table = pq.read_table(part).to_pandas()
+    rows = pd.Index(chunk.children).get_indexer(table["geocode"].astype(str))
+    hist = sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
+                         shape=(len(chunk.children), chunk.child_hist.shape[1]), dtype=np.int64)
+    return ChunkResult(chunk.index, chunk.children, hist, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
+                       meta["solve_seconds"])
+
+
 def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
     """Write an aggregated (not estimated) level's histograms atomically, in one part."""
     hdir = rundir.histograms(product, level.name)
@@ -178,8 +216,6 @@ def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.
 
 def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:
     """Estimated histograms of a level already written (for --resume)."""
-    import pyarrow.parquet as pq
-
     table = pq.read_table(rundir.histograms(product, level.name)).to_pandas()
     rows = level.nodes.get_indexer(table["geocode"].astype(str))
     return sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),

@@ -60,6 +60,10 @@ class RunDir:
     def invariants(self, product: str) -> Path:
         return self.root / "invariants" / f"{product}.parquet"
 
+    def chunk_records(self, product: str, level: str) -> Path:
+        """Where a level's finished chunks are recorded while it runs (for --resume inside a level)."""
+        return self.root / STAGING / "chunks" / product / f"level={level}"
+
     def staging(self, final: Path) -> Path:
         """The staging twin of a final path (same relative path under ``.staging``)."""
         return self.root / STAGING / final.relative_to(self.root)
@@ -183,8 +187,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def write_table(table: pa.Table | Any, path: Path) -> None:
-    """Write a pandas frame or Arrow table as one Parquet file (directories created), deterministically."""
+    """Write a pandas frame or Arrow table as one Parquet file (directories created), deterministically and
+    atomically (a temporary file renamed into place, so a killed run never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
-    pq.write_table(table, path, compression="zstd", write_statistics=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp, compression="zstd", write_statistics=True)
+    os.replace(tmp, path)

@@ -117,7 +117,8 @@ def run(
     rundir = RunDir(out)
     rundir.prepare()
     with rundir.lock():
-        rundir.clear_staging()
+        if not resume:  # --resume keeps the chunks an interrupted level had finished
+            rundir.clear_staging()
         manifest = rundir.read_manifest()
         if manifest.get("status") == "complete" and not force:
             raise AlreadyComplete(f"{out} already holds a complete run (config {manifest.get('config_hash', '?')[:12]}); "
