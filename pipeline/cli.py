@@ -75,10 +75,12 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     from .certificate import certificate, render_certificate
     from .config import load_config
 
-    cert = certificate(load_config(args.config))
-    if args.out:
-        Path(args.out).write_text(json.dumps(cert, indent=2) + "\n")
+    config = load_config(args.config)
+    cert = certificate(config)
+    out = Path(args.out or f"{config.run.name}.certificate.json")
+    out.write_text(json.dumps(cert, indent=2) + "\n")
     print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
+    print(f"certificate written to {out}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -147,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("privacy", help="print the privacy certificate of a configuration")
     p.add_argument("config")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--out", help="also write the JSON certificate to this file")
+    p.add_argument("--out", help="file for the JSON certificate (default: <run name>.certificate.json)")
     p.set_defaults(fn=cmd_privacy)
 
     p = sub.add_parser("demo-data", help="write the bundled demo input (2018 End-to-End prototype, 569 blocks)")

@@ -266,9 +266,9 @@ def _write_mdf(rundir: RunDir, product: str, spine, blocks: Level, block_hist) -
     final = rundir.mdf(product)
     staged = rundir.staging(final)
     order = np.argsort(geoids, kind="stable")
-    states = pd.Series(geoids[order]).str[:5].to_numpy()
-    for county in np.unique(states):
-        rows = order[states == county]
+    counties = pd.Series(geoids[order]).str[:5].to_numpy()
+    for county in np.unique(counties):
+        rows = order[counties == county]
         if product == "persons":
             frame = person_mdf(geoids[rows], block_hist[rows])
         else:

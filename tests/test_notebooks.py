@@ -2,7 +2,7 @@
 
 The notebooks read ``TOPDOWN_NOTEBOOK_DIR`` for their work directory. The kernel is this interpreter
 (a kernel spec written to a temporary directory), so the notebooks see the installed ``topdown``.
-quickstart runs in the default suite; the cluster and accuracy notebooks take longer and are marked slow.
+All of them run in the default suite (on the demo data), so they cannot rot.
 """
 from __future__ import annotations
 
@@ -17,14 +17,11 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-#: Notebooks of the slow suite (each runs several demo runs or a whole cluster session).
-SLOW = {"cluster.ipynb", "accuracy_study.ipynb"}
 KERNEL = "topdown-test-python"
 
 
 def _notebooks() -> list:
-    return [pytest.param(p.name, marks=[pytest.mark.slow] if p.name in SLOW else [], id=p.stem)
-            for p in sorted(NOTEBOOKS.glob("*.ipynb"))]
+    return [pytest.param(p.name, id=p.stem) for p in sorted(NOTEBOOKS.glob("*.ipynb"))]
 
 
 @pytest.fixture(scope="session")
@@ -92,4 +89,3 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch, kernel_specs)
 def test_every_notebook_is_collected() -> None:
     names = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
     assert {"quickstart.ipynb", "cluster.ipynb", "accuracy_study.ipynb"} <= names
-    assert SLOW <= names, f"SLOW names notebooks that do not exist: {sorted(SLOW - names)}"
