@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator
