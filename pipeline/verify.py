@@ -61,7 +61,8 @@ def verify_run(root: str | Path) -> VerifyReport:
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
     for product in manifest["products"]:
-        _verify_product(root, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product})
+        _verify_product(root, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
+                        totals_invariant=manifest.get("algorithm") != "block_by_block")
     return rep
 
 
@@ -70,7 +71,7 @@ def _level_hist(root: Path, product: str, level: str) -> pd.DataFrame:
 
 
 def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
-                    relaxed: set[str]) -> None:
+                    relaxed: set[str], totals_invariant: bool) -> None:
     schema = SCHEMAS[product]
     inv = _read(root / "invariants" / f"{product}.parquet")
     hists = {}
@@ -97,7 +98,6 @@ def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataF
         rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
                              f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
     if product == "persons":
-        totals_invariant = json.loads((root / "manifest.json").read_text()).get("algorithm") != "block_by_block"
         _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant)
         mdf = _read(root / "mdf" / "persons")
         tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
@@ -120,7 +120,7 @@ def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataF
 
 
 def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str], spine: pd.DataFrame,
-                              rep: VerifyReport, totals_invariant: bool = True) -> None:
+                              rep: VerifyReport, totals_invariant: bool) -> None:
     hhgq_of_cell = PERSONS.unravel(np.arange(PERSONS.ncells))[0]
     nurse_minor = PERSONS.cell_index(3, 0, 0, 0)
     for level in levels:

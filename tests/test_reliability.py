@@ -314,13 +314,18 @@ def real_cluster(tmp_path) -> Iterator[str]:
         log.close()
 
 
+def _cli_demo_run(out: Path, input_dir: Path, *extra: str, timeout: int = 300) -> None:
+    """`topdown run demo` in a subprocess; it must succeed."""
+    done = subprocess.run([*TOPDOWN, "run", "demo", "--out", str(out), "--input", str(input_dir), *extra, "--quiet"],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == EXIT_OK, done.stderr
+
+
 def test_real_cluster_cli_and_python_give_identical_output(tmp_path, planted, planted_reference, real_cluster):
     from distributed import Client
 
     cli_out = tmp_path / "cli"
-    done = subprocess.run([*TOPDOWN, "run", "demo", "--out", str(cli_out), "--input", str(planted),
-                           "--scheduler", real_cluster, "--quiet"], capture_output=True, text=True, timeout=180)
-    assert done.returncode == EXIT_OK, done.stderr
+    _cli_demo_run(cli_out, planted, "--scheduler", real_cluster, timeout=180)
     assert differing_outputs(planted_reference, cli_out) == []
 
     py_out = tmp_path / "python"
@@ -334,16 +339,12 @@ def test_real_cluster_cli_and_python_give_identical_output(tmp_path, planted, pl
 def test_one_or_two_embedded_workers_give_identical_output(tmp_path, demo_input, demo_reference):
     for n in (1, 2):
         out = tmp_path / f"w{n}"
-        done = subprocess.run([*TOPDOWN, "run", "demo", "--out", str(out), "--input", str(demo_input),
-                               "--workers", str(n), "--quiet"], capture_output=True, text=True, timeout=300)
-        assert done.returncode == EXIT_OK, done.stderr
+        _cli_demo_run(out, demo_input, "--workers", str(n))
         assert differing_outputs(demo_reference, out) == [], n
 
 
 @pytest.mark.slow
 def test_real_cluster_on_the_demo(tmp_path, demo_input, demo_reference, real_cluster):
     out = tmp_path / "cli"
-    done = subprocess.run([*TOPDOWN, "run", "demo", "--out", str(out), "--input", str(demo_input),
-                           "--scheduler", real_cluster, "--quiet"], capture_output=True, text=True, timeout=300)
-    assert done.returncode == EXIT_OK, done.stderr
+    _cli_demo_run(out, demo_input, "--scheduler", real_cluster)
     assert differing_outputs(demo_reference, out) == []
