@@ -11,20 +11,11 @@ from .standard import FAMILIES, StandardForm, base_bounds, family_slices
 
 def compile_direct(layout: Layout) -> StandardForm:
     """Stack the layout's row families into one CSR matrix."""
-    indptr, cols, coefs, lo, hi = [np.zeros(1, dtype=np.int64)], [], [], [], []
-    offset = 0
-    for name in FAMILIES:
-        rows = layout.families[name]
-        if not len(rows):
-            continue
-        indptr.append(np.asarray(rows.indptr[1:], dtype=np.int64) + offset)
-        offset += rows.indptr[-1]
-        cols += rows.cols
-        coefs += rows.coefs
-        lo += rows.lo
-        hi += rows.hi
-    cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
-    a = sp.csr_matrix((cat(coefs, float), cat(cols, np.int64), np.concatenate(indptr)),
-                      shape=(len(lo), layout.n_cols))
+    parts = [layout.families[name].csr() for name in FAMILIES]
+    offsets = np.cumsum([0] + [p[0][-1] for p in parts[:-1]])
+    indptr = np.concatenate([[0]] + [p[0][1:] + off for p, off in zip(parts, offsets)])
+    lo, hi = (np.concatenate([p[i] for p in parts]) for i in (3, 4))
+    a = sp.csr_matrix((np.concatenate([p[2] for p in parts]), np.concatenate([p[1] for p in parts]), indptr),
+                      shape=(lo.size, layout.n_cols))
     lb, ub = base_bounds(layout)
-    return StandardForm(a, np.asarray(lo, float), np.asarray(hi, float), lb, ub, family_slices(layout))
+    return StandardForm(a, lo, hi, lb, ub, family_slices(layout))

@@ -27,23 +27,35 @@ class ProblemError(ValueError):
 
 @dataclass
 class Rows:
-    """A family of rows in CSR pieces with bounds ``lo <= A z <= hi``."""
+    """A family of rows ``lo <= A z <= hi``, collected in chunks of CSR pieces."""
 
-    indptr: list[int] = field(default_factory=lambda: [0])
+    lengths: list[np.ndarray] = field(default_factory=list)  # entries per row, per chunk
     cols: list[np.ndarray] = field(default_factory=list)
     coefs: list[np.ndarray] = field(default_factory=list)
-    lo: list[float] = field(default_factory=list)
-    hi: list[float] = field(default_factory=list)
+    lo: list[np.ndarray] = field(default_factory=list)
+    hi: list[np.ndarray] = field(default_factory=list)
 
     def add(self, cols: np.ndarray, coefs: np.ndarray, lo: float, hi: float) -> None:
-        self.cols.append(cols)
-        self.coefs.append(coefs)
-        self.indptr.append(self.indptr[-1] + len(cols))
-        self.lo.append(lo)
-        self.hi.append(hi)
+        """One row."""
+        self.extend(np.array([len(cols)]), cols, coefs, np.array([lo]), np.array([hi]))
+
+    def extend(self, lengths: np.ndarray, cols: np.ndarray, coefs: np.ndarray, lo: np.ndarray,
+               hi: np.ndarray) -> None:
+        """Many rows: row r has the next ``lengths[r]`` entries of ``cols``/``coefs``."""
+        self.lengths.append(np.asarray(lengths, dtype=np.int64))
+        self.cols.append(np.asarray(cols, dtype=np.int64))
+        self.coefs.append(np.asarray(coefs, dtype=float))
+        self.lo.append(np.asarray(lo, dtype=float))
+        self.hi.append(np.asarray(hi, dtype=float))
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(indptr, cols, coefs, lo, hi)`` of the whole family as flat arrays."""
+        cat = (lambda parts, dt: np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt))
+        indptr = np.concatenate(([0], np.cumsum(cat(self.lengths, np.int64))))
+        return indptr, cat(self.cols, np.int64), cat(self.coefs, float), cat(self.lo, float), cat(self.hi, float)
 
     def __len__(self) -> int:
-        return len(self.lo)
+        return sum(len(x) for x in self.lo)
 
 
 @dataclass
@@ -181,6 +193,28 @@ def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, r
     return query.answer(cell_cap)
 
 
+def _definitions(rows: Rows, key: np.ndarray, members: np.ndarray, ncol: int, size: int) -> tuple[np.ndarray, int]:
+    """One aux column and definition row ``a - sum(members) = 0`` per distinct ``key`` (child x answer),
+    numbered from ``ncol`` in key order, members in their given order; returns the column of every key
+    (-1 where none) and the next free column."""
+    order = np.argsort(key, kind="stable")
+    key, members = key[order], members[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, dtype=np.int64)
+    n_rows = first.size
+    aux = ncol + np.arange(n_rows, dtype=np.int64)
+    cols = np.full(size, -1, dtype=np.int64)
+    cols[key[first]] = aux
+    lengths = np.diff(np.r_[first, key.size]) + 1
+    out_cols = np.empty(key.size + n_rows, dtype=np.int64)
+    out_coefs = np.full(key.size + n_rows, -1.0)
+    head = first + np.arange(n_rows)
+    out_cols[head] = aux
+    out_coefs[head] = 1.0
+    out_cols[np.arange(key.size) + np.repeat(np.arange(n_rows), lengths - 1) + 1] = members
+    rows.extend(lengths, out_cols, out_coefs, np.zeros(n_rows), np.zeros(n_rows))
+    return cols, ncol + n_rows
+
+
 def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequalities: bool = False) -> Layout:
     """Columns and rows of the parent's model.
 
@@ -230,23 +264,15 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
             if mapping is not None:
                 source = f
                 break
-        cols = np.full((k, q.n_answers), -1, dtype=np.int64)
-        for c in range(k):
-            if source is not None:
-                fine = acol[source][c]
-                have = np.flatnonzero((fine >= 0) & (mapping >= 0))
-                parts, members = mapping[have], fine[have]
-            else:
-                cells = np.flatnonzero(mask[c] & (q.groups >= 0))
-                parts, members = q.groups[cells], xcol[c, cells]
-            order = np.argsort(parts, kind="stable")
-            parts, members = parts[order], members[order]
-            answers, starts = np.unique(parts, return_index=True)
-            cols[c, answers] = ncol + np.arange(answers.size)
-            ncol += answers.size
-            for j, group in zip(answers, np.split(members, starts[1:])):
-                families["definitions"].add(np.concatenate(([cols[c, j]], group)),
-                                            np.concatenate(([1.0], -np.ones(group.size))), 0.0, 0.0)
+        if source is not None:
+            cc, jj = np.nonzero((acol[source] >= 0) & (mapping >= 0)[None, :])
+            parts, members = mapping[jj], acol[source][cc, jj]
+        else:
+            cc, jj = np.nonzero(mask & (q.groups >= 0)[None, :])
+            parts, members = q.groups[jj], xcol[cc, jj]
+        cols, ncol = _definitions(families["definitions"], cc * q.n_answers + parts, members, ncol,
+                                  k * q.n_answers)
+        cols = cols.reshape(k, q.n_answers)
         acol[n] = cols
         sources[n] = source
         defined.append(n)
@@ -264,17 +290,17 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
             spcol[cells] = ncol + np.arange(cells.size)
             sncol[cells] = ncol + cells.size + np.arange(cells.size)
             ncol += 2 * cells.size
-        for i in cells:
-            members = xcol[:, i][xcol[:, i] >= 0]
-            if relax_parent:
-                families["parent"].add(np.concatenate((members, [spcol[i], sncol[i]])),
-                                       np.concatenate((np.ones(members.size), [-1.0, 1.0])),
-                                       float(parent[i]), float(parent[i]))
-            elif members.size:
-                families["parent"].add(members, np.ones(members.size), float(parent[i]), float(parent[i]))
-            else:
-                infeasible.append(("equality", f"parent cell {i} is positive but every child has a "
-                                               "structural zero there"))
+        by_cell = xcol[:, cells].T
+        coef = np.ones(by_cell.shape)
+        if relax_parent:
+            by_cell = np.column_stack([by_cell, spcol[cells], sncol[cells]])
+            coef = np.column_stack([coef, -np.ones(cells.size), np.ones(cells.size)])
+        ok = by_cell >= 0
+        lengths = ok.sum(axis=1)
+        some = lengths > 0
+        families["parent"].extend(lengths[some], by_cell[ok], coef[ok], parent[cells[some]], parent[cells[some]])
+        infeasible += [("equality", f"parent cell {i} is positive but every child has a structural zero there")
+                       for i in cells[~some]]
         if relax_parent:
             rest = parent.reshape(schema.shape[0], -1)
             marg = rest.sum(axis=0)

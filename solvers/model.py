@@ -27,7 +27,7 @@ from .layout import Layout, Rows
 from .standard import FAMILIES, StandardForm, base_bounds, family_slices
 
 
-def build_model(layout: Layout) -> tuple[pyo.ConcreteModel, list]:
+def build_model(layout: Layout) -> tuple[pyo.ConcreteModel, tuple]:
     """The ConcreteModel and its variables in layout column order."""
     m = pyo.ConcreteModel(name=f"parent {layout.problem.parent}")
     n_x = layout.n_x
@@ -37,7 +37,7 @@ def build_model(layout: Layout) -> tuple[pyo.ConcreteModel, list]:
     m.a = pyo.Var(range(n_a))
     m.sp = pyo.Var(range(n_slack), bounds=(0, None))
     m.sn = pyo.Var(range(n_slack), bounds=(0, None))
-    columns = list(m.x.values()) + list(m.a.values()) + list(m.sp.values()) + list(m.sn.values())
+    columns = tuple(m.x.values()) + tuple(m.a.values()) + tuple(m.sp.values()) + tuple(m.sn.values())
     for name in FAMILIES:
         rows = layout.families[name]
         if len(rows):
@@ -46,17 +46,34 @@ def build_model(layout: Layout) -> tuple[pyo.ConcreteModel, list]:
 
 
 class _RowData(_MatrixConstraintData):
-    """One row of a :class:`RowFamily`, in the (lb, body, ub) form Pyomo's writers ask for."""
+    """One row of a :class:`RowFamily`, in the (lb, body, ub) form Pyomo's writers ask for; the family
+    keeps its bounds as float arrays (+-inf: none)."""
 
     __slots__ = ()
+
+    @property
+    def lower(self):
+        v = self.parent_component()._lower[self._index]
+        return float(v) if np.isfinite(v) else None
+
+    @property
+    def upper(self):
+        v = self.parent_component()._upper[self._index]
+        return float(v) if np.isfinite(v) else None
+
+    @property
+    def equality(self):
+        comp = self.parent_component()
+        return bool(comp._lower[self._index] == comp._upper[self._index])
 
     def to_bounded_expression(self, evaluate_bounds=False):
         return self.lower, self.body, self.upper
 
 
 class RowFamily(MatrixConstraint):
-    """Pyomo's ``MatrixConstraint`` with the iteration signatures and row form that Pyomo 6.10's
-    writers (``LinearStandardFormCompiler``, the LP writer) expect of an indexed constraint."""
+    """Pyomo's ``MatrixConstraint`` over numpy CSR arrays and bound arrays, with the iteration
+    signatures and row form that Pyomo 6.10's writers (``LinearStandardFormCompiler``, the LP writer)
+    expect of an indexed constraint."""
 
     def construct(self, data=None) -> None:
         if self._constructed:
@@ -75,19 +92,18 @@ class RowFamily(MatrixConstraint):
         return enumerate(self._data)
 
 
-def _matrix_constraint(rows: Rows, columns: list) -> RowFamily:
-    """``lo <= A z <= hi`` for one row family (infinite bounds become None)."""
-    lo = [None if not np.isfinite(v) else float(v) for v in rows.lo]
-    hi = [None if not np.isfinite(v) else float(v) for v in rows.hi]
-    return RowFamily(np.concatenate(rows.coefs).astype(float).tolist(),
-                     np.concatenate(rows.cols).astype(np.int64).tolist(), list(rows.indptr), lo, hi, columns)
+def _matrix_constraint(rows: Rows, columns: tuple) -> RowFamily:
+    """``lo <= A z <= hi`` for one row family."""
+    indptr, cols, coefs, lo, hi = rows.csr()
+    return RowFamily(coefs, cols, indptr, lo, hi, columns)
 
 
-def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: list) -> StandardForm:
-    """Compile the model into layout column order: read each RowFamily's CSR arrays and variable list
-    (``_A_data``/``_A_indices``/``_A_indptr``/``_lower``/``_upper``/``_x``, as Pyomo 6.10 names them)
-    directly, else use Pyomo's compiler."""
-    position = {id(v): i for i, v in enumerate(columns)}
+def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: tuple) -> StandardForm:
+    """Compile the model into layout column order: read each RowFamily's CSR arrays, bounds and variable
+    list (``_A_data``/``_A_indices``/``_A_indptr``/``_lower``/``_upper``/``_x``, as Pyomo 6.10 names
+    them) directly, else use Pyomo's compiler."""
+    position: dict[int, int] | None = None
+    checked: set[int] = set()  # variable lists already checked for fixed variables
     indptr, cols, coefs, lo, hi = [np.zeros(1, dtype=np.int64)], [], [], [], []
     n_rows, nnz = 0, 0
     for con in m.component_objects(pyo.Constraint, active=True):
@@ -97,15 +113,21 @@ def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: list) -> Standa
         comp = m.component(name)
         if comp is None:
             continue
-        if any(v.fixed for v in comp._x):
-            return compile_with_pyomo(layout, m, columns)
-        perm = np.fromiter((position[id(v)] for v in comp._x), dtype=np.int64, count=len(comp._x))
-        cols.append(perm[np.asarray(comp._A_indices, dtype=np.int64)])
+        if id(comp._x) not in checked:
+            if any(v.fixed for v in comp._x):
+                return compile_with_pyomo(layout, m, columns)
+            checked.add(id(comp._x))
+        index = np.asarray(comp._A_indices, dtype=np.int64)
+        if comp._x is not columns:  # a family over its own variable list: map it to layout order
+            position = position or {id(v): i for i, v in enumerate(columns)}
+            perm = np.fromiter((position[id(v)] for v in comp._x), dtype=np.int64, count=len(comp._x))
+            index = perm[index]
+        cols.append(index)
         coefs.append(np.asarray(comp._A_data, dtype=float))
         indptr.append(np.asarray(comp._A_indptr[1:], dtype=np.int64) + nnz)
         nnz += len(comp._A_data)
-        lo.append(np.array([-np.inf if v is None else v for v in comp._lower], dtype=float))
-        hi.append(np.array([np.inf if v is None else v for v in comp._upper], dtype=float))
+        lo.append(np.asarray(comp._lower, dtype=float))
+        hi.append(np.asarray(comp._upper, dtype=float))
         n_rows += len(comp._lower)
     cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
     a = sp.csr_matrix((cat(coefs, float), cat(cols, np.int64), np.concatenate(indptr)), shape=(n_rows, layout.n_cols))
@@ -113,7 +135,7 @@ def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: list) -> Standa
     return StandardForm(a, cat(lo, float), cat(hi, float), lb, ub, family_slices(layout))
 
 
-def compile_with_pyomo(layout: Layout, m: pyo.ConcreteModel, columns: list) -> StandardForm:
+def compile_with_pyomo(layout: Layout, m: pyo.ConcreteModel, columns: tuple) -> StandardForm:
     """Compile with Pyomo's LinearStandardFormCompiler (mixed form) into layout column order."""
     info = LinearStandardFormCompiler().write(m, mixed_form=True, column_order=columns)
     position = {id(v): i for i, v in enumerate(columns)}
