@@ -16,7 +16,7 @@ from topdown.pipeline.queries import canonical_name
 
 from .backends import Backend
 from .layout import DETAILED, Layout
-from .standard import StandardForm, restrict_form
+from .standard import StandardForm, restrict_for_passes
 from .tau import tau_lp
 
 #: Target magnitude of a scaled count.
@@ -111,10 +111,7 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
     """
     p = layout.problem
     passes = [[canonical_name(n) for n in names] for names in p.l2_passes] or [[DETAILED]]
-    needed = {n for names in passes for n in names} | {canonical_name(c.query) for c in p.constraints}
-    form, keep = restrict_form(layout, form, needed)
-    pos = np.full(layout.n_cols, -1, dtype=np.int64)
-    pos[keep] = np.arange(keep.size)
+    form, keep, pos = restrict_for_passes(layout, form, passes)
     s = problem_scale(layout)
     lo, hi = form.lo / s, form.hi / s
     base_lb, base_ub = form.lb / s, form.ub / s

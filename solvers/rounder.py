@@ -20,7 +20,7 @@ from topdown.pipeline.queries import canonical_name
 from .backends import Backend
 from .l2 import SolveFailure
 from .layout import DETAILED, Layout
-from .standard import StandardForm
+from .standard import StandardForm, restrict_for_passes
 
 INTEGRAL_TOL = 1e-6
 FLOOR_EPS = 1e-9
@@ -83,6 +83,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
     """Integer child histograms (int64[n_children, ncells]) and per-pass statistics."""
     p = layout.problem
     passes = [[canonical_name(n) for n in names] for names in p.rounder_passes] or [[DETAILED]]
+    form, keep, pos = restrict_for_passes(layout, form, passes)
     hist = l2_histograms(layout, z_l2)
     have = layout.xcol >= 0
     floor = np.where(have, np.floor(hist + FLOOR_EPS), 0.0)
@@ -92,10 +93,11 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         shift[layout.spcol[layout.spcol >= 0]] = 0.0
         shift[layout.sncol[layout.sncol >= 0]] = 0.0
     target_all = column_values(layout, hist) - shift
-    n = layout.n_cols
+    shift = shift[keep]
+    n = keep.size
     lb = np.full(n, -np.inf)
     ub = np.full(n, np.inf)
-    xcols = layout.xcol[have]
+    xcols = pos[layout.xcol[have]]
     if p.parent_hist is None or layout.relax_parent:
         play = have
     else:
@@ -103,11 +105,12 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         if (deficit < -FLOOR_EPS).any():
             raise SolveFailure("rounder: the floors of the L2 solution exceed the parent")
         play = have & (deficit > 0.5)[None, :]
+    play_cols = pos[layout.xcol[play]]
+    slacks = pos[np.concatenate([s[s >= 0] for s in (layout.spcol, layout.sncol)])]
     lb[xcols] = 0.0
     ub[xcols] = 0.0
-    ub[layout.xcol[play]] = 1.0
-    for s in (layout.spcol, layout.sncol):
-        lb[s[s >= 0]] = 0.0
+    ub[play_cols] = 1.0
+    lb[slacks] = 0.0
     offset = form.a @ shift
     lo, hi = form.lo - offset, form.hi - offset
     stats = []
@@ -116,16 +119,14 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         blocks, rhs, costs, flb, fub = [], [], [], [], []
         base_cost = np.zeros(n)
         if DETAILED in names:
-            base_cost[layout.xcol[play]] = 1.0 - 2.0 * frac_hist[play]
-        if layout.relax_parent:
-            for s in (layout.spcol, layout.sncol):
-                base_cost[s[s >= 0]] = 1.0
+            base_cost[play_cols] = 1.0 - 2.0 * frac_hist[play]
+        base_cost[slacks] = 1.0
         width = 0
         for name in names:
             if name == DETAILED:
                 continue
             cols = layout.acol[name][layout.acol[name] >= 0]
-            block, r, cost, l_, u_ = _flow_block(cols, target_all[cols], n)
+            block, r, cost, l_, u_ = _flow_block(pos[cols], target_all[cols], n)
             blocks.append((block, width))
             width += block.shape[1] - n
             rhs.append(r), costs.append(cost), flb.append(l_), fub.append(u_)
@@ -150,7 +151,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         stat["max_fraction"] = gap
         if gap >= INTEGRAL_TOL:
             integer = np.zeros(a.shape[1], dtype=bool)
-            integer[layout.xcol[play]] = True
+            integer[play_cols] = True
             res = backend.lp(c, a, row_lo, row_hi, col_lb, col_ub, integer=integer)
             stat.update(milp=True, status=res.status, lp_s=round(stat["lp_s"] + res.seconds, 6))
             if not res.ok:
@@ -158,8 +159,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
                 raise SolveFailure(f"rounder pass {k} MILP fallback: solver status {res.status}")
         z = np.round(res.x[:n])
         for name in names:
-            cols = layout.cols(name)
-            cols = cols[cols >= 0]
+            cols = pos[layout.cols(name)[layout.cols(name) >= 0]]
             lb[cols] = ub[cols] = z[cols]
         stats.append(stat)
     out = floor.copy()

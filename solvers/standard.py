@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from topdown.pipeline.queries import canonical_name
+
 from .layout import Layout
 
 #: Row families in the order the builders emit them.
@@ -82,3 +84,15 @@ def restrict_form(layout: Layout, form: StandardForm, queries: set[str]) -> tupl
     cols = np.flatnonzero(keep)
     a = form.a[keep_row][:, cols].tocsr()
     return StandardForm(a, form.lo[keep_row], form.hi[keep_row], form.lb[cols], form.ub[cols], rows), cols
+
+
+def restrict_for_passes(layout: Layout, form: StandardForm, passes: list[list[str]]
+                        ) -> tuple[StandardForm, np.ndarray, np.ndarray]:
+    """The form restricted to the queries of ``passes`` and of the problem's constraints (canonical
+    names); returns it, the kept layout columns and each layout column's position in it (-1: dropped)."""
+    needed = {n for names in passes for n in names}
+    needed |= {canonical_name(c.query) for c in layout.problem.constraints}
+    form, keep = restrict_form(layout, form, needed)
+    pos = np.full(layout.n_cols, -1, dtype=np.int64)
+    pos[keep] = np.arange(keep.size)
+    return form, keep, pos

@@ -13,6 +13,7 @@ from topdown.solvers.l2 import run_l2
 from topdown.solvers.layout import build_layout
 from topdown.solvers.model import compile_pyomo
 from topdown.solvers.rounder import l2_histograms, run_rounder
+from topdown.solvers.standard import restrict_form
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -39,12 +40,20 @@ def test_later_pass_keeps_earlier_rounded_answers():
     rng = np.random.default_rng(77)
     truth = random_truth(rng, 6, n_cells=60, people=80)
     problem = make_problem(truth, rng, noise=20.0,
+                           l2_passes=[["total"], ["hhgq", "votingage * hispanic * cenrace", "detailed"]],
                            rounder_passes=[["total"], ["hhgq"], ["hhgq * votingage * hispanic * cenrace", "detailed"]])
     layout = build_layout(problem)
     form = compile_pyomo(layout)
     l2 = run_l2(layout, form, ClarabelHighs())
     hist, stats = run_rounder(layout, form, l2.z, ClarabelHighs())
     assert len(stats) == 3 and not any(s["milp"] for s in stats)
+    # The rounder's LPs leave out the aux columns that only the L2 queries use (votingage * hispanic *
+    # cenrace: total is defined from hhgq) and their rows.
+    rounder_only = {"total", "hhgq", "hhgq * votingage * hispanic * cenrace"} | {c.query for c in problem.constraints}
+    sub, keep = restrict_form(layout, form, {build_query(problem.schema, q).name for q in rounder_only})
+    assert keep.size < layout.n_cols
+    added = 3 * (layout.cols("total") >= 0).sum()  # pass 0's flow columns: three per answer row
+    assert stats[0]["columns"] == keep.size + added and stats[0]["rows"] == sub.shape[0] + added // 3
     hhgq = build_query(problem.schema, "hhgq")
     l2_hist = l2_histograms(layout, l2.z)
     assert np.abs(hhgq.answer(hist) - hhgq.answer(l2_hist)).max() < 1.0
