@@ -17,9 +17,11 @@ import json
 import resource
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 
+from topdown.pipeline.config import EstimationConfig
 from topdown.pipeline.queries import build_query
 from topdown.pipeline.schema import CENRACE_COMBOS, PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
@@ -43,6 +45,9 @@ CASES = {"bg15": ("Block_Group -> Block", 15, 830, False), "bg80": ("Block_Group
          "state40": ("State -> County", 40, 3_760_000, True), "us88": ("US -> State", 88, 331_000_000, True),
          "state250": ("State -> County", 250, 29_000_000, True),
          "county2000": ("County -> Tract", 2000, 10_000_000, True)}
+#: The pipeline's defaults for two-stage solves of huge parents (solvers/split.py).
+SPLIT_ABOVE = EstimationConfig.model_fields["split_above"].default
+SPLIT_GROUP = EstimationConfig.model_fields["split_group"].default
 NATIONAL = np.array([0.616, 0.124, 0.011, 0.060, 0.002, 0.084])  # White, Black, AIAN, Asian, NHPI, SOR
 
 
@@ -138,6 +143,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-floor", dest="floor", action="store_false", help="skip the direct-build floor")
     ap.add_argument("--steps", action="store_true", help="print every solve step's time to stderr")
+    ap.add_argument("--split-above", type=int, default=SPLIT_ABOVE,
+                    help=f"two-stage solve above this many children (default: the pipeline's, {SPLIT_ABOVE}; 0: joint)")
+    ap.add_argument("--split-group", type=int, default=SPLIT_GROUP, help=f"children per group (default {SPLIT_GROUP})")
     args = ap.parse_args()
     if args.steps:
         trace_steps()
@@ -145,7 +153,8 @@ def main() -> None:
     for name in args.cases.split(","):
         level, k, people, dense = CASES[name]
         t0 = time.perf_counter()
-        problem = synthetic_parent(np.random.default_rng(args.seed), k, people, dense)
+        problem = replace(synthetic_parent(np.random.default_rng(args.seed), k, people, dense),
+                          split_above=args.split_above, split_group=args.split_group)
         gen_s = time.perf_counter() - t0
         ours, ours_cpu, floor = [], [], []
         for _ in range(args.repeats):
@@ -163,6 +172,7 @@ def main() -> None:
                           "floor_s": None if f is None else round(f, 4),
                           "ratio": None if f is None else round(o / f, 2), **where(stats),
                           "failsafe_level": stats["level"], "rounder_milp": stats["rounder_milp"],
+                          "split": stats.get("split"),
                           "generate_s": round(gen_s, 2),
                           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}),
               flush=True)

@@ -6,7 +6,8 @@ Layout of a configuration file (see ``conf/demo.toml``)::
     [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
-    [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack
+    [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack,
+                               split_above, split_group, backend
     [persons.invariants]       <Level> = [invariant names]
     [persons.constraints]      <Level> = [constraint names]
     [units.*]                  the same for the housing-unit product
@@ -113,6 +114,10 @@ class EstimationConfig(_Strict):
     l2_passes: dict[str, list[list[str]]]
     rounder_passes: dict[str, list[list[str]]]
     tau_slack: float = 0.1
+    split_above: int = Field(default=400, ge=0, description=(
+        "parents with more children than this are solved in two stages through groups of split_group "
+        "consecutive children (solvers/split.py); 0 = always one joint solve"))
+    split_group: int = Field(default=25, ge=2, description="children per group of a two-stage solve")
     backend: Literal["clarabel-highs", "gurobi"] = Field(
         default="clarabel-highs", description="solvers: Clarabel (QP) + HiGHS (LP), or Gurobi where licensed")
 

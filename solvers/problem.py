@@ -68,6 +68,9 @@ class ParentProblem:
     l2_passes: list[list[str]] = field(default_factory=list)
     rounder_passes: list[list[str]] = field(default_factory=list)
     tau_slack: float = 0.1
+    #: More children than this (0: never) -> two-stage solve through groups of ``split_group`` (split.py).
+    split_above: int = 0
+    split_group: int = 25
 
     @property
     def n_children(self) -> int:

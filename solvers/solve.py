@@ -3,7 +3,8 @@
 Sequence per failsafe level (failsafe.py): layout (layout.py) -> Pyomo model compiled once (model.py)
 -> multi-pass L2 with tau bands (l2.py, eqs. 7.5-7.6) -> multi-pass rounder (rounder.py, eq. 7.7) ->
 check of every row on the integer result. Shortcuts (facts 4.1): an all-zero parent gives zeros, a
-single child (not at the root) gets the parent's histogram.
+single child (not at the root) gets the parent's histogram. A parent with more than
+``problem.split_above`` children is solved in two stages through groups of children (split.py).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .layout import Layout, build_layout
 from .model import compile_pyomo
 from .problem import ParentProblem, ParentSolution
 from .rounder import column_values, run_rounder
+from .split import solve_split, wants_split
 from .standard import StandardForm
 
 CHECK_TOL = 1e-6
@@ -55,6 +57,10 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
         if k == 1:
             build_layout(problem)
             return ParentSolution(parent[None, :].copy(), stats={"shortcut": "single child"})
+    if wants_split(problem):
+        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS)
+        solution.stats["total_s"] = round(time.perf_counter() - t_start, 6)
+        return solution
     failsafe: list[str] = []
     levels = LEVELS if problem.parent_hist is not None else LEVELS[:2]
     for level, name in enumerate(levels):

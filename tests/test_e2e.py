@@ -102,3 +102,20 @@ def test_complete_run_is_not_recomputed_without_force(zero_noise_run, demo_input
 
     with pytest.raises(AlreadyComplete, match="--force"):
         run(load_config("zero_noise"), zero_noise_run, input_dir=demo_input, client=dask_client)
+
+
+def test_two_stage_solves_through_the_pipeline_verify(tmp_path, demo_input, dask_client):
+    """With split_above = 2 every Block_Group -> Block parent (four blocks) is solved in two stages;
+    the run is complete and passes verify (exact sums, invariants, constraints at every level)."""
+    from topdown.pipeline.config import config_from_dict
+
+    data = load_config("demo").model_dump(mode="json")
+    for product in ("persons", "units"):
+        data[product]["estimation"].update(split_above=2, split_group=2)
+    cfg = config_from_dict(data, source="demo with two-stage solves")
+    out = tmp_path / "split"
+    run(cfg, out, input_dir=demo_input, client=dask_client)
+    report = verify_run(out)
+    assert report.ok, report.failures
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "complete"

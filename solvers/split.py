@@ -1,0 +1,106 @@
+"""Two-stage estimation of a parent with a very large fan-out (a county of thousands of tracts).
+
+One joint solve costs, per interior-point iteration, about children x r x cells^2 (every child's
+update to the dense block of parent cells; r ~ 20 aggregate rows per child) and its memory grows the
+same way, so a 2,000-tract county does not finish in minutes. Such a parent (more than
+``problem.split_above`` children, no group totals) is solved through an intermediate level that
+costs no privacy budget:
+
+1. Stage 1: consecutive children (in the given geocode order) are grouped ``split_group`` at a time.
+   Each group is a pseudo-child whose measurement of a query is the sum of its children's noisy
+   answers (variance: the sum of theirs; unmeasured if any child is unmeasured), and whose constraint
+   right-hand sides are the sums of its children's (``==`` / ``<=``: only where every child has one;
+   ``>=``: the sum of those given). The parent is solved against the groups as usual.
+2. Stage 2: each group's integer histogram is the parent of its own children, solved as usual.
+
+The result has every property a joint solve has (non-negative integers, children summing exactly to
+the parent, every constraint row checked), but it is a different estimator: the joint least-squares
+fit is replaced by a fit through group sums (benchmarks/RESULTS.md measures the accuracy cost). It is
+post-processing of the same noisy measurements, so privacy is unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from .problem import Constraint, Measurement, ParentProblem, ParentSolution
+
+Solve = Callable[[ParentProblem], ParentSolution]
+
+
+def wants_split(problem: ParentProblem) -> bool:
+    """Whether ``solve_parent`` goes through groups (see the module docstring)."""
+    return (problem.split_above > 0 and problem.n_children > problem.split_above
+            and problem.parent_hist is not None and not problem.group_totals)
+
+
+def groups_of(problem: ParentProblem) -> list[np.ndarray]:
+    """Consecutive runs of children, ``split_group`` each (the last one may be shorter)."""
+    size = max(1, problem.split_group)
+    return [np.arange(s, min(s + size, problem.n_children)) for s in range(0, problem.n_children, size)]
+
+
+def _group_measurement(m: Measurement, groups: list[np.ndarray]) -> Measurement:
+    values = np.asarray(m.values, float)
+    var = np.asarray(m.variance, float)
+    measured = [np.isfinite(var[g]).all() for g in groups]
+    return Measurement(m.query, np.array([values[g].sum(axis=0) if ok else np.zeros(values.shape[1])
+                                          for g, ok in zip(groups, measured)]),
+                       np.array([var[g].sum() if ok else np.inf for g, ok in zip(groups, measured)]))
+
+
+def _group_constraint(con: Constraint, groups: list[np.ndarray]) -> Constraint:
+    rhs = np.asarray(con.rhs, float)
+    rows = []
+    for g in groups:
+        given = np.isfinite(rhs[g])
+        total = np.where(given, rhs[g], 0.0).sum(axis=0)
+        # ">=": children without a bound have 0 (counts are >= 0); "==" / "<=": every child needs one.
+        complete = given.any(axis=0) if con.sense == ">=" else given.all(axis=0)
+        rows.append(np.where(complete, total, np.nan))
+    return Constraint(con.name, con.query, con.sense, np.array(rows))
+
+
+def group_problem(problem: ParentProblem, groups: list[np.ndarray]) -> ParentProblem:
+    """Stage 1: the parent with one pseudo-child per group (split again if there are still too many)."""
+    return replace(problem, children=[f"{problem.parent} group {i + 1}/{len(groups)}" for i in range(len(groups))],
+                   measurements=[_group_measurement(m, groups) for m in problem.measurements],
+                   constraints=[_group_constraint(c, groups) for c in problem.constraints])
+
+
+def member_problem(problem: ParentProblem, members: np.ndarray, name: str, group_hist: np.ndarray
+                   ) -> ParentProblem:
+    """Stage 2: one group's children under the group's estimated histogram."""
+    return replace(problem, parent=name, children=[problem.children[i] for i in members], parent_hist=group_hist,
+                   measurements=[Measurement(m.query, np.asarray(m.values)[members], np.asarray(m.variance)[members])
+                                 for m in problem.measurements],
+                   constraints=[Constraint(c.name, c.query, c.sense, np.asarray(c.rhs)[members])
+                                for c in problem.constraints], split_above=0)
+
+
+def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...]) -> ParentSolution:
+    """Both stages with ``solve`` (``solve_parent`` with the caller's back end); the solution's stats sum
+    the stages' sizes and list their L2 and rounder passes; ``level`` is the most relaxed failsafe level
+    any stage needed (``levels`` in order)."""
+    groups = groups_of(problem)
+    stage1 = group_problem(problem, groups)
+    top = solve(stage1)
+    hist = np.zeros((problem.n_children, problem.schema.ncells), dtype=np.int64)
+    failsafe = [f"groups: {step}" for step in top.failsafe]
+    parts = [top.stats]
+    for name, members, group_hist in zip(stage1.children, groups, top.hist):
+        sol = solve(member_problem(problem, members, name, group_hist))
+        hist[members] = sol.hist
+        failsafe += [f"{name}: {step}" for step in sol.failsafe]
+        parts.append(sol.stats)
+    rank = {name: i for i, name in enumerate(levels)}
+    stats = {"split": {"groups": len(groups), "group_size": int(max(len(g) for g in groups))},
+             "level": max((st.get("level", levels[0]) for st in parts), key=rank.__getitem__),
+             "l2": [p for st in parts for p in st.get("l2", [])],
+             "rounder": [p for st in parts for p in st.get("rounder", [])]}
+    for key in ("build_s", "n_x", "n_cols", "n_rows", "nnz", "rounder_milp"):
+        stats[key] = sum(st.get(key, 0) for st in parts)
+    stats["largest_n_cols"] = max(st.get("n_cols", 0) for st in parts)
+    return ParentSolution(hist, failsafe=failsafe, stats=stats)

@@ -1,0 +1,87 @@
+"""Two-stage solves of parents with many children (solvers/split.py): the group problem's measurements
+and constraints, and valid, deterministic results that stay close to the joint solve."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_solvers import assert_valid, make_problem, random_truth
+
+from topdown.pipeline.queries import build_query
+from topdown.pipeline.schema import PERSONS
+from topdown.solvers import Constraint, GroupTotal, Measurement, ParentProblem, solve_parent
+from topdown.solvers.split import group_problem, groups_of, member_problem, wants_split
+
+
+def test_group_measurements_sum_children_and_unmeasured_children_unmeasure_the_group():
+    values = np.arange(10.0).reshape(5, 2)
+    m = Measurement("hispanic", values, np.array([1.0, 2.0, 3.0, np.inf, 5.0]))
+    prob = ParentProblem(PERSONS, "p", list("abcde"), np.ones(4, dtype=np.int64), [m], split_above=2, split_group=2)
+    groups = groups_of(prob)
+    assert [g.tolist() for g in groups] == [[0, 1], [2, 3], [4]]
+    g = group_problem(prob, groups).measurements[0]
+    np.testing.assert_array_equal(g.values[0], values[0] + values[1])
+    np.testing.assert_array_equal(g.variance, [3.0, np.inf, 5.0])
+    np.testing.assert_array_equal(g.values[2], values[4])
+
+
+@pytest.mark.parametrize("sense,expected", [("==", [3.0, np.nan]), ("<=", [3.0, np.nan]), (">=", [3.0, 4.0])])
+def test_group_constraints_by_sense(sense, expected):
+    rhs = np.array([[1.0], [2.0], [4.0], [np.nan]])
+    con = Constraint("c", "total", sense, rhs)
+    prob = ParentProblem(PERSONS, "p", list("abcd"), np.ones(4, dtype=np.int64), [], [con], split_group=2)
+    got = group_problem(prob, groups_of(prob)).constraints[0].rhs[:, 0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_member_problem_takes_its_childrens_rows():
+    rng = np.random.default_rng(0)
+    prob = make_problem(random_truth(rng, 6, n_cells=15, people=20), rng)
+    sub = member_problem(prob, np.array([2, 3]), "g", np.zeros(prob.schema.ncells, dtype=np.int64))
+    assert sub.children == ["child2", "child3"] and sub.parent == "g" and sub.split_above == 0
+    np.testing.assert_array_equal(sub.measurements[0].values, prob.measurements[0].values[2:4])
+    np.testing.assert_array_equal(sub.constraints[0].rhs, prob.constraints[0].rhs[2:4])
+
+
+def test_who_splits():
+    rng = np.random.default_rng(1)
+    prob = replace(make_problem(random_truth(rng, 6, n_cells=15, people=20), rng), split_above=5)
+    assert wants_split(prob)
+    assert not wants_split(replace(prob, split_above=6)) and not wants_split(replace(prob, split_above=0))
+    assert not wants_split(replace(prob, group_totals=[GroupTotal(np.array([0, 1]), 3)]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_split_solve_is_valid_deterministic_and_close_to_joint(seed):
+    rng = np.random.default_rng(50 + seed)
+    truth = random_truth(rng, 12, n_cells=40, people=60)
+    joint = make_problem(truth, rng, noise=1.0)
+    split = replace(joint, split_above=5, split_group=4)
+    sol = solve_parent(split)
+    assert_valid(split, sol.hist)
+    assert sol.stats["split"] == {"groups": 3, "group_size": 4} and sol.stats["level"] == "exact"
+    assert len(sol.stats["l2"]) == 4 * 2  # stage 1 and three groups, two L2 passes each
+    assert solve_parent(split).hist.tobytes() == sol.hist.tobytes()
+    # Both estimators fit the same noisy data: per-child totals differ by a few people at most.
+    total = build_query(joint.schema, "total")
+    assert np.abs(total.answer(sol.hist) - total.answer(solve_parent(joint).hist)).max() <= 4
+
+
+def test_stage_one_splits_again_when_groups_are_still_too_many():
+    rng = np.random.default_rng(9)
+    prob = replace(make_problem(random_truth(rng, 9, n_cells=20, people=30), rng), split_above=2, split_group=2)
+    sol = solve_parent(prob)
+    assert_valid(prob, sol.hist)
+    assert sol.stats["split"]["groups"] == 5
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), k=st.integers(3, 9), group=st.integers(2, 4))
+def test_split_solves_are_consistent(seed, k, group):
+    rng = np.random.default_rng(seed)
+    prob = replace(make_problem(random_truth(rng, k, n_cells=12, people=15), rng, noise=4.0),
+                   split_above=2, split_group=group)
+    assert_valid(prob, solve_parent(prob).hist)
