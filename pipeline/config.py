@@ -114,7 +114,7 @@ class EstimationConfig(_Strict):
     l2_passes: dict[str, list[list[str]]]
     rounder_passes: dict[str, list[list[str]]]
     tau_slack: float = 0.1
-    split_above: int = Field(default=400, ge=0, description=(
+    split_above: int = Field(default=300, ge=0, description=(
         "parents with more children than this are solved in two stages through groups of split_group "
         "consecutive children (solvers/split.py); 0 = always one joint solve"))
     split_group: int = Field(default=25, ge=2, description="children per group of a two-stage solve")
