@@ -70,6 +70,11 @@ def cell_distribution(rng: np.random.Generator, dense: bool) -> np.ndarray:
 
 def synthetic_parent(rng: np.random.Generator, k: int, people: int, dense: bool) -> ParentProblem:
     """Children with Dirichlet(0.8) sizes and their own race affinity; facilities per child."""
+    return synthetic_case(rng, k, people, dense)[0]
+
+
+def synthetic_case(rng: np.random.Generator, k: int, people: int, dense: bool) -> tuple[ParentProblem, np.ndarray]:
+    """The synthetic parent and its true child histograms (int64[k, 2016])."""
     base = cell_distribution(rng, dense)
     sizes = rng.multinomial(people, rng.dirichlet(np.full(k, 0.8)))
     truth = np.zeros((k, PERSONS.ncells), dtype=np.int64)
@@ -90,7 +95,7 @@ def synthetic_parent(rng: np.random.Generator, k: int, people: int, dense: bool)
         ans = build_query(PERSONS, q).answer(truth).astype(float)
         meas.append(Measurement(q, ans + rng.normal(0.0, np.sqrt(var), ans.shape), np.full(k, float(var))))
     return ParentProblem(PERSONS, "synthetic", [f"{c:04d}" for c in range(k)], truth.sum(axis=0), meas,
-                         constraints, l2_passes=L2_PASSES, rounder_passes=ROUNDER_PASSES)
+                         constraints, l2_passes=L2_PASSES, rounder_passes=ROUNDER_PASSES), truth
 
 
 def timed(problem: ParentProblem, compiler) -> tuple[float, dict]:
