@@ -4,7 +4,8 @@ build of the same problem solved by the same back ends and the same pass code (t
 Prints one JSON object per line: level, children, people, variables, ours_s, floor_s (medians of wall
 seconds), ours_cpu_s (median CPU seconds: the figure to use on a shared, loaded machine), ratio,
 where our time goes (model build and compile, L2 QPs, tau LPs, rounder LPs) and the process's peak RSS.
-Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60] [--repeats 3] [--no-floor]
+Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60 (default)]
+       [--repeats 3] [--no-floor] [--steps] [--split-above N] [--split-group G]
 Cases at the 2020 national averages of children per parent (seed 003 Table 2; benchmarks/projection.py):
 bg14, tract5, county24, state40, us88; the largest parents: state250 (a state of 250 counties, Texas-like)
 and county2000 (a county of 2,000 tracts, Los Angeles-like).
@@ -143,7 +144,7 @@ def trace_steps() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default="bg15,bg80,tract5")
+    ap.add_argument("--cases", default="bg15,bg80,tract5,county30,state60")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-floor", dest="floor", action="store_false", help="skip the direct-build floor")
