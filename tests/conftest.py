@@ -1,4 +1,5 @@
-"""Shared fixtures: the demo input (built once) and one embedded Dask cluster for the session."""
+"""Shared fixtures: the demo and planted inputs (built once), one embedded Dask cluster for the session,
+and one reference run of the demo configuration on each input."""
 from __future__ import annotations
 
 import os
@@ -29,14 +30,39 @@ def dask_client():
         yield client
 
 
+def _run_preset(tmp_path_factory, input_dir: Path, client, name: str, preset: str = "demo") -> Path:
+    """One uninterrupted run of a shipped preset on ``input_dir``."""
+    from topdown.pipeline import load_config, run
+
+    out = tmp_path_factory.mktemp("runs") / name
+    run(load_config(preset), out, input_dir=input_dir, client=client)
+    return out
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory, demo_input, dask_client) -> Path:
     """One uninterrupted run of the demo configuration (seed 2021) on the demo data, shared read-only."""
-    from topdown.pipeline import load_config, run
+    return _run_preset(tmp_path_factory, demo_input, dask_client, "demo")
 
-    out = tmp_path_factory.mktemp("runs") / "demo"
-    run(load_config("demo"), out, input_dir=demo_input, client=dask_client)
-    return out
+
+@pytest.fixture(scope="session")
+def zero_noise_run(tmp_path_factory, demo_input, dask_client) -> Path:
+    """One run of the zero-noise preset on the demo data (tests/test_e2e.py)."""
+    return _run_preset(tmp_path_factory, demo_input, dask_client, "zero", preset="zero_noise")
+
+
+@pytest.fixture(scope="session")
+def planted(tmp_path_factory) -> Path:
+    """The small input with planted confidential counts (rel_inputs.py)."""
+    from rel_inputs import write_planted_input
+
+    return write_planted_input(tmp_path_factory.mktemp("planted"))
+
+
+@pytest.fixture(scope="session")
+def planted_run(tmp_path_factory, planted, dask_client) -> Path:
+    """One uninterrupted run of the demo configuration (seed 2021) on the planted input, shared read-only."""
+    return _run_preset(tmp_path_factory, planted, dask_client, "planted")
 
 
 def _shared() -> Path:

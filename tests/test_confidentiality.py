@@ -14,22 +14,16 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from rel_inputs import SECRETS, STATE_TOTAL, leaked_secrets, write_planted_input
+from rel_inputs import SECRETS, STATE_TOTAL, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.config import ConfigError
 from topdown.pipeline.rng import OSSource, SeededSource, make_source
 
 PRODUCTION_TOML = 'include = "demo.toml"\n[run]\nname = "prod"\nmode = "production"\n'
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory) -> Path:
-    return write_planted_input(tmp_path_factory.mktemp("planted"))
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +79,9 @@ def test_in_process_logs_with_worker_logs_disclose_no_confidential_count(tmp_pat
     assert leaked_secrets("\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)) == []
 
 
-def test_run_outputs_disclose_only_declared_invariants(tmp_path, planted, dask_client):
+def test_run_outputs_disclose_only_declared_invariants(planted_run):
     """The invariants file holds the declared invariants only: unit counts and the state/US total."""
-    out = tmp_path / "run"
-    run(load_config("demo"), out, input_dir=planted, client=dask_client)
+    out = planted_run
     inv = pd.read_parquet(out / "invariants" / "persons.parquet")
     assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "State"}
     assert set(inv["tot"].dropna()) == {STATE_TOTAL}

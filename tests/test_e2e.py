@@ -24,18 +24,6 @@ def _rollup(block_hist: pd.DataFrame, spine: pd.DataFrame, level: str) -> pd.Dat
     return out[out["count"] > 0].sort_values(["geocode", "cell"]).reset_index(drop=True)
 
 
-@pytest.fixture(scope="module")
-def zero_noise_run(tmp_path_factory, demo_input, dask_client) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "zero"
-    run(load_config("zero_noise"), out, input_dir=demo_input, client=dask_client)
-    return out
-
-
-@pytest.fixture(scope="module")
-def production_run(demo_run) -> Path:
-    return demo_run
-
-
 def test_zero_noise_reproduces_every_level(zero_noise_run, demo_input):
     manifest = json.loads((zero_noise_run / "manifest.json").read_text())
     assert manifest["status"] == "complete"
@@ -54,29 +42,29 @@ def test_zero_noise_reproduces_every_level(zero_noise_run, demo_input):
             assert np.array_equal(got["count"].to_numpy(), want["count"].to_numpy()), (product, level)
 
 
-def test_production_run_verifies(production_run, demo_input):
-    report = verify_run(production_run)
+def test_demo_run_verifies(demo_run, demo_input):
+    report = verify_run(demo_run)
     assert report.ok, report.failures
-    manifest = json.loads((production_run / "manifest.json").read_text())
+    manifest = json.loads((demo_run / "manifest.json").read_text())
     assert manifest["levels"] == ["US", "State", "County", "Tract", "Block_Group", "Block"]
     solved = manifest["parents_solved"]["persons"]
     assert solved["Block"]["parents"] == 28 and solved["Block_Group"]["parents"] == 7
-    mdf = _read(production_run / "mdf" / "persons")
+    mdf = _read(demo_run / "mdf" / "persons")
     persons = _read(demo_input / "persons.parquet")
     assert len(mdf) == len(persons)  # the state total is invariant
-    cert = json.loads((production_run / "certificate.json").read_text())
+    cert = json.loads((demo_run / "certificate.json").read_text())
     assert cert["persons"]["rho"] == "293764/114921"
-    nm = _read(production_run / "noisy_measurements" / "persons" / "level=Block")
+    nm = _read(demo_run / "noisy_measurements" / "persons" / "level=Block")
     assert set(nm.columns) >= {"geocode", "query", "answer", "value", "variance"}
-    assert nm["geocode"].nunique() == spine_blocks(production_run)
+    assert nm["geocode"].nunique() == spine_blocks(demo_run)
 
 
 def spine_blocks(run_dir: Path) -> int:
     return _read(run_dir / "spine.parquet")["Block"].nunique()
 
 
-def test_noise_changes_the_answer(production_run, zero_noise_run):
-    a = _read(production_run / "histograms" / "persons" / "level=Block")
+def test_noise_changes_the_answer(demo_run, zero_noise_run):
+    a = _read(demo_run / "histograms" / "persons" / "level=Block")
     b = _read(zero_noise_run / "histograms" / "persons" / "level=Block")
     assert not a.sort_values(["geocode", "cell"]).reset_index(drop=True).equals(
         b.sort_values(["geocode", "cell"]).reset_index(drop=True))

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from rel_inputs import differing_outputs, write_planted_input
+from rel_inputs import differing_outputs
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
 from topdown.pipeline.rundir import RunDir, RunDirError
@@ -32,25 +32,6 @@ TOPDOWN = [sys.executable, "-m", "topdown.pipeline.cli"]
 
 
 # ---------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory) -> Path:
-    return write_planted_input(tmp_path_factory.mktemp("planted"))
-
-
-@pytest.fixture(scope="module")
-def planted_reference(tmp_path_factory, planted, dask_client) -> Path:
-    """An uninterrupted run of the demo configuration (seed 2021) on the planted input."""
-    out = tmp_path_factory.mktemp("ref") / "planted"
-    run(load_config("demo"), out, input_dir=planted, client=dask_client)
-    return out
-
-
-@pytest.fixture(scope="module")
-def demo_reference(demo_run) -> Path:
-    """An uninterrupted run of the demo configuration on the demo data (the session's shared run)."""
-    return demo_run
-
-
 def _manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
@@ -125,14 +106,14 @@ def test_complete_run_is_refused_without_force(tmp_path, planted, capsys):
     assert not (out / ".lock").exists()
 
 
-def test_force_recomputes_a_complete_run(tmp_path, planted, planted_reference, dask_client):
+def test_force_recomputes_a_complete_run(tmp_path, planted, planted_run, dask_client):
     out = tmp_path / "run"
-    shutil.copytree(planted_reference, out)
+    shutil.copytree(planted_run, out)
     seen: list[tuple[str, str]] = []
     run(load_config("demo"), out, input_dir=planted, client=dask_client, force=True,
         progress=lambda p, lv, done, total: seen.append((p, lv)))
     assert {lv for _, lv in seen} == set(_manifest(out)["levels"])
-    assert differing_outputs(planted_reference, out) == []
+    assert differing_outputs(planted_run, out) == []
 
 
 def test_resume_refuses_another_configuration(tmp_path, planted, dask_client):
@@ -148,7 +129,7 @@ class _Interrupted(Exception):
     pass
 
 
-def test_resume_after_an_interruption_in_a_level(tmp_path, planted, planted_reference, dask_client):
+def test_resume_after_an_interruption_in_a_level(tmp_path, planted, planted_run, dask_client):
     """Interrupted while the persons Block level runs (half of it staged): --resume recomputes only
     what was not committed, and the output is identical to the uninterrupted run."""
     out = tmp_path / "run"
@@ -174,11 +155,11 @@ def test_resume_after_an_interruption_in_a_level(tmp_path, planted, planted_refe
     assert {lv for p, lv in seen if p == "units"} == set(manifest["levels"])
     assert _manifest(out)["status"] == "complete"
     assert not (out / ".staging").exists()
-    assert differing_outputs(planted_reference, out) == []
+    assert differing_outputs(planted_run, out) == []
 
 
 @pytest.mark.slow
-def test_kill_9_mid_level_then_resume(tmp_path, demo_input, demo_reference):
+def test_kill_9_mid_level_then_resume(tmp_path, demo_input, demo_run):
     """`kill -9` of a `topdown run` (and its worker processes) while the persons Block level runs; the
     stale lock is taken over, completed levels are read back, and the output equals the reference."""
     out = tmp_path / "run"
@@ -204,7 +185,7 @@ def test_kill_9_mid_level_then_resume(tmp_path, demo_input, demo_reference):
         assert f"persons {level}: complete in an earlier run, read back" in resumed.stderr
     assert "persons Block: 28 parents" in resumed.stderr
     assert _manifest(out)["status"] == "complete"
-    assert differing_outputs(demo_reference, out) == []
+    assert differing_outputs(demo_run, out) == []
 
     again = subprocess.run(base, capture_output=True, text=True, timeout=120)
     assert again.returncode == EXIT_RUNDIR and "already holds a complete run" in again.stderr
@@ -261,18 +242,18 @@ def _lost_worker_run(input_dir: Path, out: Path, key_prefix: str) -> tuple:
         return state["killed"]
 
 
-def test_worker_killed_mid_level_does_not_fail_the_run(tmp_path, planted, planted_reference):
+def test_worker_killed_mid_level_does_not_fail_the_run(tmp_path, planted, planted_run):
     killed = _lost_worker_run(planted, tmp_path / "run", "persons-")
     assert killed is not None, "no persons task was seen running"
     assert _manifest(tmp_path / "run")["status"] == "complete"
-    assert differing_outputs(planted_reference, tmp_path / "run") == []
+    assert differing_outputs(planted_run, tmp_path / "run") == []
 
 
 @pytest.mark.slow
-def test_worker_killed_in_the_block_level_of_the_demo(tmp_path, demo_input, demo_reference):
+def test_worker_killed_in_the_block_level_of_the_demo(tmp_path, demo_input, demo_run):
     killed = _lost_worker_run(demo_input, tmp_path / "run", "persons-Block-")
     assert killed is not None, "no persons Block task was seen running"
-    assert differing_outputs(demo_reference, tmp_path / "run") == []
+    assert differing_outputs(demo_run, tmp_path / "run") == []
 
 
 # --------------------------------------------------------------------------------- real clusters
@@ -321,30 +302,30 @@ def _cli_demo_run(out: Path, input_dir: Path, *extra: str, timeout: int = 300) -
     assert done.returncode == EXIT_OK, done.stderr
 
 
-def test_real_cluster_cli_and_python_give_identical_output(tmp_path, planted, planted_reference, real_cluster):
+def test_real_cluster_cli_and_python_give_identical_output(tmp_path, planted, planted_run, real_cluster):
     from distributed import Client
 
     cli_out = tmp_path / "cli"
     _cli_demo_run(cli_out, planted, "--scheduler", real_cluster, timeout=180)
-    assert differing_outputs(planted_reference, cli_out) == []
+    assert differing_outputs(planted_run, cli_out) == []
 
     py_out = tmp_path / "python"
     with Client(real_cluster) as client:
         assert len(client.scheduler_info()["workers"]) == 2
         run(load_config("demo"), py_out, input_dir=planted, client=client)
-    assert differing_outputs(planted_reference, py_out) == []
+    assert differing_outputs(planted_run, py_out) == []
 
 
 @pytest.mark.slow
-def test_one_or_two_embedded_workers_give_identical_output(tmp_path, demo_input, demo_reference):
+def test_one_or_two_embedded_workers_give_identical_output(tmp_path, demo_input, demo_run):
     for n in (1, 2):
         out = tmp_path / f"w{n}"
         _cli_demo_run(out, demo_input, "--workers", str(n))
-        assert differing_outputs(demo_reference, out) == [], n
+        assert differing_outputs(demo_run, out) == [], n
 
 
 @pytest.mark.slow
-def test_real_cluster_on_the_demo(tmp_path, demo_input, demo_reference, real_cluster):
+def test_real_cluster_on_the_demo(tmp_path, demo_input, demo_run, real_cluster):
     out = tmp_path / "cli"
     _cli_demo_run(out, demo_input, "--scheduler", real_cluster)
-    assert differing_outputs(demo_reference, out) == []
+    assert differing_outputs(demo_run, out) == []
