@@ -25,6 +25,11 @@ class ProblemError(ValueError):
     """A malformed ParentProblem (shapes, unknown query names)."""
 
 
+def concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    """The arrays end to end as ``dtype`` (empty if there are none)."""
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+
 @dataclass
 class Rows:
     """A family of rows ``lo <= A z <= hi``, collected in chunks of CSR pieces."""
@@ -50,9 +55,9 @@ class Rows:
 
     def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(indptr, cols, coefs, lo, hi)`` of the whole family as flat arrays."""
-        cat = (lambda parts, dt: np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt))
-        indptr = np.concatenate(([0], np.cumsum(cat(self.lengths, np.int64))))
-        return indptr, cat(self.cols, np.int64), cat(self.coefs, float), cat(self.lo, float), cat(self.hi, float)
+        indptr = np.concatenate(([0], np.cumsum(concat(self.lengths, np.int64))))
+        return (indptr, concat(self.cols, np.int64), concat(self.coefs, float), concat(self.lo, float),
+                concat(self.hi, float))
 
     def __len__(self) -> int:
         return sum(len(x) for x in self.lo)

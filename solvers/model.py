@@ -24,7 +24,7 @@ from pyomo.core.base.matrix_constraint import MatrixConstraint, _MatrixConstrain
 from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
 
 from .layout import Layout, Rows
-from .standard import FAMILIES, StandardForm, base_bounds, family_slices
+from .standard import FAMILIES, StandardForm, base_bounds, family_slices, stack_families
 
 
 def build_model(layout: Layout) -> tuple[pyo.ConcreteModel, tuple]:
@@ -104,8 +104,7 @@ def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: tuple) -> Stand
     them) directly, else use Pyomo's compiler."""
     position: dict[int, int] | None = None
     checked: set[int] = set()  # variable lists already checked for fixed variables
-    indptr, cols, coefs, lo, hi = [np.zeros(1, dtype=np.int64)], [], [], [], []
-    n_rows, nnz = 0, 0
+    parts = []
     for con in m.component_objects(pyo.Constraint, active=True):
         if type(con) is not RowFamily:
             return compile_with_pyomo(layout, m, columns)
@@ -122,17 +121,9 @@ def compile_model(layout: Layout, m: pyo.ConcreteModel, columns: tuple) -> Stand
             position = position or {id(v): i for i, v in enumerate(columns)}
             perm = np.fromiter((position[id(v)] for v in comp._x), dtype=np.int64, count=len(comp._x))
             index = perm[index]
-        cols.append(index)
-        coefs.append(np.asarray(comp._A_data, dtype=float))
-        indptr.append(np.asarray(comp._A_indptr[1:], dtype=np.int64) + nnz)
-        nnz += len(comp._A_data)
-        lo.append(np.asarray(comp._lower, dtype=float))
-        hi.append(np.asarray(comp._upper, dtype=float))
-        n_rows += len(comp._lower)
-    cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
-    a = sp.csr_matrix((cat(coefs, float), cat(cols, np.int64), np.concatenate(indptr)), shape=(n_rows, layout.n_cols))
-    lb, ub = base_bounds(layout)
-    return StandardForm(a, cat(lo, float), cat(hi, float), lb, ub, family_slices(layout))
+        parts.append((np.asarray(comp._A_indptr, dtype=np.int64), index, np.asarray(comp._A_data, dtype=float),
+                      np.asarray(comp._lower, dtype=float), np.asarray(comp._upper, dtype=float)))
+    return stack_families(layout, parts)
 
 
 def compile_with_pyomo(layout: Layout, m: pyo.ConcreteModel, columns: tuple) -> StandardForm:

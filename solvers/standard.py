@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from topdown.pipeline.queries import canonical_name
 
-from .layout import Layout
+from .layout import Layout, concat
 
 #: Row families in the order the builders emit them.
 FAMILIES = ("definitions", "parent", "marginal", "constraints", "group_totals")
@@ -37,6 +37,18 @@ def base_bounds(layout: Layout) -> tuple[np.ndarray, np.ndarray]:
     for s in (layout.spcol, layout.sncol):
         lb[s[s >= 0]] = 0.0
     return lb, np.full(layout.n_cols, np.inf)
+
+
+def stack_families(layout: Layout, parts: list[tuple[np.ndarray, ...]]) -> StandardForm:
+    """The StandardForm of the row families given as ``(indptr, cols, coefs, lo, hi)`` in ``FAMILIES``
+    order (families without rows may be left out), with the base column bounds."""
+    offsets = np.cumsum([0] + [p[0][-1] for p in parts[:-1]])
+    indptr = np.concatenate([np.zeros(1, dtype=np.int64)] + [p[0][1:] + off for p, off in zip(parts, offsets)])
+    lo, hi = concat([p[3] for p in parts], float), concat([p[4] for p in parts], float)
+    a = sp.csr_matrix((concat([p[2] for p in parts], float), concat([p[1] for p in parts], np.int64), indptr),
+                      shape=(lo.size, layout.n_cols))
+    lb, ub = base_bounds(layout)
+    return StandardForm(a, lo, hi, lb, ub, family_slices(layout))
 
 
 def family_slices(layout: Layout) -> dict[str, slice]:
