@@ -105,7 +105,7 @@ def make_chunks(
         chunks.append(Chunk(index=idx, children=[str(g) for g in level.nodes[rows]], child_hist=level.hist[rows],
                             child_plb=[level.plb[r] for r in rows],
                             parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in pending],
-                            measurements_path=f"{staging_dir}/part-{idx:05d}.parquet", **common))
+                            measurements_path=f"{staging_dir}/part-{idx:05d}.parquet", cost=cost, **common))
         pending, cost = [], 0
 
     for g, (s, e) in enumerate(zip(starts, ends)):
@@ -146,13 +146,13 @@ def estimate_level(
                  len(chunks))
         if progress:
             progress(product, level.name, len(results), len(chunks))
-    costs = [sum(len(p.children) for p in c.parents) * max(len(c.parents), 1) for c in chunks]
     futures = {}
-    for i in np.argsort(costs, kind="stable")[::-1]:
+    digest = config.digest()[:8]
+    for i in np.argsort([c.cost for c in chunks], kind="stable")[::-1]:
         if int(i) in results:
             continue
-        fut = client.submit(run_chunk, chunks[i], key=f"{product}-{level.name}-{i}-{config.digest()[:8]}",
-                            priority=int(costs[i]), pure=False)
+        fut = client.submit(run_chunk, chunks[i], key=f"{product}-{level.name}-{i}-{digest}",
+                            priority=chunks[i].cost, pure=False)
         futures[fut] = int(i)
     done = len(results)
     for fut in as_completed(list(futures)):

@@ -52,6 +52,7 @@ class Chunk:
     child_plb: list[Fraction]
     parents: list[ParentTask]
     measurements_path: str  # Parquet part file for this chunk's noisy measurements
+    cost: int = 0  # sum over its parents of children x non-zero parent cells (engine.py: packing, priority)
 
 
 @dataclass

@@ -1,0 +1,41 @@
+"""Chunking of a level (pipeline/engine.py): whole parents per chunk, fixed cost rule, costliest first."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from topdown.pipeline.config import load_config
+from topdown.pipeline.engine import CHUNK_CHILDREN, make_chunks
+from topdown.pipeline.levels import Level
+
+
+class NoConstraints:
+    def take(self, rows):
+        return []
+
+
+def _level(name: str, n: int, parent: np.ndarray | None) -> Level:
+    nodes = pd.Index([f"{name}{i:05d}" for i in range(n)])
+    return Level(name, nodes, parent, sp.csr_matrix((n, 4), dtype=np.int64), pd.DataFrame(index=nodes),
+                 NoConstraints(), [Fraction(1)] * n, np.array(["44"] * n))
+
+
+def test_chunks_hold_whole_parents_and_the_huge_parent_costs_most(tmp_path):
+    # Parent 0 has 400 children on 3 non-zero cells; parents 1..60 have 5 children on 4 cells.
+    sizes = np.array([400] + [5] * 60)
+    parent_of = np.repeat(np.arange(sizes.size), sizes)
+    nnz = np.array([3] + [4] * 60)
+    parent_hist = sp.csr_matrix(np.array([[1] * k + [0] * (4 - k) for k in nnz], dtype=np.int64))
+    chunks, order = make_chunks("persons", load_config("demo"), _level("Tract", parent_of.size, parent_of),
+                                _level("County", sizes.size, None), parent_hist, str(tmp_path))
+    assert sorted(np.concatenate([[int(c[-5:]) for c in ch.children] for ch in chunks]).tolist()) == \
+        list(range(parent_of.size))
+    for ch in chunks:
+        assert ch.cost == sum(len(p.children) * int(np.count_nonzero(p.parent_hist)) for p in ch.parents)
+        assert len(ch.parents) == 1 or len(ch.children) <= CHUNK_CHILDREN + 5
+    huge = next(ch for ch in chunks if any(len(p.children) == 400 for p in ch.parents))
+    assert len(huge.parents) == 1 and huge.cost == 1200
+    assert huge.cost == max(ch.cost for ch in chunks)  # submitted first (engine.estimate_level)
