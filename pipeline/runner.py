@@ -266,14 +266,13 @@ def _write_mdf(rundir: RunDir, product: str, spine, blocks: Level, block_hist) -
     final = rundir.mdf(product)
     staged = rundir.staging(final)
     order = np.argsort(geoids, kind="stable")
-    counties = pd.Series(geoids[order]).str[:5].to_numpy()
-    for county in np.unique(counties):
-        rows = order[counties == county]
+    names, starts = np.unique(pd.Series(geoids[order]).str[:5].to_numpy(), return_index=True)
+    gq = blocks.units[UNIT_COLUMNS[1:]].to_numpy().sum(axis=1) if product == "units" else None
+    for county, rows in zip(names, np.split(order, starts[1:])):  # geoid order: a county's blocks are adjacent
         if product == "persons":
             frame = person_mdf(geoids[rows], block_hist[rows])
         else:
-            gq = blocks.units[UNIT_COLUMNS[1:]].to_numpy().sum(axis=1)[rows]
-            frame = unit_mdf(geoids[rows], block_hist[rows], gq)
+            frame = unit_mdf(geoids[rows], block_hist[rows], gq[rows])
         write_table(frame, staged / f"county={county}" / "part-00000.parquet")
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)
