@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-BAF_NAME = re.compile(r"^BlockAssign_ST(\d{2})_([A-Z]{2})_(.+)\.txt$")
+BAF_NAME = re.compile(r"^BlockAssign_ST(\d{2})_([A-Z]{2})_(.+)\.txt(?:\.gz)?$")
 
 # Known files: entity name -> {BAF column: our column}. Files not listed here keep every column,
 # named "<entity>_<column>" in lower case.

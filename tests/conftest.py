@@ -65,10 +65,8 @@ def planted_run(tmp_path_factory, planted, dask_client) -> Path:
     return _run_preset(tmp_path_factory, planted, dask_client, "planted")
 
 
-def _shared() -> Path:
-    """The project's shared/ folder: $TOPDOWN_SHARED, or beside the checkout (as in CI)."""
-    env = os.environ.get("TOPDOWN_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
-
-
-SHARED = _shared()
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "data"
+"""The real census datasets the tests use, bundled gzipped (data/README.md gives their provenance)."""
+PL94_DIR = REPO / "pipeline" / "data"
+"""The 2018 End-to-End prototype P.L. 94-171 files (gzipped), which the demo input is built from."""

@@ -19,9 +19,9 @@ from topdown.geo.report import spine_command
 from topdown.geo.spine import (LEVELS, Spine, aian_spine, build_spine, bypass, check_path_condition,
                                optimized_spine, standard_spine)
 from topdown.pipeline.config import LEVELS_STANDARD
-from conftest import SHARED
+from conftest import DATA
 
-RI_BAF = SHARED / "data" / "ri_baf2020"
+RI_BAF = DATA / "ri_baf2020"
 
 
 def geo(tract: str, block: str, county: str = "001", state: str = "44") -> str:

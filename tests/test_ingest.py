@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import shutil
 from itertools import combinations
 from pathlib import Path
 
@@ -18,12 +17,10 @@ from topdown.pipeline.ingest import (
     IngestError, _allocate_facilities, _allocate_gq, ingest_blocks, ingest_pl94,
 )
 from topdown.pipeline.validate import validate_input
-from conftest import SHARED
+from conftest import DATA, PL94_DIR
 
-E2E = SHARED / "data" / "ri2018_e2e"
-RI2010 = SHARED / "data" / "ri2010" / "ri_2010_block_demographics.csv"
-needs_e2e = pytest.mark.skipif(not (E2E / "blocks.csv").exists(), reason="shared E2E data not present")
-needs_ri2010 = pytest.mark.skipif(not RI2010.exists(), reason="shared RI 2010 data not present")
+E2E_BLOCKS = DATA / "ri2018_e2e" / "blocks.csv.gz"
+RI2010 = DATA / "ri2010" / "ri_2010_block_demographics.csv.gz"
 
 
 def _combo_cells() -> list[tuple[int, ...]]:
@@ -54,10 +51,9 @@ def demo(tmp_path_factory) -> tuple[Path, pd.DataFrame, pd.DataFrame]:
     return out, pd.read_parquet(out / "persons.parquet"), pd.read_parquet(out / "units.parquet")
 
 
-@needs_e2e
 def test_demo_reproduces_every_published_block_margin(demo) -> None:
     _, persons, units = demo
-    pub = pd.read_csv(E2E / "blocks.csv", dtype={"GEOID": str}).set_index("GEOID")
+    pub = pd.read_csv(E2E_BLOCKS, dtype={"GEOID": str}).set_index("GEOID")
     geo = pub.index
     assert set(persons["geoid"]) | set(units["geoid"]) <= set(geo)
     adult, hisp = persons["votingage"].to_numpy() == 1, persons["hispanic"].to_numpy() == 1
@@ -107,10 +103,9 @@ def test_demo_is_deterministic(demo, tmp_path) -> None:
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes()
 
 
-@needs_e2e
 def test_ingest_pl94_directory_matches_bundled_demo(demo, tmp_path) -> None:
     out, _, _ = demo
-    summary = ingest_pl94(E2E, tmp_path)
+    summary = ingest_pl94(PL94_DIR, tmp_path)
     assert summary.blocks_read == 569 and summary.gq_facilities == 17 and not summary.notes
     for name in ("persons.parquet", "units.parquet"):
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes()
@@ -119,8 +114,8 @@ def test_ingest_pl94_directory_matches_bundled_demo(demo, tmp_path) -> None:
 def _copy_pl(tmp_path: Path) -> Path:
     src = tmp_path / "pl"
     src.mkdir()
-    for f in E2E.glob("*.pl"):
-        shutil.copy(f, src / f.name)
+    for f in PL94_DIR.glob("*.pl.gz"):
+        (src / f.name[:-3]).write_bytes(gzip.decompress(f.read_bytes()))
     return src
 
 
@@ -132,7 +127,6 @@ def _edit_field(path: Path, line: int, field: int, value: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-@needs_e2e
 def test_pl94_inconsistent_p5_names_file_column_row(tmp_path) -> None:
     src = _copy_pl(tmp_path)
     seg3 = src / "ri000032018_2020Style.pl"
@@ -143,7 +137,6 @@ def test_pl94_inconsistent_p5_names_file_column_row(tmp_path) -> None:
         ingest_pl94(src, tmp_path / "out")
 
 
-@needs_e2e
 def test_pl94_inconsistent_p3_names_file_column_row(tmp_path) -> None:
     src = _copy_pl(tmp_path)
     seg2 = src / "ri000022018_2020Style.pl"
@@ -193,7 +186,6 @@ def test_facility_allocation_rules(gq_list: list[int], extra: int) -> None:
     assert ((fac > 0) == (gq > 0)).all() and (fac <= gq).all()
 
 
-@needs_ri2010
 def test_blocks_csv_reproduces_every_group_margin(tmp_path) -> None:
     summary = ingest_blocks(RI2010, tmp_path)
     pub = pd.read_csv(RI2010, dtype={"GEOID": str}).set_index("GEOID")
@@ -258,12 +250,11 @@ def test_pl94_missing_files(tmp_path) -> None:
         ingest_pl94(tmp_path, tmp_path / "out")
 
 
-@needs_e2e
 def test_tabulation_of_demo(demo) -> None:
     from topdown.pipeline.tabulate import block_histograms, block_units, units_histograms
 
     _, persons, units = demo
-    pub = pd.read_csv(E2E / "blocks.csv", dtype={"GEOID": str}).set_index("GEOID")
+    pub = pd.read_csv(E2E_BLOCKS, dtype={"GEOID": str}).set_index("GEOID")
     hist = block_histograms(persons)
     assert list(hist.columns) == ["geocode", "cell", "count"] and hist["count"].dtype == np.int64
     assert hist[["geocode", "cell"]].equals(hist[["geocode", "cell"]].sort_values(["geocode", "cell"]).reset_index(drop=True))

@@ -22,13 +22,11 @@ from topdown.geo.spine import build_spine, check_path_condition
 from topdown.pipeline import load_config, run
 from topdown.pipeline.synth import write_synthetic
 from topdown.pipeline.verify import verify_run
-from conftest import SHARED
+from conftest import DATA
 
-BAF_DIR = SHARED / "data" / "ri_baf2020"
+BAF_DIR = DATA / "ri_baf2020"
 AIAN_AREA = "2415"
 
-pytestmark = pytest.mark.skipif(not (BAF_DIR / "BlockAssign_ST44_RI_AIANNH.txt").exists(),
-                                reason=f"no 2020 RI block assignment files in {BAF_DIR}")
 
 
 def chosen_blocks() -> list[str]:
