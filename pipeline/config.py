@@ -24,7 +24,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, Strict, ValidationError, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -113,7 +113,8 @@ class EstimationConfig(_Strict):
 
     l2_passes: dict[str, list[list[str]]]
     rounder_passes: dict[str, list[list[str]]]
-    tau_slack: float = 0.1
+    tau_slack: float = Field(default=0.1, ge=0, allow_inf_nan=False,
+                             description="relative slack of the L2 passes' tau constraints (finite, >= 0)")
     split_above: int = Field(default=300, ge=0, description=(
         "parents with more children than this are solved in two stages through groups of split_group "
         "consecutive children (solvers/split.py); 0 = always one joint solve"))
@@ -133,10 +134,10 @@ class ProductConfig(_Strict):
 
 class RunSection(_Strict):
     name: str = "topdown"
-    products: list[Literal["persons", "units"]] = ["persons"]
+    products: list[Literal["persons", "units"]] = Field(default=["persons"], min_length=1, max_length=2)
     spine: Literal["standard", "aian", "optimized"] = "standard"
     mode: Literal["test", "production"] = "test"
-    seed: int | None = 0
+    seed: Annotated[int, Strict()] | None = 0  # strict: `seed = true` or `seed = 1.5` is refused
     input: str = "demo"
     baf: str | None = None
     algorithm: Literal["topdown", "block_by_block"] = "topdown"
@@ -152,6 +153,11 @@ class RunSection(_Strict):
 
     @model_validator(mode="after")
     def _check_mode(self) -> "RunSection":
+        if len(set(self.products)) != len(self.products):
+            raise ValueError(f"products lists a product twice ({self.products})")
+        if self.spine != "standard" and not self.baf:
+            raise ValueError(f"spine = {self.spine!r} needs the block assignment files: set baf = \"DIR\" in the "
+                             "[run] table (a directory of BlockAssign_*.txt[.gz] files; `topdown run` has no --baf)")
         if self.mode == "production" and self.seed is not None:
             raise ValueError("mode = \"production\" draws from the operating system's CSPRNG and refuses a seed; remove 'seed'")
         if self.mode == "test" and self.seed is None:
@@ -219,18 +225,28 @@ def resolve_config_path(path: str | Path) -> Path:
                       f"{', '.join(sorted(q.stem for q in preset_dir().glob('*.toml')))})")
 
 
-def read_toml(path: Path) -> dict:
-    """A TOML file with ``include`` resolved (relative to the file, then the shipped presets)."""
+def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """A TOML file with ``include`` resolved (relative to the file, then the shipped presets).
+
+    ``include`` must name one ``.toml`` file; an include cycle is refused."""
+    chain = (*_chain, path.resolve())
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the configuration ({exc})") from None
     include = data.pop("include", None)
-    if include:
+    if include is not None:
+        if not isinstance(include, str) or not include.endswith(".toml"):
+            raise ConfigError(f"{path}: key 'include' must name a .toml file, such as \"demo.toml\" (got {include!r})")
         inc = path.parent / include
         if not inc.exists():
             inc = resolve_config_path(include)
-        base = read_toml(inc)
+        if inc.resolve() in chain:
+            cycle = " -> ".join(str(p) for p in (*chain, inc.resolve()))
+            raise ConfigError(f"{path}: key 'include' makes an include cycle ({cycle})")
+        base = read_toml(inc, chain)
         run = data.get("run", {})
         if run.get("mode") == "production" and "seed" not in run:
             base.get("run", {}).pop("seed", None)  # a preset's test seed does not carry into production
@@ -239,13 +255,16 @@ def read_toml(path: Path) -> dict:
 
 
 def _format_validation_error(path: Path | str, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid configuration"]
+    """One line for one error, else a header and one indented line per error."""
+    lines = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         got = err.get("input")
         shown = f" (got {got!r})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
-        lines.append(f"  {loc}: {err['msg']}{shown}")
-    return "\n".join(lines)
+        lines.append(f"{loc}: {err['msg']}{shown}")
+    if len(lines) == 1:
+        return f"{path}: invalid configuration: {lines[0]}"
+    return "\n  ".join([f"{path}: invalid configuration", *lines])
 
 
 def load_config(path: str | Path) -> Config:

@@ -36,8 +36,9 @@ subtotal identities are checked first (data README, "Verified").
 
 Block demographics CSV (:func:`ingest_blocks`)
 -----------------------------------------------
-Columns ``GEOID, pop, pop_<g>, vap, vap_<g>`` for the 8 groups g = hisp, white, black, aian, asian, nhpi,
-other, two (Hispanic of any race, and not-Hispanic single races / two or more). ``pop_g`` and ``vap_g`` are
+Columns ``GEOID`` (or the 2020 name ``GEOID20``, or ``GEOID10``), ``pop, pop_<g>, vap, vap_<g>`` for the 8
+groups g = hisp, white, black, aian, asian, nhpi, other, two (Hispanic of any race, and not-Hispanic single
+races / two or more); other columns (``state``, ``county``, ...) are ignored. ``pop_g`` and ``vap_g`` are
 reproduced exactly; everybody lives in a household (hhgq 0).
 
 * Not-Hispanic single-race groups map to cenrace 0..5 (White, Black, AIAN, Asian, NHPI, SOR).
@@ -46,13 +47,27 @@ reproduced exactly; everybody lives in a household (hhgq 0).
   are numbered j = 0, 1, ... over the whole file in output order (geoid, then under-18 before 18+), and
   person j gets the weight bucket that holds slot (j * 37) mod 100. Any 100 consecutive persons follow the
   weights exactly; consecutive persons get different races.
-* Housing units: occupied = ceil(household persons / 2.5) (so at least one in every populated block, and
-  never more than the persons); vacant units follow the file-wide ratio of one vacant per 9 occupied units
-  (a 10 % vacancy rate): with C_b the running total of occupied units over blocks in GEOID order, block b
-  gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units.
+* Housing units, when the table has none: occupied = ceil(household persons / 2.5) (so at least one in every
+  populated block, and never more than the persons); vacant units follow the file-wide ratio of one vacant
+  per 9 occupied units (a 10 % vacancy rate): with C_b the running total of occupied units over blocks in
+  GEOID order, block b gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units.
+* Housing units given by the table replace these: ``hu_occupied`` and ``hu_vacant`` are used as they are
+  (a populated block needs an occupied unit, and an occupied unit a person); ``hu`` alone is split into
+  occupied = min(hu, ceil(persons / 2.5)) and the rest vacant. A block with housing units but no persons
+  is kept (its units are vacant): it stays on the spine, where TopDown may give it persons.
+
+Limits and row numbers
+----------------------
+No count of a block table may exceed :data:`MAX_BLOCK_COUNT` (far above any census block; it also keeps a
+value from overflowing int64), and an ingest whose expansion to one row per person and unit would need more
+than half of this machine's memory (:data:`BYTES_PER_RECORD` per row) is refused before anything is
+allocated. Errors name the file, column and row of the published table: a row of a block table or of a
+P.L. 94-171 file is a geographic record, so its number counts blocks (public), never persons. A P.L. 94-171
+file's block GEOCODEs must lie in the state its STUSAB names.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
@@ -62,6 +77,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from topdown.geo.states import STATE_FIPS
 
 from .schema import CENRACE_COMBOS, PERSONS, cenrace_index
 
@@ -75,6 +92,10 @@ GEO_POS = {"SUMLEV": 2, "LOGRECNO": 7, "GEOCODE": 9, "POP100": 90, "HU100": 91}
 BLOCK_SUMLEV = "750"
 #: P5 cells 003, 004, 005, 006, 008, 009, 010 are hhgq 1..7 (0-based positions in P5's 10 cells).
 P5_DETAIL = (2, 3, 4, 5, 7, 8, 9)
+#: The largest count a block table may hold (module docstring, "Limits and row numbers").
+MAX_BLOCK_COUNT = 1_000_000
+#: Memory an ingest needs per person or unit row it writes (the expanded index arrays and the Arrow columns).
+BYTES_PER_RECORD = 64
 
 
 class IngestError(ValueError):
@@ -164,14 +185,47 @@ def _read_pipe(src: Path | Traversable) -> pd.DataFrame:
         raise IngestError(f"{src}: column -, row -: cannot read pipe-delimited file ({exc})") from exc
 
 
-def _ints(frame: pd.DataFrame, src: object, names: list[str], first_col: int) -> np.ndarray:
+def _ints(frame: pd.DataFrame, src: object, names: list[str], first_col: int,
+          cap: int | None = MAX_BLOCK_COUNT) -> np.ndarray:
+    """Integer columns of ``frame`` (strings of digits), each value at most ``cap`` (None: any int64)."""
     raw = frame.iloc[:, first_col:first_col + len(names)].to_numpy(dtype=object)
-    ok = np.vectorize(lambda s: s.isdigit(), otypes=[bool])(raw) if raw.size else np.ones(raw.shape, bool)
-    if not ok.all():
-        r, c = np.argwhere(~ok)[0]
-        raise IngestError(f"{src}: column {names[c]}, row {frame.index[r]}: not a non-negative integer "
-                          f"(value {raw[r, c]!r})")
-    return raw.astype(np.int64)
+    return _digits(raw, src, names, frame.index.to_numpy(), cap)
+
+
+def _digits(raw: np.ndarray, src: object, names: list[str], rows: np.ndarray, cap: int | None) -> np.ndarray:
+    """int64 of a 2-D array of digit strings; a non-integer, or a value above ``cap`` or int64, is an error
+    naming the column, the table row and the value."""
+    width = _WIDTH(raw) if raw.size else np.zeros(raw.shape, np.int64)  # -1: not digits
+    if (width < 0).any():
+        r, c = np.argwhere(width < 0)[0]
+        raise IngestError(f"{src}: column {names[c]}, row {rows[r]}: not a non-negative integer (value {raw[r, c]!r})")
+    limit = cap if cap is not None else np.iinfo(np.int64).max
+    too_long = width > len(str(limit))
+    values = np.where(too_long, "0", raw).astype(np.int64) if raw.size else np.zeros(raw.shape, np.int64)
+    over = too_long | (values > limit)
+    if over.any():
+        r, c = np.argwhere(over)[0]
+        what = f"exceeds the cap of {cap:,} per block (ingest.MAX_BLOCK_COUNT)" if cap is not None else "overflows int64"
+        raise IngestError(f"{src}: column {names[c]}, row {rows[r]}: value {raw[r, c]!r} {what}")
+    return values
+
+
+#: Significant digits of a string of ASCII digits; -1 for anything else.
+_WIDTH = np.vectorize(lambda s: len(s.lstrip("0")) if isinstance(s, str) and s.isascii() and s.isdigit() else -1,
+                      otypes=[np.int64])
+
+
+def _check_memory(src: object, records: int) -> None:
+    """Refuse an expansion to ``records`` rows that needs more than half of this machine's memory."""
+    need = records * BYTES_PER_RECORD
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    if need > have // 2:
+        raise IngestError(f"{src}: the tables describe {records:,} person and unit records; writing them needs "
+                          f"about {need / 2**30:.1f} GiB, more than half of this machine's {have / 2**30:.1f} GiB "
+                          "(ingest.BYTES_PER_RECORD per record)")
 
 
 def _segment(src: Path | Traversable, number: int, blocks: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +239,7 @@ def _segment(src: Path | Traversable, number: int, blocks: pd.DataFrame) -> tupl
     bad = np.flatnonzero(cifsn != f"{number:02d}")
     if bad.size:
         raise IngestError(f"{src}: column CIFSN, row {bad[0]}: expected {number:02d} (value {cifsn[bad[0]]!r})")
-    logrec = _ints(frame, src, ["LOGRECNO"], 4)[:, 0]
+    logrec = _ints(frame, src, ["LOGRECNO"], 4, cap=None)[:, 0]
     if len(np.unique(logrec)) != len(logrec):
         dup = pd.Series(logrec).duplicated().to_numpy().argmax()
         raise IngestError(f"{src}: column LOGRECNO, row {dup}: duplicate logical record (value {logrec[dup]})")
@@ -214,6 +268,20 @@ def _find_pl94(directory: Path) -> dict[str, Path]:
     return found
 
 
+def _check_state(src: object, stusab: pd.Series, geocodes: pd.Series, rows: np.ndarray) -> None:
+    """Every block's GEOCODE lies in the state its STUSAB names."""
+    fips = stusab.map(STATE_FIPS)
+    unknown = np.flatnonzero(fips.isna().to_numpy())
+    if unknown.size:
+        raise IngestError(f"{src}: column STUSAB, row {rows[unknown[0]]}: unknown state abbreviation "
+                          f"(value {stusab.iat[unknown[0]]!r})")
+    bad = np.flatnonzero((geocodes.str[:2] != fips).to_numpy())
+    if bad.size:
+        i = bad[0]
+        raise IngestError(f"{src}: column GEOCODE, row {rows[i]}: block {geocodes.iat[i]} is in state "
+                          f"{geocodes.iat[i][:2]}, but STUSAB {stusab.iat[i]!r} is state {fips.iat[i]}")
+
+
 def ingest_pl94(dir: Path, out: Path) -> Summary:  # noqa: A002 - name fixed by the CLI contract
     """Read P.L. 94-171 legacy files (geo header + segments 1-3) in ``dir``; write CEF-like Parquet to ``out``."""
     files = _find_pl94(Path(dir))
@@ -236,14 +304,17 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
         raise IngestError(f"{geo}: column -, row 0: expected {GEO_FIELDS} geographic-header fields, "
                           f"found {header.shape[1]}")
     blocks = header[header.iloc[:, GEO_POS["SUMLEV"]] == BLOCK_SUMLEV]
+    stusab = blocks.iloc[:, ID_FIELDS.index("STUSAB")]
     blocks = pd.DataFrame({name: blocks.iloc[:, pos] for name, pos in GEO_POS.items()})
     rows = blocks.index.to_numpy()
     for name in ("LOGRECNO", "POP100", "HU100"):
-        blocks[name] = _ints(blocks, geo, [name], list(blocks.columns).index(name))[:, 0]
+        blocks[name] = _ints(blocks, geo, [name], list(blocks.columns).index(name),
+                             cap=None if name == "LOGRECNO" else MAX_BLOCK_COUNT)[:, 0]
     bad = np.flatnonzero(~blocks["GEOCODE"].str.fullmatch(r"\d{15}").to_numpy(bool))
     if bad.size:
         raise IngestError(f"{geo}: column GEOCODE, row {rows[bad[0]]}: malformed block GEOID "
                           f"(value {blocks['GEOCODE'].iat[bad[0]]!r})")
+    _check_state(geo, stusab, blocks["GEOCODE"], rows)
     dup = blocks["GEOCODE"].duplicated().to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
@@ -280,6 +351,7 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
                           f"{'Hispanic' if h else 'not-Hispanic'} count for this race")
 
     gq_persons = gq.sum(1)
+    _check_memory(geo, int(p1[:, 0].sum()) + int(blocks["HU100"].sum()))
     facilities = blocks["HU100"].to_numpy() - h1[:, 0]
     bad = (facilities < 0) | ((gq_persons == 0) & (facilities != 0))
     if bad.any():
@@ -403,33 +475,73 @@ def _stride_races(counts: np.ndarray, weights: dict[int, int]) -> tuple[np.ndarr
     return owner, races[np.searchsorted(bounds, slot, side="right")]
 
 
-def ingest_blocks(csv: Path, out: Path) -> Summary:
-    """Read a block demographics CSV (``GEOID, pop, pop_<g>.., vap, vap_<g>..``); write CEF-like Parquet."""
-    csv = Path(csv)
+GEOID_COLUMNS = ("GEOID", "GEOID20", "GEOID10")
+HU_COLUMNS = ("hu", "hu_occupied", "hu_vacant")
+
+
+def _read_block_table(csv: Path) -> tuple[str, pd.DataFrame]:
+    """The block CSV as strings, and the name of its GEOID column."""
     try:
-        frame = pd.read_csv(csv, dtype={"GEOID": str}, keep_default_na=False)
+        frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise IngestError(f"{csv}: column -, row -: cannot read CSV ({exc})") from exc
-    need = ["GEOID", "pop", "vap"] + [f"{a}_{g}" for a in ("pop", "vap") for g in BLOCK_GROUPS]
+    names = [c for c in GEOID_COLUMNS if c in frame.columns]
+    if len(names) != 1:
+        raise IngestError(f"{csv}: column GEOID, row -: expected exactly one block GEOID column of "
+                          f"{', '.join(GEOID_COLUMNS)} (found {names or 'none'})")
+    return names[0], frame
+
+
+def _block_units(csv: Path, values: dict[str, np.ndarray], persons: np.ndarray, geoids: np.ndarray,
+                 rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Occupied and vacant housing units per block: the table's own columns or the derived ones (module
+    docstring). Arrays in table order."""
+    derived = (2 * persons + 4) // 5  # ceil(persons / 2.5)
+    if "hu_occupied" in values:
+        occupied, vacant = values["hu_occupied"], values["hu_vacant"]
+    elif "hu" in values:
+        occupied = np.minimum(values["hu"], derived)
+        vacant = values["hu"] - occupied
+    else:
+        order = np.argsort(geoids, kind="stable")
+        running = np.cumsum(derived[order])
+        vacant = np.empty_like(derived)
+        vacant[order] = running // 9 - np.concatenate([[0], running[:-1]]) // 9
+        return derived, vacant
+    column = "hu_occupied" if "hu_occupied" in values else "hu"
+    for bad, problem in ((persons > 0) & (occupied == 0), "has persons but no occupied housing unit"),\
+                        (occupied > persons, "has more occupied housing units than persons"):
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise IngestError(f"{csv}: column {column}, row {rows[i]}: block {geoids[i]} {problem}")
+    return occupied, vacant
+
+
+def ingest_blocks(csv: Path, out: Path) -> Summary:
+    """Read a block demographics CSV (``GEOID, pop, pop_<g>.., vap, vap_<g>..``, optional ``hu`` or
+    ``hu_occupied, hu_vacant``); write CEF-like Parquet."""
+    csv = Path(csv)
+    geoid_col, frame = _read_block_table(csv)
+    need = ["pop", "vap"] + [f"{a}_{g}" for a in ("pop", "vap") for g in BLOCK_GROUPS]
+    hu = [c for c in HU_COLUMNS if c in frame.columns]
+    if hu and hu not in (["hu"], ["hu_occupied", "hu_vacant"]):
+        raise IngestError(f"{csv}: column {hu[0]}, row -: give either hu, or hu_occupied and hu_vacant (found "
+                          f"{', '.join(hu)})")
     missing = [c for c in need if c not in frame.columns]
     if missing:
         raise IngestError(f"{csv}: column {missing[0]}, row -: required column missing")
-    geoids = frame["GEOID"].to_numpy(dtype=object)
-    bad = np.flatnonzero(~frame["GEOID"].str.fullmatch(r"\d{15}").to_numpy(bool))
+    geoids = frame[geoid_col].to_numpy(dtype=object)
+    rows = np.arange(len(frame))
+    bad = np.flatnonzero(~frame[geoid_col].str.fullmatch(r"\d{15}").to_numpy(bool))
     if bad.size:
-        raise IngestError(f"{csv}: column GEOID, row {bad[0]}: malformed block GEOID (value {geoids[bad[0]]!r})")
-    dup = frame["GEOID"].duplicated().to_numpy()
+        raise IngestError(f"{csv}: column {geoid_col}, row {bad[0]}: malformed block GEOID (value {geoids[bad[0]]!r})")
+    dup = frame[geoid_col].duplicated().to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])
-        raise IngestError(f"{csv}: column GEOID, row {i}: duplicate block (value {geoids[i]!r})")
-    values = {}
-    for col in need[1:]:
-        series = frame[col]
-        ok = series.astype(str).str.fullmatch(r"\d+").to_numpy(bool)
-        if not ok.all():
-            i = int(np.flatnonzero(~ok)[0])
-            raise IngestError(f"{csv}: column {col}, row {i}: not a non-negative integer (value {series.iat[i]!r})")
-        values[col] = series.astype(np.int64).to_numpy()
+        raise IngestError(f"{csv}: column {geoid_col}, row {i}: duplicate block (value {geoids[i]!r})")
+    numeric = need + hu
+    parsed = _digits(frame[numeric].to_numpy(dtype=object), csv, numeric, rows, MAX_BLOCK_COUNT)
+    values = {col: parsed[:, j] for j, col in enumerate(numeric)}
     pop = np.stack([values[f"pop_{g}"] for g in BLOCK_GROUPS], 1)
     vap = np.stack([values[f"vap_{g}"] for g in BLOCK_GROUPS], 1)
     for col, got, want in (("pop", pop.sum(1), values["pop"]), ("vap", vap.sum(1), values["vap"])):
@@ -440,9 +552,11 @@ def ingest_blocks(csv: Path, out: Path) -> Summary:
         i, g = np.argwhere(vap > pop)[0]
         raise IngestError(f"{csv}: column vap_{BLOCK_GROUPS[g]}, row {i}: block {geoids[i]}: voting age exceeds "
                           f"pop_{BLOCK_GROUPS[g]}")
+    occupied, vacant = _block_units(csv, values, pop.sum(1), geoids, rows)
+    _check_memory(csv, int(pop.sum()) + int(occupied.sum()) + int(vacant.sum()))
 
     order = np.argsort(geoids, kind="stable")
-    geoids, pop, vap = geoids[order], pop[order], vap[order]
+    geoids, pop, vap, occupied, vacant = geoids[order], pop[order], vap[order], occupied[order], vacant[order]
     nb = len(geoids)
     # counts[b, v, g]: persons of block b, votingage v, group g
     counts = np.stack([pop - vap, vap], 1)
@@ -460,12 +574,10 @@ def ingest_blocks(csv: Path, out: Path) -> Summary:
         cells_l.append(np.asarray(cell))
         counts_l.append(n)
     household = pop.sum(1)
-    occupied = (2 * household + 4) // 5  # ceil(persons / 2.5)
-    running = np.cumsum(occupied)
-    vacant = running // 9 - np.concatenate([[0], running[:-1]]) // 9
     n_persons, n_units = write_cef(out, geoids, np.concatenate(blocks_l), np.concatenate(cells_l),
                                    np.concatenate(counts_l), np.concatenate([np.arange(nb)] * 2),
                                    np.zeros(2 * nb, np.int64), np.repeat([True, False], nb),
                                    np.concatenate([occupied, vacant]))
-    return Summary(source=str(csv), blocks_read=nb, blocks_written=int(((household > 0) | (vacant > 0)).sum()),
+    return Summary(source=str(csv), blocks_read=nb,
+                   blocks_written=int(((household > 0) | (occupied + vacant > 0)).sum()),
                    persons=n_persons, housing_units=n_units, gq_facilities=0)

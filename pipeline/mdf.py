@@ -14,6 +14,8 @@ from .schema import PERSONS
 #: MDF person columns (facts 7.2), all strings as in the Census MDF.
 PERSON_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",
                   "TABBLK", "EPNUM", "RTYPE", "GQTYPE_PL", "VOTING_AGE", "CENHISP", "CENRACE"]
+#: CENRACE codes "01".."63" by cenrace index (a lookup, so that a block set without persons gives empty columns).
+CENRACE_CODES = np.array([f"{i + 1:02d}" for i in range(63)])
 UNIT_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",
                 "TABBLK", "EUNUM", "RTYPE", "HH_STATUS"]
 
@@ -44,7 +46,7 @@ def person_mdf(geoids: np.ndarray, hist: sp.csr_matrix) -> pd.DataFrame:
     frame = {"SCHEMA_TYPE_CODE": "MPD", "SCHEMA_BUILD_ID": "1.1.0", **_geography(geo),
              "EPNUM": seq.astype(np.int64), "RTYPE": np.where(hhgq == 0, "3", "5"),
              "GQTYPE_PL": hhgq.astype(str), "VOTING_AGE": np.where(va == 1, "2", "1"),
-             "CENHISP": np.where(hisp == 1, "2", "1"), "CENRACE": np.char.zfill((race + 1).astype(str), 2)}
+             "CENHISP": np.where(hisp == 1, "2", "1"), "CENRACE": CENRACE_CODES[race]}
     return pd.DataFrame(frame, columns=PERSON_COLUMNS)
 
 

@@ -145,14 +145,65 @@ class RunDir:
         else:
             staged.rename(final)
 
+    def check_layout(self, products: list[str] | tuple[str, ...] = ("persons", "units")) -> None:
+        """Refuse a run directory where one of its folders is a file, or one of its files a folder."""
+        folders = [STAGING, "invariants"] + [f"{top}/{p}" for top in ("histograms", "noisy_measurements", "mdf")
+                                             for p in ("", *products)]
+        files = ["manifest.json", "certificate.json", "spine.parquet"] + [f"invariants/{p}.parquet" for p in products]
+        for name in folders:
+            path = self.root / name
+            if path.exists() and not path.is_dir():
+                raise RunDirError(f"{path}: a file where the run directory needs a folder; remove it or choose "
+                                  "another --out")
+        for name in files:
+            path = self.root / name
+            if path.is_dir():
+                raise RunDirError(f"{path}: a folder where the run directory needs a file; remove it or choose "
+                                  "another --out")
+
     # -- manifest --------------------------------------------------------------------------------
     def read_manifest(self) -> dict[str, Any]:
+        """The manifest ({} when there is none); a corrupt or wrong-shaped one raises :class:`RunDirError`."""
         if not self.manifest_path.exists():
             return {}
-        return json.loads(self.manifest_path.read_text())
+        return read_manifest_file(self.manifest_path)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.manifest_path, manifest)
+
+
+#: Manifest keys and the JSON types they must have (those the code reads back).
+MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "status": str, "config_hash": str, "name": str, "algorithm": str, "spine": str, "levels": list, "products": list,
+    "completed": dict, "parents_solved": dict, "failsafe": list, "timings": dict,
+}
+
+
+def read_manifest_file(path: Path) -> dict[str, Any]:
+    """Read and shape-check a manifest.json; raises :class:`RunDirError` naming the file and the key."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"{path}: not a readable manifest ({type(exc).__name__}: {exc}); remove the run "
+                          "directory or choose another --out") from None
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{path}: a manifest is a JSON object, found {type(manifest).__name__}")
+    for key, kind in MANIFEST_TYPES.items():
+        if key in manifest and not isinstance(manifest[key], kind):
+            raise RunDirError(f"{path}: key '{key}' should be a JSON {_json_type(kind)}, found "
+                              f"{_json_type(type(manifest[key]))} {manifest[key]!r:.60}")
+    for key in ("levels", "products"):
+        if not all(isinstance(v, str) for v in manifest.get(key, [])):
+            raise RunDirError(f"{path}: key '{key}' should list names (strings)")
+    for product, levels in manifest.get("completed", {}).items():
+        if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
+            raise RunDirError(f"{path}: key 'completed.{product}' should list level names")
+    return manifest
+
+
+def _json_type(kind: type) -> str:
+    return {str: "string", list: "array", dict: "object", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(kind, kind.__name__)
 
 
 _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")

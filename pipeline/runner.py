@@ -27,6 +27,7 @@ from .engine import LevelReport, ProgressFn, estimate_level, read_level_histogra
 from .invariants import UNIT_COLUMNS, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
+from .preflight import check_baf_states, check_workers, preflight, read_baf
 from .rundir import RunDir, RunDirError, write_json_atomic, write_table
 from .schema import SCHEMAS
 from .tabulate import block_histograms, block_units, units_histograms
@@ -59,6 +60,7 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
         with c:
             yield c
         return
+    check_workers(workers)
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
@@ -113,10 +115,13 @@ def run(
         config = load_config(config)
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
+    preflight(config, workers)
+    baf = read_baf(config)
     out = out if out is not None else Path("runs") / config.run.name
     rundir = RunDir(out)
     rundir.prepare()
     with rundir.lock():
+        rundir.check_layout(config.run.products)
         if not resume:  # --resume keeps the chunks an interrupted level had finished
             rundir.clear_staging()
         manifest = rundir.read_manifest()
@@ -127,11 +132,11 @@ def run(
             raise RunDirError(f"{out} holds a run of a different configuration; cannot resume it")
         if not resume:
             manifest = {}
-        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress)
+        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress, baf)
 
 
 def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, client, scheduler, workers,
-                progress: ProgressFn | None) -> Path:
+                progress: ProgressFn | None, baf: pd.DataFrame | None = None) -> Path:
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.get("timings", {})
     inp = _input_dir(config, input_dir)
@@ -140,7 +145,9 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
 
     t = time.perf_counter()
     geoids = pd.Series(np.union1d(units["geoid"].unique(), persons["geoid"].unique()), name="geoid")
-    spine = build_spine(config.run.spine, geoids, baf_dir=config.run.baf, units=units)
+    if baf is not None:
+        check_baf_states(baf, str(config.run.baf), geoids, inp / "units.parquet")
+    spine = build_spine(config.run.spine, geoids, baf_dir=baf, units=units)
     for product in config.run.products:
         _level_names(config, product, spine.levels)
     timings["spine"] = time.perf_counter() - t

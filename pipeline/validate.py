@@ -11,9 +11,10 @@ Besides column-level checks, the block-level structure the TopDown constraints r
 * GQ facilities are occupied (facts 2.8);
 * no person under 18 in a nursing facility (``nurse_nva_0``, facts 2.4).
 
-Every failure raises :class:`InputError` naming the file, the column, the first offending 0-based row of
-that file and the bad value (a code or a GEOID). Messages never contain a count of persons: the input is
-confidential and only declared invariants may be disclosed.
+Every failure raises :class:`InputError` naming the file, the column, the block GEOID of the first
+offending record and the bad value (a code or a GEOID). Messages never contain a count of persons, nor a
+record's position in its file: in a file sorted by GEOID a row number is the number of persons (or units)
+in the blocks before it, a confidential count; only declared invariants may be disclosed.
 """
 from __future__ import annotations
 
@@ -39,20 +40,27 @@ class InputError(ValueError):
     """The input files break the data contract."""
 
 
-def _fail(path: Path, column: str, row: int | None, problem: str, value: object = None) -> InputError:
-    where = f"row {row}" if row is not None else "all rows"
+def _fail(path: Path, column: str, block: str | None, problem: str, value: object = None) -> InputError:
+    """The error for the first bad record: its file, column, block GEOID (None: not known) and value."""
+    where = f", block {block}" if block is not None else ""
     shown = "" if value is None else f" (value {value!r})"
-    return InputError(f"{path}: column '{column}', {where}: {problem}{shown}")
+    return InputError(f"{path}: column '{column}'{where}: {problem}{shown}")
+
+
+def _block_of(table: pa.Table, row: int) -> str | None:
+    """The GEOID of record ``row`` when it is a string, else None."""
+    value = table.column("geoid")[row].as_py()
+    return value if isinstance(value, str) else None
 
 
 def _read(path: Path, columns: tuple[str, ...]) -> pa.Table:
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: column -, row -: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+        raise InputError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
     missing = [c for c in columns if c not in table.column_names]
     if missing:
-        raise InputError(f"{path}: column '{missing[0]}', row -: required column missing (have {table.column_names})")
+        raise InputError(f"{path}: column '{missing[0]}': required column missing (have {table.column_names})")
     return table.select(list(columns)).combine_chunks()
 
 
@@ -65,7 +73,7 @@ def _check_nulls(path: Path, table: pa.Table) -> None:
         col = table.column(name)
         if col.null_count:
             row = _first(pc.is_null(col).to_numpy(zero_copy_only=False))
-            raise _fail(path, name, row, "null value", None)
+            raise _fail(path, name, _block_of(table, row), "null value", None)
 
 
 def _geoids(path: Path, table: pa.Table) -> pa.Array:
@@ -74,12 +82,12 @@ def _geoids(path: Path, table: pa.Table) -> pa.Array:
         col = col.cast(pa.string())
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_string_view(col.type)):
         value = col[0].as_py() if len(col) else None
-        raise _fail(path, "geoid", 0 if len(col) else None, f"wrong type {col.type}, expected a 15-character string", value)
+        raise _fail(path, "geoid", None, f"wrong type {col.type}, expected a 15-character string", value)
     col = col.cast(pa.string())
     ok = pc.match_substring_regex(col, f"^[0-9]{{{GEOID_LEN}}}$").to_numpy(zero_copy_only=False)
     if not ok.all():
         row = _first(~ok)
-        raise _fail(path, "geoid", row, f"malformed GEOID, expected {GEOID_LEN} digits", col[row].as_py())
+        raise _fail(path, "geoid", None, f"malformed GEOID, expected {GEOID_LEN} digits", col[row].as_py())
     return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
 
 
@@ -87,12 +95,12 @@ def _codes(path: Path, table: pa.Table, name: str, lo: int, hi: int) -> np.ndarr
     col = table.column(name)
     if not pa.types.is_integer(col.type):
         value = col[0].as_py() if len(col) else None
-        raise _fail(path, name, 0 if len(col) else None, f"wrong type {col.type}, expected an integer", value)
+        raise _fail(path, name, None, f"wrong type {col.type}, expected an integer", value)
     values = col.to_numpy()
     bad = (values < lo) | (values > hi)
     if bad.any():
         row = _first(bad)
-        raise _fail(path, name, row, f"code out of range {lo}..{hi}", int(values[row]))
+        raise _fail(path, name, _block_of(table, row), f"code out of range {lo}..{hi}", int(values[row]))
     return values.astype(np.int8)
 
 
@@ -103,7 +111,7 @@ def _flags(path: Path, table: pa.Table, name: str) -> np.ndarray:
     if pa.types.is_integer(col.type):
         return _codes(path, table, name, 0, 1).astype(bool)
     value = col[0].as_py() if len(col) else None
-    raise _fail(path, name, 0 if len(col) else None, f"wrong type {col.type}, expected bool", value)
+    raise _fail(path, name, None, f"wrong type {col.type}, expected bool", value)
 
 
 def _block_codes(person_geoids: pa.Array, unit_geoids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -120,15 +128,15 @@ def _check_blocks(persons_path: Path, units_path: Path, persons: pd.DataFrame, u
     unoccupied_gq = gq & ~units["occupied"].to_numpy()
     if unoccupied_gq.any():
         row = _first(unoccupied_gq)
-        raise _fail(units_path, "occupied", row, f"GQ facility of type {utype[row]} in block {units['geoid'].iat[row]} "
+        raise _fail(units_path, "occupied", units['geoid'].iat[row], f"GQ facility of type {utype[row]} "
                     "is marked unoccupied (GQ facilities are always occupied)", False)
 
     hhgq = persons["hhgq"].to_numpy(np.int64)
     nursing_minor = (hhgq == NURSING) & (persons["votingage"].to_numpy() == 0)
     if nursing_minor.any():
         row = _first(nursing_minor)
-        raise _fail(persons_path, "votingage", row, f"person under 18 in a nursing facility (hhgq {NURSING}) in block "
-                    f"{persons['geoid'].iat[row]} (structural zero nurse_nva_0)", 0)
+        raise _fail(persons_path, "votingage", persons['geoid'].iat[row], f"person under 18 in a nursing facility "
+                    f"(hhgq {NURSING}; structural zero nurse_nva_0)", 0)
 
     pkey = pblock * 8 + hhgq
     ukey = ublock * 8 + utype
@@ -137,7 +145,7 @@ def _check_blocks(persons_path: Path, units_path: Path, persons: pd.DataFrame, u
     if homeless.any():
         row = _first(homeless)
         kind = "housing unit" if hhgq[row] == 0 else f"GQ facility of type {hhgq[row]}"
-        raise _fail(persons_path, "hhgq", row, f"block {persons['geoid'].iat[row]} has no {kind} for this person",
+        raise _fail(persons_path, "hhgq", persons['geoid'].iat[row], f"the block has no {kind} for this person",
                     int(hhgq[row]))
 
     residents = np.bincount(np.searchsorted(unit_keys, pkey), minlength=len(unit_keys))
@@ -146,7 +154,7 @@ def _check_blocks(persons_path: Path, units_path: Path, persons: pd.DataFrame, u
     if short.any():
         rows = first_unit_row[short]
         row = int(rows.min())
-        raise _fail(units_path, "unit_type", row, f"block {units['geoid'].iat[row]} has more GQ facilities of this type "
+        raise _fail(units_path, "unit_type", units['geoid'].iat[row], "the block has more GQ facilities of this type "
                     "than residents of that type (each facility needs a resident: hhgq_total_lb)", int(utype[row]))
 
 

@@ -7,16 +7,17 @@ counts); the MDF tabulates back to the block histograms.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .invariants import GQ_CAP, UNIT_COLUMNS
 from .mdf import tabulate_person_mdf
+from .rundir import RunDirError, read_manifest_file
 from .schema import PERSONS, SCHEMAS
 
 
@@ -45,12 +46,36 @@ def _parent_map(spine: pd.DataFrame, child: str, parent: str) -> pd.Series:
     return pairs.set_index(child)[parent]
 
 
+def _complete_manifest(root: Path) -> dict:
+    """The manifest of a complete run in ``root``; raises :class:`RunDirError` when there is none."""
+    if not root.is_dir():
+        raise RunDirError(f"{root}: no such run directory")
+    if not (root / "manifest.json").is_file():
+        raise RunDirError(f"{root}: no manifest.json (not a run directory, or a run that never started)")
+    manifest = read_manifest_file(root / "manifest.json")
+    if manifest.get("status") != "complete":
+        raise RunDirError(f"{root}: holds no complete run (manifest status {manifest.get('status')!r}); finish it "
+                          "with `topdown run --resume` before verifying it")
+    missing = [k for k in ("levels", "products") if k not in manifest]
+    if missing:
+        raise RunDirError(f"{root / 'manifest.json'}: key '{missing[0]}' missing")
+    return manifest
+
+
 def verify_run(root: str | Path) -> VerifyReport:
-    """Verify a run directory; the report lists every failed check."""
+    """Verify a run directory; the report lists every failed check (a missing or unreadable output file is
+    one). Raises :class:`RunDirError` when ``root`` holds no complete run to verify."""
     root = Path(root)
+    manifest = _complete_manifest(root)
     rep = VerifyReport()
-    manifest = json.loads((root / "manifest.json").read_text())
-    rep.check(manifest.get("status") == "complete", f"manifest status is {manifest.get('status')!r}, not 'complete'")
+    try:
+        _verify(root, manifest, rep)
+    except (OSError, pa.ArrowException) as exc:  # a deleted or damaged output of a complete run
+        rep.check(False, f"missing or unreadable output: {exc}")
+    return rep
+
+
+def _verify(root: Path, manifest: dict, rep: VerifyReport) -> None:
     levels: list[str] = manifest["levels"]
     spine = _read(root / "spine.parquet").astype(str)
     rep.check(list(spine.columns) == ["geoid", *levels], "spine.parquet columns are not geoid + the manifest's levels")
@@ -63,7 +88,6 @@ def verify_run(root: str | Path) -> VerifyReport:
     for product in manifest["products"]:
         _verify_product(root, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
                         totals_invariant=manifest.get("algorithm") != "block_by_block")
-    return rep
 
 
 def _level_hist(root: Path, product: str, level: str) -> pd.DataFrame:

@@ -1,13 +1,20 @@
-"""The bad-input catalogue: every bad input file, configuration or run directory stops ``topdown run``
-with its exit code (2 configuration, 3 input, 4 run directory) and a message naming the file, column,
-row or configuration key, writes no output (no histograms, measurements, MDF, invariants, spine,
-certificate or manifest; the lock released), and discloses none of the planted confidential counts.
+"""The bad-input catalogue: every bad input file, configuration, command-line option or run directory stops
+``topdown run`` (or ``verify``, ``ingest``) with its exit code (2 configuration/usage, 3 input, 4 run
+directory; never 6, an internal error) and a one-line message naming the file, column or configuration key
+and the offending value (a person or unit record by its block GEOID, never its row: in a GEOID-sorted file
+the row is a cumulative count of persons). Nothing is written or changed (the run directory, or the ingest
+output, is byte for byte as before; no histograms, measurements, MDF, invariants, spine, certificate or
+manifest; the lock released), and neither the message nor the log discloses a planted confidential count.
 
-All cases run on the small planted input of ``rel_inputs`` and fail before a Dask cluster starts.
+All cases run in process on the small planted input of ``rel_inputs`` and fail before a Dask cluster starts.
 """
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -15,8 +22,10 @@ from typing import Callable
 import pandas as pd
 import pytest
 
+from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
-from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, main
+from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, main
+from topdown.pipeline.ingest import BLOCK_GROUPS
 from topdown.pipeline.config import ConfigError, load_config
 
 
@@ -35,6 +44,10 @@ class Case:
     out: Callable[[Path], Path] | None = None  # a bad run directory
     input_dir: Callable[[Path], Path] | None = None
     extra: dict = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None  # more files in the case's folder (included configs...)
+    argv: Callable[[Path, Path], tuple[list[str], Path]] | None = None  # (tmp, input) -> a whole command
+    # line and the folder it must leave unchanged, for cases other than ``run``
+    without_module: str | None = None  # the case holds only where this module is not installed
 
 
 def _set(frame: pd.DataFrame, row: int, **values) -> pd.DataFrame:
@@ -62,7 +75,94 @@ def _existing_file(tmp: Path) -> Path:
 
 
 DEMO = 'include = "demo.toml"\n'
-ROW = 5000  # a person row in block 440070001001002 (household, adult, Hispanic)
+ROW = 4333  # the first person row of block 440070001001002 (household, adult, Hispanic): also the number of
+# persons in the block before it, a planted secret, so a message that gave the row would fail the leak scan
+
+def _write(path: Path, text: str) -> Callable[[Path], None]:
+    """A setup step writing ``text`` to ``path`` (relative to the case's folder)."""
+    return lambda tmp: (tmp / path).write_text(text)
+
+
+def _planted_run_dir(**files: str) -> Callable[[Path], Path]:
+    """A run directory holding the given files (``__`` in a name is a ``/``; a value of None makes a folder)."""
+    def make(tmp: Path) -> Path:
+        out = tmp / "run"
+        out.mkdir()
+        for name, text in files.items():
+            path = out / name.replace("__", "/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir() if text is None else path.write_text(text)
+        return out
+    return make
+
+
+def _verify(make: Callable[[Path], Path] | None) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown verify`` on the folder ``make`` builds (None: a folder that does not exist)."""
+    def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
+        out = make(tmp) if make else tmp / "no-such-run"
+        return ["verify", str(out)], out
+    return argv
+
+
+def _block_row(geoid: str, persons: int, **extra) -> dict:
+    """A block-table row whose ``persons`` are all White adults; ``extra`` adds or replaces columns."""
+    row = {"GEOID": geoid, "pop": persons, "vap": persons}
+    for g in BLOCK_GROUPS:
+        row[f"pop_{g}"] = row[f"vap_{g}"] = persons if g == "white" else 0
+    return {**row, **extra}
+
+
+def _ingest_blocks(rows: Callable[[], list[dict]]) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown ingest blocks`` on a CSV of ``rows`` (values written as given)."""
+    def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
+        pd.DataFrame(rows()).to_csv(tmp / "blocks.csv", index=False)
+        return ["ingest", "blocks", str(tmp / "blocks.csv"), "--out", str(tmp / "ingested")], tmp / "ingested"
+    return argv
+
+
+PL_GEO, PL_SEG1 = "rigeo2018_2020Style.pl", "ri000012018_2020Style.pl"
+
+
+def _ingest_pl94(edit: Callable[[dict[str, list[list[str]]], int], None]) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown ingest pl94`` on the bundled files after ``edit(records, first block row)``."""
+    def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
+        src = tmp / "pl94"
+        src.mkdir()
+        records = {f.name[:-3]: [ln.split("|") for ln in gzip.decompress(f.read_bytes()).decode("latin-1").splitlines()]
+                   for f in PL94_DIR.glob("*.pl.gz")}
+        edit(records, next(i for i, r in enumerate(records[PL_GEO]) if r[2] == "750"))
+        for name, rows in records.items():
+            (src / name).write_text("\n".join("|".join(r) for r in rows) + "\n", encoding="latin-1")
+        return ["ingest", "pl94", str(src), "--out", str(tmp / "ingested")], tmp / "ingested"
+    return argv
+
+
+def _set_field(name: str, field_no: int, value: str) -> Callable[[dict[str, list[list[str]]], int], None]:
+    def edit(records: dict[str, list[list[str]]], row: int) -> None:
+        records[name][row][field_no] = value
+    return edit
+
+
+def _two_states(tmp: Path) -> None:
+    """The planted input plus a block of vacant housing units in Massachusetts (state 25)."""
+    extra = pd.DataFrame({"geoid": ["250010001001001"] * 2, "unit_type": [0, 0], "occupied": [False, False]})
+    write_planted_input(tmp / "two-states", None, pd.concat([units_frame(), extra], ignore_index=True))
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    """Every file (with its bytes) and folder under ``path``, or ``path`` itself: what a failed command must
+    leave as it was."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    if not path.is_dir():
+        return {}
+    return {str(f.relative_to(path)): f.read_bytes() if f.is_file() else b"<folder>" for f in sorted(path.rglob("*"))}
+
+
+RI_BAF = DATA / "ri_baf2020"
+L2_US = '"cenrace", "hispanic", "votingage", "hhinstlevels", "hhgq", "hispanic * cenrace", "votingage * cenrace", ' \
+        '"votingage * hispanic", "votingage * hispanic * cenrace", "detailed"'
+COMPLETE = '{"status": "complete", "levels": ["US"], "products": ["persons"]}'
 
 CASES = [
     # ---- input files (exit 3) ------------------------------------------------------------------
@@ -75,23 +175,23 @@ CASES = [
          units=lambda u: u.astype({"geoid": "int64"})),
     Case("wrong_type_flag", EXIT_INPUT, ("units.parquet", "'occupied'", "expected bool"),
          units=lambda u: u.astype({"occupied": str})),
-    Case("short_geoid", EXIT_INPUT, ("persons.parquet", "'geoid'", f"row {ROW}", "malformed GEOID", "'44007000100100'"),
+    Case("short_geoid", EXIT_INPUT, ("persons.parquet", "'geoid'", "malformed GEOID", "'44007000100100'"),
          persons=lambda p: _set(p, ROW, geoid="44007000100100")),
-    Case("letters_in_geoid", EXIT_INPUT, ("units.parquet", "'geoid'", "row 7", "malformed GEOID"),
+    Case("letters_in_geoid", EXIT_INPUT, ("units.parquet", "'geoid'", "malformed GEOID", "'44007000100100X'"),
          units=lambda u: _set(u, 7, geoid="44007000100100X")),
-    Case("cenrace_out_of_range", EXIT_INPUT, ("persons.parquet", "'cenrace'", f"row {ROW}", "0..62", "63"),
+    Case("cenrace_out_of_range", EXIT_INPUT, ("persons.parquet", "'cenrace'", "block 440070001001002", "0..62", "63"),
          persons=lambda p: _set(p, ROW, cenrace=63)),
-    Case("negative_code", EXIT_INPUT, ("persons.parquet", "'hispanic'", "row 3", "0..1", "-1"),
+    Case("negative_code", EXIT_INPUT, ("persons.parquet", "'hispanic'", "block 440070001001001", "0..1", "-1"),
          persons=lambda p: _set(p, 3, hispanic=-1)),
-    Case("unit_type_out_of_range", EXIT_INPUT, ("units.parquet", "'unit_type'", "row 0", "0..7"),
+    Case("unit_type_out_of_range", EXIT_INPUT, ("units.parquet", "'unit_type'", "block 440070001001001", "0..7"),
          units=lambda u: _set(u, 0, unit_type=8)),
-    Case("null_value", EXIT_INPUT, ("persons.parquet", "'votingage'", "row 10", "null"),
+    Case("null_value", EXIT_INPUT, ("persons.parquet", "'votingage'", "block 440070001001001", "null"),
          persons=lambda p: p.astype({"votingage": "Int64"}).pipe(lambda q: _set(q, 10, votingage=pd.NA))),
     Case("person_in_block_without_units", EXIT_INPUT,
-         ("persons.parquet", "'hhgq'", f"row {ROW}", "440070002001009", "no housing unit"),
+         ("persons.parquet", "'hhgq'", "block 440070002001009", "no housing unit"),
          persons=lambda p: _set(p, ROW, geoid="440070002001009")),
     Case("gq_person_without_facility", EXIT_INPUT,
-         ("persons.parquet", "'hhgq'", f"row {ROW}", "440070001001002", "no GQ facility of type 6"),
+         ("persons.parquet", "'hhgq'", "block 440070001001002", "no GQ facility of type 6"),
          persons=lambda p: _set(p, ROW, hhgq=6)),
     Case("gq_facility_without_residents", EXIT_INPUT, ("units.parquet", "'unit_type'", "440070001001001", "hhgq_total_lb"),
          units=lambda u: pd.concat([pd.DataFrame({"geoid": ["440070001001001"], "unit_type": [7], "occupied": [True]}), u],
@@ -146,6 +246,101 @@ CASES = [
     # ---- run directory (exit 4) ----------------------------------------------------------------
     Case("output_parent_is_a_file", EXIT_RUNDIR, ("a-file", "cannot write the run directory"), out=_file_parent),
     Case("output_is_a_file", EXIT_RUNDIR, ("run-file", "cannot write the run directory"), out=_existing_file),
+    # ---- command line (exit 2) -----------------------------------------------------------------
+    Case("workers_negative", EXIT_CONFIG, ("--workers", "positive", "-1"), args=("--workers", "-1")),
+    Case("workers_zero", EXIT_CONFIG, ("--workers", "positive", "got 0"), args=("--workers", "0")),
+    # ---- configuration found before the first write (exit 2) ------------------------------------
+    Case("unknown_query_in_l2_passes", EXIT_CONFIG, ("[persons.estimation.l2_passes].US", "'nosuch'", "unknown query term"),
+         toml=DEMO + f'[persons.estimation.l2_passes]\nUS = [["total", "nosuch"], [{L2_US}]]\n'),
+    Case("unknown_query_in_rounder_passes", EXIT_CONFIG,
+         ("[persons.estimation.rounder_passes].Block", "pass 1", "'nosuch'", "unknown query term"),
+         toml=DEMO + '[persons.estimation.rounder_passes]\nBlock = [["total"], ["hhgq * nosuch", "detailed"]]\n'),
+    Case("empty_pass", EXIT_CONFIG, ("[units.estimation.rounder_passes].Tract", "pass 0 is empty"),
+         toml=DEMO + '[units.estimation.rounder_passes]\nTract = [[]]\n'),
+    Case("gurobi_without_gurobipy", EXIT_CONFIG, ("[units.estimation] backend = \"gurobi\"", "gurobipy"),
+         toml=DEMO + '[units.estimation]\nbackend = "gurobi"\n', without_module="gurobipy"),
+    Case("include_itself", EXIT_CONFIG, ("bad.toml", "'include'", "cycle"), toml='include = "bad.toml"\n'),
+    Case("include_cycle_of_two", EXIT_CONFIG, ("'include'", "cycle", "other.toml", "bad.toml"),
+         toml='include = "other.toml"\n', setup=_write(Path("other.toml"), 'include = "bad.toml"\n')),
+    Case("include_a_number", EXIT_CONFIG, ("bad.toml", "'include'", ".toml file", "got 5"), toml="include = 5\n"),
+    Case("include_not_toml", EXIT_CONFIG, ("bad.toml", "'include'", ".toml file", "'notes.txt'"),
+         toml='include = "notes.txt"\n', setup=_write(Path("notes.txt"), '[run]\nname = "leaked-4321"\n')),
+    Case("include_missing", EXIT_CONFIG, ("nope.toml", "no such configuration file"), toml='include = "nope.toml"\n'),
+    Case("config_is_a_directory", EXIT_CONFIG, ("a-dir", "cannot read the configuration"),
+         setup=lambda tmp: (tmp / "a-dir").mkdir(), extra={"config": "a-dir"}),
+    Case("tau_slack_nan", EXIT_CONFIG, ("persons.estimation.tau_slack", "finite"),
+         toml=DEMO + "[persons.estimation]\ntau_slack = nan\n"),
+    Case("tau_slack_negative", EXIT_CONFIG, ("units.estimation.tau_slack", "greater than or equal to 0", "-0.5"),
+         toml=DEMO + "[units.estimation]\ntau_slack = -0.5\n"),
+    Case("seed_true", EXIT_CONFIG, ("run.seed", "valid integer", "True"), toml=DEMO + "[run]\nseed = true\n"),
+    Case("products_empty", EXIT_CONFIG, ("run.products", "at least 1 item"), toml=DEMO + "[run]\nproducts = []\n"),
+    Case("products_twice", EXIT_CONFIG, ("run", "products", "twice"),
+         toml=DEMO + '[run]\nproducts = ["units", "units"]\n'),
+    Case("aian_spine_without_baf", EXIT_CONFIG, ("spine = 'aian'", "baf =", "[run]"),
+         toml=DEMO + '[run]\nspine = "aian"\n'),
+    Case("optimized_spine_without_baf", EXIT_CONFIG, ("spine = 'optimized'", "baf =", "[run]"),
+         toml=DEMO + '[run]\nspine = "optimized"\n'),
+    Case("missing_baf_directory", EXIT_CONFIG, ("[run] baf", "no-such-baf", "no such directory"),
+         toml=DEMO + '[run]\nspine = "aian"\nbaf = "no-such-baf"\n'),
+    Case("baf_directory_without_files", EXIT_CONFIG, ("[run] baf", "empty-baf", "no block assignment files"),
+         toml=DEMO + '[run]\nspine = "optimized"\nbaf = "empty-baf"\n', setup=lambda tmp: (tmp / "empty-baf").mkdir()),
+    # ---- input against the configuration (exit 3) ----------------------------------------------
+    Case("two_states_for_one_state_baf", EXIT_INPUT, ("units.parquet", "'geoid'", "250010001001001", "state 25",
+                                                       "[run] baf", "ri_baf2020"),
+         toml=DEMO + f'[run]\nspine = "aian"\nbaf = "{RI_BAF}"\n', setup=_two_states,
+         input_dir=lambda tmp: tmp / "two-states"),
+    # ---- run directory (exit 4) ----------------------------------------------------------------
+    Case("manifest_not_json", EXIT_RUNDIR, ("manifest.json", "not a readable manifest"),
+         out=_planted_run_dir(**{"manifest.json": '{"status": "comp'})),
+    Case("manifest_not_an_object", EXIT_RUNDIR, ("manifest.json", "JSON object", "list"),
+         out=_planted_run_dir(**{"manifest.json": "[1, 2]"})),
+    Case("manifest_wrong_shape", EXIT_RUNDIR, ("manifest.json", "'completed'", "object"),
+         out=_planted_run_dir(**{"manifest.json": '{"status": "running", "completed": [1]}'}), args=("--resume",)),
+    Case("manifest_wrong_status_type", EXIT_RUNDIR, ("manifest.json", "'status'", "string"),
+         out=_planted_run_dir(**{"manifest.json": '{"status": 1}'})),
+    Case("manifest_is_a_folder", EXIT_RUNDIR, ("manifest.json", "a folder where the run directory needs a file"),
+         out=_planted_run_dir(**{"manifest.json": None})),
+    Case("histograms_is_a_file", EXIT_RUNDIR, ("histograms", "a file where the run directory needs a folder"),
+         out=_planted_run_dir(histograms="x")),
+    Case("staging_is_a_file", EXIT_RUNDIR, (".staging", "a file where the run directory needs a folder"),
+         out=_planted_run_dir(**{".staging": "x"})),
+    Case("mdf_product_is_a_file", EXIT_RUNDIR, ("mdf/units", "a file where the run directory needs a folder"),
+         out=_planted_run_dir(mdf__units="x")),
+    Case("verify_missing_directory", EXIT_RUNDIR, ("no-such-run", "no such run directory"), argv=_verify(None)),
+    Case("verify_no_manifest", EXIT_RUNDIR, ("no manifest.json",), argv=_verify(_planted_run_dir())),
+    Case("verify_incomplete", EXIT_RUNDIR, ("no complete run", "'running'", "--resume"),
+         argv=_verify(_planted_run_dir(**{"manifest.json": '{"status": "running"}'}))),
+    Case("verify_corrupt_manifest", EXIT_RUNDIR, ("manifest.json", "not a readable manifest"),
+         argv=_verify(_planted_run_dir(**{"manifest.json": "{"}))),
+    Case("verify_manifest_without_levels", EXIT_RUNDIR, ("manifest.json", "'levels'", "missing"),
+         argv=_verify(_planted_run_dir(**{"manifest.json": '{"status": "complete"}'}))),
+    # ---- published tables (exit 3; a table row counts blocks, which is public) -------------------
+    Case("blocks_count_overflows_int64", EXIT_INPUT, ("blocks.csv", "column pop,", "row 1", "exceeds the cap"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 5),
+                                      _block_row("440070001001002", 3, pop="9" * 25)])),
+    Case("blocks_count_above_cap", EXIT_INPUT, ("blocks.csv", "column pop,", "row 0", "2000000000", "1,000,000"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 2_000_000_000)])),
+    Case("blocks_need_more_memory_than_the_machine", EXIT_INPUT, ("blocks.csv", "GiB", "more than half of this machine"),
+         argv=_ingest_blocks(lambda: [_block_row(f"4400700{i:08d}", 1_000_000) for i in range(20_000)])),
+    Case("blocks_float_count", EXIT_INPUT, ("blocks.csv", "column pop,", "not a non-negative integer", "'2e9'"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 5, pop="2e9")])),
+    Case("blocks_two_geoid_columns", EXIT_INPUT, ("blocks.csv", "exactly one block GEOID column", "GEOID20"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 5, GEOID20="440070001001001")])),
+    Case("blocks_hu_and_hu_occupied", EXIT_INPUT, ("blocks.csv", "column hu", "either hu, or hu_occupied and hu_vacant"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 5, hu=3, hu_occupied=2)])),
+    Case("blocks_occupied_units_without_persons", EXIT_INPUT,
+         ("blocks.csv", "column hu_occupied", "row 0", "440070001001001", "more occupied housing units than persons"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 0, hu_occupied=2, hu_vacant=0)])),
+    Case("blocks_persons_without_units", EXIT_INPUT, ("blocks.csv", "column hu,", "440070001001001", "no occupied"),
+         argv=_ingest_blocks(lambda: [_block_row("440070001001001", 4, hu=0)])),
+    Case("pl94_25_digit_count", EXIT_INPUT, (PL_SEG1, "column P0010001", "exceeds the cap", "1" * 25),
+         argv=_ingest_pl94(_set_field(PL_SEG1, 5, "1" * 25))),
+    Case("pl94_25_digit_logrecno", EXIT_INPUT, (PL_SEG1, "column LOGRECNO", "overflows int64"),
+         argv=_ingest_pl94(_set_field(PL_SEG1, 4, "1" * 25))),
+    Case("pl94_geocode_disagrees_with_stusab", EXIT_INPUT, (PL_GEO, "column GEOCODE", "state 25", "STUSAB 'RI'"),
+         argv=_ingest_pl94(lambda recs, row: recs[PL_GEO][row].__setitem__(9, "25" + recs[PL_GEO][row][9][2:]))),
+    Case("pl94_unknown_stusab", EXIT_INPUT, (PL_GEO, "column STUSAB", "unknown state abbreviation", "'XX'"),
+         argv=_ingest_pl94(_set_field(PL_GEO, 1, "XX"))),
 ]
 
 
@@ -154,8 +349,11 @@ def planted(tmp_path_factory) -> Path:
     return write_planted_input(tmp_path_factory.mktemp("planted"))
 
 
-def run_case(case: Case, tmp: Path, planted: Path, capsys) -> tuple[int, str, Path]:
-    """Run ``topdown run`` in-process for a case; returns (exit code, stderr+stdout, run directory)."""
+def run_case(case: Case, tmp: Path, planted: Path, capsys) -> tuple[int, str, Path, dict[str, bytes]]:
+    """Run the case's command in process; returns (exit code, stderr+stdout, the folder it must not change, that
+    folder's files before the command)."""
+    if case.setup:
+        case.setup(tmp)
     if case.persons or case.units or case.files:
         inp = write_planted_input(tmp / "input", None if case.persons is None else case.persons(persons_frame()),
                                   None if case.units is None else case.units(units_frame()))
@@ -165,31 +363,61 @@ def run_case(case: Case, tmp: Path, planted: Path, capsys) -> tuple[int, str, Pa
         inp = planted
     if case.input_dir:
         inp = case.input_dir(tmp)
-    config = case.extra.get("config", "demo")
-    if case.toml is not None:
-        config = str(tmp / "bad.toml")
-        Path(config).write_text(case.toml)
-    out = case.out(tmp) if case.out else tmp / "run"
+    if case.argv:
+        argv, out = case.argv(tmp, inp)
+    else:
+        config = case.extra.get("config", "demo")
+        if case.toml is not None:
+            config = str(tmp / "bad.toml")
+            Path(config).write_text(case.toml)
+        elif config != "demo":
+            config = str(tmp / config)
+        out = case.out(tmp) if case.out else tmp / "run"
+        argv = ["run", config, "--out", str(out), "--input", str(inp), "--workers", "1", "--quiet", *case.args]
+    before = _snapshot(out)
     capsys.readouterr()
-    code = main(["run", config, "--out", str(out), "--input", str(inp), "--workers", "1", "--quiet", *case.args])
+    cwd = os.getcwd()
+    os.chdir(tmp)  # relative paths in a case's configuration are the case's own
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    finally:
+        os.chdir(cwd)
     captured = capsys.readouterr()
-    return code, captured.err + captured.out, out
+    return code, captured.err + captured.out, out, before
 
 
 def test_the_catalogue_is_large_and_distinct():
-    assert len(CASES) >= 20 and len({c.name for c in CASES}) == len(CASES)
+    assert len(CASES) >= 85 and len({c.name for c in CASES}) == len(CASES)
+
+
+def test_no_case_is_an_internal_error():
+    """Exit 6 means a bug: no bad input may end there (test_bad_case checks each case's actual exit code)."""
+    assert [c.name for c in CASES if c.code == EXIT_INTERNAL] == []
+    assert {c.code for c in CASES} == {EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys):
-    code, text, out = run_case(case, tmp_path, planted, capsys)
+def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog):
+    if case.without_module and importlib.util.find_spec(case.without_module):
+        pytest.skip(f"{case.without_module} is installed here")
+    caplog.set_level(logging.DEBUG, logger="topdown")
+    code, text, out, before = run_case(case, tmp_path, planted, capsys)
+    assert code != EXIT_INTERNAL, text
     assert code == case.code, text
     assert "Traceback" not in text
+    assert len([ln for ln in text.splitlines() if ln.strip()]) == 1, f"not a one-line message:\n{text}"
     for fragment in case.expect:
         assert fragment in text, f"{fragment!r} not in message:\n{text}"
-    if out.is_dir():
+    assert _snapshot(out) == before, f"{out} changed:\n{text}"
+    if out.is_dir() and not before:
         assert no_partial_output(out) == [], text
+    if case.persons or case.units or case.files:  # a record's position is a cumulative count of persons
+        assert not re.search(r"\brow \d", text), text
+    assert "leaked-4321" not in text  # an included non-TOML file is not echoed
     assert leaked_secrets(text) == [], text
+    assert leaked_secrets(caplog.text) == [], caplog.text
 
 
 def test_test_mode_without_seed_is_a_config_error():

@@ -1,4 +1,5 @@
-"""validate_input: one test per kind of bad input; messages name file, column, row and never a person count."""
+"""validate_input: one test per kind of bad input; messages name file, column, block and value, never a person
+count nor a record's position (a row number in a GEOID-sorted file is a cumulative count of persons)."""
 from __future__ import annotations
 
 import re
@@ -45,7 +46,7 @@ def _write(tmp_path: Path, persons: pd.DataFrame, units: pd.DataFrame) -> tuple[
 
 
 def _expect(tmp_path: Path, persons: pd.DataFrame, units: pd.DataFrame, file: str, column: str,
-            row: int | None, value: str | None = None) -> str:
+            block: str | None, value: str | None = None) -> str:
     p, u = _write(tmp_path, persons, units)
     with pytest.raises(InputError) as err:
         validate_input(p, u)
@@ -53,12 +54,13 @@ def _expect(tmp_path: Path, persons: pd.DataFrame, units: pd.DataFrame, file: st
     assert isinstance(err.value, ValueError)
     assert str(tmp_path / file) in msg
     assert f"column '{column}'" in msg
-    if row is not None:
-        assert f"row {row}:" in msg
+    assert not re.search(r"\brow\b", msg), msg
+    if block is not None:
+        assert f"block {block}" in msg
     if value is not None:
         assert f"value {value}" in msg
-    # no tally of persons anywhere outside the path, the row number and the GEOIDs
-    scrubbed = re.sub(r"row \d+", "", msg.replace(str(tmp_path / file), "")).replace(A, "").replace(B, "").replace(C, "")
+    # no tally of persons anywhere outside the path and the GEOIDs
+    scrubbed = msg.replace(str(tmp_path / file), "").replace(A, "").replace(B, "").replace(C, "")
     numbers = {int(x) for x in re.findall(r"\d+", scrubbed)}
     assert not numbers & _person_counts(_persons()), msg
     return msg
@@ -80,48 +82,48 @@ def test_missing_column(tmp_path) -> None:
 
 def test_wrong_type_codes(tmp_path) -> None:
     persons = _persons().astype({"hhgq": "float64"})
-    _expect(tmp_path, persons, _units(), "persons.parquet", "hhgq", 0, "0.0")
+    _expect(tmp_path, persons, _units(), "persons.parquet", "hhgq", None, "0.0")
 
 
 def test_wrong_type_geoid(tmp_path) -> None:
     units = _units().assign(geoid=lambda f: f["geoid"].astype("int64"))
-    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", 0, "440070001011000")
+    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", None, "440070001011000")
 
 
 def test_wrong_type_occupied(tmp_path) -> None:
     units = _units().assign(occupied=lambda f: f["occupied"].map({True: "yes", False: "no"}))
-    _expect(tmp_path, _persons(), units, "units.parquet", "occupied", 0, "'yes'")
+    _expect(tmp_path, _persons(), units, "units.parquet", "occupied", None, "'yes'")
 
 
 def test_null(tmp_path) -> None:
     persons = _persons().astype({"hispanic": "Int8"})
     persons.loc[7, "hispanic"] = pd.NA
-    _expect(tmp_path, persons, _units(), "persons.parquet", "hispanic", 7)
+    _expect(tmp_path, persons, _units(), "persons.parquet", "hispanic", A)
 
 
 def test_null_geoid(tmp_path) -> None:
     units = _units()
     units.loc[3, "geoid"] = None
-    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", 3)
+    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", None)
 
 
 def test_out_of_range_code(tmp_path) -> None:
     persons = _persons()
     persons.loc[11, "cenrace"] = 63
-    _expect(tmp_path, persons, _units(), "persons.parquet", "cenrace", 11, "63")
+    _expect(tmp_path, persons, _units(), "persons.parquet", "cenrace", A, "63")
 
 
 def test_out_of_range_unit_type(tmp_path) -> None:
     units = _units()
     units.loc[4, "unit_type"] = -1
-    _expect(tmp_path, _persons(), units, "units.parquet", "unit_type", 4, "-1")
+    _expect(tmp_path, _persons(), units, "units.parquet", "unit_type", A, "-1")
 
 
 @pytest.mark.parametrize("bad", ["44007000101100", "4400700010110001", "44007000101100x", " 44007000101100"])
 def test_malformed_geoid(tmp_path, bad: str) -> None:
     units = _units()
     units.loc[3, "geoid"] = bad
-    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", 3, repr(bad))
+    _expect(tmp_path, _persons(), units, "units.parquet", "geoid", None, repr(bad))
 
 
 def test_truncated_parquet(tmp_path) -> None:
@@ -141,39 +143,39 @@ def test_missing_file(tmp_path) -> None:
 def test_household_person_without_housing_unit(tmp_path) -> None:
     units = _units()
     units = units[~((units["geoid"] == C) & (units["unit_type"] == 0))]
-    msg = _expect(tmp_path, _persons(), units, "persons.parquet", "hhgq", 41 + 56 + 23, "0")
+    msg = _expect(tmp_path, _persons(), units, "persons.parquet", "hhgq", C, "0")
     assert C in msg and "housing unit" in msg
 
 
 def test_gq_person_without_facility_of_type(tmp_path) -> None:
     persons = _persons()
     persons.loc[50, "hhgq"] = 7  # a household person of B moved to other noninstitutional GQ
-    msg = _expect(tmp_path, persons, _units(), "persons.parquet", "hhgq", 50, "7")
+    msg = _expect(tmp_path, persons, _units(), "persons.parquet", "hhgq", B, "7")
     assert B in msg and "type 7" in msg
 
 
 def test_gq_facility_unoccupied(tmp_path) -> None:
     units = _units()
     units.loc[30, "occupied"] = False  # the first college facility of B
-    msg = _expect(tmp_path, _persons(), units, "units.parquet", "occupied", 30, "False")
+    msg = _expect(tmp_path, _persons(), units, "units.parquet", "occupied", B, "False")
     assert B in msg
 
 
 def test_nursing_person_under_18(tmp_path) -> None:
     persons = _persons()
     persons.loc[100, "votingage"] = 0  # a nursing resident of C
-    msg = _expect(tmp_path, persons, _units(), "persons.parquet", "votingage", 100, "0")
+    msg = _expect(tmp_path, persons, _units(), "persons.parquet", "votingage", C, "0")
     assert C in msg and "nurse_nva_0" in msg
 
 
 def test_gq_facility_without_resident(tmp_path) -> None:
     units = pd.concat([_units(), pd.DataFrame({"geoid": [A], "unit_type": [4], "occupied": [True]})],
                       ignore_index=True).astype({"unit_type": "int8"})
-    msg = _expect(tmp_path, _persons(), units, "units.parquet", "unit_type", len(_units()), "4")
+    msg = _expect(tmp_path, _persons(), units, "units.parquet", "unit_type", A, "4")
     assert A in msg
 
 
 def test_gq_facilities_outnumber_residents(tmp_path) -> None:
     persons = _persons().drop(index=range(71, 97)).reset_index(drop=True)  # B keeps one college resident
-    msg = _expect(tmp_path, persons, _units(), "units.parquet", "unit_type", 30, "5")
+    msg = _expect(tmp_path, persons, _units(), "units.parquet", "unit_type", B, "5")
     assert B in msg

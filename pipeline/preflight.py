@@ -1,0 +1,88 @@
+"""Checks of a run that need no input data, done before the run directory is touched (exit code 2), and the
+block assignment files' checks against the input (exit code 3 when the input disagrees with them).
+
+Everything here raises :class:`~topdown.pipeline.config.ConfigError` naming the configuration key (or the
+command-line option) and the offending value, so a bad configuration never starts a cluster, takes the
+lock or writes a file.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .config import Config, ConfigError
+from .queries import QueryError, build_query
+from .schema import SCHEMAS
+from .validate import InputError
+
+
+def check_workers(workers: int | None) -> None:
+    """``--workers`` is a positive number of worker processes (0 or -1 would start no worker and wait)."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ConfigError(f"--workers must be a positive number of worker processes, got {workers!r}")
+
+
+def check_pass_queries(config: Config) -> None:
+    """Every query named in ``l2_passes`` and ``rounder_passes`` parses against the product's schema."""
+    for product in config.run.products:
+        cfg = config.product(product)
+        for table in ("l2_passes", "rounder_passes"):
+            for level, passes in getattr(cfg.estimation, table).items():
+                for i, names in enumerate(passes):
+                    if not names:
+                        raise ConfigError(f"{config.source}: [{product}.estimation.{table}].{level}: pass {i} is empty")
+                    for name in names:
+                        try:
+                            build_query(SCHEMAS[product], name)
+                        except QueryError as exc:
+                            raise ConfigError(f"{config.source}: [{product}.estimation.{table}].{level}, pass {i}: "
+                                              f"{exc}") from None
+
+
+def check_backend(config: Config) -> None:
+    """A product that asks for ``backend = "gurobi"`` needs gurobipy and a licence on this machine."""
+    from topdown.solvers.gurobi import Gurobi, GurobiUnavailable
+
+    for product in config.run.products:
+        if config.product(product).estimation.backend == "gurobi":
+            try:
+                Gurobi()
+            except GurobiUnavailable as exc:
+                raise ConfigError(f"{config.source}: [{product}.estimation] backend = \"gurobi\": {exc}") from None
+
+
+def read_baf(config: Config) -> pd.DataFrame | None:
+    """The block assignment files of ``[run] baf`` (None for the standard spine)."""
+    from topdown.geo.baf import read_baf_dir
+
+    if config.run.spine == "standard":
+        return None
+    baf = Path(config.run.baf or "")
+    if not baf.is_dir():
+        raise ConfigError(f"{config.source}: [run] baf = {config.run.baf!r}: no such directory (the block "
+                          f"assignment files spine = {config.run.spine!r} needs)")
+    try:
+        return read_baf_dir(baf)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{config.source}: [run] baf: {exc}") from None
+
+
+def check_baf_states(baf: pd.DataFrame, baf_dir: str, geoids: pd.Series, input_file: Path) -> None:
+    """Every input block lies in a state the block assignment files cover (a state missing from them
+    would silently get no AIAN area, place or MCD)."""
+    covered = set(baf.index.str[:2])
+    states = geoids.str[:2]
+    outside = ~states.isin(covered)
+    if outside.any():
+        block = geoids[outside].iloc[0]
+        raise InputError(f"{input_file}: column 'geoid', block {block}: state {block[:2]} is not covered by the "
+                         f"block assignment files of [run] baf = {baf_dir!r} (states {', '.join(sorted(covered))}); "
+                         "give the files of every state of the input")
+
+
+def preflight(config: Config, workers: int | None) -> None:
+    """The checks that need neither the input nor the run directory."""
+    check_workers(workers)
+    check_pass_queries(config)
+    check_backend(config)
