@@ -112,6 +112,11 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_spine(args: argparse.Namespace) -> int:
     from topdown.geo.report import spine_command
 
+    from .config import ConfigError
+
+    if not Path(args.baf).is_dir():
+        raise ConfigError(f"--baf {args.baf}: no such directory (a directory of BlockAssign_*.txt[.gz] files)")
+
     report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
     print((Path(args.out) / "report.txt").read_text() if (Path(args.out) / "report.txt").exists() else json.dumps(report, indent=2))
     return EXIT_OK

@@ -80,6 +80,7 @@ import pyarrow.parquet as pq
 
 from topdown.geo.states import STATE_FIPS
 
+from .rundir import writable_dir
 from .schema import CENRACE_COMBOS, PERSONS, cenrace_index
 
 NRACE = 63
@@ -123,7 +124,7 @@ def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_ce
     """Expand (block, cell, count) and (block, unit_type, occupied, count) rows into out/persons.parquet and
     out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. Returns (persons, units) written."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out, "the output directory")
     geo = pa.array(np.asarray(geoids, dtype=object), type=pa.string())
     geo_rank = np.argsort(np.argsort(np.asarray(geoids, dtype=object), kind="stable"), kind="stable")
 
@@ -142,8 +143,10 @@ def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_ce
     rows = np.repeat(order, un[order])
     units = pa.table({"geoid": geo.take(pa.array(ub[rows])), "unit_type": pa.array(ut[rows].astype(np.int8)),
                       "occupied": pa.array(uo[rows])})
-    pq.write_table(persons, out / "persons.parquet")
-    pq.write_table(units, out / "units.parquet")
+    for name, table in (("persons.parquet", persons), ("units.parquet", units)):  # each file appears whole
+        tmp = out / f".{name}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, out / name)
     return persons.num_rows, units.num_rows
 
 

@@ -71,13 +71,7 @@ class RunDir:
     # -- lifecycle -------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Create the directory or check it is writable (nothing else is touched before the lock)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".probe-{os.getpid()}"
-            probe.write_text("")
-            probe.unlink()
-        except OSError as exc:
-            raise RunDirError(f"{self.root}: cannot write the run directory ({exc.strerror or exc})") from None
+        writable_dir(self.root, "the run directory")
 
     def clear_staging(self) -> None:
         """Remove half-written output of an interrupted run (call only while holding the lock)."""
@@ -204,6 +198,17 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
 def _json_type(kind: type) -> str:
     return {str: "string", list: "array", dict: "object", int: "number", float: "number", bool: "boolean",
             type(None): "null"}.get(kind, kind.__name__)
+
+
+def writable_dir(path: Path, what: str) -> None:
+    """Create ``path`` or check it is a writable folder; raises :class:`RunDirError` naming ``what``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
 
 
 _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")

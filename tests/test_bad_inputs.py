@@ -339,6 +339,13 @@ CASES = [
          argv=_ingest_pl94(_set_field(PL_SEG1, 4, "1" * 25))),
     Case("pl94_geocode_disagrees_with_stusab", EXIT_INPUT, (PL_GEO, "column GEOCODE", "state 25", "STUSAB 'RI'"),
          argv=_ingest_pl94(lambda recs, row: recs[PL_GEO][row].__setitem__(9, "25" + recs[PL_GEO][row][9][2:]))),
+    Case("ingest_output_is_a_file", EXIT_RUNDIR, ("run-file", "cannot write the output directory"),
+         argv=lambda tmp, inp: (_ingest_blocks(lambda: [_block_row("440070001001001", 5)])(tmp, inp)[0][:-1]
+                                + [str(_existing_file(tmp))], tmp / "run-file")),
+    Case("demo_data_output_is_a_file", EXIT_RUNDIR, ("run-file", "cannot write the output directory"),
+         argv=lambda tmp, _inp: (["demo-data", str(_existing_file(tmp))], tmp / "run-file")),
+    Case("spine_missing_baf_directory", EXIT_CONFIG, ("--baf", "no-such-baf", "no such directory"),
+         argv=lambda tmp, _inp: (["spine", "--baf", str(tmp / "no-such-baf"), "--out", str(tmp / "spine")], tmp / "spine")),
     Case("pl94_unknown_stusab", EXIT_INPUT, (PL_GEO, "column STUSAB", "unknown state abbreviation", "'XX'"),
          argv=_ingest_pl94(_set_field(PL_GEO, 1, "XX"))),
 ]
