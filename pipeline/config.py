@@ -155,9 +155,6 @@ class RunSection(_Strict):
     def _check_mode(self) -> "RunSection":
         if len(set(self.products)) != len(self.products):
             raise ValueError(f"products lists a product twice ({self.products})")
-        if self.spine != "standard" and not self.baf:
-            raise ValueError(f"spine = {self.spine!r} needs the block assignment files: set baf = \"DIR\" in the "
-                             "[run] table (a directory of BlockAssign_*.txt[.gz] files; `topdown run` has no --baf)")
         if self.mode == "production" and self.seed is not None:
             raise ValueError("mode = \"production\" draws from the operating system's CSPRNG and refuses a seed; remove 'seed'")
         if self.mode == "test" and self.seed is None:

@@ -58,7 +58,11 @@ def read_baf(config: Config) -> pd.DataFrame | None:
 
     if config.run.spine == "standard":
         return None
-    baf = Path(config.run.baf or "")
+    if not config.run.baf:
+        raise ConfigError(f"{config.source}: [run] spine = {config.run.spine!r} needs the block assignment files: set "
+                          "baf = \"DIR\" in the [run] table (a directory of BlockAssign_*.txt[.gz] files; `topdown "
+                          "run` has no --baf)")
+    baf = Path(config.run.baf)
     if not baf.is_dir():
         raise ConfigError(f"{config.source}: [run] baf = {config.run.baf!r}: no such directory (the block "
                           f"assignment files spine = {config.run.spine!r} needs)")

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
-from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, main
+from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, EXIT_VERIFY, main
 from topdown.pipeline.ingest import BLOCK_GROUPS
 from topdown.pipeline.config import ConfigError, load_config
 
@@ -276,9 +276,9 @@ CASES = [
     Case("products_empty", EXIT_CONFIG, ("run.products", "at least 1 item"), toml=DEMO + "[run]\nproducts = []\n"),
     Case("products_twice", EXIT_CONFIG, ("run", "products", "twice"),
          toml=DEMO + '[run]\nproducts = ["units", "units"]\n'),
-    Case("aian_spine_without_baf", EXIT_CONFIG, ("spine = 'aian'", "baf =", "[run]"),
+    Case("aian_spine_without_baf", EXIT_CONFIG, ("bad.toml", "[run] spine = 'aian'", "baf ="),
          toml=DEMO + '[run]\nspine = "aian"\n'),
-    Case("optimized_spine_without_baf", EXIT_CONFIG, ("spine = 'optimized'", "baf =", "[run]"),
+    Case("optimized_spine_without_baf", EXIT_CONFIG, ("bad.toml", "[run] spine = 'optimized'", "baf ="),
          toml=DEMO + '[run]\nspine = "optimized"\n'),
     Case("missing_baf_directory", EXIT_CONFIG, ("[run] baf", "no-such-baf", "no such directory"),
          toml=DEMO + '[run]\nspine = "aian"\nbaf = "no-such-baf"\n'),
@@ -349,11 +349,6 @@ CASES = [
     Case("pl94_unknown_stusab", EXIT_INPUT, (PL_GEO, "column STUSAB", "unknown state abbreviation", "'XX'"),
          argv=_ingest_pl94(_set_field(PL_GEO, 1, "XX"))),
 ]
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory) -> Path:
-    return write_planted_input(tmp_path_factory.mktemp("planted"))
 
 
 def run_case(case: Case, tmp: Path, planted: Path, capsys) -> tuple[int, str, Path, dict[str, bytes]]:
@@ -443,3 +438,18 @@ def test_unwritable_output_directory(tmp_path: Path, planted: Path, capsys):
         locked.chmod(0o700)
     assert code == EXIT_RUNDIR
     assert "cannot write the run directory" in capsys.readouterr().err
+
+
+def test_verify_reports_a_deleted_output_of_a_complete_run(planted_run: Path, tmp_path: Path, capsys):
+    """A complete run that lost a level fails verification (exit 1), with a message naming the missing files."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(planted_run, copy)
+    shutil.rmtree(copy / "histograms" / "persons" / "level=Block")
+    capsys.readouterr()
+    code = main(["verify", str(copy)])
+    text = "".join(capsys.readouterr())
+    assert code == EXIT_VERIFY, text
+    assert "missing or unreadable output" in text and "level=Block" in text and "Traceback" not in text
+    assert leaked_secrets(text) == []
