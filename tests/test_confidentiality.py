@@ -89,7 +89,7 @@ def test_run_outputs_disclose_only_declared_invariants(planted_run):
     """The invariants file holds the declared invariants only: unit counts and the state/US total."""
     out = planted_run
     inv = pd.read_parquet(out / "invariants" / "persons.parquet")
-    assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "State"}
+    assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "whole_state"}
     assert set(inv["tot"].dropna()) == {STATE_TOTAL}
     text = "\n".join(p.read_text() for p in (out / "manifest.json", out / "certificate.json"))
     assert leaked_secrets(text) == []
