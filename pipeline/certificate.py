@@ -103,24 +103,89 @@ def _product_certificate(name: str, product: ProductConfig, path_shares: PathSha
     return cert
 
 
+def _product_rho(product: dict[str, Any]) -> Fraction | None:
+    """A product's total as zCDP rho (pure epsilon-DP implies epsilon^2/2-zCDP, Bun-Steinke 2016 Prop. 1.4);
+    None for an infinite budget."""
+    if product["epsilon"] == INFINITE:
+        return None
+    if product["mechanism"] == "discrete_gaussian":
+        return Fraction(product["rho"])
+    return Fraction(product["epsilon"]) ** 2 / 2
+
+
+def _product_epsilon(product: dict[str, Any]) -> float:
+    """A product's epsilon at its own delta (pure DP: its epsilon)."""
+    return product["epsilon"] if product["mechanism"] == "discrete_gaussian" else product["epsilon_float"]
+
+
+def composed(entries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """The privacy loss of all products together (one record is in every product's input).
+
+    Tight: the rhos add (zCDP composition) and the sum converts to epsilon at the same delta (the smallest
+    of the products' deltas) by the CKS conversion. The Bureau's published figure (19.61 for the 2021
+    redistricting release: persons 17.14 + units 2.47) adds the products' epsilons, each at its own delta,
+    so it holds at the sum of the deltas (basic composition of (epsilon, delta)-DP)."""
+    rhos = {name: _product_rho(p) for name, p in entries.items()}
+    if any(r is None for r in rhos.values()):
+        return {"products": list(entries), "rho": INFINITE, "epsilon": INFINITE,
+                "note": "a product has an infinite budget: the release is NOT private"}
+    if all(p["mechanism"] == "geometric" for p in entries.values()):
+        eps = sum((Fraction(p["epsilon"]) for p in entries.values()), Fraction(0))
+        return {"products": list(entries), "framework": "pure epsilon-DP (epsilons add)", "epsilon": str(eps),
+                "epsilon_float": float(eps), "delta": "0"}
+    rho = sum(rhos.values(), Fraction(0))
+    deltas = [Fraction(p["delta"]) for p in entries.values() if p["mechanism"] == "discrete_gaussian"]
+    delta = min(deltas)
+    bureau_delta = sum((Fraction(p["delta"]) for p in entries.values()), Fraction(0))
+    return {
+        "products": list(entries),
+        "framework": "rho-zCDP (rhos add; pure epsilon-DP counted as epsilon^2/2-zCDP)",
+        "rho": str(rho), "rho_float": float(rho), "delta": str(delta), "delta_float": float(delta),
+        "epsilon": zcdp_to_epsilon(rho, delta),
+        "epsilon_bun_steinke": zcdp_to_epsilon_bun_steinke(rho, delta),
+        "epsilon_bureau": sum(_product_epsilon(p) for p in entries.values()),
+        "epsilon_bureau_delta": str(bureau_delta), "epsilon_bureau_delta_float": float(bureau_delta),
+        "conversion": "epsilon: CKS 2020 (tight) of the summed rho at delta; epsilon_bureau: the products' "
+                      "epsilons added (the Bureau's published accounting, e.g. 17.14 + 2.47 = 19.61), which "
+                      "holds at delta epsilon_bureau_delta (the deltas add)",
+    }
+
+
 def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = None) -> dict[str, Any]:
     """The privacy certificate of ``config``: one top-level entry per product in ``config.run.products``
     (``persons``, ``units``), beside ``run``, ``mode`` (``production`` draws from the OS CSPRNG, without a
-    seed; ``test`` from the seeded counter-based stream) and ``config_sha256``.
+    seed; ``test`` from the seeded counter-based stream), ``private`` (false for a test-mode run, whose noise
+    anyone with the seed can regenerate, or an infinite budget), ``noise_reproducible_from_seed``,
+    ``composed`` (all products together, see :func:`composed`) and ``config_sha256``.
 
     ``spine_budget`` optionally maps a product name to its per-block path shares (see
     :func:`check_path_condition`) when the spine moved budget between levels.
     """
     spine_budget = spine_budget or {}
-    return {
+    entries = {name: _product_certificate(name, config.product(name), spine_budget.get(name))
+               for name in config.run.products}
+    seeded = config.run.mode == "test"
+    infinite = any(p["epsilon"] == INFINITE for p in entries.values())
+    cert: dict[str, Any] = {
         "run": config.run.name,
         "mode": config.run.mode,
-        "randomness": ("operating-system CSPRNG (os.urandom), no seed" if config.run.mode == "production"
-                       else f"seeded counter-based Philox stream keyed by (seed, node, query); seed {config.run.seed}"),
+        "private": not seeded and not infinite,
+        "noise_reproducible_from_seed": seeded,
+        "randomness": ("operating-system CSPRNG (os.urandom), no seed" if not seeded
+                       else f"seeded counter-based Philox stream keyed by (seed, product, level, node, query); "
+                            f"seed {config.run.seed}"),
         "config_sha256": config.digest(),
-        **{name: _product_certificate(name, config.product(name), spine_budget.get(name))
-           for name in config.run.products},
+        **entries,
+        "composed": composed(entries),
     }
+    if not cert["private"]:
+        cert["warning"] = NOT_PRIVATE_WARNING if seeded else "an infinite budget adds no noise: NOT private"
+    return cert
+
+
+#: What a test-mode run is (the CLI prints it, the certificate records it).
+NOT_PRIVATE_WARNING = ("test mode: the noise is reproducible from the seed, so these outputs give NO privacy "
+                       "(use mode = \"production\" for a release)")
 
 
 def products(cert: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -147,6 +212,8 @@ def render_certificate(cert: dict[str, Any]) -> str:
     """A readable text rendering of :func:`certificate`'s output."""
     lines = [f"Privacy certificate: run {cert['run']} (mode {cert['mode']}, config sha256 {cert['config_sha256'][:12]})"]
     lines.append(f"  randomness: {cert['randomness']}")
+    if "warning" in cert:
+        lines.append(f"  WARNING: {cert['warning']}")
     for name, p in products(cert).items():
         lines.append("")
         lines.append(f"[{name}] {p['mechanism']}, {p['framework']}")
@@ -169,4 +236,17 @@ def render_certificate(cert: dict[str, Any]) -> str:
         pc = p["path_condition"]
         lines.append(f"  path condition (Theorem 2): {'holds' if pc['holds'] else 'FAILS'}"
                      + (f" for {pc['blocks']} blocks" if "blocks" in pc else f" ({pc.get('note', '')})"))
+    c = cert["composed"]
+    if len(c["products"]) < 2:
+        return "\n".join(lines)
+    lines.append("")
+    if c["epsilon"] == INFINITE:
+        lines.append(f"[{' + '.join(c['products'])} composed] {c['note']}")
+    elif "rho" in c:
+        lines.append(f"[{' + '.join(c['products'])} composed] rho = {c['rho']} = {c['rho_float']:.6g}; "
+                     f"(epsilon, delta) = ({c['epsilon']:.4f}, {c['delta_float']:.0e}) tight "
+                     f"[Bun-Steinke: {c['epsilon_bun_steinke']:.4f}]; the Bureau's accounting (epsilons "
+                     f"added): {c['epsilon_bureau']:.4f} at delta {c['epsilon_bureau_delta_float']:.0e}")
+    else:
+        lines.append(f"[{' + '.join(c['products'])} composed] total epsilon = {c['epsilon']} (pure DP, delta = 0)")
     return "\n".join(lines)

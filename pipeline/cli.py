@@ -44,6 +44,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides.update(input=args.input, build_demo_input=False)
     if overrides:
         config = config.with_overrides(**overrides)
+    if config.run.mode == "test":
+        from .certificate import NOT_PRIVATE_WARNING
+
+        print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
               force=args.force, progress=_progress_printer(args.quiet))
@@ -202,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     # Chunks carry their parents' data by design (a task holds whole parents).
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+    from topdown.solvers.failsafe import FailsafeExhausted
+
     from .config import ConfigError
     from .invariants import InvariantError
     from .rundir import RunDirError
@@ -215,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirError as exc:
         print(f"topdown: {exc}", file=sys.stderr)
         return EXIT_RUNDIR
-    except EstimationError as exc:
+    except (EstimationError, FailsafeExhausted) as exc:
         print(f"topdown: estimation failed: {exc}", file=sys.stderr)
         return EXIT_ESTIMATION
     except (InvariantError, FileNotFoundError, ValueError) as exc:

@@ -136,27 +136,23 @@ class RunSection(_Strict):
     name: str = "topdown"
     products: list[Literal["persons", "units"]] = Field(default=["persons"], min_length=1, max_length=2)
     spine: Literal["standard", "aian", "optimized"] = "standard"
-    mode: Literal["test", "production"] = "test"
-    seed: Annotated[int, Strict()] | None = 0  # strict: `seed = true` or `seed = 1.5` is refused
+    mode: Literal["test", "production"] = Field(default="production", description=(
+        "production (the default): noise from the OS CSPRNG, no seed; test: seeded, reproducible noise that "
+        "gives no privacy"))
+    seed: Annotated[int, Strict()] | None = None  # strict: `seed = true` or `seed = 1.5` is refused
     input: str = "demo"
     baf: str | None = None
     algorithm: Literal["topdown", "block_by_block"] = "topdown"
     build_demo_input: bool = Field(default=False, description="write the bundled demo input to `input` when missing")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_default_seed_in_production(cls, data: Any) -> Any:
-        """The default seed belongs to test mode: production without a 'seed' key has none."""
-        if isinstance(data, dict) and data.get("mode") == "production" and "seed" not in data:
-            data = {**data, "seed": None}
-        return data
 
     @model_validator(mode="after")
     def _check_mode(self) -> "RunSection":
         if len(set(self.products)) != len(self.products):
             raise ValueError(f"products lists a product twice ({self.products})")
         if self.mode == "production" and self.seed is not None:
-            raise ValueError("mode = \"production\" draws from the operating system's CSPRNG and refuses a seed; remove 'seed'")
+            raise ValueError("mode = \"production\" (the default) draws from the operating system's CSPRNG and "
+                             "refuses a seed; remove 'seed', or set mode = \"test\" for reproducible noise that "
+                             "gives no privacy")
         if self.mode == "test" and self.seed is None:
             raise ValueError("mode = \"test\" needs an integer 'seed'")
         return self
@@ -272,8 +268,37 @@ def load_config(path: str | Path) -> Config:
 
 
 def config_from_dict(data: dict, source: str = "<memory>") -> Config:
-    """Validate a configuration given as a dictionary (as parsed from TOML)."""
+    """Validate a configuration given as a dictionary (as parsed from TOML); production mode is checked
+    further by :func:`check_production`."""
     try:
-        return Config.model_validate({**data, "source": source})
+        config = Config.model_validate({**data, "source": source})
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(source, exc)) from None
+    check_production(config)
+    return config
+
+
+def check_production(config: Config) -> None:
+    """Production mode refuses what would publish exact or unprotected answers, or waste a release:
+    an infinite budget (no noise) and a level or query share of 0 at a level the algorithm measures (the
+    seed is refused by :class:`RunSection`; a zero total budget by :class:`BudgetConfig`). Raises
+    :class:`ConfigError` naming the file and the key."""
+    if config.run.mode != "production":
+        return
+    where = config.source
+    for product in config.run.products:
+        budget = config.product(product).budget
+        total_key = "rho" if budget.mechanism == "discrete_gaussian" else "epsilon"
+        if budget.infinite:
+            raise ConfigError(f"{where}: {product}.budget.{total_key} = \"inf\" is refused in mode = \"production\": "
+                              "an infinite budget adds no noise and publishes exact counts (use mode = \"test\")")
+        measured = ["Block"] if config.run.algorithm == "block_by_block" else list(budget.levels)
+        for level in measured:
+            if budget.levels.get(level) == 0:
+                raise ConfigError(f"{where}: {product}.budget.levels.{level} = 0 is refused in mode = \"production\": "
+                                  "the level's queries are listed but would not be measured; give it a positive share")
+            for query, share in budget.queries.get(level, {}).items():
+                if share == 0:
+                    raise ConfigError(f"{where}: {product}.budget.queries.{level}.\"{query}\" = 0 is refused in mode = "
+                                      "\"production\": a listed query with no budget is not measured; remove it or "
+                                      "give it a positive share")

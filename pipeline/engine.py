@@ -50,11 +50,10 @@ class LevelReport:
 
 def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
     """At the State level: each real state's parts together sum to the state's total (facts 2.6)."""
-    if level.name != "State" or "tot" not in level.units.columns:
+    if level.name != "State" or level.state_total is None:
         return []
     states = level.state[rows]
-    tot = level.units["tot"].to_numpy()[rows]
-    return [GroupTotal(np.flatnonzero(states == s), int(tot[states == s].sum())) for s in np.unique(states)]
+    return [GroupTotal(np.flatnonzero(states == s), int(level.state_total[s])) for s in np.unique(states)]
 
 
 def make_chunks(

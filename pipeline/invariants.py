@@ -8,6 +8,11 @@ Constraint right-hand sides follow facts 2.3: without a total invariant the hhgq
 ``persons_k >= u_k * m_k`` and ``persons_k <= u_k * 99999``; with the total T invariant (State):
 ``ub_k = min(T - M_k if u_k > 0 else 0, 99999 u_k)`` and ``lb_k = L_k if O_k > 0 else T``, the stricter
 of that and the sum of the children's right-hand sides; above State (US) the sum of the States'.
+
+The total T of a State node is used only where the node is a whole state: a part of a state split by the
+AIAN spine (facts 2.6) has no invariant total (``tot`` is NaN), gets the bounds without a total, and the
+whole state's total binds the parts together as a group total. The Bureau used the part's total here,
+which pins the total of a part without GQ facilities (lb_0 = ub_0 = T) and so publishes it (DESIGN.md).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ PERSON_CONSTRAINTS = ("total", "hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0", 
 UNIT_CONSTRAINTS = ("total",)
 PERSON_INVARIANTS = ("tot", "gqhh_vect", "gqhh_tot")
 UNIT_INVARIANTS = ("hu_tot",)
+#: The ``level`` of the rows of ``invariants/persons.parquet`` that hold each whole state's total.
+WHOLE_STATE = "whole_state"
 
 
 class InvariantError(ValueError):
@@ -67,17 +74,19 @@ def check_names(product: str, cfg: ProductConfig, levels: list[str]) -> None:
 
 
 def _hhgq_bounds(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds on persons by hhgq type (facts 2.3)."""
+    """Lower and upper bounds on persons by hhgq type (facts 2.3); rows whose ``total`` is NaN (not an
+    invariant) get the bounds without a total."""
     lower = u * MIN_PER_UNIT
     upper = u * GQ_CAP
     if total is None:
         return lower.astype(float), upper.astype(float)
-    t = total[:, None]
+    known = np.isfinite(total)[:, None]
+    t = np.where(known, total[:, None], 0)
     units_total = u.sum(axis=1, keepdims=True)
     others = units_total - u
     forced_others = lower.sum(axis=1, keepdims=True) - lower
-    ub = np.minimum(np.where(u > 0, t - forced_others, 0), upper)
-    lb = np.where(others > 0, lower, t)
+    ub = np.where(known, np.minimum(np.where(u > 0, t - forced_others, 0), upper), upper)
+    lb = np.where(known & (others == 0), t, lower)
     return lb.astype(float), ub.astype(float)
 
 
@@ -95,7 +104,7 @@ def person_constraints(
     here = set(cfg.constraints.get(level, []))
     n = len(nodes)
     u = nodes[UNIT_COLUMNS].to_numpy(dtype=np.int64)
-    has_tot = "tot" in nodes.columns and nodes["tot"].notna().all() and "tot" in cfg.invariants.get(level, [])
+    has_tot = "tot" in nodes.columns and nodes["tot"].notna().any() and "tot" in cfg.invariants.get(level, [])
     rhs: dict[str, tuple[str, str, np.ndarray]] = {}
 
     def summed(name: str) -> np.ndarray | None:
@@ -108,7 +117,7 @@ def person_constraints(
 
     if {"hhgq_total_lb", "hhgq_total_ub"} & active:
         above_state = level in levels[: levels.index("State")] if "State" in levels else False
-        lb, ub = _hhgq_bounds(u, nodes["tot"].to_numpy(dtype=np.int64) if has_tot else None)
+        lb, ub = _hhgq_bounds(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None)
         slb, sub = summed("hhgq_total_lb"), summed("hhgq_total_ub")
         if above_state and slb is not None:
             lb, ub = slb, sub
@@ -125,7 +134,9 @@ def person_constraints(
     if "total" in here:
         if "tot" not in nodes.columns or nodes["tot"].isna().any():
             from .config import ConfigError
-            raise ConfigError(f"constraint 'total' at {level} needs the invariant 'tot' at {level} or below")
+            raise ConfigError(f"constraint 'total' at {level} needs the invariant 'tot' at {level} or below, and "
+                              "nodes that are whole states (on a spine that splits states into AIAN parts the whole "
+                              "state's total binds the parts as a group; a part's total is not invariant)")
         rhs["total"] = ("total", "==", nodes[["tot"]].to_numpy(dtype=float))
     return LevelConstraints(nodes.index, rhs)
 

@@ -29,10 +29,11 @@ class Level:
     nodes: pd.Index  # node geocodes, sorted
     parent: np.ndarray | None  # row of each node's parent in the level above (None at the root)
     hist: sp.csr_matrix  # true histograms, int64, nodes x cells (confidential: never written)
-    units: pd.DataFrame  # u0..u7, occupied (+ tot where invariant), indexed by node geocode
+    units: pd.DataFrame  # u0..u7, occupied (+ tot where invariant, NaN for a part of a state), by node geocode
     constraints: LevelConstraints
     plb: list[Fraction]  # each node's geolevel budget share (0: not measured, copied from its parent)
     state: np.ndarray  # the (real) state of each node, for the state-total group invariant
+    state_total: pd.Series | None = None  # State level with the 'tot' invariant: each real state's total
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -99,7 +100,7 @@ def build_levels(
         name, nodes, hist, units, _, _ = per_level[i]
         if (product == "persons" and state_level is not None and i <= state_level
                 and "tot" in configured_below(cfg.invariants, spine.levels, name)):  # only a declared total
-            units = units.assign(tot=np.asarray(hist.sum(axis=1)).ravel())
+            units = units.assign(tot=_invariant_totals(hist, per_level[i][5] if i == state_level else None))
             per_level[i] = (name, nodes, hist, units, per_level[i][4], per_level[i][5])
         if product == "persons":
             child = cons[i + 1] if i + 1 < len(per_level) else None
@@ -113,5 +114,19 @@ def build_levels(
 
     for i, (name, nodes, hist, units, _, state) in enumerate(per_level):
         plb = [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
-        levels.append(Level(name, nodes, parents[i], hist, units, cons[i], plb, state))
+        totals = None
+        if i == state_level and "tot" in units.columns:
+            totals = pd.Series(np.asarray(hist.sum(axis=1)).ravel(), index=nodes).groupby(state).sum()
+        levels.append(Level(name, nodes, parents[i], hist, units, cons[i], plb, state, totals))
     return levels
+
+
+def _invariant_totals(hist: sp.csr_matrix, state: np.ndarray | None) -> np.ndarray:
+    """Node totals that are invariant: every node above State; at State (``state`` given: each node's real
+    state) only a node that is a whole state. A part of a state split by the AIAN spine gets NaN: only the
+    whole state's total is invariant (facts 2.6), so a part's total is neither written nor used in a bound."""
+    totals = np.asarray(hist.sum(axis=1), dtype=float).ravel()
+    if state is None:
+        return totals
+    _, inverse, parts = np.unique(state, return_inverse=True, return_counts=True)
+    return np.where(parts[inverse] == 1, totals, np.nan)

@@ -1,7 +1,8 @@
 """Noisy measurements of every configured query at a set of nodes (DESIGN.md section 3, step 5).
 
-Noise for (node, query) is drawn from a stream keyed by (run seed, product/node geocode, query), so
-the answers do not depend on how nodes are grouped into tasks or on the number of workers.
+Noise for (node, query) is drawn from a stream keyed by (run seed, product, level, node geocode, query)
+(``rng.noise_key``), so the answers do not depend on how nodes are grouped into tasks or on the number of
+workers, and no two streams of a run share a key.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .accounting import Allocation, allocate
 from .config import BudgetConfig
 from .mechanisms import discrete_gaussian, geometric
 from .queries import build_query
-from .rng import make_source
+from .rng import make_source, noise_key
 from .schema import Schema
 
 #: Sensitivity of a marginal query under the bounded (change-one-record) neighbour relation.
@@ -32,8 +33,8 @@ class NodeMeasurements:
     variance: np.ndarray
 
 
-def _noise(alloc: Allocation, mode: str, seed: int | None, key: str, query: str, size: int) -> np.ndarray:
-    source = make_source(mode, seed, key, query)
+def _noise(alloc: Allocation, mode: str, seed: int | None, key: tuple[str, ...], size: int) -> np.ndarray:
+    source = make_source(mode, seed, *key)
     if alloc.sigma2 is not None:
         return discrete_gaussian(source, alloc.sigma2, size)
     return geometric(source, alloc.epsilon, BOUNDED_L1_SENSITIVITY, size)
@@ -67,7 +68,7 @@ def measure(
                 values[i] = true[i]
                 variance[i] = 0.0
             else:
-                values[i] = true[i] + _noise(alloc, mode, seed, f"{product}/{geocode}", query, q.n_answers)
+                values[i] = true[i] + _noise(alloc, mode, seed, noise_key(product, level, geocode, query), q.n_answers)
                 variance[i] = alloc.variance
         out.append(NodeMeasurements(query, values, variance))
         measured = np.flatnonzero(np.isfinite(variance))

@@ -3,8 +3,11 @@
 Two sources sit behind one interface, :class:`RandomSource`:
 
 * :class:`SeededSource` (test mode): a counter-based Philox stream whose 128-bit key is the SHA-256 of
-  ``(seed, geocode, query)``. A node's noise therefore depends only on the run seed, the node and the
-  query, never on the worker, partition or order in which nodes are processed (DESIGN.md section 4).
+  the seed and the stream's key parts; the pipeline keys every stream by ``(product, level, geocode,
+  query)`` (:func:`noise_key`). A node's noise therefore depends only on the run seed, the product, the
+  level, the node and the query, never on the worker, partition or order in which nodes are processed
+  (DESIGN.md section 4), and two streams never share a key (domain separation: a 15-character custom
+  block group code equal to a block GEOID, or the same geocode in two products, get different noise).
 * :class:`OSSource` (production mode): words from ``os.urandom``, the operating system's CSPRNG. The
   Bureau mixed Intel RDRAND into the same kernel source (facts file section 5.2); no seed, not
   reproducible by design.
@@ -61,14 +64,23 @@ class RandomSource(ABC):
         return np.unpackbits(words.view(np.uint8))[:size]
 
 
-class SeededSource(RandomSource):
-    """Philox4x64 stream keyed by SHA-256 of ``(seed, geocode, query)``; for tests and reproducible runs."""
+def noise_key(product: str, level: str, geocode: str, query: str) -> tuple[str, str, str, str]:
+    """The key parts of the noise stream of one query at one node (domain separation by product and level)."""
+    return str(product), str(level), str(geocode), str(query)
 
-    def __init__(self, seed: int, geocode: str, query: str) -> None:
+
+class SeededSource(RandomSource):
+    """Philox4x64 stream keyed by SHA-256 of ``(seed, *parts)``; for tests and reproducible runs.
+
+    The parts are JSON-encoded as a list, so no two different tuples of parts share a key."""
+
+    def __init__(self, seed: int, *parts: str) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"SeededSource: seed must be an int, got {seed!r}")
-        self.seed, self.geocode, self.query = seed, str(geocode), str(query)
-        material = json.dumps(["census-topdown/rng/v1", seed, self.geocode, self.query]).encode()
+        if not parts:
+            raise TypeError("SeededSource: at least one key part (the pipeline uses noise_key(...))")
+        self.seed, self.parts = seed, tuple(str(p) for p in parts)
+        material = json.dumps(["census-topdown/rng/v2", seed, *self.parts]).encode()
         digest = hashlib.sha256(material).digest()
         key = np.frombuffer(digest[:16], dtype="<u8").astype(np.uint64)
         self._gen = np.random.Philox(key=key)
@@ -77,7 +89,7 @@ class SeededSource(RandomSource):
         return np.asarray(self._gen.random_raw(int(n)), dtype=np.uint64)
 
     def __repr__(self) -> str:
-        return f"SeededSource(seed={self.seed}, geocode={self.geocode!r}, query={self.query!r})"
+        return f"SeededSource(seed={self.seed}, parts={self.parts!r})"
 
 
 class OSSource(RandomSource):
@@ -90,12 +102,13 @@ class OSSource(RandomSource):
         return "OSSource()"
 
 
-def make_source(mode: str, seed: int | None, geocode: str, query: str) -> RandomSource:
-    """The source for one node and query: ``"test"`` mode needs a seed, ``"production"`` refuses one."""
+def make_source(mode: str, seed: int | None, *parts: str) -> RandomSource:
+    """The source of one stream (key ``parts``, e.g. :func:`noise_key`): ``"test"`` mode needs a seed,
+    ``"production"`` refuses one."""
     if mode == "test":
         if seed is None:
             raise ValueError("make_source: mode \"test\" needs an integer seed")
-        return SeededSource(seed, geocode, query)
+        return SeededSource(seed, *parts)
     if mode == "production":
         if seed is not None:
             raise ValueError(f"make_source: mode \"production\" draws from os.urandom and refuses a seed (got {seed!r})")

@@ -24,7 +24,7 @@ from .certificate import certificate
 from .accounting import check_budget
 from .config import Config, ConfigError, config_from_dict, load_config
 from .engine import LevelReport, ProgressFn, estimate_level, read_level_histograms, write_level_histograms
-from .invariants import UNIT_COLUMNS, check_names
+from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
 from .preflight import check_baf_states, check_workers, preflight, read_baf
@@ -256,12 +256,21 @@ def _log_report(product: str, r: LevelReport) -> None:
 
 
 def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None:
-    """The declared-public invariants of every node: unit counts (and state/US totals for persons)."""
+    """The declared-public invariants (facts 2.8): the unit and GQ-facility counts of every node (sums of
+    block invariants) and, for persons, the US total (``tot`` of the US row) and each whole state's total
+    (rows of level ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
+    no total: only declared invariants are written."""
     frames = []
     for level in levels:
-        cols = ["u0"] if product == "units" else UNIT_COLUMNS + (["tot"] if "tot" in level.units.columns else [])
-        f = level.units[cols].reset_index(names="geocode")
-        frames.append(f.assign(level=level.name))
+        cols = ["u0"] if product == "units" else UNIT_COLUMNS
+        f = level.units[cols].reset_index(names="geocode").assign(level=level.name)
+        if product == "persons":
+            f["tot"] = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
+        frames.append(f)
+        if product == "persons" and level.state_total is not None:
+            whole = level.units[cols].groupby(level.state).sum()
+            frames.append(whole.assign(tot=level.state_total.reindex(whole.index).to_numpy(dtype=float))
+                          .reset_index(names="geocode").assign(level=WHOLE_STATE))
     path = rundir.invariants(product)
     write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
     rundir.commit(path)

@@ -5,16 +5,20 @@ Levels, each tried only if the previous one failed, each recorded in ``ParentSol
 0. exact: the problem as given.
 1. step 1, inside the L2 passes (l2.py): a pass that fails with tau bands of earlier passes is
    re-solved once without them.
-2. step 2, ``relax_inequalities``: cells that an inequality makes structurally zero get variables
-   again, constant-infeasible inequalities are dropped, and an LP minimizes the total L1 slack of the
-   "<=" / ">=" constraint rows; each violated row's rhs is then moved by its slack (rounded up to an
-   integer) and the passes run on the relaxed rows.
-3. step 3, ``relax_parent`` (not at the root): as step 2, and the parent equality is replaced by
-   per-cell slacks sp/sn (sum_c x - sp + sn = parent) while the parent's marginal over the other
-   dimensions (for persons: votingage x hispanic x cenrace, facts 4.8's ``minimalSchema = hhgq``) stays
-   exact; the slack LP minimizes parent slack plus constraint slack, then the passes keep
+2. step 2, ``relax_parent`` (not at the root): the Bureau's backup feasibility step. The parent equality
+   is replaced by per-cell slacks sp/sn (sum_c x - sp + sn = parent) while the parent's marginal over the
+   other dimensions (for persons: votingage x hispanic x cenrace, facts 4.8's ``minimalSchema = hhgq``)
+   stays exact; every edit constraint (GQ lower/upper bounds, structural zeros, nurse_nva_0, the
+   group totals) stays exact. The slack LP minimizes the parent slack, then the passes keep
    sum(sp + sn) <= optimum + 1 (as the Bureau's ``backupFeasOptimize``) and the rounder prices slack.
-If every level fails, :class:`FailsafeExhausted` names the parent and lists what was tried.
+3. step 3, ``relax_parent_and_edits`` (not at the root), the last resort the Bureau does not have: as
+   step 2, and also cells that an inequality makes structurally zero get variables again,
+   constant-infeasible inequalities are dropped, and the slack LP adds the total L1 slack of the
+   "<=" / ">=" constraint rows; each violated row's rhs is then moved by its slack (rounded up to an
+   integer). ``topdown verify`` then reports the broken bound.
+An edit constraint is therefore never relaxed before the parent consistency is. At the root (no parent)
+only the exact problem is tried, as in the Bureau's code. If every level fails,
+:class:`FailsafeExhausted` names the parent and lists what was tried.
 """
 from __future__ import annotations
 
@@ -28,20 +32,24 @@ from .standard import StandardForm
 
 RELAX_EPS = 1e-6
 
-LEVELS = ("exact", "relax_inequalities", "relax_parent")
+LEVELS = ("exact", "relax_parent", "relax_parent_and_edits")
+#: The level that may relax edit constraints (inequalities and structural zeros).
+RELAX_EDITS = LEVELS[2]
 
 
 class FailsafeExhausted(RuntimeError):
     """Every failsafe level failed for a parent."""
 
 
-def relax_rows(layout: Layout, form: StandardForm, backend: Backend) -> tuple[StandardForm, list[str]]:
-    """Phase-A slack LP and the relaxed StandardForm (steps 2 and 3)."""
+def relax_rows(layout: Layout, form: StandardForm, backend: Backend, edits: bool) -> tuple[StandardForm, list[str]]:
+    """Phase-A slack LP and the relaxed StandardForm: the parent (step 2) and, with ``edits``, the
+    inequality rows too (step 3)."""
     p = layout.problem
-    notes = [f"dropped constant-infeasible {msg}" for kind, msg in layout.infeasible if kind == "inequality"]
+    notes = [f"dropped constant-infeasible {msg}" for kind, msg in layout.infeasible if kind == "inequality" and edits]
     s = problem_scale(layout)
     start = form.rows["constraints"].start
-    rows = np.array([start + i for i, r in enumerate(layout.constraint_rows) if r.sense != "=="], dtype=np.int64)
+    rows = np.array([start + i for i, r in enumerate(layout.constraint_rows) if r.sense != "==" and edits],
+                    dtype=np.int64)
     signs = np.array([-1.0 if layout.constraint_rows[i - start].sense == "<=" else 1.0 for i in rows])
     m, n = form.shape
     slack = sp.csr_matrix((signs, (rows, np.arange(rows.size))), shape=(m, rows.size))

@@ -2,10 +2,10 @@
 
 Columns: one ``x`` per (child, cell) in play, one auxiliary ``a`` per (query, child, answer) that
 covers at least one ``x`` of that child (none for a query whose grouping is the identity on cells: it
-uses the ``x`` columns, as ``detailed``), and, when the parent equality is relaxed (failsafe step 3,
+uses the ``x`` columns, as ``detailed``), and, when the parent equality is relaxed (failsafe steps 2-3,
 facts 4.8), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families, all linear with 0/+-1
 coefficients: ``definitions`` (a = sum of a finer query's aux columns when one refines it, else the
-sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (step 3 only), the
+sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (steps 2-3 only), the
 problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, direct) read this.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Layout:
     families: dict[str, Rows]
     constraint_rows: list[ConstraintRow]
     infeasible: list[tuple[str, str]]  # (kind, message): constant rows no variable can satisfy;
-    # kind "inequality" for a "<=" / ">=" constraint (failsafe step 2 drops it), else "equality"
+    # kind "inequality" for a "<=" / ">=" constraint (failsafe step 3 drops it), else "equality"
 
     def cols(self, query: str) -> np.ndarray:
         """Column of each (child, answer) of a query: the x columns for ``detailed``."""
@@ -223,9 +223,9 @@ def _definitions(rows: Rows, key: np.ndarray, members: np.ndarray, ncol: int, si
 def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequalities: bool = False) -> Layout:
     """Columns and rows of the parent's model.
 
-    ``relax_inequalities`` keeps cells that an inequality makes structurally zero (failsafe step 2 may
+    ``relax_inequalities`` keeps cells that an inequality makes structurally zero (failsafe step 3 may
     relax that inequality); ``relax_parent`` replaces the parent equality by slacks plus the exact
-    marginal over the other dimensions (failsafe step 3).
+    marginal over the other dimensions (failsafe steps 2 and 3).
     """
     _validate(problem)
     schema, k = problem.schema, problem.n_children

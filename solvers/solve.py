@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from .backends import DEFAULT_BACKEND, Backend
-from .failsafe import LEVELS, FailsafeExhausted, relax_rows
+from .failsafe import LEVELS, RELAX_EDITS, FailsafeExhausted, relax_rows
 from .l2 import SolveFailure, run_l2
 from .layout import Layout, build_layout
 from .model import compile_pyomo
@@ -62,17 +62,17 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
         solution.stats["total_s"] = round(time.perf_counter() - t_start, 6)
         return solution
     failsafe: list[str] = []
-    levels = LEVELS if problem.parent_hist is not None else LEVELS[:2]
+    levels = LEVELS if problem.parent_hist is not None else LEVELS[:1]  # the root: no parent to relax
     for level, name in enumerate(levels):
         stats: dict = {"level": name}
         try:
             t0 = time.perf_counter()
-            layout = build_layout(problem, relax_parent=name == "relax_parent",
-                                  relax_inequalities=name != "exact")
+            edits = name == RELAX_EDITS
+            layout = build_layout(problem, relax_parent=name != "exact", relax_inequalities=edits)
             form = compiler(layout)
             stats.update(build_s=round(time.perf_counter() - t0, 6), n_x=layout.n_x, n_cols=layout.n_cols,
                          n_rows=form.shape[0], nnz=int(form.a.nnz))
-            fatal = [msg for kind, msg in layout.infeasible if kind == "equality" or name == "exact"]
+            fatal = [msg for kind, msg in layout.infeasible if kind == "equality" or not edits]
             if layout.n_x == 0 and not fatal:  # every cell is a structural zero: nothing to estimate
                 return ParentSolution(np.zeros((k, ncells), dtype=np.int64), failsafe,
                                       stats={**stats, "shortcut": "no free cells"})
@@ -80,7 +80,7 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
                 raise SolveFailure("infeasible input: " + "; ".join(fatal[:5])
                                    + (f" (+{len(fatal) - 5} more)" if len(fatal) > 5 else ""))
             if name != "exact":
-                form, notes = relax_rows(layout, form, backend)
+                form, notes = relax_rows(layout, form, backend, edits)
                 failsafe += [f"step {level + 1} ({name}): {note}" for note in notes]
             l2 = run_l2(layout, form, backend)
             failsafe += l2.steps

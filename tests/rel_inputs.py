@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Collection
 
+import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 #: (geoid, hhgq, votingage, hispanic, cenrace) -> number of persons.
 PERSON_CELLS: dict[tuple[str, int, int, int, int], int] = {
@@ -64,20 +67,61 @@ def write_planted_input(path: Path, persons: pd.DataFrame | None = None, units: 
     return path
 
 
-#: A whole number (optionally with thousands separators) that is not the fractional part of a decimal,
-#: part of a longer number, or a term of a fraction such as a budget share "2748/8407049".
-_NUMBER = re.compile(r"(?<![\d./])(\d{1,3}(?:,\d{3})+|\d+)(?![\d/]|,\d{3})")
+#: A whole number (optionally with thousands separators; "4321.0" counts) that is not either part of a
+#: decimal with a fractional part ("478.73" is no count), part of a longer number or of a word (a
+#: hexadecimal digest), or a term of a fraction such as a budget share "2748/8407049".
+_NUMBER = re.compile(r"(?<![\w./])(\d{1,3}(?:,\d{3})+|\d+)(?![\w/]|,\d{3}|\.\d*[1-9])")
 
 
-def leaked_secrets(text: str) -> list[tuple[int, str]]:
-    """(secret, line) for every line of ``text`` that shows a planted confidential number."""
+def leaked_secrets(text: str, secrets: Collection[int] = SECRETS) -> list[tuple[int, str]]:
+    """(secret, line) for every line of ``text`` that shows a confidential number (default: the planted ones)."""
     hits = []
     for line in text.splitlines():
         for m in _NUMBER.finditer(line):
             value = int(m.group(1).replace(",", ""))
-            if value in SECRETS:
+            if value in secrets:
                 hits.append((value, line))
     return hits
+
+
+#: The protected outputs of a run directory: noisy measurements and what is estimated from them (DP).
+PROTECTED = ("histograms", "noisy_measurements", "mdf")
+
+
+def scan_run_dir(run_dir: Path, secrets: Collection[int], strip: str = "",
+                 checked: dict[str, Collection[str]] | None = None) -> tuple[list[str], list[str]]:
+    """Every file of a run directory outside the protected outputs, scanned for the numbers ``secrets``:
+    text files line by line (``strip`` removed first, e.g. the temporary root of the paths they name),
+    Parquet files value by value (numeric columns by equality, string columns and the schema metadata as
+    text). ``checked`` names numeric columns (file -> columns) the caller has compared with independently
+    computed invariants: a chance equality there is no finding. Returns (findings, the files scanned as
+    "path (what)")."""
+    checked = checked or {}
+    findings, scanned = [], []
+    for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(run_dir))
+        if rel.split("/")[0] in PROTECTED:
+            continue
+        if path.suffix == ".parquet":
+            table = pq.read_table(path)
+            meta = "\n".join(v.decode(errors="replace") for v in (table.schema.metadata or {}).values())
+            findings += [f"{rel} metadata: {line}" for _, line in leaked_secrets(meta, secrets)]
+            for name in table.column_names:
+                values = table.column(name).to_pandas().dropna()
+                if values.dtype.kind in "iuf":
+                    if name in checked.get(rel, ()):
+                        continue
+                    hits = sorted(set(values[values == values.round()].astype(np.int64)) & set(secrets))
+                    findings += [f"{rel} column {name}: {v}" for v in hits]
+                else:
+                    text = "\n".join(values.astype(str).unique())
+                    findings += [f"{rel} column {name}: {line}" for _, line in leaked_secrets(text, secrets)]
+            scanned.append(f"{rel} (Parquet, {table.num_rows} rows, columns {', '.join(table.column_names)})")
+        else:
+            text = path.read_text(errors="replace").replace(strip, "<tmp>") if strip else path.read_text(errors="replace")
+            findings += [f"{rel}: {line}" for _, line in leaked_secrets(text, secrets)]
+            scanned.append(f"{rel} (text, {len(text.splitlines())} lines)")
+    return findings, scanned
 
 
 def no_partial_output(run_dir: Path) -> list[str]:

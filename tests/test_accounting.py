@@ -133,7 +133,9 @@ def test_presets_load_and_pass_budget_checks(name: str) -> None:
         for level, props in b.queries.items():       # every measured query is estimated in some L2 pass
             in_l2 = {q for pass_ in est.l2_passes[level] for q in pass_}
             assert set(props) <= in_l2, (name, product, level)
-    assert (config.run.mode, config.run.seed) == ("test", 0)
+    assert (config.run.mode, config.run.seed) == ("production", None)  # safe default: OS CSPRNG, no seed
+    cert = certificate(config)
+    assert cert["private"] is True and cert["noise_reproducible_from_seed"] is False and "warning" not in cert
 
 
 def test_production_preset_matches_the_facts() -> None:
@@ -183,6 +185,24 @@ def test_certificate_of_the_production_preset() -> None:
     assert "17.1436" in text and "293764/114921" in text and "Block_Group" in text
 
 
+def test_certificate_composes_persons_and_units() -> None:
+    """Persons and units together: the rhos add; the tight epsilon is at the same delta, beside the Bureau's
+    published accounting, 17.14 + 2.47 = 19.61 (the products' epsilons added, at the sum of the deltas)."""
+    cert = certificate(load_config("pl94_production_2021"))
+    c = cert["composed"]
+    rho = PRODUCTION_RHO + Fraction(3379, 12343) ** 2
+    assert c["products"] == ["persons", "units"] and Fraction(c["rho"]) == rho
+    assert c["delta"] == "1/10000000000" and c["epsilon"] == pytest.approx(zcdp_to_epsilon(rho, Fraction(1, 10**10)))
+    assert c["epsilon"] == pytest.approx(17.435, abs=1e-3)
+    assert round(cert["persons"]["epsilon"], 2) == 17.14 and round(cert["units"]["epsilon"], 2) == 2.47
+    assert c["epsilon_bureau"] == pytest.approx(cert["persons"]["epsilon"] + cert["units"]["epsilon"])
+    assert math.floor(c["epsilon_bureau"] * 100) / 100 == 19.61 and c["epsilon_bureau_delta"] == "1/5000000000"
+    assert c["epsilon"] < c["epsilon_bun_steinke"] and c["epsilon"] < c["epsilon_bureau"]
+    assert "19.6182 at delta 2e-10" in render_certificate(cert)
+    pure = certificate(load_config("e2e_1940"))["composed"]
+    assert pure["epsilon"] == "1/4" and pure["delta"] == "0"
+
+
 def test_certificate_of_pure_dp_and_infinite_budgets() -> None:
     cert = certificate(load_config("e2e_1940"))["persons"]
     assert cert["epsilon"] == "1/4" and cert["delta"] == "0" and all(c["epsilon"] == 0.25 for c in cert["curve"])
@@ -190,8 +210,11 @@ def test_certificate_of_pure_dp_and_infinite_budgets() -> None:
     config = load_config("e2e_1940")
     data = config.model_dump(mode="json")
     data["persons"]["budget"]["epsilon"] = "inf"
-    inf = certificate(config_from_dict(data))["persons"]
+    data["run"].update(mode="test", seed=0)  # production refuses an infinite budget
+    whole = certificate(config_from_dict(data))
+    inf = whole["persons"]
     assert inf["epsilon"] == "inf" and "NOT private" in inf["note"]
+    assert whole["private"] is False and whole["composed"]["epsilon"] == "inf"
     assert all(r["variance"] == 0.0 for r in inf["queries"])
 
 

@@ -5,7 +5,9 @@
   message is scanned the same way in ``test_bad_inputs``.)
 * The embedded cluster listens on 127.0.0.1 only (scheduler, workers, dashboard).
 * ``mode = "production"`` draws only from the OS CSPRNG (``OSSource``), refuses a seed (exit code 2),
-  says so in ``certificate.json``, and two production runs give different noise.
+  says so in ``certificate.json``, and two production runs give different noise. It refuses an infinite
+  or zero budget and a zero level or query share that is still measured (exit code 2, file and key named).
+* A seeded (test-mode) run prints a one-line warning and its certificate says it is not private.
 """
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ def test_cli_debug_log_discloses_no_confidential_count(tmp_path, planted):
     assert done.returncode == 0, text[-3000:]
     assert " DEBUG " in text and "persons Block:" in text  # it was a debug log of a whole run
     assert leaked_secrets(text) == []
+    warnings = [line for line in text.splitlines() if line.startswith("topdown: WARNING")]
+    assert len(warnings) == 1 and "seed 2021" in warnings[0] and "NO privacy" in warnings[0], warnings
+    cert = json.loads((tmp_path / "run" / "certificate.json").read_text())
+    assert cert["private"] is False and cert["noise_reproducible_from_seed"] is True and "NO privacy" in cert["warning"]
 
 
 def _log_from_a_task() -> None:
@@ -83,7 +89,7 @@ def test_run_outputs_disclose_only_declared_invariants(planted_run):
     """The invariants file holds the declared invariants only: unit counts and the state/US total."""
     out = planted_run
     inv = pd.read_parquet(out / "invariants" / "persons.parquet")
-    assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "State"}
+    assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "whole_state"}
     assert set(inv["tot"].dropna()) == {STATE_TOTAL}
     text = "\n".join(p.read_text() for p in (out / "manifest.json", out / "certificate.json"))
     assert leaked_secrets(text) == []
@@ -121,6 +127,42 @@ def test_production_refuses_a_seed_and_certifies_its_randomness(production_confi
     assert isinstance(make_source("production", None, "persons/44", "total"), OSSource)
     with pytest.raises(ValueError, match="refuses a seed"):
         make_source("production", 1, "persons/44", "total")
+
+
+#: Production configurations that are refused: (case, TOML, the key the message names, what it says).
+REFUSED = [
+    ("infinite rho", 'include = "pl94_production_2021.toml"\n[persons.budget]\nrho = "inf"\n',
+     "persons.budget.rho", "infinite budget"),
+    ("infinite units rho", 'include = "pl94_production_2021.toml"\n[units.budget]\nrho = "infinity"\n',
+     "units.budget.rho", "infinite budget"),
+    ("infinite epsilon", 'include = "e2e_1940.toml"\n[persons.budget]\nepsilon = "inf"\n',
+     "persons.budget.epsilon", "infinite budget"),
+    ("zero rho", 'include = "pl94_production_2021.toml"\n[persons.budget]\nrho = "0"\n',
+     "persons.budget", "rho must be positive"),
+    ("zero epsilon", 'include = "e2e_1940.toml"\n[persons.budget]\nepsilon = "0"\n',
+     "persons.budget", "epsilon must be positive"),
+    ("zero level share", 'include = "e2e_1940.toml"\n[persons.budget.levels]\nUS = "0"\nState = "1/3"\n',
+     "persons.budget.levels.US", "would not be measured"),
+    ("zero query share", 'include = "e2e_1940.toml"\n[persons.budget.queries.County]\n"detailed" = "0"\n'
+     '"hhgq" = "13/40"\n', 'persons.budget.queries.County."detailed"', "not measured"),
+    ("seed", 'include = "pl94_production_2021.toml"\n[run]\nseed = 7\n', "run", "refuses a seed"),
+]
+
+
+@pytest.mark.parametrize("case,toml,key,says", REFUSED, ids=[c[0] for c in REFUSED])
+def test_production_refuses_unsafe_settings(tmp_path, capsys, case, toml, key, says):
+    from topdown.pipeline.cli import EXIT_CONFIG, main
+
+    path = tmp_path / "refused.toml"
+    path.write_text(toml)
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert str(path) in err and key in err and says in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+    test_mode = toml + ("" if "[run]" in toml else "[run]\n") + 'mode = "test"\n' + ("" if "seed" in toml else "seed = 1\n")
+    if "must be positive" not in says:  # the same settings are accepted in test mode (not private, and it says so)
+        path.write_text(test_mode)
+        assert load_config(path).run.mode == "test"
 
 
 def _count_os_words() -> None:

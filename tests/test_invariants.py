@@ -76,3 +76,19 @@ def test_infeasible_truth_is_reported_without_counts():
     with pytest.raises(InvariantError, match="440010001001000") as err:
         check_feasible("Block", cons, {"hhgq": np.array([[7, 3, 0, 0, 0, 0, 0, 0]])})
     assert "3" not in str(err.value).replace("440010001001000", "")
+
+
+def test_a_part_of_a_state_is_not_pinned_by_its_total():
+    """Facts 2.6: with its total T, a node without GQ facilities gets lb_0 = ub_0 = T (the Bureau's rule pins
+    an AIAN part's total). A part's total is not invariant (NaN): it gets the bounds without a total, while a
+    node that is a whole state keeps the bounds with its (invariant) total."""
+    u = np.array([[5, 0, 0, 0, 0, 0, 0, 0], [5, 0, 0, 0, 0, 0, 0, 0]])
+    lb, ub = _hhgq_bounds(u, np.array([40.0, 40.0]))
+    assert lb[0, 0] == ub[0, 0] == 40  # the pinning the Bureau's rule implies
+    lb, ub = _hhgq_bounds(u, np.array([np.nan, 40.0]))
+    assert lb[0].tolist() == [0] * 8 and ub[0].tolist() == [5 * GQ_CAP] + [0] * 7
+    assert lb[1, 0] == ub[1, 0] == 40
+    parts = _units([[5, 0, 0, 0, 0, 0, 0, 0], [7, 1, 0, 0, 0, 0, 0, 0]], tot=[np.nan, np.nan])
+    cs = person_constraints(_cfg(), LEVELS, "State", parts, None, None)
+    assert cs.rhs["hhgq_total_lb"][2][0].tolist() == [0] * 8
+    assert cs.rhs["hhgq_total_ub"][2][0, 0] == 5 * GQ_CAP and np.isfinite(cs.rhs["hhgq_total_ub"][2]).all()

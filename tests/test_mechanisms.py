@@ -19,7 +19,7 @@ from scipy import stats
 from topdown.pipeline import mechanisms as mech
 from topdown.pipeline.mechanisms import (discrete_gaussian, discrete_gaussian_variance, geometric,
                                          geometric_variance)
-from topdown.pipeline.rng import OSSource, SeededSource, make_source
+from topdown.pipeline.rng import OSSource, SeededSource, make_source, noise_key
 
 P_THRESHOLD = 1e-4
 Z_THRESHOLD = 5.0
@@ -219,6 +219,17 @@ def test_seeded_source_is_deterministic_and_keyed() -> None:
     assert not np.array_equal(a, SeededSource(8, "44007", "detailed").uint64(100))
     # ambiguous concatenations get different keys
     assert not np.array_equal(SeededSource(1, "12", "3").uint64(4), SeededSource(1, "1", "23").uint64(4))
+
+
+def test_noise_streams_are_separated_by_product_and_level() -> None:
+    """Domain separation: the same geocode and query under another product or level (a 15-character
+    custom block group code equal to a block GEOID) is another stream."""
+    code = "440070001001001"
+    keys = [noise_key("persons", "Block", code, "total"), noise_key("persons", "Block_Group", code, "total"),
+            noise_key("units", "Block", code, "total"), noise_key("persons", "Block", code, "detailed")]
+    words = [make_source("test", 3, *k).uint64(8).tobytes() for k in keys]
+    assert len(set(words)) == len(keys)
+    np.testing.assert_array_equal(make_source("test", 3, *keys[0]).uint64(8), SeededSource(3, *keys[0]).uint64(8))
 
 
 def test_seeded_stream_does_not_depend_on_chunking() -> None:

@@ -233,17 +233,48 @@ def test_deterministic():
     assert solve_parent(problem).hist.tobytes() == solve_parent(problem).hist.tobytes()
 
 
-def test_failsafe_relaxes_lower_bounds_above_parent():
+def _marginal_over_hhgq(hist: np.ndarray) -> np.ndarray:
+    return hist.reshape((-1,) + PERSONS.shape).sum(axis=(0, 1))
+
+
+def test_failsafe_relaxes_the_parent_before_any_edit_constraint():
+    """The parent moves the persons of a GQ type into households: the children cannot meet their GQ lower
+    bounds under the exact parent. Relaxing the parent along hhgq (facts 4.8) is enough and comes first:
+    every edit constraint holds exactly (relaxing the bound instead would also have been feasible)."""
+    rng = np.random.default_rng(3)
+    truth = random_truth(rng, k=3, n_cells=12, people=20)
+    problem = make_problem(truth, rng, noise=1.0)
+    lb = next(c for c in problem.constraints if c.name == "hhgq_total_lb").rhs
+    gq_type = next(t for t in range(1, 8) if lb[:, t].sum() > 0)
+    parent = problem.parent_hist.reshape(PERSONS.shape).copy()
+    parent[0] += parent[gq_type]
+    parent[gq_type] = 0
+    problem.parent_hist = parent.reshape(-1)
+    sol = solve_parent(problem)
+    assert sol.stats["level"] == "relax_parent"
+    assert any("relax_parent" in step for step in sol.failsafe)
+    assert not any("relaxed constraint" in step or "relax_parent_and_edits" in step for step in sol.failsafe)
+    answers = {c.name: build_query(PERSONS, c.query).answer(sol.hist) for c in problem.constraints}
+    assert (answers["hhgq_total_lb"] >= lb).all() and answers["hhgq_total_lb"][:, gq_type].sum() >= lb[:, gq_type].sum()
+    ub = next(c for c in problem.constraints if c.name == "hhgq_total_ub").rhs
+    assert (answers["hhgq_total_ub"] <= ub).all() and (answers["nurse_nva_0"] == 0).all()
+    np.testing.assert_array_equal(_marginal_over_hhgq(sol.hist), _marginal_over_hhgq(problem.parent_hist))
+
+
+def test_failsafe_relaxes_edits_only_when_relaxing_the_parent_fails():
     rng = np.random.default_rng(3)
     truth = random_truth(rng, k=3, n_cells=10, people=20)
     problem = make_problem(truth, rng, noise=1.0)
     lb = next(c for c in problem.constraints if c.name == "hhgq_total_lb")
     lb.rhs[:, 0] = problem.parent_hist.sum()  # every child must hold the whole parent in households
     sol = solve_parent(problem)
-    assert sol.stats["level"] == "relax_inequalities"
-    assert any("hhgq_total_lb" in step for step in sol.failsafe)
+    assert sol.stats["level"] == "relax_parent_and_edits"
+    failed = [i for i, step in enumerate(sol.failsafe) if step.startswith("level ")]
+    assert [sol.failsafe[i].split(":")[0] for i in failed] == ["level exact failed", "level relax_parent failed"]
+    relaxed = [i for i, step in enumerate(sol.failsafe) if "hhgq_total_lb" in step]
+    assert relaxed and min(relaxed) > max(failed)  # the bound was relaxed only after the parent alone failed
     assert (sol.hist >= 0).all()
-    np.testing.assert_array_equal(sol.hist.sum(axis=0), problem.parent_hist)
+    np.testing.assert_array_equal(_marginal_over_hhgq(sol.hist), _marginal_over_hhgq(problem.parent_hist))
 
 
 def test_failsafe_relaxes_parent_along_hhgq():
@@ -270,8 +301,23 @@ def test_failsafe_exhausted_raises():
     problem.parent_hist = None
     problem.constraints = [Constraint("total", "total", "==", np.array([[10.0]])),
                            Constraint("also_total", "total", "==", np.array([[12.0]]))]
-    with pytest.raises(FailsafeExhausted, match="parent 'parent'"):
+    with pytest.raises(FailsafeExhausted, match="parent 'parent'") as exc:
         solve_parent(problem)
+    assert "relax" not in str(exc.value)  # at the root only the exact problem is tried (facts 4.8)
+
+
+def test_failsafe_exhausted_exits_with_the_estimation_code(tmp_path, monkeypatch, capsys):
+    """FailsafeExhausted is an estimation failure (exit code 5), not an internal error (6)."""
+    import topdown.pipeline.runner as runner
+    from topdown.pipeline.cli import EXIT_ESTIMATION, main
+
+    def exhausted(*args, **kwargs):
+        raise FailsafeExhausted("parent '44007': every failsafe level failed: level exact failed: infeasible")
+
+    monkeypatch.setattr(runner, "run", exhausted)
+    assert main(["run", "demo", "--out", str(tmp_path / "run")]) == EXIT_ESTIMATION
+    err = capsys.readouterr().err
+    assert "estimation failed: parent '44007'" in err and "Traceback" not in err
 
 
 def test_root_problem_fixes_total():

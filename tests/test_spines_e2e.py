@@ -10,6 +10,7 @@ equal their parent, the certificate's path condition holds, the MDF keeps tabula
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 
@@ -23,6 +24,7 @@ from topdown.pipeline import load_config, run
 from topdown.pipeline.synth import write_synthetic
 from topdown.pipeline.verify import verify_run
 from conftest import DATA
+from rel_inputs import scan_run_dir, leaked_secrets
 
 BAF_DIR = DATA / "ri_baf2020"
 AIAN_AREA = "2415"
@@ -64,10 +66,41 @@ def spine_input(tmp_path_factory) -> Path:
     return path
 
 
+#: The DEBUG log of each spine's run (client and forwarded worker records), for the confidentiality scan.
+DEBUG_LOGS: dict[str, list[str]] = {}
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name} {record.levelname} {record.getMessage()}")
+
+
+def _debug_everywhere() -> None:
+    logging.getLogger().setLevel(logging.DEBUG)
+    logging.getLogger("pyomo").setLevel(logging.INFO)  # Pyomo's DEBUG model dumps: see test_confidentiality
+
+
 def _run(kind: str, inp: Path, out: Path, client) -> Path:
+    """A test-mode run of the production preset on ``kind``'s spine, every logger at DEBUG (workers' forwarded)."""
     config = load_config("pl94_production_2021").with_overrides(
         name=f"spine-{kind}", spine=kind, baf=str(BAF_DIR), input=str(inp), seed=2415, mode="test")
-    return run(config, out, input_dir=inp, client=client)
+    root, handler = logging.getLogger(), _Lines()
+    level = root.level
+    client.run(_debug_everywhere)
+    client.forward_logging(level=logging.DEBUG)
+    root.addHandler(handler)
+    _debug_everywhere()
+    try:
+        return run(config, out, input_dir=inp, client=client)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        client.unforward_logging()
+        DEBUG_LOGS[kind] = handler.lines
 
 
 @pytest.fixture(scope="module", params=["aian", "optimized"])
@@ -163,3 +196,79 @@ def test_mdf_keeps_tabulation_geography(spine_run):
     counts = geoid.value_counts().sort_index()
     assert counts.index.tolist() == per_block.sort_index().index.tolist()
     assert (counts.to_numpy() == per_block.sort_index().to_numpy()).all()
+
+
+def true_secrets(run_dir: Path, inp: Path) -> dict[str, int]:
+    """Every true total of 100 or more of a node that is not a declared invariant: the spine's State parts
+    (of a split state), counties, tracts, block groups and blocks, and the tabulation counties and tracts,
+    less the values of the US and state totals (declared invariants)."""
+    spine = pd.read_parquet(run_dir / "spine.parquet").astype(str).set_index("geoid")
+    per_block = pd.read_parquet(inp / "persons.parquet", columns=["geoid"])["geoid"].value_counts()
+    nodes = {f"{lv} {g}": int(n) for lv in spine.columns if lv != "US"
+             for g, n in per_block.groupby(spine[lv].reindex(per_block.index)).sum().items()}
+    for name, width in (("tabulation county", 5), ("tabulation tract", 11)):
+        nodes.update({f"{name} {g}": int(n) for g, n in per_block.groupby(per_block.index.str[:width]).sum().items()})
+    states = per_block.groupby(per_block.index.str[:2]).sum()
+    parts = spine["State"].groupby(spine.index.str[:2]).nunique()
+    whole = {f"State {g}" for g in spine["State"].unique() if parts[spine.index[spine["State"] == g][0][:2]] == 1}
+    return {k: v for k, v in nodes.items() if v >= 100 and k not in whole and v not in set(states) | {states.sum()}}
+
+
+def check_unit_invariants(run_dir: Path, inp: Path) -> dict[str, list[str]]:
+    """The unit columns of the invariants files are exactly the sums of the block unit and GQ-facility
+    counts (declared invariants), recomputed here from the input; returns those columns per file."""
+    spine = pd.read_parquet(run_dir / "spine.parquet").astype(str).set_index("geoid")
+    units = pd.read_parquet(inp / "units.parquet")
+    per_block = pd.crosstab(units["geoid"], units["unit_type"]).reindex(columns=range(8), fill_value=0)
+    per_block.columns = [f"u{k}" for k in range(8)]
+    groups = {lv: spine[lv] for lv in spine.columns} | {"whole_state": pd.Series(spine.index.str[:2], spine.index)}
+    for product, cols in (("persons", list(per_block.columns)), ("units", ["u0"])):
+        inv = pd.read_parquet(run_dir / "invariants" / f"{product}.parquet")
+        for level, key in groups.items():
+            want = per_block[cols].groupby(key.reindex(per_block.index)).sum().sort_index()
+            got = inv.loc[inv["level"] == level].set_index("geocode")[cols].sort_index()
+            if product == "units" and level == "whole_state":
+                assert got.empty
+                continue
+            pd.testing.assert_frame_equal(got.reindex(want.index), want, check_dtype=False, check_names=False)
+    return {"invariants/persons.parquet": list(per_block.columns), "invariants/units.parquet": ["u0"]}
+
+
+def test_no_true_total_in_any_output_or_log(spine_run, tmp_path_factory):
+    """Only declared invariants leave the protected outputs: no true total of a State part, county, tract,
+    block group or block (>= 100) is in any file of the run directory (outside the histograms, noisy
+    measurements and MDF, which are the DP outputs) or any line of the run's DEBUG log. The unit columns
+    of the invariants files are compared with the block unit counts instead (a housing-unit count may equal
+    a person total by chance). The scanner finds a total planted in a copy of the invariants file."""
+    kind, run_dir, inp = spine_run
+    named = true_secrets(run_dir, inp)
+    secrets = set(named.values())
+    parts = [k for k in named if k.startswith("State ")]
+    assert len(parts) == 2 and len(named) >= 8, named  # both parts of the split state, and more, are secrets
+    checked = check_unit_invariants(run_dir, inp)
+    findings, scanned = scan_run_dir(run_dir, secrets, strip=str(tmp_path_factory.getbasetemp()), checked=checked)
+    log = DEBUG_LOGS[kind]
+    findings += [f"DEBUG log: {line}" for _, line in leaked_secrets("\n".join(log), secrets)]
+    print(f"\n[{kind}] {len(secrets)} secret totals ({', '.join(sorted(named))}); scanned {len(scanned)} files "
+          f"and {len(log)} lines of the log at DEBUG:\n  " + "\n  ".join(scanned + [f"log: {line}" for line in log]))
+    assert any("persons Block:" in line for line in log) and any("units Block:" in line for line in log)
+    assert {s.split(" ")[0] for s in scanned} >= {"certificate.json", "manifest.json", "spine.parquet",
+                                                  "invariants/persons.parquet", "invariants/units.parquet"}
+    assert findings == []
+    planted = tmp_path_factory.mktemp(f"planted-{kind}")
+    inv = pd.read_parquet(run_dir / "invariants" / "persons.parquet")
+    (planted / "invariants").mkdir()
+    inv.assign(tot=inv["tot"].fillna(named[parts[0]])).to_parquet(planted / "invariants" / "persons.parquet")
+    assert scan_run_dir(planted, secrets, checked=checked)[0]
+
+
+def test_invariants_file_holds_whole_state_totals_only(spine_run):
+    """The State rows (the AIAN and non-AIAN parts) carry no total; the whole state's total is one row."""
+    _, run_dir, inp = spine_run
+    inv = pd.read_parquet(run_dir / "invariants" / "persons.parquet")
+    with_tot = inv[inv["tot"].notna()]
+    assert sorted(with_tot["level"]) == ["US", "whole_state"]
+    assert with_tot.set_index("level")["tot"].to_dict() == {"US": len(pd.read_parquet(inp / "persons.parquet")),
+                                                            "whole_state": len(pd.read_parquet(inp / "persons.parquet"))}
+    assert set(inv.loc[inv["level"] == "State", "geocode"]) == {"044", "144"}
+    assert with_tot.loc[with_tot["level"] == "whole_state", "geocode"].tolist() == ["44"]
