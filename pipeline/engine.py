@@ -23,7 +23,7 @@ from topdown.solvers.problem import GroupTotal
 
 from .config import Config
 from .levels import Level
-from .rundir import RunDir, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 
 log = logging.getLogger("topdown")
@@ -184,27 +184,54 @@ def estimate_level(
 
 
 def _record_chunk(rundir: RunDir, hdir, records, res: ChunkResult) -> None:
-    """Stage a finished chunk's histograms, then its record (written last: the mark of a finished chunk)."""
-    write_table(_hist_table(pd.Index(res.children), res.hist), rundir.staging(hdir) / f"part-{res.index:05d}.parquet")
+    """Stage a finished chunk's histograms, then its record (written last: the mark of a finished chunk),
+    which holds the SHA-256 of the chunk's two staged files."""
+    part = rundir.staging(hdir) / f"part-{res.index:05d}.parquet"
+    write_table(_hist_table(pd.Index(res.children), res.hist), part)
     records.mkdir(parents=True, exist_ok=True)
     write_json_atomic(records / f"part-{res.index:05d}.json",
                       {"failsafe": res.failsafe, "solved": res.solved, "copied": res.copied,
-                       "solve_seconds": res.solve_seconds})
+                       "solve_seconds": res.solve_seconds,
+                       "sha256": {"histograms": sha256_file(part), "measurements": res.measurements_sha256}})
+
+
+def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str | None]:
+    """A chunk record and, when its staged files are not exactly what it recorded, the reason."""
+    try:
+        meta = json.loads(record.read_text())
+        recorded = meta["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{record}: unreadable or without SHA-256 sums"
+    for name, path in files.items():
+        if not path.exists():
+            return meta, f"{path}: missing"
+        if sha256_file(path) != recorded.get(name):
+            return meta, f"{path}: SHA-256 differs from the one recorded in {record.name}"
+    return meta, None
 
 
 def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult | None:
-    """The result of a chunk an interrupted run finished (its record, histograms and measurements staged)."""
+    """The result of a chunk an interrupted run finished, once its staged files match the SHA-256 sums of
+    its record. A mismatch (a file changed or lost since) is never reused: in test mode the chunk is
+    recomputed (same noise), in production the run stops (recomputing would draw its noise again)."""
     record = records / f"part-{chunk.index:05d}.json"
-    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
-    if not (record.exists() and part.exists() and Path(chunk.measurements_path).exists()):
+    if not record.exists():
         return None
-    meta = json.loads(record.read_text())
+    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
+    meta, problem = _unverified(record, {"histograms": part, "measurements": Path(chunk.measurements_path)})
+    if problem is not None:
+        if chunk.mode == "production":
+            raise RunDirError(f"{problem}: a staged chunk changed since the interrupted run; production mode neither "
+                              f"reuses it nor draws its noise again silently. Delete {record} to recompute that "
+                              "chunk (a new draw of unreleased noise), then --resume")
+        log.warning("%s; recomputing chunk %d of %s %s", problem, chunk.index, chunk.product, chunk.level)
+        return None
     table = pq.read_table(part).to_pandas()
     rows = pd.Index(chunk.children).get_indexer(table["geocode"].astype(str))
     hist = sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
                          shape=(len(chunk.children), chunk.child_hist.shape[1]), dtype=np.int64)
     return ChunkResult(chunk.index, chunk.children, hist, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
-                       meta["solve_seconds"])
+                       meta["solve_seconds"], meta["sha256"]["measurements"])
 
 
 def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
