@@ -96,16 +96,25 @@ def _listening(pids) -> set[tuple[str, int]]:
             if c.status == psutil.CONN_LISTEN}
 
 
-def test_embedded_cluster_listens_on_localhost_only():
-    """Scheduler, dashboard, nannies (this process) and worker processes bind 127.0.0.1 only."""
+def test_embedded_cluster_listens_on_localhost_only_and_refuses_other_clients():
+    """Scheduler, dashboard, nannies (this process) and worker processes bind 127.0.0.1 only, speak TLS
+    with the run's temporary credentials, and refuse a client without them (plain TCP, or TLS with
+    credentials of its own)."""
+    from distributed import Client, Security
+
     from topdown.pipeline.runner import dask_client
 
     before = _listening([os.getpid()])
     with dask_client(workers=2) as client:
         assert client.dashboard_link.startswith("http://127.0.0.1:")
-        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
-        assert all(addr.startswith("tcp://127.0.0.1:") for addr in client.scheduler_info()["workers"])
+        address = client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        assert all(addr.startswith("tls://127.0.0.1:") for addr in client.scheduler_info()["workers"])
         ours = (_listening([os.getpid()]) - before) | _listening(client.run(os.getpid).values())
+        for intruder, security in ((address.replace("tls://", "tcp://"), None), (address, Security.temporary())):
+            with pytest.raises(OSError):
+                Client(intruder, security=security, timeout="5s")
+        assert client.submit(sum, [1, 2]).result() == 3  # the run's own client still works
     assert len(ours) >= 4 and {ip for ip, _ in ours} == {"127.0.0.1"}, ours
 
 
