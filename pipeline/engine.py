@@ -210,6 +210,15 @@ def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str 
     return meta, None
 
 
+def distrust(problem: str, mode: str, what: str, remedy: str) -> None:
+    """What --resume does with output that fails its SHA-256 check: in test mode it is recomputed (the same
+    noise again; a warning), in production the run stops (recomputing would draw its noise again)."""
+    if mode == "production":
+        raise RunDirError(f"{problem}: {what} changed since the interrupted run; production mode neither reuses it "
+                          f"nor draws its noise again silently. {remedy}")
+    log.warning("%s; recomputing %s", problem, what)
+
+
 def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult | None:
     """The result of a chunk an interrupted run finished, once its staged files match the SHA-256 sums of
     its record. A mismatch (a file changed or lost since) is never reused: in test mode the chunk is
@@ -220,11 +229,8 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
     part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
     meta, problem = _unverified(record, {"histograms": part, "measurements": Path(chunk.measurements_path)})
     if problem is not None:
-        if chunk.mode == "production":
-            raise RunDirError(f"{problem}: a staged chunk changed since the interrupted run; production mode neither "
-                              f"reuses it nor draws its noise again silently. Delete {record} to recompute that "
-                              "chunk (a new draw of unreleased noise), then --resume")
-        log.warning("%s; recomputing chunk %d of %s %s", problem, chunk.index, chunk.product, chunk.level)
+        distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product} {chunk.level}",
+                 f"Delete {record} to recompute that chunk (a new draw of unreleased noise), then --resume")
         return None
     table = pq.read_table(part).to_pandas()
     rows = pd.Index(chunk.children).get_indexer(table["geocode"].astype(str))
@@ -239,6 +245,23 @@ def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.
     hdir = rundir.histograms(product, level.name)
     write_table(_hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
     rundir.commit(hdir)
+
+
+def level_digests(rundir: RunDir, product: str, level: str) -> dict[str, str]:
+    """SHA-256 of every file of a committed level (measurements and histograms), by path in the run directory."""
+    dirs = (rundir.measurements(product, level), rundir.histograms(product, level))
+    return {str(f.relative_to(rundir.root)): sha256_file(f) for d in dirs for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, str] | None) -> str | None:
+    """Why a committed level cannot be read back as recorded in the manifest (None: every file matches)."""
+    if not recorded:
+        return f"{rundir.histograms(product, level)}: no SHA-256 sums in the manifest"
+    found = level_digests(rundir, product, level)
+    for path in sorted(recorded.keys() | found.keys()):
+        if recorded.get(path) != found.get(path):
+            return f"{rundir.root / path}: {'missing' if path not in found else 'SHA-256 differs from the manifest'}"
+    return None
 
 
 def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:

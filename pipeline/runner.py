@@ -24,7 +24,8 @@ from .certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
 from .accounting import check_budget
 from .config import Config, ConfigError, config_from_dict, load_config
-from .engine import LevelReport, ProgressFn, estimate_level, read_level_histograms, write_level_histograms
+from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
+                     read_level_histograms, write_level_histograms)
 from .invariants import UNIT_COLUMNS, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
@@ -221,6 +222,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
     """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
+    digests = manifest.setdefault("sha256", {}).setdefault(product, {})
     by_block = config.run.algorithm == "block_by_block"
     hist = None
     for i, level in enumerate(levels):
@@ -228,13 +230,19 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
             continue
         parent = levels[i - 1] if i and not by_block else None
         if level.name in done:
-            hist = read_level_histograms(rundir, product, level)
-            log.info("%s %s: complete in an earlier run, read back", product, level.name)
-            continue
+            problem = changed_level(rundir, product, level.name, digests.get(level.name))
+            if problem is None:
+                hist = read_level_histograms(rundir, product, level)
+                log.info("%s %s: complete in an earlier run, read back", product, level.name)
+                continue
+            distrust(problem, config.run.mode, f"{product} {level.name}",
+                     "Run again without --resume (with --redraw: a second release) or restore the level's files")
+            done.remove(level.name)
         hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
                                       independent=by_block)
         _log_report(product, report)
         done.append(level.name)
+        digests[level.name] = level_digests(rundir, product, level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
                               "tasks": report.tasks, "max_parent_seconds": round(report.max_parent_seconds, 3)}
         manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)

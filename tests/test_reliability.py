@@ -203,6 +203,26 @@ def test_resume_stops_on_a_staged_chunk_that_fails_its_sha256_in_production(tmp_
     assert not (out / "noisy_measurements" / "persons" / "level=Block").exists()
 
 
+def test_resume_checks_the_committed_levels_it_reads_back(tmp_path, planted, planted_run, dask_client, caplog):
+    """A committed level changed after the interruption: test mode recomputes it (same output as the
+    reference run), production stops."""
+    for mode in ("test", "production"):
+        out = tmp_path / mode
+        config = load_config("demo") if mode == "test" else load_config("demo").with_overrides(mode=mode, seed=None)
+        _interrupted_in_persons_block(config, out, planted, dask_client)
+        assert set(_manifest(out)["sha256"]["persons"]) == {"US", "State", "County", "Tract", "Block_Group"}
+        part = next((out / "histograms" / "persons" / "level=Tract").glob("*.parquet"))
+        _tamper(part, "count")
+        if mode == "production":
+            with pytest.raises(RunDirError, match="SHA-256 differs from the manifest: persons Tract changed"):
+                run(config, out, input_dir=planted, client=dask_client, resume=True)
+            continue
+        with caplog.at_level(logging.WARNING, logger="topdown"):
+            run(config, out, input_dir=planted, client=dask_client, resume=True)
+        assert "recomputing persons Tract" in caplog.text
+        assert differing_outputs(planted_run, out) == []
+
+
 @pytest.mark.slow
 def test_kill_9_mid_level_then_resume(tmp_path, demo_input, demo_run):
     """`kill -9` of a `topdown run` (and its worker processes) while the persons Block level runs; the
