@@ -67,13 +67,15 @@ def write_planted_input(path: Path, persons: pd.DataFrame | None = None, units: 
 #: A whole number (optionally with thousands separators) that is not the fractional part of a decimal,
 #: part of a longer number, or a term of a fraction such as a budget share "2748/8407049".
 _NUMBER = re.compile(r"(?<![\d./])(\d{1,3}(?:,\d{3})+|\d+)(?![\d/]|,\d{3})")
+#: A SHA-256 digest (manifest, certificate): hex, not a count, though it may hold a run of digits.
+_SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
 
 
 def leaked_secrets(text: str) -> list[tuple[int, str]]:
     """(secret, line) for every line of ``text`` that shows a planted confidential number."""
     hits = []
     for line in text.splitlines():
-        for m in _NUMBER.finditer(line):
+        for m in _NUMBER.finditer(_SHA256.sub("", line)):
             value = int(m.group(1).replace(",", ""))
             if value in SECRETS:
                 hits.append((value, line))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rel_inputs import leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.accounting import zcdp_to_epsilon
 from topdown.pipeline.certificate import _composed_loss, render_certificate
@@ -58,7 +59,7 @@ def test_second_production_draw_is_refused_and_redraw_composes(tmp_path, planted
     for flags, words in (([], "use --redraw"), (["--force"], "second release of the same data")):
         assert main([*base, *flags]) == EXIT_RUNDIR
         err = capsys.readouterr().err.strip()
-        assert words in err and len(err.splitlines()) == 1, err
+        assert words in err and len(err.splitlines()) == 1 and leaked_secrets(err) == [], err
     assert _snapshot(out) == before  # refused before anything was touched
 
     for n in (2, 3):
@@ -74,6 +75,7 @@ def test_second_production_draw_is_refused_and_redraw_composes(tmp_path, planted
             assert cert[product]["rho"] == first[product]["rho"]  # this draw's own budget is unchanged
         assert cert["draws"]["test_mode_draws"] == 0 and "compose" in cert["draws"]["note"]
         assert f"COMPOSED over {n} draws" in render_certificate(cert)
+    assert leaked_secrets((out / "certificate.json").read_text() + (out / "manifest.json").read_text()) == []
     assert verify_run(out).ok
 
 

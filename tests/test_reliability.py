@@ -25,7 +25,7 @@ from typing import Iterator
 import pandas as pd
 import pytest
 
-from rel_inputs import differing_outputs
+from rel_inputs import differing_outputs, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
 from topdown.pipeline.rundir import RunDir, RunDirError
@@ -187,6 +187,7 @@ def test_resume_recomputes_a_staged_chunk_that_fails_its_sha256_in_test_mode(tmp
     with caplog.at_level(logging.WARNING, logger="topdown"):
         run(load_config("demo"), out, input_dir=planted, client=dask_client, resume=True)
     assert "SHA-256 differs" in caplog.text and "recomputing chunk 0 of persons Block" in caplog.text
+    assert leaked_secrets(caplog.text) == []
     assert differing_outputs(planted_run, out) == []
 
 
@@ -197,8 +198,9 @@ def test_resume_stops_on_a_staged_chunk_that_fails_its_sha256_in_production(tmp_
     part = out / ".staging/noisy_measurements/persons/level=Block/part-00000.parquet"
     _tamper(part, "value")
     tampered = part.read_bytes()
-    with pytest.raises(RunDirError, match=r"part-00000.parquet: SHA-256 differs .*production mode neither reuses it"):
+    with pytest.raises(RunDirError, match=r"part-00000.parquet: SHA-256 differs .*production mode neither reuses it") as err:
         run(config, out, input_dir=planted, client=dask_client, resume=True)
+    assert leaked_secrets(str(err.value)) == []
     assert part.read_bytes() == tampered and _manifest(out)["status"] == "running"
     assert not (out / "noisy_measurements" / "persons" / "level=Block").exists()
 
