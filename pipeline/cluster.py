@@ -51,7 +51,9 @@ def check_scheduler(address: str, security: Security | None = None) -> Security 
     scheme, sep, rest = address.partition("://")
     if not sep:  # "host:port": distributed's default protocol
         scheme, rest = "tcp", address
-    if scheme not in SCHEMES or not rest:
+    if not rest:
+        raise ConfigError(f"--scheduler {address}: no host:port after the scheme")
+    if scheme not in SCHEMES:
         raise ConfigError(f"--scheduler {address}: unknown address scheme {scheme!r} "
                           f"(expected {', '.join(s + '://host:port' for s in SCHEMES[:2])}, or {', '.join(SCHEMES[2:])})")
     if scheme not in TLS_SCHEMES:

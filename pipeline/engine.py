@@ -199,8 +199,10 @@ def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str 
     """A chunk record and, when its staged files are not exactly what it recorded, the reason."""
     try:
         meta = json.loads(record.read_text())
-        recorded = meta["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        meta = None
+    recorded = meta.get("sha256") if isinstance(meta, dict) else None
+    if not isinstance(recorded, dict):
         return None, f"{record}: unreadable or without SHA-256 sums"
     for name, path in files.items():
         if not path.exists():

@@ -17,6 +17,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from distributed import Security
 
 from topdown.geo.spine import build_spine
 
@@ -47,7 +48,8 @@ class AlreadyComplete(RunDirError):
 
 
 @contextmanager
-def dask_client(client=None, scheduler: str | None = None, workers: int | None = None, security=None) -> Iterator:
+def dask_client(client=None, scheduler: str | None = None, workers: int | None = None,
+                security: Security | None = None) -> Iterator:
     """The given client, a client of an existing scheduler (TLS with ``security``, a
     ``distributed.Security``, or the Dask configuration's), or an embedded LocalCluster of processes
     that only holders of its temporary TLS credentials can join (cluster.py)."""
@@ -113,7 +115,7 @@ def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
 def run(
     config: Config | str | Path, out: str | Path | None = None, *, input_dir: str | Path | None = None, client=None, scheduler: str | None = None,
     workers: int | None = None, resume: bool = False, force: bool = False, progress: ProgressFn | None = None,
-    security=None, redraw: bool = False,
+    security: Security | None = None, redraw: bool = False,
 ) -> Path:
     """Run TopDown for ``config`` (a Config, a TOML path or a preset name) into the run directory ``out``
     (default ``runs/<name>``). Uses ``client`` if given, else a client of ``scheduler`` (TLS credentials:
@@ -147,7 +149,8 @@ def run(
 
 
 def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, client, scheduler, workers,
-                progress: ProgressFn | None, security=None, prior: list | None = None, fresh: bool = False) -> Path:
+                progress: ProgressFn | None, security: Security | None = None, prior: list[dict] | None = None,
+                fresh: bool = False) -> Path:
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.get("timings", {})
     inp = _input_dir(config, input_dir)

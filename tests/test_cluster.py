@@ -37,7 +37,7 @@ def pem_files(tmp_path) -> dict[str, str]:
 BAD_SCHEDULERS = [
     (["--scheduler", "foo://127.0.0.1:8786"], "unknown address scheme 'foo'"),
     (["--scheduler", "inproc://127.0.0.1/1/1"], "unknown address scheme 'inproc'"),
-    (["--scheduler", "tcp://"], "unknown address scheme 'tcp'"),
+    (["--scheduler", "tcp://"], "no host:port after the scheme"),
     (["--scheduler", "tls://127.0.0.1:8786"], "needs the cluster's CA certificate and a client certificate"),
     (["--scheduler", "tls://127.0.0.1:8786", "--tls-ca-file", "{tmp}/missing.pem"], "missing.pem: file not found"),
     (["--scheduler", "tcp://127.0.0.1:8786", "{creds}"], "TLS credentials were given for a plain tcp:// address"),
@@ -48,8 +48,10 @@ BAD_SCHEDULERS = [
 @pytest.mark.parametrize("args,words", BAD_SCHEDULERS, ids=[" ".join(a[:2]) for a, _ in BAD_SCHEDULERS])
 def test_bad_scheduler_is_a_usage_error_and_writes_nothing(tmp_path, planted, pem_files, capsys, args, words):
     out = tmp_path / "run"
+    config = tmp_path / "production.toml"  # production: no test-mode warning beside the one-line error
+    config.write_text('include = "demo.toml"\n\n[run]\nmode = "production"\n')
     expanded = [x for a in args for x in (_flags(pem_files) if a == "{creds}" else [a.format(tmp=tmp_path)])]
-    code = main(["run", "demo", "--out", str(out), "--input", str(planted), "--quiet", *expanded])
+    code = main(["run", str(config), "--out", str(out), "--input", str(planted), "--quiet", *expanded])
     err = capsys.readouterr().err.strip()
     assert code == EXIT_CONFIG and words in err and len(err.splitlines()) == 1, err
     assert not out.exists()
