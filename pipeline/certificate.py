@@ -188,6 +188,46 @@ NOT_PRIVATE_WARNING = ("test mode: the noise is reproducible from the seed, so t
                        "(use mode = \"production\" for a release)")
 
 
+def draw_summary(cert: dict[str, Any]) -> dict[str, Any]:
+    """What a later certificate keeps of an earlier draw's: its run, mode, configuration and budgets."""
+    return {"run": cert.get("run"), "mode": cert.get("mode"), "config_sha256": cert.get("config_sha256"),
+            "products": {name: {k: p[k] for k in ("mechanism", "rho", "epsilon", "delta") if k in p}
+                         for name, p in products(cert).items()}}
+
+
+def _composed_loss(draws: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sequential composition of one product's draws (summaries of :func:`draw_summary`): rho adds under
+    zCDP; a pure epsilon-DP draw counts as epsilon^2/2-zCDP (Bun and Steinke 2016, Proposition 1.4);
+    only pure-DP draws: epsilon adds."""
+    if any(INFINITE in (d.get("rho"), d.get("epsilon")) for d in draws):
+        return {"draws": len(draws), "rho": INFINITE, "epsilon": INFINITE, "note": "a draw had an infinite budget"}
+    zcdp = [d for d in draws if d["mechanism"] == "discrete_gaussian"]
+    if not zcdp:
+        eps = sum((Fraction(d["epsilon"]) for d in draws), Fraction(0))
+        return {"draws": len(draws), "epsilon": str(eps), "epsilon_float": float(eps), "delta": "0"}
+    rho = sum((Fraction(d["rho"]) if d["mechanism"] == "discrete_gaussian" else Fraction(d["epsilon"]) ** 2 / 2 for d in draws), Fraction(0))
+    delta = Fraction(zcdp[-1]["delta"])
+    return {"draws": len(draws), "rho": str(rho), "rho_float": float(rho), "delta": str(delta),
+            "epsilon": zcdp_to_epsilon(rho, delta)}
+
+
+def with_draws(cert: dict[str, Any], prior: list[dict[str, Any]]) -> dict[str, Any]:
+    """``cert`` with its ``draws`` field: the earlier draws over the same data that this run directory
+    released (summaries, oldest first; see ``--redraw``) and, when there are any, every product's
+    privacy loss composed over all draws."""
+    draws: dict[str, Any] = {"count": len(prior) + 1, "prior": prior}
+    if prior:
+        everything = [*prior, draw_summary(cert)]
+        names = [n for n in ("persons", "units") if any(n in d["products"] for d in everything)]
+        draws["composed"] = {n: _composed_loss([d["products"][n] for d in everything if n in d["products"]])
+                             for n in names}
+        draws["test_mode_draws"] = sum(d["mode"] != "production" for d in everything)
+        draws["note"] = (f"this run directory released {len(everything)} independent draws over the same data: "
+                         "their privacy losses compose (rho adds); a test-mode draw is reproducible from its seed "
+                         "and protects nothing")
+    return {**cert, "draws": draws}
+
+
 def products(cert: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The per-product entries of a certificate."""
     return {name: cert[name] for name in ("persons", "units") if name in cert}
@@ -214,6 +254,11 @@ def render_certificate(cert: dict[str, Any]) -> str:
     lines.append(f"  randomness: {cert['randomness']}")
     if "warning" in cert:
         lines.append(f"  WARNING: {cert['warning']}")
+    for name, c in cert.get("draws", {}).get("composed", {}).items():
+        total = f"rho = {c['rho']}" if "rho" in c else f"epsilon = {c['epsilon']}"
+        lines.append(f"  COMPOSED over {c['draws']} draws in this run directory: {name} {total}"
+                     + (f", (epsilon, delta) = ({c['epsilon']:.4f}, {float(Fraction(c['delta'])):.0e})"
+                        if isinstance(c.get("epsilon"), float) else ""))
     for name, p in products(cert).items():
         lines.append("")
         lines.append(f"[{name}] {p['mechanism']}, {p['framework']}")

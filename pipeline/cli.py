@@ -1,8 +1,10 @@
 """The ``topdown`` command line.
 
 Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configuration or usage
-(including an unreachable --scheduler); 3 bad input data; 4 run directory unusable (locked, not
-writable, already complete without --force); 5 estimation failed; 6 internal error; 130 interrupted.
+(including an unreachable --scheduler, one with an unknown
+scheme, or tls:// without credentials); 3 bad input data; 4 run directory unusable (locked, not
+writable, already complete without --force, a second production draw without --redraw, a staged
+chunk that fails its SHA-256 check in production); 5 estimation failed; 6 internal error; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -33,10 +35,15 @@ def _progress_printer(quiet: bool):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .config import load_config
+    from .cluster import tls_security
+    from .config import ConfigError, load_config
     from .runner import run
 
     config = load_config(args.config)
+    security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+    if security is not None and not args.scheduler:
+        raise ConfigError("--tls-ca-file/--tls-cert/--tls-key are for a --scheduler tls:// address; the embedded "
+                          "cluster makes its own temporary credentials")
     overrides = {}
     if args.seed is not None:
         overrides["seed"] = args.seed
@@ -50,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-              force=args.force, progress=_progress_printer(args.quiet))
+              force=args.force, progress=_progress_printer(args.quiet), security=security, redraw=args.redraw)
     manifest = json.loads((out / "manifest.json").read_text())
     print(f"run complete in {time.perf_counter() - start:.1f}s: {out}")
     for product, levels in manifest["parents_solved"].items():
@@ -144,10 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--input", help="input directory with persons.parquet and units.parquet (overrides [run] input)")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786 or "
+                                       "tls://10.0.0.5:8786 (with the --tls-* files)")
+    p.add_argument("--tls-ca-file", help="PEM file of the CA that signed the TLS cluster's certificates")
+    p.add_argument("--tls-cert", help="PEM client certificate for a tls:// scheduler (may hold the key too)")
+    p.add_argument("--tls-key", help="PEM private key of the client certificate")
     p.add_argument("--seed", type=int, help="override the configured seed (test mode)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run after its last complete level")
-    p.add_argument("--force", action="store_true", help="recompute a run directory that is already complete")
+    p.add_argument("--force", action="store_true", help="recompute a run directory that is already complete "
+                                                        "(removes every output of the earlier run)")
+    p.add_argument("--redraw", action="store_true", help="production: draw noise again over levels already released "
+                                                         "(a second release; the certificate composes both draws)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_run)
 

@@ -23,7 +23,7 @@ from topdown.solvers.problem import GroupTotal
 
 from .config import Config
 from .levels import Level
-from .rundir import RunDir, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 
 log = logging.getLogger("topdown")
@@ -183,27 +183,62 @@ def estimate_level(
 
 
 def _record_chunk(rundir: RunDir, hdir, records, res: ChunkResult) -> None:
-    """Stage a finished chunk's histograms, then its record (written last: the mark of a finished chunk)."""
-    write_table(_hist_table(pd.Index(res.children), res.hist), rundir.staging(hdir) / f"part-{res.index:05d}.parquet")
+    """Stage a finished chunk's histograms, then its record (written last: the mark of a finished chunk),
+    which holds the SHA-256 of the chunk's two staged files."""
+    part = rundir.staging(hdir) / f"part-{res.index:05d}.parquet"
+    write_table(_hist_table(pd.Index(res.children), res.hist), part)
     records.mkdir(parents=True, exist_ok=True)
     write_json_atomic(records / f"part-{res.index:05d}.json",
                       {"failsafe": res.failsafe, "solved": res.solved, "copied": res.copied,
-                       "solve_seconds": res.solve_seconds})
+                       "solve_seconds": res.solve_seconds,
+                       "sha256": {"histograms": sha256_file(part), "measurements": res.measurements_sha256}})
+
+
+def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str | None]:
+    """A chunk record and, when its staged files are not exactly what it recorded, the reason."""
+    try:
+        meta = json.loads(record.read_text())
+    except (OSError, ValueError):
+        meta = None
+    recorded = meta.get("sha256") if isinstance(meta, dict) else None
+    if not isinstance(recorded, dict):
+        return None, f"{record}: unreadable or without SHA-256 sums"
+    for name, path in files.items():
+        if not path.exists():
+            return meta, f"{path}: missing"
+        if sha256_file(path) != recorded.get(name):
+            return meta, f"{path}: SHA-256 differs from the one recorded in {record.name}"
+    return meta, None
+
+
+def distrust(problem: str, mode: str, what: str, remedy: str) -> None:
+    """What --resume does with output that fails its SHA-256 check: in test mode it is recomputed (the same
+    noise again; a warning), in production the run stops (recomputing would draw its noise again)."""
+    if mode == "production":
+        raise RunDirError(f"{problem}: {what} changed since the interrupted run; production mode neither reuses it "
+                          f"nor draws its noise again silently. {remedy}")
+    log.warning("%s; recomputing %s", problem, what)
 
 
 def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult | None:
-    """The result of a chunk an interrupted run finished (its record, histograms and measurements staged)."""
+    """The result of a chunk an interrupted run finished, once its staged files match the SHA-256 sums of
+    its record. A mismatch (a file changed or lost since) is never reused: in test mode the chunk is
+    recomputed (same noise), in production the run stops (recomputing would draw its noise again)."""
     record = records / f"part-{chunk.index:05d}.json"
-    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
-    if not (record.exists() and part.exists() and Path(chunk.measurements_path).exists()):
+    if not record.exists():
         return None
-    meta = json.loads(record.read_text())
+    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
+    meta, problem = _unverified(record, {"histograms": part, "measurements": Path(chunk.measurements_path)})
+    if problem is not None:
+        distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product} {chunk.level}",
+                 f"Delete {record} to recompute that chunk (a new draw of unreleased noise), then --resume")
+        return None
     table = pq.read_table(part).to_pandas()
     rows = pd.Index(chunk.children).get_indexer(table["geocode"].astype(str))
     hist = sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
                          shape=(len(chunk.children), chunk.child_hist.shape[1]), dtype=np.int64)
     return ChunkResult(chunk.index, chunk.children, hist, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
-                       meta["solve_seconds"])
+                       meta["solve_seconds"], meta["sha256"]["measurements"])
 
 
 def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
@@ -211,6 +246,23 @@ def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.
     hdir = rundir.histograms(product, level.name)
     write_table(_hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
     rundir.commit(hdir)
+
+
+def level_digests(rundir: RunDir, product: str, level: str) -> dict[str, str]:
+    """SHA-256 of every file of a committed level (measurements and histograms), by path in the run directory."""
+    dirs = (rundir.measurements(product, level), rundir.histograms(product, level))
+    return {str(f.relative_to(rundir.root)): sha256_file(f) for d in dirs for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, str] | None) -> str | None:
+    """Why a committed level cannot be read back as recorded in the manifest (None: every file matches)."""
+    if not recorded:
+        return f"{rundir.histograms(product, level)}: no SHA-256 sums in the manifest"
+    found = level_digests(rundir, product, level)
+    for path in sorted(recorded.keys() | found.keys()):
+        if recorded.get(path) != found.get(path):
+            return f"{rundir.root / path}: {'missing' if path not in found else 'SHA-256 differs from the manifest'}"
+    return None
 
 
 def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:

@@ -13,6 +13,7 @@ never sees half a level.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +32,9 @@ log = logging.getLogger("topdown")
 
 STAGING = ".staging"
 LOCK = ".lock"
+#: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
+OUTPUTS = ("manifest.json", "certificate.json", "spine.parquet", "invariants", "noisy_measurements", "histograms",
+           "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
 
 
 class RunDirError(RuntimeError):
@@ -76,6 +80,23 @@ class RunDir:
     def clear_staging(self) -> None:
         """Remove half-written output of an interrupted run (call only while holding the lock)."""
         shutil.rmtree(self.root / STAGING, ignore_errors=True)
+
+    def clear_outputs(self) -> None:
+        """Remove every output of an earlier run (call only while holding the lock): nothing of another
+        configuration or product survives a fresh run."""
+        for name in OUTPUTS:
+            path = self.root / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+
+    def measured_levels(self) -> dict[str, list[str]]:
+        """Per product, the levels whose noisy measurements are in place (released)."""
+        base = self.root / "noisy_measurements"
+        found = {p.name: sorted(d.name.removeprefix("level=") for d in p.glob("level=*"))
+                 for p in sorted(base.iterdir()) if p.is_dir()} if base.is_dir() else {}
+        return {product: levels for product, levels in found.items() if levels}
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -233,6 +254,15 @@ def _is_stale(holder: str) -> bool:
     except PermissionError:  # alive, owned by another user
         return False
     return False
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

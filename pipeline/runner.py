@@ -17,17 +17,21 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
+from distributed import Security
 
 from topdown.geo.spine import build_spine
 
-from .certificate import certificate
+from .certificate import certificate, with_draws
+from .cluster import check_scheduler, embedded_security
 from .accounting import check_budget
 from .config import Config, ConfigError, config_from_dict, load_config
-from .engine import LevelReport, ProgressFn, estimate_level, read_level_histograms, write_level_histograms
+from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
+                     read_level_histograms, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
 from .preflight import check_baf_states, check_workers, preflight, read_baf
+from .release import prior_draws
 from .rundir import RunDir, RunDirError, write_json_atomic, write_table
 from .schema import SCHEMAS
 from .tabulate import block_histograms, block_units, units_histograms
@@ -45,16 +49,20 @@ class AlreadyComplete(RunDirError):
 
 
 @contextmanager
-def dask_client(client=None, scheduler: str | None = None, workers: int | None = None) -> Iterator:
-    """The given client, a client of an existing scheduler, or an embedded LocalCluster of processes."""
+def dask_client(client=None, scheduler: str | None = None, workers: int | None = None,
+                security: Security | None = None) -> Iterator:
+    """The given client, a client of an existing scheduler (TLS with ``security``, a
+    ``distributed.Security``, or the Dask configuration's), or an embedded LocalCluster of processes
+    that only holders of its temporary TLS credentials can join (cluster.py)."""
     from distributed import Client, LocalCluster
 
     if client is not None:
         yield client
         return
     if scheduler:
+        security = check_scheduler(scheduler, security)
         try:
-            c = Client(scheduler, timeout="20s")
+            c = Client(scheduler, timeout="20s", security=security)
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} ({exc})") from None
         with c:
@@ -64,8 +72,10 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
     with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as c:
-        log.info("embedded Dask cluster: %d worker processes, dashboard %s", n, c.dashboard_link)
+                      host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
+            Client(cluster) as c:
+        log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
+                 c.dashboard_link)
         yield c
 
 
@@ -107,36 +117,45 @@ def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
 def run(
     config: Config | str | Path, out: str | Path | None = None, *, input_dir: str | Path | None = None, client=None, scheduler: str | None = None,
     workers: int | None = None, resume: bool = False, force: bool = False, progress: ProgressFn | None = None,
+    security: Security | None = None, redraw: bool = False,
 ) -> Path:
     """Run TopDown for ``config`` (a Config, a TOML path or a preset name) into the run directory ``out``
-    (default ``runs/<name>``). Uses ``client`` if given, else a client of ``scheduler``, else an embedded
-    LocalCluster of ``workers`` processes. Returns the run directory's path."""
+    (default ``runs/<name>``). Uses ``client`` if given, else a client of ``scheduler`` (TLS credentials:
+    ``security``, a ``distributed.Security``), else an embedded LocalCluster of ``workers`` processes.
+    ``redraw`` lets a production run draw again over levels already released (release.py).
+    Returns the run directory's path."""
     if not isinstance(config, Config):
         config = load_config(config)
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, workers)
     baf = read_baf(config)
+    if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
+        security = check_scheduler(scheduler, security)
     out = out if out is not None else Path("runs") / config.run.name
     rundir = RunDir(out)
     rundir.prepare()
     with rundir.lock():
         rundir.check_layout(config.run.products)
-        if not resume:  # --resume keeps the chunks an interrupted level had finished
-            rundir.clear_staging()
         manifest = rundir.read_manifest()
-        if manifest.get("status") == "complete" and not force:
+        if manifest.get("status") == "complete" and not (force or redraw):
+            again = ("--redraw to draw a second release (the certificate then composes both)"
+                     if config.run.mode == "production" else "--force to recompute it")
             raise AlreadyComplete(f"{out} already holds a complete run (config {manifest.get('config_hash', '?')[:12]}); "
-                                  "use --force to recompute it")
+                                  f"use {again}")
         if manifest and resume and manifest.get("config_hash") != config.digest():
             raise RunDirError(f"{out} holds a run of a different configuration; cannot resume it")
-        if not resume:
+        prior = prior_draws(rundir, config, manifest, resume, redraw)
+        if not resume:  # --resume keeps the chunks an interrupted level had finished
+            rundir.clear_staging()
             manifest = {}
-        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress, baf)
+        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress, baf,
+                           security=security, prior=prior, fresh=not resume)
 
 
 def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, client, scheduler, workers,
-                progress: ProgressFn | None, baf: pd.DataFrame | None = None) -> Path:
+                progress: ProgressFn | None, baf: pd.DataFrame | None = None, security: Security | None = None,
+                prior: list[dict] | None = None, fresh: bool = False) -> Path:
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.get("timings", {})
     inp = _input_dir(config, input_dir)
@@ -154,7 +173,8 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
 
     # Every check (configuration against the spine, path condition, feasible invariants) runs before
     # the first write, so a bad configuration or input leaves the run directory as it was.
-    cert = certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products})
+    cert = with_draws(certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}),
+                      prior or [])
     bunits = block_units(units).set_index("geoid")
     all_levels: dict[str, list[Level]] = {}
     for product in config.run.products:
@@ -163,7 +183,9 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
         all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
         timings[f"{product}.tabulate"] = time.perf_counter() - t
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
-    with dask_client(client, scheduler, workers) as dclient:
+    with dask_client(client, scheduler, workers, security) as dclient:
+        if fresh:  # nothing of an earlier run survives beside this one's outputs
+            rundir.clear_outputs()
         write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
         write_json_atomic(rundir.root / "certificate.json", cert)
         completed: dict[str, list[str]] = manifest.get("completed", {})
@@ -210,6 +232,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
     """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
+    digests = manifest.setdefault("sha256", {}).setdefault(product, {})
     by_block = config.run.algorithm == "block_by_block"
     hist = None
     for i, level in enumerate(levels):
@@ -217,13 +240,19 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
             continue
         parent = levels[i - 1] if i and not by_block else None
         if level.name in done:
-            hist = read_level_histograms(rundir, product, level)
-            log.info("%s %s: complete in an earlier run, read back", product, level.name)
-            continue
+            problem = changed_level(rundir, product, level.name, digests.get(level.name))
+            if problem is None:
+                hist = read_level_histograms(rundir, product, level)
+                log.info("%s %s: complete in an earlier run, read back", product, level.name)
+                continue
+            distrust(problem, config.run.mode, f"{product} {level.name}",
+                     "Run again without --resume (with --redraw: a second release) or restore the level's files")
+            done.remove(level.name)
         hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
                                       independent=by_block)
         _log_report(product, report)
         done.append(level.name)
+        digests[level.name] = level_digests(rundir, product, level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
                               "tasks": report.tasks, "max_parent_seconds": round(report.max_parent_seconds, 3)}
         manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)

@@ -17,7 +17,7 @@ from topdown.solvers.problem import Constraint, GroupTotal, Measurement, ParentP
 
 from .config import ProductConfig
 from .measure import measure
-from .rundir import write_table
+from .rundir import sha256_file, write_table
 from .schema import SCHEMAS
 
 
@@ -65,6 +65,7 @@ class ChunkResult:
     copied: int = 0
     seconds: float = 0.0
     solve_seconds: list[float] = field(default_factory=list)
+    measurements_sha256: str = ""  # of the Parquet file the task wrote (checked on --resume)
 
 
 #: The failsafe's last resort (facts 4.8) relaxes the parent equality; such parents are recorded, not summed.
@@ -97,10 +98,11 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
                               chunk.child_hist, chunk.mode, chunk.seed)
     write_table(table, Path(chunk.measurements_path))
     del table
+    measurements_sha256 = sha256_file(Path(chunk.measurements_path))
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
     rounder = cfg.estimation.rounder_passes.get(chunk.level, [])
     out = np.zeros((len(chunk.children), schema.ncells), dtype=np.int64)
-    result = ChunkResult(chunk.index, chunk.children, sp.csr_matrix(out))
+    result = ChunkResult(chunk.index, chunk.children, sp.csr_matrix(out), measurements_sha256=measurements_sha256)
     for task in chunk.parents:
         rows = task.child_rows
         if task.parent_hist is not None and (len(task.children) == 1 or not task.parent_hist.any()):

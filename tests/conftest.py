@@ -26,7 +26,7 @@ def dask_client():
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      host="127.0.0.1") as cluster, Client(cluster) as client:
+                      host="127.0.0.1", security=True) as cluster, Client(cluster) as client:  # TLS, as a run's own
         yield client
 
 

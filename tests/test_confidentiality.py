@@ -40,6 +40,7 @@ def test_the_scanner_sees_planted_numbers():
         (4321, "block 440070001001001 has 4,321 persons; tract 7138"),
         (7138, "block 440070001001001 has 4,321 persons; tract 7138")]
     assert leaked_secrets("took 14.321s, geoid 440070001001001, port 43210, total 8510, share 2748/8407049") == []
+    assert leaked_secrets('"sha256": "' + "ab" * 10 + "e4321f" + "cd" * 19 + '"') == []
     assert [v for v, _ in leaked_secrets("x = 4321.0; y = 1,357")] == [4321, 1357]
     assert STATE_TOTAL not in SECRETS
 
@@ -102,16 +103,25 @@ def _listening(pids) -> set[tuple[str, int]]:
             if c.status == psutil.CONN_LISTEN}
 
 
-def test_embedded_cluster_listens_on_localhost_only():
-    """Scheduler, dashboard, nannies (this process) and worker processes bind 127.0.0.1 only."""
+def test_embedded_cluster_listens_on_localhost_only_and_refuses_other_clients():
+    """Scheduler, dashboard, nannies (this process) and worker processes bind 127.0.0.1 only, speak TLS
+    with the run's temporary credentials, and refuse a client without them (plain TCP, or TLS with
+    credentials of its own)."""
+    from distributed import Client, Security
+
     from topdown.pipeline.runner import dask_client
 
     before = _listening([os.getpid()])
     with dask_client(workers=2) as client:
         assert client.dashboard_link.startswith("http://127.0.0.1:")
-        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
-        assert all(addr.startswith("tcp://127.0.0.1:") for addr in client.scheduler_info()["workers"])
+        address = client.scheduler.address
+        assert address.startswith("tls://127.0.0.1:")
+        assert all(addr.startswith("tls://127.0.0.1:") for addr in client.scheduler_info()["workers"])
         ours = (_listening([os.getpid()]) - before) | _listening(client.run(os.getpid).values())
+        for intruder, security in ((address.replace("tls://", "tcp://"), None), (address, Security.temporary())):
+            with pytest.raises(OSError):
+                Client(intruder, security=security, timeout="5s")
+        assert client.submit(sum, [1, 2]).result() == 3  # the run's own client still works
     assert len(ours) >= 4 and {ip for ip, _ in ours} == {"127.0.0.1"}, ours
 
 

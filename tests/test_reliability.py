@@ -7,6 +7,7 @@ Fast tests use the small planted input of ``rel_inputs``; the ``slow`` ones use 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -21,9 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pandas as pd
 import pytest
 
-from rel_inputs import differing_outputs
+from rel_inputs import differing_outputs, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
 from topdown.pipeline.rundir import RunDir, RunDirError
@@ -156,6 +158,71 @@ def test_resume_after_an_interruption_in_a_level(tmp_path, planted, planted_run,
     assert _manifest(out)["status"] == "complete"
     assert not (out / ".staging").exists()
     assert differing_outputs(planted_run, out) == []
+
+
+def _interrupted_in_persons_block(config, out: Path, planted: Path, client) -> None:
+    def interrupt(product: str, level: str, done: int, total: int) -> None:
+        if (product, level) == ("persons", "Block"):
+            raise _Interrupted
+
+    with pytest.raises(_Interrupted):
+        run(config, out, input_dir=planted, client=client, progress=interrupt)
+
+
+def _tamper(part: Path, column: str) -> None:
+    """Rewrite a staged Parquet file as a valid file with one value changed (what reuse would not notice)."""
+    frame = pd.read_parquet(part)
+    frame.loc[0, column] += 1
+    frame.to_parquet(part, index=False)
+
+
+def test_resume_recomputes_a_staged_chunk_that_fails_its_sha256_in_test_mode(tmp_path, planted, planted_run,
+                                                                            dask_client, caplog):
+    out = tmp_path / "run"
+    _interrupted_in_persons_block(load_config("demo"), out, planted, dask_client)
+    record = json.loads((out / ".staging/chunks/persons/level=Block/part-00000.json").read_text())
+    part = out / ".staging/histograms/persons/level=Block/part-00000.parquet"
+    assert record["sha256"]["histograms"] == hashlib.sha256(part.read_bytes()).hexdigest()
+    _tamper(part, "count")
+    with caplog.at_level(logging.WARNING, logger="topdown"):
+        run(load_config("demo"), out, input_dir=planted, client=dask_client, resume=True)
+    assert "SHA-256 differs" in caplog.text and "recomputing chunk 0 of persons Block" in caplog.text
+    assert leaked_secrets(caplog.text) == []
+    assert differing_outputs(planted_run, out) == []
+
+
+def test_resume_stops_on_a_staged_chunk_that_fails_its_sha256_in_production(tmp_path, planted, dask_client):
+    out = tmp_path / "run"
+    config = load_config("demo").with_overrides(mode="production", seed=None)
+    _interrupted_in_persons_block(config, out, planted, dask_client)
+    part = out / ".staging/noisy_measurements/persons/level=Block/part-00000.parquet"
+    _tamper(part, "value")
+    tampered = part.read_bytes()
+    with pytest.raises(RunDirError, match=r"part-00000.parquet: SHA-256 differs .*production mode neither reuses it") as err:
+        run(config, out, input_dir=planted, client=dask_client, resume=True)
+    assert leaked_secrets(str(err.value)) == []
+    assert part.read_bytes() == tampered and _manifest(out)["status"] == "running"
+    assert not (out / "noisy_measurements" / "persons" / "level=Block").exists()
+
+
+def test_resume_checks_the_committed_levels_it_reads_back(tmp_path, planted, planted_run, dask_client, caplog):
+    """A committed level changed after the interruption: test mode recomputes it (same output as the
+    reference run), production stops."""
+    for mode in ("test", "production"):
+        out = tmp_path / mode
+        config = load_config("demo") if mode == "test" else load_config("demo").with_overrides(mode=mode, seed=None)
+        _interrupted_in_persons_block(config, out, planted, dask_client)
+        assert set(_manifest(out)["sha256"]["persons"]) == {"US", "State", "County", "Tract", "Block_Group"}
+        part = next((out / "histograms" / "persons" / "level=Tract").glob("*.parquet"))
+        _tamper(part, "count")
+        if mode == "production":
+            with pytest.raises(RunDirError, match="SHA-256 differs from the manifest: persons Tract changed"):
+                run(config, out, input_dir=planted, client=dask_client, resume=True)
+            continue
+        with caplog.at_level(logging.WARNING, logger="topdown"):
+            run(config, out, input_dir=planted, client=dask_client, resume=True)
+        assert "recomputing persons Tract" in caplog.text
+        assert differing_outputs(planted_run, out) == []
 
 
 @pytest.mark.slow

@@ -1,0 +1,70 @@
+"""Who may join the computation: TLS credentials for the embedded cluster and checked scheduler addresses.
+
+Workers hold true (confidential) histograms, so only processes holding the cluster's credentials may
+join it. The embedded ``LocalCluster`` gets Dask's temporary credentials (a fresh self-signed key and
+certificate that exist only in this process's memory and its workers'): scheduler, workers and client
+authenticate each other over TLS, and any other process is refused. An existing scheduler is reached
+at its ``--scheduler`` address; a ``tls://`` address needs the cluster's CA certificate and a client
+certificate and key (``--tls-ca-file``, ``--tls-cert``, ``--tls-key``, or the Dask configuration keys
+``distributed.comm.tls.ca-file``, ``distributed.comm.tls.client.cert``, ``distributed.comm.tls.client.key``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from distributed import Security
+
+from .config import ConfigError
+
+#: Address schemes that reach a scheduler in another process (distributed also has ``inproc``, which
+#: cannot); the TLS ones need credentials.
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+TLS_SCHEMES = ("tls", "wss")
+#: The CLI flags for the TLS credentials, in the Security fields they set.
+TLS_FLAGS = {"tls_ca_file": "--tls-ca-file", "tls_client_cert": "--tls-cert", "tls_client_key": "--tls-key"}
+
+
+def embedded_security() -> Security:
+    """Temporary credentials for an embedded cluster: no process outside this run can join it."""
+    return Security.temporary()
+
+
+def tls_security(ca_file: str | None = None, cert: str | None = None, key: str | None = None) -> Security | None:
+    """Client credentials from the CLI flags (``None`` when none is given); each named file must exist.
+    Fields not given come from the Dask configuration."""
+    given = {field: value for field, value in zip(TLS_FLAGS, (ca_file, cert, key)) if value is not None}
+    if not given:
+        return None
+    for field, value in given.items():
+        if not Path(value).is_file():
+            raise ConfigError(f"{TLS_FLAGS[field]} {value}: file not found")
+    return Security(require_encryption=True, **given)
+
+
+def check_scheduler(address: str, security: Security | None = None) -> Security | None:
+    """Check a scheduler address and its credentials before anything is written or connected.
+
+    Returns the Security to connect with (for a TLS address without one: the Dask configuration's);
+    raises :class:`ConfigError` for an unknown scheme, a TLS address without a CA certificate and client
+    certificate, or TLS credentials given for a plain address.
+    """
+    scheme, sep, rest = address.partition("://")
+    if not sep:  # "host:port": distributed's default protocol
+        scheme, rest = "tcp", address
+    if not rest:
+        raise ConfigError(f"--scheduler {address}: no host:port after the scheme")
+    if scheme not in SCHEMES:
+        raise ConfigError(f"--scheduler {address}: unknown address scheme {scheme!r} "
+                          f"(expected {', '.join(s + '://host:port' for s in SCHEMES[:2])}, or {', '.join(SCHEMES[2:])})")
+    if scheme not in TLS_SCHEMES:
+        if security is not None and security.require_encryption:
+            raise ConfigError(f"--scheduler {address}: TLS credentials were given for a plain {scheme}:// address; "
+                              "use the scheduler's tls:// address")
+        return security
+    security = security if security is not None else Security()
+    if not (security.tls_ca_file and security.tls_client_cert):
+        raise ConfigError(f"--scheduler {address}: a {scheme}:// scheduler needs the cluster's CA certificate and a "
+                          "client certificate: pass --tls-ca-file, --tls-cert and --tls-key (or set "
+                          "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+                          "distributed.comm.tls.client.key in the Dask configuration)")
+    return security
