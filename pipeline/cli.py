@@ -125,6 +125,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                             out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers)
 
 
+def cmd_nmf(args: argparse.Namespace) -> int:
+    from .nmf import write_nmf
+
+    out = write_nmf(Path(args.run), Path(args.out))
+    print(f"noisy measurement file written to {out} (layout: pipeline/nmf.py, README 'Noisy measurement file')")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -176,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="address of an existing Dask scheduler")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
     p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    p.set_defaults(fn=cmd_nmf)
 
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")
