@@ -145,6 +145,16 @@ def cmd_uncertainty(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_replicates(args: argparse.Namespace) -> int:
+    from .replicates import replicates
+
+    record = replicates(args.run, args.n, args.out, scheduler=args.scheduler, workers=args.workers)
+    wall = sum(r["wall_seconds"] for r in record["replicates"])
+    print(f"{len(record['replicates'])} replicate(s) of {args.run} in {args.out} ({wall:.1f}s of runs); "
+          "they read published data only and spend no privacy budget")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -212,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="address of an existing Dask scheduler")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
     p.set_defaults(fn=cmd_uncertainty)
+
+    p = sub.add_parser("replicates", help="rerun TopDown on a run's own MDF with fresh seeds (approximate Monte "
+                                          "Carlo; no privacy budget)")
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument("--n", type=int, default=25, help="number of replicates (default 25)")
+    p.add_argument("--out", required=True, help="replicates directory (resumable: finished replicates are kept)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    p.set_defaults(fn=cmd_replicates)
 
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")

@@ -300,7 +300,7 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | No
         if replicates is not None:
             from .replicates import add_replicate_columns
 
-            parts_written = add_replicate_columns(parts_written, src, Path(replicates), staging)
+            parts_written = add_replicate_columns(parts_written, src, Path(replicates), staging, entities)
         tmp = out.with_name(f".{out.name}.tmp")
         writer = None
         for part in parts_written:

@@ -156,3 +156,45 @@ def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_pa
     sums = bg.groupby(bg["geocode"].str[:11])["estimate"].sum()
     np.testing.assert_allclose(sums.to_numpy(), tr.loc[sums.index, "estimate"].to_numpy(), rtol=1e-9)
     assert (ta["ci90_low"] <= ta["ci95_high"]).all() and (ta["ci95_low"] <= ta["ci90_low"]).all()
+
+
+# ------------------------------------------------------------------------------------------ replicates
+def test_replicate_input_is_the_runs_mdf_with_public_gq_counts(demo_run, tmp_path):
+    """The replicate input tabulates back to the run's published block histograms, and its units to the
+    run's invariants (housing units and GQ facilities by type) - published data only."""
+    from topdown.pipeline.replicates import mdf_input
+    from topdown.pipeline.tabulate import block_units
+
+    inp = mdf_input(demo_run, tmp_path / "input")
+    persons = pd.read_parquet(inp / "persons.parquet")
+    got = block_histograms(persons).sort_values(["geocode", "cell"]).reset_index(drop=True)
+    pub = pd.read_parquet(demo_run / "histograms" / "persons" / "level=Block")
+    pub = pub[pub["count"] > 0].sort_values(["geocode", "cell"]).reset_index(drop=True)
+    np.testing.assert_array_equal(got[["cell", "count"]].to_numpy(), pub[["cell", "count"]].to_numpy())
+    assert list(got["geocode"].astype(str)) == list(pub["geocode"].astype(str))
+    units = block_units(pd.read_parquet(inp / "units.parquet")).set_index("geoid").sort_index()
+    inv = pd.read_parquet(demo_run / "invariants" / "persons.parquet")
+    inv = inv[inv["level"] == "Block"].set_index("geocode").sort_index()
+    cols = [f"u{k}" for k in range(8)]
+    np.testing.assert_array_equal(units.reindex(inv.index).fillna(0)[cols].to_numpy(), inv[cols].to_numpy())
+
+
+@pytest.mark.slow
+def test_replicates_add_bias_rmse_and_interval(demo_run, dask_client, tmp_path):
+    """Two replicates of the demo run (about 1-3 minutes): every row gets the published count, the
+    replicates' bias and RMSE, and an interval around the published count of half-width t(1) RMSE."""
+    from scipy import stats
+
+    from topdown.pipeline.replicates import replicates
+
+    record = replicates(demo_run, 2, tmp_path / "reps", client=dask_client)
+    assert [r["seed"] for r in record["replicates"]] == [1_000_003, 1_000_004]
+    out = tmp_path / "u.parquet"
+    uncertainty(demo_run, out, levels=["Tract"], client=dask_client, replicates=tmp_path / "reps")
+    t = pd.read_parquet(out)
+    assert (t["rep_n"] == 2).all() and (t["rep_rmse"] >= t["rep_bias"].abs() - 1e-9).all()
+    tot = t[(t["product"] == "persons") & (t["query"] == "total")].set_index("geocode")
+    hist = pd.read_parquet(demo_run / "histograms" / "persons" / "level=Tract").groupby("geocode")["count"].sum()
+    np.testing.assert_array_equal(tot["published"].to_numpy(), hist.reindex(tot.index).to_numpy())
+    half = stats.t.ppf(0.95, 1) * t["rep_rmse"]
+    assert (t["rep90_high"] == np.ceil(t["published"] + half)).all()
