@@ -122,7 +122,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     return evaluate_command([Path(r) for r in args.runs], Path(args.truth),
                             entities=Path(args.entities) if args.entities else None,
-                            out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers)
+                            out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers,
+                            uncertainty=args.uncertainty)
 
 
 def cmd_nmf(args: argparse.Namespace) -> int:
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default RUN/evaluation)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    p.add_argument("--uncertainty", help="a `topdown uncertainty` file of the first run: interval figure and coverage")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")

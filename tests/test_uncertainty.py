@@ -198,3 +198,20 @@ def test_replicates_add_bias_rmse_and_interval(demo_run, dask_client, tmp_path):
     np.testing.assert_array_equal(tot["published"].to_numpy(), hist.reindex(tot.index).to_numpy())
     half = stats.t.ppf(0.95, 1) * t["rep_rmse"]
     assert (t["rep90_high"] == np.ceil(t["published"] + half)).all()
+
+
+def test_report_shows_intervals_and_coverage_summary_only(demo_run, demo_input, dask_client, tmp_path):
+    """`evaluate --uncertainty`: report.html gets the interval figure and a per-level coverage summary; the
+    figure's table carries no true count (the report shows summaries only)."""
+    from topdown.pipeline.evaluate import EvalOptions, evaluate
+    from topdown.pipeline.intervals import interval_table
+
+    unc = tmp_path / "u.parquet"
+    uncertainty(demo_run, unc, levels=["Tract", "Block_Group"], client=dask_client)
+    out = evaluate([demo_run], demo_input, out=tmp_path / "ev", client=dask_client,
+                   options=EvalOptions(uncertainty=unc, sampling_rates=(), queries={"persons": ("total",), "units": ("total",)}))
+    html = (out / "report.html").read_text()
+    assert 'alt="intervals"' in html and "covers the true TOTAL" in html
+    cov = pd.read_parquet(out / "intervals_coverage.parquet").set_index("level")
+    assert cov.loc["Block_Group", "geounits"] == 28 and 0.5 <= cov.loc["Block_Group", "gls_covers"] <= 1
+    assert "truth" not in interval_table(pd.read_parquet(unc)).columns
