@@ -42,18 +42,23 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
                            "votingage": (persons["VOTING_AGE"] == "2").astype(np.int64),
                            "hispanic": (persons["CENHISP"] == "2").astype(np.int64),
                            "cenrace": persons["CENRACE"].astype(np.int64) - 1})
-    units = pd.read_parquet(run_dir / "mdf" / "units")
-    hu = units[units["RTYPE"] == "2"]
-    hu_geoid = (hu["TABBLKST"] + hu["TABBLKCOU"] + hu["TABTRACTCE"] + hu["TABBLK"]).astype(str)
-    frames = [pd.DataFrame({"geoid": hu_geoid.to_numpy(), "unit_type": 0, "occupied": (hu["HH_STATUS"] == "1").to_numpy()})]
-    # Group-quarters facilities by type: the block-level invariant gqhh_vect (the MDF's units carry no type).
     inv = pd.read_parquet(run_dir / "invariants" / "persons.parquet")
     spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
-    geoid_of = spine.set_index(spine.columns[-1])["geoid"]
+    geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
+    if (run_dir / "mdf" / "units").exists():  # housing units with their published occupancy
+        units = pd.read_parquet(run_dir / "mdf" / "units")
+        hu = units[units["RTYPE"] == "2"]
+        hu_geoid = (hu["TABBLKST"] + hu["TABBLKCOU"] + hu["TABTRACTCE"] + hu["TABBLK"]).astype(str)
+        frames = [pd.DataFrame({"geoid": hu_geoid.to_numpy(), "unit_type": 0,
+                                "occupied": (hu["HH_STATUS"] == "1").to_numpy()})]
+    else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
+        frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
+                                "occupied": True})]
+    # Group-quarters facilities by type: the block-level invariant gqhh_vect (the MDF's units carry no type).
     for k in range(1, 8):
         n = blocks[f"u{k}"].to_numpy(np.int64)
-        frames.append(pd.DataFrame({"geoid": np.repeat(geoid_of.reindex(blocks.index).to_numpy(), n),
+        frames.append(pd.DataFrame({"geoid": np.repeat(geoid_of, n),
                                     "unit_type": k, "occupied": True}))
     out.mkdir(parents=True, exist_ok=True)
     write_table(pframe, out / "persons.parquet")

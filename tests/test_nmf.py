@@ -73,3 +73,19 @@ def test_nmf_refuses_an_incomplete_run_and_an_existing_output(tmp_path, planted_
     assert main(["nmf", str(tmp_path), "--out", str(tmp_path / "x")]) == EXIT_RUNDIR
     assert main(["nmf", str(planted_run), "--out", str(planted_nmf)]) == EXIT_RUNDIR
     assert not (tmp_path / "x").exists()
+
+
+def test_nmf_reads_published_files_only(planted_run, planted_nmf, tmp_path):
+    """The same file from a copy of the run without histograms, MDF or input: the NMF cannot hold more than
+    the noisy measurements, invariants and configuration."""
+    import shutil
+
+    slim = tmp_path / "slim"
+    shutil.copytree(planted_run, slim, ignore=shutil.ignore_patterns("histograms", "mdf"))
+    write_nmf(slim, tmp_path / "nmf")
+    a = sorted(p.relative_to(planted_nmf) for p in planted_nmf.rglob("*") if p.is_file())
+    b = sorted(p.relative_to(tmp_path / "nmf") for p in (tmp_path / "nmf").rglob("*") if p.is_file())
+    assert a == b
+    for rel in a:
+        if rel.suffix == ".parquet":
+            assert pq.read_table(planted_nmf / rel).equals(pq.read_table(tmp_path / "nmf" / rel)), rel
