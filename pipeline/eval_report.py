@@ -165,14 +165,17 @@ def _key_tables(tables: dict[str, pd.DataFrame]) -> str:
     return "".join(parts)
 
 
-def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], figures: bool = True) -> Path:
-    """Write the PNG figures and report.html (figures embedded as data URIs) into ``out``."""
+def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], figures: bool = True,
+                 extra: tuple[dict[str, bytes], str] | None = None) -> Path:
+    """Write the PNG figures and report.html (figures embedded as data URIs) into ``out``; ``extra``: more
+    figures and HTML (the uncertainty intervals)."""
     imgs, note = {}, ""
     if figures:
         try:
             imgs = _figures(tables)
         except ImportError:
             note = "<p><em>Figures need matplotlib (pip install 'census-topdown[plots]').</em></p>"
+    imgs.update(extra[0] if extra else {})
     for name, png in imgs.items():
         (out / f"{name}.png").write_bytes(png)
     figs = "".join(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{name}">'
@@ -185,7 +188,7 @@ table.t{{border-collapse:collapse;font-size:11px;margin-bottom:1em}} .t td,.t th
 <h2>TopDown evaluation: {html.escape(', '.join(labels))}</h2>
 <p>Errors are protected minus true; only summaries over geounits are shown.</p>
 {note}{figs}
-{_key_tables(tables)}
+{_key_tables(tables)}{extra[1] if extra else ""}
 </body></html>
 """
     path = out / "report.html"

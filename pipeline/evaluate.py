@@ -65,6 +65,7 @@ class EvalOptions:
     epl_factor: float = 0.1
     dense_limit: int = 20_000_000
     figures: bool = True
+    uncertainty: Path | None = None  # a `topdown uncertainty` file of the first run: interval figure + coverage
 
 
 # -- inputs ----------------------------------------------------------------------------------------------
@@ -387,23 +388,41 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
         write_table(frame, out / f"{name}.parquet")
     from .eval_report import write_report
 
-    write_report(out, tables, labels, figures=opts.figures)
+    extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
+    write_report(out, tables, labels, figures=opts.figures, extra=extra)
     return out
 
 
+def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions, out: Path) -> tuple[dict, str]:
+    """The interval figure (no true count: the report shows summaries only) and the coverage of the truth by
+    the GLS and replicate intervals per level (written as intervals_coverage.parquet)."""
+    from .eval_report import _table
+    from .intervals import coverage_summary, interval_figure, interval_table, truth_totals
+
+    unc = pd.read_parquet(opts.uncertainty)
+    spine = pd.read_parquet(run / "spine.parquet").astype(str)
+    ent = load_entities(entities) if entities is not None else None
+    totals = truth_totals(load_truth(truth).blocks["persons"], spine, ent)
+    cov = coverage_summary(unc, totals)
+    write_table(cov, out / "intervals_coverage.parquet")
+    figs = {"intervals": interval_figure(interval_table(unc))} if opts.figures else {}
+    return figs, _table(cov.set_index("level"), "Share of geounits whose 90% interval covers the true TOTAL")
+
+
 def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = None, out: str | None = None,
-                     scheduler: str | None = None, workers: int | None = None) -> int:
+                     scheduler: str | None = None, workers: int | None = None, uncertainty: str | None = None) -> int:
     """CLI helper for ``topdown evaluate RUN [RUN...] --truth INPUT [--entities TABLE] [--out DIR]``: evaluates
     (on a Dask scheduler if given, else threads), prints where the report is and the headline errors."""
+    opts = EvalOptions(uncertainty=Path(uncertainty) if uncertainty else None)
     if scheduler or workers:
         from .runner import dask_client
 
         with dask_client(None, scheduler, workers) as client:
             path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
-                            Path(out) if out else None, client=client)
+                            Path(out) if out else None, client=client, options=opts)
     else:
         path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
-                        Path(out) if out else None)
+                        Path(out) if out else None, options=opts)
     summary = pd.read_parquet(path / "summary.parquet")
     persons = summary["product"] == "persons" if "product" in summary.columns else True
     tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",

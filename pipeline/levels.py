@@ -61,6 +61,23 @@ def _rollup(codes: np.ndarray) -> tuple[pd.Index, sp.csr_matrix, np.ndarray]:
     return pd.Index(nodes), agg, inverse
 
 
+def level_constraints(product: str, cfg: ProductConfig, spine_levels: list[str], units: list[pd.DataFrame],
+                      parents: list[np.ndarray | None]) -> list[LevelConstraints]:
+    """Constraint right-hand sides of every level, bottom-up (they propagate as sums), from the public
+    invariants only: ``units[i]`` is level i's node frame (u0..u7, occupied, and tot where invariant) and
+    ``parents[i]`` each node's row in level i - 1 (the noisy measurement file recomputes them from a run's
+    invariants file)."""
+    cons: list[LevelConstraints | None] = [None] * len(units)
+    for i in range(len(units) - 1, -1, -1):
+        if product == "persons":
+            child = cons[i + 1] if i + 1 < len(units) else None
+            child_par = parents[i + 1] if i + 1 < len(units) else None
+            cons[i] = person_constraints(cfg, spine_levels, spine_levels[i], units[i], child, child_par)
+        else:
+            cons[i] = unit_constraints(units[i])
+    return cons
+
+
 def build_levels(
     product: str, schema: Schema, cfg: ProductConfig, spine: Spine, block_hist: pd.DataFrame, block_units: pd.DataFrame,
 ) -> list[Level]:
@@ -93,24 +110,18 @@ def build_levels(
         par[inv] = inv_up
         parents.append(par)
 
-    # Constraints bottom-up (right-hand sides propagate as sums).
-    cons: list[LevelConstraints | None] = [None] * len(per_level)
+    # The declared person total where it is invariant (State and above), then the constraints bottom-up.
     state_level = spine.levels.index("State") if "State" in spine.levels else None
-    for i in range(len(per_level) - 1, -1, -1):
-        name, nodes, hist, units, _, _ = per_level[i]
+    for i, (name, nodes, hist, units, inv, st) in enumerate(per_level):
         if (product == "persons" and state_level is not None and i <= state_level
                 and "tot" in configured_below(cfg.invariants, spine.levels, name)):  # only a declared total
-            units = units.assign(tot=_invariant_totals(hist, per_level[i][5] if i == state_level else None))
-            per_level[i] = (name, nodes, hist, units, per_level[i][4], per_level[i][5])
-        if product == "persons":
-            child = cons[i + 1] if i + 1 < len(per_level) else None
-            child_par = parents[i + 1] if i + 1 < len(per_level) else None
-            cons[i] = person_constraints(cfg, spine.levels, name, units, child, child_par)
-        else:
-            cons[i] = unit_constraints(units)
+            tot = _invariant_totals(hist, st if i == state_level else None)
+            per_level[i] = (name, nodes, hist, units.assign(tot=tot), inv, st)
+    cons = level_constraints(product, cfg, spine.levels, [p[3] for p in per_level], parents)
+    for (name, _, hist, _, _, _), c in reversed(list(zip(per_level, cons))):  # bottom-up, as before
         answers = {q: build_query(schema, q).matrix() @ hist.T for q in queries_needed if q in
-                   {c[0] for c in cons[i].rhs.values()}}
-        check_feasible(name, cons[i], {q: np.asarray(a.T.todense()) for q, a in answers.items()})
+                   {r[0] for r in c.rhs.values()}}
+        check_feasible(name, c, {q: np.asarray(a.T.todense()) for q, a in answers.items()})
 
     for i, (name, nodes, hist, units, _, state) in enumerate(per_level):
         plb = [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]

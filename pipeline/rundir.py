@@ -33,7 +33,7 @@ log = logging.getLogger("topdown")
 STAGING = ".staging"
 LOCK = ".lock"
 #: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
-OUTPUTS = ("manifest.json", "certificate.json", "spine.parquet", "invariants", "noisy_measurements", "histograms",
+OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements", "histograms",
            "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
 
 

@@ -186,8 +186,9 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs
             rundir.clear_outputs()
-        write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
+        write_table(spine.to_arrow(), rundir.root / "spine.parquet")  # with kind, levels, budget moves
         write_json_atomic(rundir.root / "certificate.json", cert)
+        write_json_atomic(rundir.root / "config.json", config.model_dump(mode="json"))  # public: for nmf, uncertainty
         completed: dict[str, list[str]] = manifest.get("completed", {})
         manifest.update({
             "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,

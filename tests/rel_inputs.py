@@ -131,7 +131,7 @@ def no_partial_output(run_dir: Path) -> list[str]:
     import json
 
     bad = [name for name in ("histograms", "noisy_measurements", "mdf", "invariants", "spine.parquet",
-                             "certificate.json") if (run_dir / name).exists()]
+                             "certificate.json", "config.json") if (run_dir / name).exists()]
     manifest = run_dir / "manifest.json"
     if manifest.exists():
         bad.append(f"manifest.json (status {json.loads(manifest.read_text()).get('status')})")

@@ -92,7 +92,7 @@ def test_run_outputs_disclose_only_declared_invariants(planted_run):
     inv = pd.read_parquet(out / "invariants" / "persons.parquet")
     assert set(inv.loc[inv["tot"].notna(), "level"]) == {"US", "whole_state"}
     assert set(inv["tot"].dropna()) == {STATE_TOTAL}
-    text = "\n".join(p.read_text() for p in (out / "manifest.json", out / "certificate.json"))
+    text = "\n".join(p.read_text() for p in (out / "manifest.json", out / "certificate.json", out / "config.json"))
     assert leaked_secrets(text) == []
 
 

@@ -83,7 +83,7 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch, kernel_specs)
         assert all(_complete(work / "runs" / r) for r in runs)
         for table in ("summary", "errors_by_bin", "epl", "sampling"):
             assert (work / "evaluation" / f"{table}.parquet").exists()
-        assert _images(nb) == 3, f"{name}: expected 3 figures"
+        assert _images(nb) == 4, f"{name}: expected 4 figures"
 
 
 def test_every_notebook_is_collected() -> None:

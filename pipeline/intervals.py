@@ -1,0 +1,83 @@
+"""Intervals for a few published counts, for users: a table and a figure (published count, GLS 90 % interval,
+replicate 90 % interval, and the true count where one is known), from a ``topdown uncertainty`` file."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pandas as pd
+
+
+def interval_table(unc: pd.DataFrame, levels: tuple[str, ...] = ("Tract", "place"), per_level: int = 5,
+                   query: str = "total", truth: pd.Series | None = None) -> pd.DataFrame:
+    """The first ``per_level`` geounits (geocode order) of each level: persons ``query`` cell 0 rows with
+    published count (if replicates were added), GLS interval and replicate interval; ``truth`` (indexed by
+    (level, geocode)) adds the true count."""
+    rows = unc[(unc["product"] == "persons") & (unc["query"] == query) & (unc["cell"] == 0)
+               & unc["level"].isin(levels)]
+    rows = rows.sort_values(["level", "geocode"]).groupby("level", sort=False).head(per_level)
+    cols = [c for c in ("level", "geocode", "published", "estimate", "ci90_low", "ci90_high", "rep90_low",
+                        "rep90_high") if c in rows.columns]
+    table = rows[cols].reset_index(drop=True)
+    if truth is not None:
+        table["truth"] = truth.reindex(pd.MultiIndex.from_frame(table[["level", "geocode"]])).to_numpy()
+    return table
+
+
+def interval_figure(table: pd.DataFrame) -> bytes:
+    """PNG: per geounit, the GLS and replicate 90 % intervals relative to the published count (or the GLS
+    estimate where there is no published column), the estimate, and the true count if present."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    center = table["published"] if "published" in table.columns else table["estimate"].round()
+    y = np.arange(len(table))[::-1]
+    fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(table) + 1.8))
+    ax.hlines(y + 0.12, table["ci90_low"] - center, table["ci90_high"] - center, lw=4, color="C0",
+              label="GLS 90% interval (noisy measurements)")
+    if "rep90_low" in table.columns:
+        ax.hlines(y - 0.12, table["rep90_low"] - center, table["rep90_high"] - center, lw=4, color="C1",
+                  label="replicate 90% interval (published count)")
+    ax.plot(table["estimate"] - center, y + 0.12, "|", color="k", ms=8, label="GLS estimate")
+    if "truth" in table.columns and table["truth"].notna().any():
+        ax.plot(table["truth"] - center, y, "x", color="C3", ms=7, label="true count")
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(y, [f"{lv} {g}" for lv, g in zip(table["level"], table["geocode"])], fontsize=7)
+    ax.set_xlabel("persons, relative to the published count", fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def coverage_summary(unc: pd.DataFrame, truth: pd.Series, query: str = "total") -> pd.DataFrame:
+    """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only."""
+    rows = unc[(unc["product"] == "persons") & (unc["query"] == query) & (unc["cell"] == 0)]
+    t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
+    rows = rows.assign(truth=t).dropna(subset=["truth"])
+    out = rows.groupby("level").apply(lambda g: pd.Series({
+        "geounits": len(g), "gls_covers": ((g["ci90_low"] <= g["truth"]) & (g["truth"] <= g["ci90_high"])).mean(),
+        **({"replicate_covers": ((g["rep90_low"] <= g["truth"]) & (g["truth"] <= g["rep90_high"])).mean()}
+           if "rep90_low" in g.columns else {})}), include_groups=False)
+    return out.reset_index()
+
+
+def truth_totals(truth_blocks: pd.DataFrame, spine: pd.DataFrame, entities: pd.DataFrame | None) -> pd.Series:
+    """True persons totals indexed by (level, geocode) for every spine level and entity, from block
+    histograms (geocode = block GEOID, count) - for evaluation against a known truth only."""
+    per_block = truth_blocks.groupby("geocode")["count"].sum()
+    frames = []
+    sp = spine.assign(n=spine["geoid"].map(per_block).fillna(0))
+    for level in spine.columns[1:]:
+        s = sp.groupby(level)["n"].sum()
+        frames.append(pd.Series(s.to_numpy(), index=pd.MultiIndex.from_arrays([[level] * len(s), s.index.astype(str)])))
+    if entities is not None:
+        e = entities.assign(n=entities["geoid"].map(per_block).fillna(0)).groupby(["entity_type", "entity"])["n"].sum()
+        frames.append(e)
+    out = pd.concat(frames)
+    out.index = out.index.set_names(["level", "geocode"])
+    return out

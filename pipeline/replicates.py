@@ -1,0 +1,183 @@
+"""Approximate Monte Carlo replicates (uncertainty_notes.md section 3): ``topdown replicates RUN --n 25 --out DIR``
+reruns TopDown with the run's own MDF as the input and fresh seeds (test mode), and
+``topdown uncertainty RUN --replicates DIR`` adds, for every published count, the replicates' bias, RMSE
+and a 90 % interval.
+
+Privacy: a replicate reads published data only (the MDF, and the block group-quarters facility counts,
+which are declared invariants), never the confidential input, so by post-processing it consumes no privacy
+budget; its own noise protects nothing and is drawn in test mode from documented seeds.
+
+Statistics per published count q0 with replicate values q_1..q_n: ``bias = mean(q_i) - q0``,
+``rmse = sqrt(mean((q_i - q0)^2))``, interval ``[floor(max(0, q0 - t rmse)), ceil(q0 + t rmse)]`` with t the
+95th percentile of Student's t with n - 1 degrees of freedom.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+from .rundir import RunDirError, write_json_atomic, write_table
+from .schema import SCHEMAS
+
+log = logging.getLogger("topdown")
+
+#: Replicate seeds are SEED_BASE + i unless given (recorded in DIR/replicates.json).
+SEED_BASE = 1_000_003
+
+
+def mdf_input(run_dir: Path, out: Path) -> Path:
+    """Write persons.parquet and units.parquet (the input format) from a run's MDF and public invariants."""
+    persons = pd.read_parquet(run_dir / "mdf" / "persons")
+    geoid = persons["TABBLKST"] + persons["TABBLKCOU"] + persons["TABTRACTCE"] + persons["TABBLK"]
+    pframe = pd.DataFrame({"geoid": geoid.astype(str), "hhgq": persons["GQTYPE_PL"].astype(np.int64),
+                           "votingage": (persons["VOTING_AGE"] == "2").astype(np.int64),
+                           "hispanic": (persons["CENHISP"] == "2").astype(np.int64),
+                           "cenrace": persons["CENRACE"].astype(np.int64) - 1})
+    inv = pd.read_parquet(run_dir / "invariants" / "persons.parquet")
+    spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
+    blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
+    geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
+    if (run_dir / "mdf" / "units").exists():  # housing units with their published occupancy
+        units = pd.read_parquet(run_dir / "mdf" / "units")
+        hu = units[units["RTYPE"] == "2"]
+        hu_geoid = (hu["TABBLKST"] + hu["TABBLKCOU"] + hu["TABTRACTCE"] + hu["TABBLK"]).astype(str)
+        frames = [pd.DataFrame({"geoid": hu_geoid.to_numpy(), "unit_type": 0,
+                                "occupied": (hu["HH_STATUS"] == "1").to_numpy()})]
+    else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
+        frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
+                                "occupied": True})]
+    # Group-quarters facilities by type: the block-level invariant gqhh_vect (the MDF's units carry no type).
+    for k in range(1, 8):
+        n = blocks[f"u{k}"].to_numpy(np.int64)
+        frames.append(pd.DataFrame({"geoid": np.repeat(geoid_of, n),
+                                    "unit_type": k, "occupied": True}))
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(pframe, out / "persons.parquet")
+    write_table(pd.concat(frames, ignore_index=True).astype({"unit_type": np.int64}), out / "units.parquet")
+    return out
+
+
+def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
+               scheduler: str | None = None, workers: int | None = None) -> dict:
+    """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
+    from .nmf import run_config
+    from .runner import dask_client, run as run_topdown
+
+    run, out = Path(run), Path(out)
+    config = run_config(run)
+    seeds = list(seeds or [SEED_BASE + i for i in range(n)])
+    if len(seeds) != n:
+        raise ValueError(f"--n {n} but {len(seeds)} seeds")
+    out.mkdir(parents=True, exist_ok=True)
+    record_path = out / "replicates.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "replicates": []}
+    if record["run"] != str(run):
+        raise RunDirError(f"{out} holds replicates of {record['run']}, not {run}")
+    inp = mdf_input(run, out / "input")
+    done = {r["seed"] for r in record["replicates"]}
+    with dask_client(client, scheduler, workers) as dclient:
+        for i, seed in enumerate(seeds):
+            if seed in done:
+                continue
+            t0, c0 = time.perf_counter(), time.process_time()
+            rep = config.with_overrides(mode="test", seed=seed, name=f"{config.run.name}-rep{i:03d}")
+            target = out / f"rep-{i:03d}"
+            shutil.rmtree(target, ignore_errors=True)
+            run_topdown(rep, target, input_dir=inp, client=dclient)
+            record["replicates"].append({"dir": target.name, "seed": seed,
+                                         "wall_seconds": round(time.perf_counter() - t0, 2),
+                                         "client_cpu_seconds": round(time.process_time() - c0, 2)})
+            write_json_atomic(record_path, record)
+            log.info("replicate %d/%d (seed %d) done", i + 1, n, seed)
+    return record
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def _block_hist(run_dir: Path, product: str, geoids: pd.Index) -> sp.csr_matrix:
+    """The run's block histograms (its MDF tabulated) as a CSR matrix with rows in ``geoids`` order."""
+    spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
+    leaf = spine.columns[-1]
+    table = pd.read_parquet(run_dir / "histograms" / product / f"level={leaf}")
+    geo = spine.set_index(leaf)["geoid"].reindex(table["geocode"].astype(str)).to_numpy()
+    rows = geoids.get_indexer(geo)
+    if (rows < 0).any():
+        raise RunDirError(f"{run_dir}: block {geo[np.flatnonzero(rows < 0)[0]]} is not in the original run's spine")
+    return sp.csr_matrix((table["count"].to_numpy(np.float64), (rows, table["cell"].to_numpy())),
+                         shape=(len(geoids), SCHEMAS[product].ncells))
+
+
+def _aggregators(src, entities: pd.DataFrame | None) -> dict[str, tuple[pd.Index, sp.csr_matrix]]:
+    """Per output level (spine levels and entity types): node index and node x block aggregation matrix."""
+    geoids = pd.Index(src.spine["geoid"])
+    out = {}
+    for level, nodes in zip(src.levels, src.nodes):
+        rows = nodes.get_indexer(src.spine[level])
+        out[level] = (nodes, sp.csr_matrix((np.ones(len(rows)), (rows, np.arange(len(rows)))), shape=(len(nodes), len(geoids))))
+    if entities is not None:
+        for etype, t in entities.groupby("entity_type"):
+            t = t[t["geoid"].isin(geoids)]
+            nodes = pd.Index(np.sort(t["entity"].unique()))
+            out[str(etype)] = (nodes, sp.csr_matrix((np.ones(len(t)), (nodes.get_indexer(t["entity"]), geoids.get_indexer(t["geoid"]))),
+                                                    shape=(len(nodes), len(geoids))))
+    return out
+
+
+def add_replicate_columns(parts: list[Path], src, rep_dir: Path, staging: Path,
+                          entities: pd.DataFrame | None = None) -> list[Path]:
+    """Rewrite each output part with published, rep_n, rep_bias, rep_rmse, rep90_low, rep90_high."""
+    from scipy import stats
+
+    from .queries import build_query
+
+    record = json.loads((rep_dir / "replicates.json").read_text())
+    reps = [rep_dir / r["dir"] for r in record["replicates"]]
+    if len(reps) < 2:
+        raise ValueError(f"{rep_dir}: {len(reps)} replicate(s); at least 2 are needed")
+    t = float(stats.t.ppf(0.95, len(reps) - 1))
+    geoids = pd.Index(src.spine["geoid"])
+    aggs = _aggregators(src, entities)
+    tables = [pq.read_table(p).to_pandas() for p in parts]
+    needed = {(r.product, r.level, r.query) for tb in tables for r in tb[["product", "level", "query"]].drop_duplicates().itertuples()}
+    published, acc1, acc2 = {}, {}, {}
+    for product in {k[0] for k in needed}:
+        base = _block_hist(src.root, product, geoids)
+        keys = [k for k in needed if k[0] == product]
+        for k in keys:
+            m = build_query(SCHEMAS[product], k[2]).matrix().T.tocsc()
+            published[k] = np.asarray((aggs[k[1]][1] @ base @ m).todense())
+            acc1[k], acc2[k] = np.zeros_like(published[k]), np.zeros_like(published[k])
+        for rep in reps:
+            h = _block_hist(rep, product, geoids)
+            for k in keys:
+                m = build_query(SCHEMAS[product], k[2]).matrix().T.tocsc()
+                v = np.asarray((aggs[k[1]][1] @ h @ m).todense())
+                acc1[k] += v
+                acc2[k] += (v - published[k]) ** 2
+    out = []
+    n = len(reps)
+    for i, tb in enumerate(tables):
+        cols = {c: np.zeros(len(tb)) for c in ("published", "rep_bias", "rep_rmse")}
+        for (product, level, query), g in tb.groupby(["product", "level", "query"], sort=False):
+            k = (product, level, query)
+            rows = aggs[level][0].get_indexer(g["geocode"].astype(str))
+            cells = g["cell"].to_numpy()
+            q0 = published[k][rows, cells]
+            cols["published"][g.index] = q0
+            cols["rep_bias"][g.index] = acc1[k][rows, cells] / n - q0
+            cols["rep_rmse"][g.index] = np.sqrt(acc2[k][rows, cells] / n)
+        tb = tb.assign(**cols, rep_n=n)
+        tb["rep90_low"] = np.floor(np.maximum(0, tb["published"] - t * tb["rep_rmse"]))
+        tb["rep90_high"] = np.ceil(tb["published"] + t * tb["rep_rmse"])
+        path = staging / f"rep-{i:05d}.parquet"
+        pq.write_table(pa.Table.from_pandas(tb, preserve_index=False), path)
+        out.append(path)
+    return out
