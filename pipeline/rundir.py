@@ -33,8 +33,8 @@ log = logging.getLogger("topdown")
 STAGING = ".staging"
 LOCK = ".lock"
 #: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
-OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements", "histograms",
-           "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
+OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements",
+           "histograms", "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
 
 
 class RunDirError(RuntimeError):
