@@ -47,13 +47,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
               force=args.force, progress=_progress_printer(args.quiet))
+    _print_summary("run", out, start)
+    return EXIT_OK
+
+
+def cmd_reprocess(args: argparse.Namespace) -> int:
+    from .reprocess import reprocess
+
+    start = time.perf_counter()
+    out = reprocess(args.run, args.out, args.config, scheduler=args.scheduler, workers=args.workers,
+                    resume=args.resume, force=args.force, progress=_progress_printer(args.quiet))
+    _print_summary("reprocessing (no privacy loss added)", out, start)
+    return EXIT_OK
+
+
+def _print_summary(what: str, out: Path, start: float) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
-    print(f"run complete in {time.perf_counter() - start:.1f}s: {out}")
+    print(f"{what} complete in {time.perf_counter() - start:.1f}s: {out}")
     for product, levels in manifest["parents_solved"].items():
         print(f"  {product}: " + ", ".join(f"{lv} {v['solved']} solved/{v['parents']} parents" for lv, v in levels.items()))
     if manifest["failsafe"]:
         print(f"  failsafe used for {len(manifest['failsafe'])} parent(s); see manifest.json")
-    return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -141,6 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="recompute a run directory that is already complete")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
+                                         "no privacy loss added)")
+    p.add_argument("run", help="complete run directory whose noisy measurements and invariants are read")
+    p.add_argument("--out", required=True, help="new run directory to write")
+    p.add_argument("--config", help="TOML file of post-processing changes (estimation settings, constraints) "
+                                    "overriding the run's configuration key by key")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted reprocessing")
+    p.add_argument("--force", action="store_true", help="recompute a directory that is already complete")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_reprocess)
 
     p = sub.add_parser("verify", help="re-check a run directory")
     p.add_argument("run")

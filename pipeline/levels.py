@@ -28,7 +28,7 @@ class Level:
     name: str
     nodes: pd.Index  # node geocodes, sorted
     parent: np.ndarray | None  # row of each node's parent in the level above (None at the root)
-    hist: sp.csr_matrix  # true histograms, int64, nodes x cells (confidential: never written)
+    hist: sp.csr_matrix | None  # true histograms, int64, nodes x cells (confidential: never written); None: reprocessing
     units: pd.DataFrame  # u0..u7, occupied (+ tot where invariant), indexed by node geocode
     constraints: LevelConstraints
     plb: list[Fraction]  # each node's geolevel budget share (0: not measured, copied from its parent)
@@ -60,6 +60,55 @@ def _rollup(codes: np.ndarray) -> tuple[pd.Index, sp.csr_matrix, np.ndarray]:
     return pd.Index(nodes), agg, inverse
 
 
+@dataclass
+class _Geography:
+    """One level's nodes, its node x block aggregation matrix, each block's node row, each node's state."""
+
+    name: str
+    nodes: pd.Index
+    agg: sp.csr_matrix
+    inverse: np.ndarray
+    state: np.ndarray
+
+
+def _geography(spine: Spine) -> tuple[np.ndarray, list[_Geography], list[np.ndarray | None]]:
+    """Block geoids in block-geocode order, every level's nodes, and every level's parent rows."""
+    table = spine.table.sort_values(spine.levels[-1]).reset_index(drop=True)
+    tab_geoid = table["geoid"].to_numpy()
+    state_of_block = np.array([g[:2] for g in tab_geoid])
+    geo = []
+    for name in spine.levels:
+        nodes, agg, inverse = _rollup(table[name].to_numpy())
+        first_block = np.zeros(len(nodes), dtype=np.int64)
+        first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
+        geo.append(_Geography(name, nodes, agg, inverse, state_of_block[first_block]))
+    # Parent rows: the node of the level above that holds the node's first block.
+    parents: list[np.ndarray | None] = [None]
+    for up, g in zip(geo[:-1], geo[1:]):
+        par = np.zeros(len(g.nodes), dtype=np.int64)
+        par[g.inverse] = up.inverse
+        parents.append(par)
+    return tab_geoid, geo, parents
+
+
+def _constraints(product: str, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
+                 parents: list[np.ndarray | None]) -> list[LevelConstraints]:
+    """Constraint right-hand sides of every level, bottom-up (they propagate upward as sums)."""
+    cons: list[LevelConstraints | None] = [None] * len(units)
+    for i in range(len(units) - 1, -1, -1):
+        if product == "persons":
+            below = i + 1 < len(units)
+            cons[i] = person_constraints(cfg, levels, levels[i], units[i], cons[i + 1] if below else None,
+                                         parents[i + 1] if below else None)
+        else:
+            cons[i] = unit_constraints(units[i])
+    return cons
+
+
+def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> list[Fraction]:
+    return [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
+
+
 def build_levels(
     product: str, schema: Schema, cfg: ProductConfig, spine: Spine, block_hist: pd.DataFrame, block_units: pd.DataFrame,
 ) -> list[Level]:
@@ -67,51 +116,49 @@ def build_levels(
 
     ``block_units`` is indexed by block geoid with columns u0..u7 and occupied.
     """
-    table = spine.table.sort_values(spine.levels[-1]).reset_index(drop=True)
-    tab_geoid = table["geoid"].to_numpy()
+    tab_geoid, geo, parents = _geography(spine)
     bhist = block_matrix(block_hist, pd.Index(tab_geoid), schema.ncells)
     bunits = block_units.reindex(tab_geoid).fillna(0).astype(np.int64)
-    state_of_block = np.array([g[:2] for g in tab_geoid])
-
-    levels: list[Level] = []
-    queries_needed = {"total", "hhgq", "gqNursingTotal * nonvoting", "householdTotal"} if product == "persons" else {"total"}
-    per_level = []
-    for name in spine.levels:
-        nodes, agg, inverse = _rollup(table[name].to_numpy())
-        hist = (agg @ bhist).tocsr()
-        units = pd.DataFrame(agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=nodes,
-                             columns=UNIT_COLUMNS + ["occupied"])
-        first_block = np.zeros(len(nodes), dtype=np.int64)
-        first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
-        per_level.append((name, nodes, hist, units, inverse, state_of_block[first_block]))
-
-    # Parent rows: the node of the level above that holds the node's first block.
-    parents: list[np.ndarray | None] = [None]
-    for (_, nodes_up, _, _, inv_up, _), (_, nodes, _, _, inv, _) in zip(per_level[:-1], per_level[1:]):
-        par = np.zeros(len(nodes), dtype=np.int64)
-        par[inv] = inv_up
-        parents.append(par)
-
-    # Constraints bottom-up (right-hand sides propagate as sums).
-    cons: list[LevelConstraints | None] = [None] * len(per_level)
+    hists = [(g.agg @ bhist).tocsr() for g in geo]
+    units = [pd.DataFrame(g.agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=g.nodes,
+                          columns=UNIT_COLUMNS + ["occupied"]) for g in geo]
     state_level = spine.levels.index("State") if "State" in spine.levels else None
-    for i in range(len(per_level) - 1, -1, -1):
-        name, nodes, hist, units, _, _ = per_level[i]
+    for i, g in enumerate(geo):
         if (product == "persons" and state_level is not None and i <= state_level
-                and "tot" in configured_below(cfg.invariants, spine.levels, name)):  # only a declared total
-            units = units.assign(tot=np.asarray(hist.sum(axis=1)).ravel())
-            per_level[i] = (name, nodes, hist, units, per_level[i][4], per_level[i][5])
-        if product == "persons":
-            child = cons[i + 1] if i + 1 < len(per_level) else None
-            child_par = parents[i + 1] if i + 1 < len(per_level) else None
-            cons[i] = person_constraints(cfg, spine.levels, name, units, child, child_par)
-        else:
-            cons[i] = unit_constraints(units)
+                and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
+            units[i] = units[i].assign(tot=np.asarray(hists[i].sum(axis=1)).ravel())
+    cons = _constraints(product, cfg, spine.levels, units, parents)
+    queries_needed = {"total", "hhgq", "gqNursingTotal * nonvoting", "householdTotal"} if product == "persons" else {"total"}
+    for g, hist, c in reversed(list(zip(geo, hists, cons))):  # the lowest infeasible level is reported
         answers = {q: build_query(schema, q).matrix() @ hist.T for q in queries_needed if q in
-                   {c[0] for c in cons[i].rhs.values()}}
-        check_feasible(name, cons[i], {q: np.asarray(a.T.todense()) for q, a in answers.items()})
+                   {r[0] for r in c.rhs.values()}}
+        check_feasible(g.name, c, {q: np.asarray(a.T.todense()) for q, a in answers.items()})
+    return [Level(g.name, g.nodes, parents[i], hists[i], units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state)
+            for i, g in enumerate(geo)]
 
-    for i, (name, nodes, hist, units, _, state) in enumerate(per_level):
-        plb = [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
-        levels.append(Level(name, nodes, parents[i], hist, units, cons[i], plb, state))
-    return levels
+
+def public_levels(product: str, cfg: ProductConfig, spine: Spine, invariants: pd.DataFrame,
+                  where: str = "invariants") -> list[Level]:
+    """The levels rebuilt from public data only, for reprocessing: the spine and the published invariants
+    (``level, geocode, u0.., tot``); no histogram (``hist`` is None). Constraints are rebuilt from the
+    invariants exactly as :func:`build_levels` builds them from the same values."""
+    from .config import ConfigError
+
+    if any("hh_lb_occupied" in names for names in cfg.constraints.values()):
+        raise ConfigError(f"[{product}.constraints] hh_lb_occupied needs the occupied housing units of every "
+                          "node, which are not invariant and not published; it cannot be rebuilt by reprocessing")
+    _, geo, parents = _geography(spine)
+    units = []
+    for g in geo:
+        inv = invariants[invariants["level"] == g.name].set_index("geocode")
+        inv.index = inv.index.astype(str)
+        missing = g.nodes.difference(inv.index)
+        if len(missing):
+            raise ValueError(f"{where}: no invariants for {g.name} node {missing[0]!r} of the spine")
+        cols = [c for c in UNIT_COLUMNS if c in inv.columns and inv[c].notna().all()]
+        if "tot" in inv.columns and inv.loc[g.nodes, "tot"].notna().all():
+            cols.append("tot")
+        units.append(inv.loc[g.nodes, cols].astype(np.int64))
+    cons = _constraints(product, cfg, spine.levels, units, parents)
+    return [Level(g.name, g.nodes, parents[i], None, units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state)
+            for i, g in enumerate(geo)]

@@ -2,7 +2,7 @@
 
 Layout (DESIGN.md section 2)::
 
-    manifest.json  certificate.json  spine.parquet
+    manifest.json  certificate.json  config.json  spine.parquet
     invariants/<product>.parquet            declared-public invariants per node (level, geocode, ...)
     noisy_measurements/<product>/level=<L>/ geocode, query, answer, value, variance
     histograms/<product>/level=<L>/         geocode, cell, count
@@ -13,6 +13,7 @@ never sees half a level.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,11 @@ class RunDir:
     @property
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"
+
+    @property
+    def config_path(self) -> Path:
+        """The resolved configuration the run used (JSON; ``Config.digest`` of it is the manifest's config hash)."""
+        return self.root / "config.json"
 
     def histograms(self, product: str, level: str) -> Path:
         return self.root / "histograms" / product / f"level={level}"
@@ -184,6 +190,15 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def file_sha256(path: Path, block: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_table(table: pa.Table | Any, path: Path) -> None:

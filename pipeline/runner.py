@@ -10,15 +10,16 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from topdown.geo.spine import build_spine
+from topdown.geo.spine import Spine, build_spine
 
 from .certificate import certificate
 from .accounting import check_budget
@@ -27,8 +28,9 @@ from .engine import LevelReport, ProgressFn, estimate_level, read_level_histogra
 from .invariants import UNIT_COLUMNS, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
-from .rundir import RunDir, RunDirError, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, file_sha256, write_json_atomic, write_table
 from .schema import SCHEMAS
+from .sources import DRAW, MeasurementSource
 from .tabulate import block_histograms, block_units, units_histograms
 from .validate import validate_input
 
@@ -114,27 +116,66 @@ def run(
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     out = out if out is not None else Path("runs") / config.run.name
+    inp = _input_dir(config, input_dir)
+    hashes = input_hashes(config, inp)
     rundir = RunDir(out)
+    with opened(rundir, config, hashes, resume, force) as manifest:
+        return _run_locked(config, rundir, manifest, inp, hashes, client, scheduler, workers, progress)
+
+
+@contextmanager
+def opened(rundir: RunDir, config: Config, hashes: dict[str, str], resume: bool, force: bool) -> Iterator[dict]:
+    """Hold ``rundir``'s lock; yield the manifest to continue (--resume: same configuration and inputs) or {}.
+
+    A complete run is refused without ``force``."""
     rundir.prepare()
     with rundir.lock():
         if not resume:  # --resume keeps the chunks an interrupted level had finished
             rundir.clear_staging()
         manifest = rundir.read_manifest()
         if manifest.get("status") == "complete" and not force:
-            raise AlreadyComplete(f"{out} already holds a complete run (config {manifest.get('config_hash', '?')[:12]}); "
-                                  "use --force to recompute it")
-        if manifest and resume and manifest.get("config_hash") != config.digest():
-            raise RunDirError(f"{out} holds a run of a different configuration; cannot resume it")
-        if not resume:
-            manifest = {}
-        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress)
+            raise AlreadyComplete(f"{rundir.root} already holds a complete run (config "
+                                  f"{manifest.get('config_hash', '?')[:12]}); use --force to recompute it")
+        check_resumable(rundir, manifest, config, resume)
+        if manifest and resume:
+            check_inputs(rundir, manifest, hashes)
+        yield manifest if resume else {}
 
 
-def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, client, scheduler, workers,
-                progress: ProgressFn | None) -> Path:
+def check_resumable(rundir: RunDir, manifest: dict, config: Config, resume: bool) -> None:
+    """--resume continues only a run of the same configuration."""
+    if manifest and resume and manifest.get("config_hash") != config.digest():
+        raise RunDirError(f"{rundir.root} holds a run of a different configuration; cannot resume it")
+
+
+def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None:
+    """--resume continues only a run of the same input files (SHA-256 recorded in the manifest)."""
+    recorded = manifest.get("input_sha256")
+    if recorded is None:
+        log.warning("%s: the manifest records no input hashes (an older run); the input is not checked", rundir.root)
+        return
+    changed = sorted(k for k in set(recorded) | set(hashes) if recorded.get(k) != hashes.get(k))
+    if changed:
+        raise RunDirError(f"{rundir.root} holds a run of different input files ({', '.join(changed)} changed); "
+                          "cannot resume it")
+
+
+def input_hashes(config: Config, inp: Path) -> dict[str, str]:
+    """SHA-256 of every input file a run reads: the person and unit files, and the block assignment
+    files when the spine is built from them."""
+    files = {name: inp / name for name in ("persons.parquet", "units.parquet")}
+    if config.run.spine != "standard" and config.run.baf:
+        baf = Path(config.run.baf)
+        for f in sorted(baf.iterdir()) if baf.is_dir() else [baf]:
+            if f.is_file():
+                files[f"baf/{f.name}"] = f
+    return {name: file_sha256(path) for name, path in files.items()}
+
+
+def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashes: dict[str, str], client, scheduler,
+                workers, progress: ProgressFn | None) -> Path:
     t0 = time.perf_counter()
-    timings: dict[str, float] = manifest.get("timings", {})
-    inp = _input_dir(config, input_dir)
+    timings: dict[str, float] = manifest.setdefault("timings", {})
     persons, units = validate_input(inp / "persons.parquet", inp / "units.parquet")
     timings["ingest"] = time.perf_counter() - t0
 
@@ -155,29 +196,57 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
         hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
         all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
         timings[f"{product}.tabulate"] = time.perf_counter() - t
+
+    def publish(rd: RunDir) -> None:
+        write_table(spine.table[["geoid", *spine.levels]], rd.root / "spine.parquet")
+        for product in config.run.products:
+            _write_invariants(rd, product, all_levels[product])
+
+    plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
+    return execute(config, rundir, manifest, plan, client, scheduler, workers, progress, t0)
+
+
+@dataclass
+class Plan:
+    """Everything the estimation of a run directory needs, checked before the first write."""
+
+    spine: Spine
+    levels: dict[str, list[Level]]  # per product, top-down
+    certificate: dict
+    publish: Callable[[RunDir], None]  # writes (or links) the spine and the invariants
+    source: Callable[[RunDir, str, Level], MeasurementSource]  # per product and level: drawn or published
+    manifest: dict  # extra manifest entries (input hashes, the run reprocessed)
+
+
+def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, scheduler, workers,
+            progress: ProgressFn | None, t0: float) -> Path:
+    """Estimate every product level by level into ``rundir`` (holding its lock), then the MDF and the manifest."""
+    timings: dict[str, float] = manifest.setdefault("timings", {})
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
     with dask_client(client, scheduler, workers) as dclient:
-        write_table(spine.table[["geoid", *spine.levels]], rundir.root / "spine.parquet")
-        write_json_atomic(rundir.root / "certificate.json", cert)
+        plan.publish(rundir)
+        write_json_atomic(rundir.config_path, config.model_dump(mode="json"))
+        write_json_atomic(rundir.root / "certificate.json", plan.certificate)
         completed: dict[str, list[str]] = manifest.get("completed", {})
+        cert = plan.certificate
         manifest.update({
             "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
             "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed,
-            "spine": config.run.spine, "levels": spine.levels,
+            "spine": config.run.spine, "levels": plan.spine.levels,
             "products": list(config.run.products),
             "budgets": {p: {k: v for k, v in cert[p].items() if k in ("mechanism", "rho", "epsilon", "delta")}
                         for p in config.run.products}, "completed": completed,
             "parents_solved": manifest.get("parents_solved", {}), "failsafe": manifest.get("failsafe", []),
-            "timings": timings,
+            "timings": timings, **plan.manifest,
         })
         rundir.write_manifest(manifest)
 
         for product in config.run.products:
-            levels = all_levels[product]
-            _write_invariants(rundir, product, levels)
-            block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress)
+            levels = plan.levels[product]
+            block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
+                                           lambda level: plan.source(rundir, product, level))
             t = time.perf_counter()
-            _write_mdf(rundir, product, spine, levels[-1], block_hist)
+            _write_mdf(rundir, product, plan.spine, levels[-1], block_hist)
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
     shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
@@ -199,7 +268,7 @@ def _path_shares(spine, budget) -> dict[str, dict[str, Fraction]]:
 
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
-                      progress: ProgressFn | None):
+                      progress: ProgressFn | None, source: Callable[[Level], MeasurementSource]):
     """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
@@ -214,7 +283,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
             log.info("%s %s: complete in an earlier run, read back", product, level.name)
             continue
         hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
-                                      independent=by_block)
+                                      independent=by_block, source=source(level))
         _log_report(product, report)
         done.append(level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
@@ -252,7 +321,7 @@ def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None
     """The declared-public invariants of every node: unit counts (and state/US totals for persons)."""
     frames = []
     for level in levels:
-        cols = ["u0"] if product == "units" else UNIT_COLUMNS + (["tot"] if "tot" in level.units.columns else [])
+        cols = UNIT_COLUMNS + (["tot"] if "tot" in level.units.columns else [])
         f = level.units[cols].reset_index(names="geocode")
         frames.append(f.assign(level=level.name))
     path = rundir.invariants(product)
