@@ -33,17 +33,9 @@ def _progress_printer(quiet: bool):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .runner import run
+    from .runner import run, run_config
 
-    config = load_config(args.config)
-    overrides = {}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.input:  # an explicit input directory must exist: never fill it with the demo data
-        overrides.update(input=args.input, build_demo_input=False)
-    if overrides:
-        config = config.with_overrides(**overrides)
+    config = run_config(args.config, args.input, args.seed)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
               force=args.force, progress=_progress_printer(args.quiet))
@@ -59,6 +51,16 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
                     resume=args.resume, force=args.force, progress=_progress_printer(args.quiet))
     _print_summary("reprocessing (no privacy loss added)", out, start)
     return EXIT_OK
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import Batch, render
+
+    batch = Batch(Path(args.jobs), summary=Path(args.summary) if args.summary else None)
+    code = batch.run(wait=args.wait)
+    print(render(batch.summary))
+    print(f"summary written to {batch.summary_path}", file=sys.stderr)
+    return code
 
 
 def _print_summary(what: str, out: Path, start: float) -> None:
@@ -168,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="recompute a directory that is already complete")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_reprocess)
+
+    p = sub.add_parser("batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
+    p.add_argument("jobs", help="TOML jobs file ([batch] settings and [[job]] entries; see README)")
+    p.add_argument("--summary", help="JSON summary to write (default: <jobs stem>.summary.json beside the jobs file)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for another batch over the same jobs to finish (default: exit 4 at once)")
+    p.set_defaults(fn=cmd_batch)
 
     p = sub.add_parser("verify", help="re-check a run directory")
     p.add_argument("run")

@@ -104,6 +104,17 @@ def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
                                   f"quer{'y' if len(missing) == 1 else 'ies'} {', '.join(sorted(missing))}")
 
 
+def run_config(path: str | Path, input_dir: str | Path | None = None, seed: int | None = None) -> Config:
+    """The configuration of ``topdown run PATH [--input DIR] [--seed N]``."""
+    config = load_config(path)
+    overrides: dict = {}
+    if seed is not None:
+        overrides["seed"] = seed
+    if input_dir:  # an explicit input directory must exist: never fill it with the demo data
+        overrides.update(input=str(input_dir), build_demo_input=False)
+    return config.with_overrides(**overrides) if overrides else config
+
+
 def run(
     config: Config | str | Path, out: str | Path | None = None, *, input_dir: str | Path | None = None, client=None, scheduler: str | None = None,
     workers: int | None = None, resume: bool = False, force: bool = False, progress: ProgressFn | None = None,
