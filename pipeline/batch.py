@@ -212,17 +212,18 @@ class Batch:
         with self.lock:
             write_json_atomic(self.summary_path, self.summary)
 
-    def _dependencies(self, job: Job) -> list[int]:
-        """Earlier jobs whose output is this job's input."""
+    def _dependencies(self, i: int) -> list[int]:
+        """Earlier jobs whose output is job ``i``'s input (a later one would be read as it was: jobs start in order)."""
+        job = self.jobs.job[i]
         if job.input is None:
             return []
         target = (self.base / job.input).resolve()
-        return [i for i, j in enumerate(self.jobs.job) if (self.base / j.out).resolve() == target and j is not job]
+        return [d for d, j in enumerate(self.jobs.job[:i]) if (self.base / j.out).resolve() == target]
 
     def _job(self, i: int, scheduler: str | None, workers: int | None) -> None:
         job, rec = self.jobs.job[i], self.records[i]
         try:
-            for d in self._dependencies(job):
+            for d in self._dependencies(i):
                 self.done[self.jobs.job[d].name].wait()
                 if self.records[d].get("exit_code") != 0:
                     rec.update(status="failed", exit_code=EXIT_RUNDIR, action="none",
@@ -263,8 +264,15 @@ class Batch:
 
     def run(self, wait: float = 0.0) -> int:
         """Run every job; returns the batch's exit code. SIGTERM (a scheduler's kill) stops it like Ctrl-C."""
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _interrupt)
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
+        try:
+            return self._run_guarded(wait)
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _run_guarded(self, wait: float) -> int:
         guard = RunDir(self.base / f".{self.path.stem}.batch")
         guard.prepare()
         deadline = time.monotonic() + wait
