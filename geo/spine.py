@@ -109,13 +109,16 @@ class Spine:
         """Levels whose geolevel budget proportions node (level, geocode) carries (facts 6.5)."""
         return self.moves.get(level, {}).get(geocode, (level,))
 
-    def to_parquet(self, path: Path | str) -> None:
-        """Write the table (geoid + one column per level); kind, levels and moves go in the file metadata."""
+    def to_arrow(self) -> pa.Table:
+        """The table (geoid + one column per level) with kind, levels and moves in the schema metadata."""
         table = pa.Table.from_pandas(self.table[["geoid", *self.levels]], preserve_index=False)
         meta = {"kind": self.kind, "levels": self.levels,
                 "moves": {lvl: {g: list(c) for g, c in codes.items()} for lvl, codes in self.moves.items()}}
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta)})
-        pq.write_table(table, path)
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta)})
+
+    def to_parquet(self, path: Path | str) -> None:
+        """Write :meth:`to_arrow` (``read_parquet`` reads it back)."""
+        pq.write_table(self.to_arrow(), path)
 
     @classmethod
     def read_parquet(cls, path: Path | str) -> Spine:

@@ -29,7 +29,6 @@ The batch's exit code is 0 when every job succeeded or was skipped, else the fir
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -122,10 +121,11 @@ def expected(job: Job, base: Path) -> tuple[str, dict[str, str]]:
         if config.run.algorithm == "block_by_block":
             config = block_by_block_config(config)
         return config.digest(), input_hashes(config, _input_dir(config, None))
-    from .reprocess import apply_changes, source_config, source_hashes
+    from .nmf import run_config as source_config
+    from .reprocess import apply_changes, source_hashes
 
     src = RunDir(_path(base, job.input))
-    config, _ = source_config(src)
+    config = source_config(src.root)
     if job.config:
         config = apply_changes(config, _config(base, job.config))
     return config.digest(), source_hashes(src)

@@ -141,6 +141,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                             out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers)
 
 
+def cmd_nmf(args: argparse.Namespace) -> int:
+    from .nmf import write_nmf
+
+    out = write_nmf(Path(args.run), Path(args.out))
+    print(f"noisy measurement file written to {out} (layout: pipeline/nmf.py, README 'Noisy measurement file')")
+    return EXIT_OK
+
+
+def cmd_uncertainty(args: argparse.Namespace) -> int:
+    from .evaluate import load_entities
+    from .uncertainty import uncertainty
+
+    entities = load_entities(Path(args.entities)) if args.entities else None
+    cost = uncertainty(args.run, args.out, entities=entities, levels=args.levels, scheduler=args.scheduler,
+                       workers=args.workers, replicates=args.replicates)
+    print(f"uncertainty of {args.run} written to {args.out}: {cost.rows} rows; {cost.wall_seconds:.1f}s wall, "
+          f"{cost.worker_cpu_seconds:.1f}s worker CPU in {cost.tasks} tasks, {cost.client_cpu_seconds:.1f}s client CPU")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -212,6 +232,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="address of an existing Dask scheduler")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
     p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    p.set_defaults(fn=cmd_nmf)
+
+    p = sub.add_parser("uncertainty", help="GLS estimates, variances and 90/95% intervals of every count (noisy "
+                                           "measurements only)")
+    p.add_argument("run", help="a complete run directory")
+    p.add_argument("--out", required=True, help="Parquet file to write")
+    p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
+    p.add_argument("--levels", nargs="+", help="spine levels to write (default: all)")
+    p.add_argument("--replicates", help="directory of `topdown replicates`: add replicate bias, RMSE and interval")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    p.set_defaults(fn=cmd_uncertainty)
 
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")

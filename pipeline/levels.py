@@ -91,9 +91,12 @@ def _geography(spine: Spine) -> tuple[np.ndarray, list[_Geography], list[np.ndar
     return tab_geoid, geo, parents
 
 
-def _constraints(product: str, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
-                 parents: list[np.ndarray | None]) -> list[LevelConstraints]:
-    """Constraint right-hand sides of every level, bottom-up (they propagate upward as sums)."""
+def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
+                      parents: list[np.ndarray | None]) -> list[LevelConstraints]:
+    """Constraint right-hand sides of every level, bottom-up (they propagate as sums), from the public
+    invariants only: ``units[i]`` is level i's node frame (u0..u7, occupied, and tot where invariant) and
+    ``parents[i]`` each node's row in level i - 1 (the noisy measurement file and reprocessing recompute
+    them from a run's invariants file)."""
     cons: list[LevelConstraints | None] = [None] * len(units)
     for i in range(len(units) - 1, -1, -1):
         if product == "persons":
@@ -127,7 +130,7 @@ def build_levels(
         if (product == "persons" and state_level is not None and i <= state_level
                 and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
             units[i] = units[i].assign(tot=np.asarray(hists[i].sum(axis=1)).ravel())
-    cons = _constraints(product, cfg, spine.levels, units, parents)
+    cons = level_constraints(product, cfg, spine.levels, units, parents)
     queries_needed = {"total", "hhgq", "gqNursingTotal * nonvoting", "householdTotal"} if product == "persons" else {"total"}
     for g, hist, c in reversed(list(zip(geo, hists, cons))):  # the lowest infeasible level is reported
         answers = {q: build_query(schema, q).matrix() @ hist.T for q in queries_needed if q in
@@ -159,6 +162,6 @@ def public_levels(product: str, cfg: ProductConfig, spine: Spine, invariants: pd
         if "tot" in inv.columns and inv.loc[g.nodes, "tot"].notna().all():
             cols.append("tot")
         units.append(inv.loc[g.nodes, cols].astype(np.int64))
-    cons = _constraints(product, cfg, spine.levels, units, parents)
+    cons = level_constraints(product, cfg, spine.levels, units, parents)
     return [Level(g.name, g.nodes, parents[i], None, units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state)
             for i, g in enumerate(geo)]

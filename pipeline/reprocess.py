@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 
-from topdown.geo.spine import METADATA_KEY, Spine
-
-from .config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
+from .config import Config, ConfigError, _deep_merge, config_from_dict, read_toml, resolve_config_path
 from .engine import ProgressFn
 from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
+from .nmf import run_config, run_spine
 from .rundir import RunDir, RunDirError, file_sha256
 from .runner import Plan, _level_names, execute, opened
 from .sources import Published
@@ -83,37 +81,10 @@ def changed_keys(before: Config, after: Config, where: str) -> list[str]:
 _MISSING = object()
 
 
-def source_config(src: RunDir) -> tuple[Config, dict]:
-    """The configuration a complete run used, and its manifest."""
-    manifest = src.read_manifest()
-    if not manifest:
-        raise RunDirError(f"{src.root}: not a run directory (no manifest.json)")
-    if manifest.get("status") != "complete":
-        raise RunDirError(f"{src.root}: the run is not complete (status {manifest.get('status')!r}); "
-                          "only a complete run can be reprocessed")
-    if src.config_path.exists():
-        config = config_from_dict(json.loads(src.config_path.read_text()), source=str(src.config_path))
-    else:  # a run written before config.json: its configuration file, if unchanged
-        config = load_config(manifest.get("config_source", ""))
-    if config.digest() != manifest.get("config_hash"):
-        raise RunDirError(f"{src.root}: the configuration found ({config.source}) does not match the manifest's "
-                          f"config hash {str(manifest.get('config_hash'))[:12]}")
-    return config, manifest
-
-
 def apply_changes(config: Config, changes: str | Path) -> Config:
     """``config`` with the keys of the TOML file ``changes`` overriding its own."""
     path = resolve_config_path(changes)
     return config_from_dict(_deep_merge(config.model_dump(mode="json"), read_toml(path)), source=str(path))
-
-
-def read_spine(path: Path, levels: list[str]) -> Spine:
-    """A run's ``spine.parquet`` (geoid + one column per level), or a spine file of ``topdown spine``."""
-    table = pq.read_table(path)
-    if METADATA_KEY in (table.schema.metadata or {}):
-        return Spine.read_parquet(path)
-    frame = table.to_pandas().astype(str)
-    return Spine(levels, frame[["geoid", *levels]])
 
 
 def read_invariants(src: RunDir, product: str) -> pd.DataFrame:
@@ -184,10 +155,10 @@ def reprocess(
     src = RunDir(run_dir)
     if Path(out).resolve() == src.root.resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the run it reads")
-    before, manifest = source_config(src)
+    before = run_config(src.root)
     config = apply_changes(before, changes) if changes else before
     changed = changed_keys(before, config, str(changes or src.config_path))
-    spine = read_spine(src.root / "spine.parquet", manifest["levels"])
+    spine = run_spine(src.root)
     levels: dict[str, list[Level]] = {}
     for product in config.run.products:
         _level_names(config, product, spine.levels)

@@ -209,7 +209,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         timings[f"{product}.tabulate"] = time.perf_counter() - t
 
     def publish(rd: RunDir) -> None:
-        write_table(spine.table[["geoid", *spine.levels]], rd.root / "spine.parquet")
+        write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
         for product in config.run.products:
             _write_invariants(rd, product, all_levels[product])
 
@@ -236,7 +236,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
     with dask_client(client, scheduler, workers) as dclient:
         plan.publish(rundir)
-        write_json_atomic(rundir.config_path, config.model_dump(mode="json"))
+        write_json_atomic(rundir.config_path, config.model_dump(mode="json"))  # public: reprocess, nmf, uncertainty
         write_json_atomic(rundir.root / "certificate.json", plan.certificate)
         completed: dict[str, list[str]] = manifest.get("completed", {})
         cert = plan.certificate

@@ -131,7 +131,7 @@ def test_changed_keys_allows_post_processing_only():
 
 def test_an_incomplete_or_missing_run_is_refused(tmp_path, capsys):
     assert main(["reprocess", str(tmp_path / "nothing"), "--out", str(tmp_path / "new")]) == EXIT_RUNDIR
-    assert "not a run directory" in capsys.readouterr().err
+    assert "not a complete run directory" in capsys.readouterr().err
 
 
 def test_published_table_reads_back_to_the_drawn_measurements():

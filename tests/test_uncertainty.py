@@ -1,0 +1,158 @@
+"""``topdown uncertainty``: the GLS intervals hold at their nominal rate over seeded measurement draws, the
+estimates are unbiased, the command's output depends on the noisy measurements only, and off-spine entities
+get the covariance-aware variance."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from topdown.geo.spine import build_spine
+from topdown.pipeline.cli import EXIT_OK, main
+from topdown.pipeline.config import load_config
+from topdown.pipeline.levels import build_levels
+from topdown.pipeline.measure import measure
+from topdown.pipeline.queries import build_query
+from topdown.pipeline.rundir import RunDir, write_table
+from topdown.pipeline.schema import PERSONS
+from topdown.pipeline.tabulate import block_histograms, block_units
+from topdown.pipeline.uncertainty import Z90, uncertainty
+
+VHC = "votingage * hispanic * cenrace"
+
+
+def _small_input(tracts: int = 12, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Persons and units of ``tracts`` tracts x 2 block groups x 3 blocks, 0-60 persons per block."""
+    rng = np.random.default_rng(seed)
+    persons, units = [], []
+    for t in range(tracts):
+        for bg in (1, 2):
+            for b in range(3):
+                geoid = f"44007{t + 1:04d}00{bg}{b:03d}"
+                n = int(rng.integers(0, 60))
+                persons.append(pd.DataFrame({"geoid": geoid, "hhgq": 0, "votingage": rng.integers(0, 2, n),
+                                             "hispanic": rng.integers(0, 2, n),
+                                             "cenrace": rng.choice([0, 1, 2, 3, 6, 20], n)}))
+                units.append(pd.DataFrame({"geoid": [geoid] * 40, "unit_type": 0, "occupied": True}))
+    return pd.concat(persons, ignore_index=True), pd.concat(units, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def small_levels():
+    persons, units = _small_input()
+    config = load_config("demo").with_overrides(spine="standard")
+    cfg = config.product("persons")
+    spine = build_spine("standard", pd.Series(sorted(persons["geoid"].unique()), name="geoid"))
+    levels = build_levels("persons", PERSONS, cfg, spine, block_histograms(persons),
+                          block_units(units).set_index("geoid"))
+    return config, spine, levels
+
+
+def _measured_run(root: Path, config, spine, levels, seed: int) -> Path:
+    """A run directory holding only what ``uncertainty`` reads: manifest, spine, noisy measurements of seed."""
+    cfg = config.product("persons")
+    rundir = RunDir(root)
+    root.mkdir(parents=True)
+    write_table(spine.to_arrow(), root / "spine.parquet")
+    for level in levels:
+        parents = level.parent if level.parent is not None else np.zeros(len(level), dtype=int)
+        groups = np.unique(parents // 12) if level.name == "Block" else [None]  # several block parts
+        for k, g in enumerate(groups):
+            rows = np.flatnonzero(parents // 12 == g) if g is not None else np.arange(len(level))
+            _, table = measure("persons", PERSONS, cfg.budget, level.name, level.nodes[rows],
+                               [level.plb[r] for r in rows], level.hist[rows], "test", seed)
+            write_table(table, rundir.measurements("persons", level.name) / f"part-{k:05d}.parquet")
+    (root / "manifest.json").write_text(json.dumps({"status": "complete", "products": ["persons"],
+                                                    "spine": "standard", "levels": spine.levels}))
+    return root
+
+
+def _truth(levels, query: str) -> pd.DataFrame:
+    q = build_query(PERSONS, query)
+    frames = []
+    for level in levels:
+        ans = q.answer(np.asarray(level.hist.todense()))
+        frames.append(pd.DataFrame({"level": level.name, "geocode": np.repeat(np.asarray(level.nodes), q.n_answers),
+                                    "query": query, "cell": np.tile(np.arange(q.n_answers), len(level)),
+                                    "truth": ans.ravel()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _coverage(small_levels, dask_client, tmp_path, seeds) -> pd.DataFrame:
+    config, spine, levels = small_levels
+    truth = pd.concat([_truth(levels, "total"), _truth(levels, VHC)], ignore_index=True)
+    frames = []
+    for seed in seeds:
+        run = _measured_run(tmp_path / f"run{seed}", config, spine, levels, seed)
+        out = tmp_path / f"unc{seed}.parquet"
+        uncertainty(run, out, levels=["County", "Tract", "Block_Group", "Block"], client=dask_client,
+                    queries={"persons": ("total", VHC)})
+        frames.append(pd.read_parquet(out).assign(seed=seed))
+        shutil.rmtree(run)
+    rows = pd.concat(frames, ignore_index=True).merge(truth, on=["level", "geocode", "query", "cell"], validate="m:1")
+    half = Z90 * np.sqrt(rows["variance"])  # the GLS interval; the published one is clipped at 0 (below)
+    rows["covered"] = (rows["estimate"] - half <= rows["truth"]) & (rows["truth"] <= rows["estimate"] + half)
+    rows["covered_published"] = (rows["ci90_low"] <= rows["truth"]) & (rows["truth"] <= rows["ci90_high"])
+    rows["z"] = (rows["estimate"] - rows["truth"]) / np.sqrt(rows["variance"])
+    return rows
+
+
+def _check(rows: pd.DataFrame, seeds: int) -> pd.DataFrame:
+    table = []
+    for (level, query), g in rows[rows["level"].isin(["Tract", "Block_Group", "Block"])].groupby(["level", "query"]):
+        if query == VHC and level != "Tract":
+            continue
+        n = len(g)
+        lo, hi = stats.binom.ppf([0.005, 0.995], n, 0.90) / n
+        table.append({"level": level, "query": query, "intervals": n, "coverage": g["covered"].mean(), "band_lo": lo,
+                      "band_hi": hi, "published": g["covered_published"].mean(), "mean_z": g["z"].mean()})
+        # Unbiased: every node's (cell's) mean error over the seeds within its standard error, Bonferroni at 1 %.
+        per_node = g.groupby(["geocode", "cell"])["z"].mean() * np.sqrt(seeds)
+        assert per_node.abs().max() < stats.norm.ppf(1 - 0.005 / len(per_node)), (level, query)
+    table = pd.DataFrame(table)
+    print("\n" + table.to_string(index=False))
+    assert ((table["coverage"] >= table["band_lo"]) & (table["coverage"] <= table["band_hi"])).all(), table
+    # Integer bounds cover an integer count exactly when the real interval does; clipping at 0 only adds
+    # coverage (a cell whose interval lies below 0 gets [0, 0]).
+    assert (table["published"] >= table["coverage"]).all()
+    return table
+
+
+@pytest.mark.slow
+def test_gls_intervals_cover_at_the_nominal_rate(small_levels, dask_client, tmp_path):
+    """20 seeded draws of the measurements of a 72-block input: 90 % coverage within the binomial 99 % band
+    (about 2 minutes on 2 cores)."""
+    _check(_coverage(small_levels, dask_client, tmp_path, range(20)), 20)
+
+
+def test_gls_intervals_cover_fast(small_levels, dask_client, tmp_path):
+    """The same check with 4 seeded draws (other seeds than the slow test's)."""
+    _check(_coverage(small_levels, dask_client, tmp_path, range(100, 104)), 4)
+
+
+def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_path):
+    """The same table from a copy of the run holding only the spine, manifest and noisy measurements (no
+    histogram, MDF or input), and a sane example: the county total's interval is narrow (invariant state)."""
+    slim = tmp_path / "slim"
+    slim.mkdir()
+    for name in ("spine.parquet", "manifest.json", "config.json"):
+        shutil.copy(demo_run / name, slim / name)
+    shutil.copytree(demo_run / "noisy_measurements", slim / "noisy_measurements")
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    assert main(["uncertainty", str(demo_run), "--out", str(a), "--levels", "Tract", "Block_Group",
+                 "--scheduler", dask_client.scheduler.address, "--entities", str(Path(__file__).resolve().parents[1] / "data" / "ri_baf2020")]) == EXIT_OK
+    uncertainty(slim, b, levels=["Tract", "Block_Group"], client=dask_client)
+    ta, tb = pd.read_parquet(a), pd.read_parquet(b)
+    pd.testing.assert_frame_equal(ta[ta["level"].isin(["Tract", "Block_Group"])].reset_index(drop=True), tb)
+    assert set(ta["level"]) >= {"Tract", "Block_Group", "place", "mcd"}
+    # Consistency: the tracts' estimates add up to the county's, and block groups to their tract.
+    bg = tb[(tb["product"] == "persons") & (tb["query"] == "total") & (tb["level"] == "Block_Group")]
+    tr = tb[(tb["product"] == "persons") & (tb["query"] == "total") & (tb["level"] == "Tract")].set_index("geocode")
+    sums = bg.groupby(bg["geocode"].str[:11])["estimate"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), tr.loc[sums.index, "estimate"].to_numpy(), rtol=1e-9)
+    assert (ta["ci90_low"] <= ta["ci95_high"]).all() and (ta["ci95_low"] <= ta["ci90_low"]).all()
