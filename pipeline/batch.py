@@ -13,7 +13,8 @@ A jobs file::
     name = "ri"
     kind = "run"              # or "reprocess"
     config = "conf/ri2010.toml"     # reprocess: optional file of post-processing changes
-    input = "ri-input"        # run: the input directory; reprocess: the run directory to reprocess
+    input = "ri-input"        # run: the input directory; reprocess: the run directory to reprocess, or a
+                              # noisy measurement file (`topdown nmf`; then `spine` and a full `config`)
     out = "runs/ri"
     # force = true            # run: recompute a complete output of another configuration or input
     # verify = false          # default true: `topdown verify OUT` after the job
@@ -61,6 +62,7 @@ class Job(_Strict):
     config: str | None = None
     input: str | None = None
     out: str
+    spine: str | None = None  # reprocess of a noisy measurement file: its spine
     force: bool = False
     verify: bool = True
 
@@ -121,14 +123,9 @@ def expected(job: Job, base: Path) -> tuple[str, dict[str, str]]:
         if config.run.algorithm == "block_by_block":
             config = block_by_block_config(config)
         return config.digest(), input_hashes(config, _input_dir(config, None))
-    from .nmf import run_config as source_config
-    from .reprocess import apply_changes, source_hashes
+    from .reprocess import identity
 
-    src = RunDir(_path(base, job.input))
-    config = source_config(src.root)
-    if job.config:
-        config = apply_changes(config, _config(base, job.config))
-    return config.digest(), source_hashes(src)
+    return identity(_path(base, job.input), _config(base, job.config), _path(base, job.spine))
 
 
 def plan(job: Job, base: Path) -> tuple[str, list[str]]:
@@ -164,6 +161,8 @@ def command(job: Job, base: Path, scheduler: str | None, workers: int | None, fl
         cmd = [*cli, "reprocess", _path(base, job.input), "--out", out]
         if job.config:
             cmd += ["--config", _config(base, job.config)]
+        if job.spine:
+            cmd += ["--spine", _path(base, job.spine)]
     cmd += ["--scheduler", scheduler] if scheduler else (["--workers", str(workers)] if workers else [])
     return [*cmd, "--quiet", *flags]
 

@@ -47,7 +47,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
     from .reprocess import reprocess
 
     start = time.perf_counter()
-    out = reprocess(args.run, args.out, args.config, scheduler=args.scheduler, workers=args.workers,
+    out = reprocess(args.run, args.out, args.config, spine=args.spine, scheduler=args.scheduler, workers=args.workers,
                     resume=args.resume, force=args.force, progress=_progress_printer(args.quiet))
     _print_summary("reprocessing (no privacy loss added)", out, start)
     return EXIT_OK
@@ -180,10 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
                                          "no privacy loss added)")
-    p.add_argument("run", help="complete run directory whose noisy measurements and invariants are read")
+    p.add_argument("run", help="complete run directory whose noisy measurements and invariants are read, or a "
+                               "noisy measurement file written by `topdown nmf` (then --spine and --config are needed)")
     p.add_argument("--out", required=True, help="new run directory to write")
     p.add_argument("--config", help="TOML file of post-processing changes (estimation settings, constraints) "
-                                    "overriding the run's configuration key by key")
+                                    "overriding the run's configuration key by key; for a noisy measurement file, the "
+                                    "configuration it was measured with (post-processing keys free to change)")
+    p.add_argument("--spine", help="for a noisy measurement file: the spine it was measured on (a run's "
+                                   "spine.parquet or `topdown spine` output)")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
     p.add_argument("--resume", action="store_true", help="continue an interrupted reprocessing")

@@ -18,17 +18,21 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
-from .config import Config, ConfigError, _deep_merge, config_from_dict, read_toml, resolve_config_path
+from topdown.geo.spine import Spine
+
+from .config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
 from .engine import ProgressFn
 from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import run_config, run_spine
-from .rundir import RunDir, RunDirError, file_sha256
+from .rundir import RunDir, RunDirError, file_sha256, write_table
 from .runner import Plan, _level_names, execute, opened
 from .sources import Published
 
@@ -135,52 +139,171 @@ def link_tree(src: Path, dst: Path) -> None:
         shutil.copytree(src, dst, copy_function=link)
 
 
-def reprocessing_certificate(source_cert: dict, before: Config, after: Config, src: Path,
-                             changed: list[str]) -> dict:
+def reprocessing_certificate(source_cert: dict, after: Config, of: dict) -> dict:
     """The source's certificate (the privacy loss of the measurements, unchanged) marked as a reprocessing
-    that adds zero privacy loss."""
-    return {**source_cert, "run": after.run.name, "config_sha256": after.digest(),
-            "reprocessing_of": {"run": str(src.resolve()), "config_sha256": before.digest(), "changed_keys": changed},
+    (``of``: what was read, with its configuration hash) that adds zero privacy loss."""
+    return {**source_cert, "run": after.run.name, "config_sha256": after.digest(), "reprocessing_of": of,
             "added_privacy_loss": ZERO_LOSS}
 
 
-def reprocess(
-    run_dir: str | Path, out: str | Path, changes: str | Path | None = None, *, client=None, scheduler: str | None = None,
-    workers: int | None = None, resume: bool = False, force: bool = False, progress: ProgressFn | None = None,
-) -> Path:
-    """Estimate every level of the complete run ``run_dir`` again into ``out`` from its published noisy
-    measurements and invariants (no noise drawn), with the post-processing changes of ``changes`` (a TOML
-    file). Cluster arguments as :func:`runner.run`. Returns the new run directory's path."""
-    t0 = time.perf_counter()
+@dataclass
+class _Source:
+    """What a reprocessing reads, checked and loaded before anything is written."""
+
+    config: Config
+    spine: Spine
+    invariants: dict[str, pd.DataFrame]  # per product: level, geocode, u0..u7, tot
+    certificate: dict
+    hashes: dict[str, str]
+    publish: Callable[[RunDir], None]  # links or writes the measurements, spine and invariants
+
+
+def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
     src = RunDir(run_dir)
-    if Path(out).resolve() == src.root.resolve():
-        raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the run it reads")
     before = run_config(src.root)
     config = apply_changes(before, changes) if changes else before
     changed = changed_keys(before, config, str(changes or src.config_path))
-    spine = run_spine(src.root)
-    levels: dict[str, list[Level]] = {}
-    for product in config.run.products:
-        _level_names(config, product, spine.levels)
-        levels[product] = public_levels(product, config.product(product), spine, read_invariants(src, product),
-                                        where=str(src.invariants(product)))
-    cert = reprocessing_certificate(json.loads((src.root / "certificate.json").read_text()), before, config,
-                                    src.root, changed)
-    hashes = source_hashes(src)
+    of = {"run": str(src.root.resolve()), "config_sha256": before.digest(), "changed_keys": changed}
+    cert = reprocessing_certificate(json.loads((src.root / "certificate.json").read_text()), config, of)
+    names = ["spine.parquet", "noisy_measurements",
+             *(src.invariants(p).relative_to(src.root).as_posix() for p in config.run.products)]
 
     def publish(rd: RunDir) -> None:
-        for name in ["spine.parquet", "noisy_measurements",
-                     *(src.invariants(p).relative_to(src.root).as_posix() for p in config.run.products)]:
+        for name in names:
             final = rd.root / name
             staged = rd.staging(final)
             shutil.rmtree(staged, ignore_errors=True) if staged.is_dir() else staged.unlink(missing_ok=True)
             link_tree(src.root / name, staged)
             rd.commit(final)
 
-    log.info("reprocessing %s (config %s) into %s: no noise is drawn%s", src.root, before.digest()[:12], out,
-             f"; changed: {', '.join(changed)}" if changed else "")
-    plan = Plan(spine, levels, cert, publish, lambda rd, product, level: Published.of_level(
-        rd.measurements(product, level.name)), {"input_sha256": hashes, "reprocessing_of": cert["reprocessing_of"]})
+    return _Source(config, run_spine(src.root), {p: read_invariants(src, p) for p in config.run.products}, cert,
+                   source_hashes(src), publish)
+
+
+def nmf_hashes(nmf_dir: Path, spine: Path) -> dict[str, str]:
+    """The SHA-256 of what a reprocessing of a noisy measurement file reads."""
+    return {"nmf": tree_sha256(nmf_dir), "spine": tree_sha256(spine)}
+
+
+def _nmf_invariants(nmf, product: str) -> pd.DataFrame:
+    """The invariants of a noisy measurement file's Constraint rows as a run's invariants table."""
+    frames = []
+    for level, con in nmf.constraints[product].items():
+        inv = con[con["kind"] == "invariant"]
+        frame = pd.DataFrame(index=pd.Index(sorted(set(inv["geocode"].astype(str))), name="geocode"))
+        for name, columns in (("gqhh_vect", UNIT_COLUMNS), ("tot", ["tot"]), ("hu_tot", ["u0"])):
+            rows = inv[inv["name"] == name]
+            if len(rows):
+                values = np.vstack(rows["value"].to_numpy())
+                frame = frame.join(pd.DataFrame(values, columns=columns, index=rows["geocode"].astype(str).to_numpy()))
+        frames.append(frame.reset_index().assign(level=level))
+    out = pd.concat(frames, ignore_index=True)
+    if product == "units" and "persons" in nmf.constraints and "u1" not in out.columns:
+        gq = _nmf_invariants(nmf, "persons")[["level", "geocode", *UNIT_COLUMNS[1:]]]
+        out = out.merge(gq, on=["level", "geocode"], how="left")
+    return out
+
+
+def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
+    """``config`` must describe what the noisy measurement file measured; the first difference is refused."""
+    if config.run.spine != meta.get("spine"):
+        raise ConfigError(f"{where}: run.spine is {config.run.spine!r}; the measurements were taken on the "
+                          f"{meta.get('spine')!r} spine")
+    for product in config.run.products:
+        m = meta["products"].get(product)
+        if m is None:
+            raise ConfigError(f"{where}: run.products lists {product!r}; the measurement file has no such product")
+        budget = config.product(product).budget
+        total = budget.rho if budget.mechanism == "discrete_gaussian" else budget.epsilon
+        if budget.mechanism != m["mechanism"]:
+            raise ConfigError(f"{where}: {product}.budget.mechanism differs from the measurement file's {m['mechanism']!r}")
+        if m.get("rho") is not None and str(total if total is not None else "inf") != str(m["rho"]):
+            raise ConfigError(f"{where}: {product}.budget.rho differs from the measurement file's {m['rho']}")
+        for level in meta["levels"]:
+            if list(budget.queries.get(level, {})) != list(m["queries"].get(level, [])):
+                raise ConfigError(f"{where}: {product}.budget.queries.{level} differs from the queries the "
+                                  f"measurement file measured at {level}")
+
+
+def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
+    from .certificate import certificate
+    from .nmf import read_nmf
+    from .runner import _path_shares
+
+    if spine_path is None or config_path is None:
+        raise ConfigError(f"{nmf_dir}: reprocessing a noisy measurement file needs --spine (the spine it was measured "
+                          "on) and --config (the configuration it was measured with, with any post-processing changes)")
+    nmf = read_nmf(nmf_dir)
+    config = load_config(config_path)
+    check_nmf_measured(config, nmf.meta, str(config.source))
+    spine_path = Path(spine_path)
+    try:
+        spine = Spine.read_parquet(spine_path)
+    except ValueError:  # a run's spine file of an older version: the table only (a standard spine)
+        spine = Spine(nmf.meta["levels"], pd.read_parquet(spine_path).astype(str), kind="standard")
+    if spine.levels != nmf.meta["levels"]:
+        raise ValueError(f"{spine_path}: levels {spine.levels} are not the measurement file's {nmf.meta['levels']}")
+    for product in config.run.products:
+        for level in spine.levels:
+            if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
+                raise ValueError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
+    invariants = {p: _nmf_invariants(nmf, p) for p in config.run.products}
+    of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
+          "spine": str(spine_path.resolve())}
+    cert = reprocessing_certificate(
+        certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}), config, of)
+
+    def publish(rd: RunDir) -> None:
+        write_table(spine.to_arrow(), rd.root / "spine.parquet")
+        for product in config.run.products:
+            write_table(invariants[product], rd.staging(rd.invariants(product)))
+            rd.commit(rd.invariants(product))
+            for level in spine.levels:
+                final = rd.measurements(product, level)
+                write_table(nmf.measurements[product][level], rd.staging(final) / "part-00000.parquet")
+                rd.commit(final)
+
+    return _Source(config, spine, invariants, cert, nmf_hashes(Path(nmf_dir), spine_path), publish)
+
+
+def is_nmf(path: str | Path) -> bool:
+    return (Path(path) / "nmf.json").exists()
+
+
+def identity(source: str | Path, changes: str | Path | None = None, spine: str | Path | None = None
+             ) -> tuple[str, dict[str, str]]:
+    """The configuration hash and input hashes a reprocessing of ``source`` records (for ``topdown batch``)."""
+    if is_nmf(source):
+        return load_config(changes).digest(), nmf_hashes(Path(source), Path(spine))
+    before = run_config(Path(source))
+    return (apply_changes(before, changes) if changes else before).digest(), source_hashes(RunDir(source))
+
+
+def reprocess(
+    source: str | Path, out: str | Path, changes: str | Path | None = None, *, spine: str | Path | None = None,
+    client=None, scheduler: str | None = None, workers: int | None = None, resume: bool = False, force: bool = False,
+    progress: ProgressFn | None = None,
+) -> Path:
+    """Estimate every level again into ``out`` from published noisy measurements and invariants (no noise
+    drawn): those of the complete run directory ``source``, with the post-processing changes of ``changes``
+    (a TOML file), or those of the noisy measurement file ``source`` (``topdown nmf``) with ``spine`` (its
+    spine file) and ``changes`` (the full configuration it was measured with, post-processing free to
+    change). Cluster arguments as :func:`runner.run`. Returns the new run directory's path."""
+    t0 = time.perf_counter()
+    if Path(out).resolve() == Path(source).resolve():
+        raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
+    src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
+    config = src.config
+    levels: dict[str, list[Level]] = {}
+    for product in config.run.products:
+        _level_names(config, product, src.spine.levels)
+        levels[product] = public_levels(product, config.product(product), src.spine, src.invariants[product],
+                                        where=f"invariants of {source}")
+    of = src.certificate["reprocessing_of"]
+    log.info("reprocessing %s into %s: no noise is drawn%s", source, out,
+             f"; changed: {', '.join(of['changed_keys'])}" if of.get("changed_keys") else "")
+    plan = Plan(src.spine, levels, src.certificate, src.publish, lambda rd, product, level: Published.of_level(
+        rd.measurements(product, level.name)), {"input_sha256": src.hashes, "reprocessing_of": of})
     rundir = RunDir(out)
-    with opened(rundir, config, hashes, resume, force) as state:
+    with opened(rundir, config, src.hashes, resume, force) as state:
         return execute(config, rundir, state, plan, client, scheduler, workers, progress, t0)

@@ -154,3 +154,42 @@ def test_published_table_reads_back_to_the_drawn_measurements():
     assert np.isinf(back[0].variance[1])
     with pytest.raises(ValueError, match="lacks some of its"):
         from_table(PERSONS, ["detailed"], nodes, table[~((table["query"] == "detailed") & (table["answer"] == 3))])
+
+
+def test_a_noisy_measurement_file_with_its_spine_reproduces_the_run(demo_run, dask_client, tmp_path, monkeypatch):
+    """``topdown nmf`` output (the Bureau's layout) plus the spine and the configuration it was measured with:
+    the same estimates as the run, byte for byte, from the file alone."""
+    from topdown.pipeline.nmf import write_nmf
+
+    nmf = write_nmf(demo_run, tmp_path / "nmf")
+    spine = tmp_path / "spine.parquet"
+    spine.write_bytes((demo_run / "spine.parquet").read_bytes())
+    _no_confidential_reads(monkeypatch, tmp_path)
+    out = reprocess(nmf, tmp_path / "from-nmf", "demo", spine=spine, client=dask_client)
+    for sub in ("histograms", "mdf"):
+        assert _files(out, sub) == _files(demo_run, sub), sub
+    assert verify_run(out).ok
+    cert = json.loads((out / "certificate.json").read_text())
+    assert cert["reprocessing_of"]["noisy_measurement_file"] == str(nmf.resolve())
+    assert cert["reprocessing_of"]["config_sha256"] == json.loads((demo_run / "manifest.json").read_text())["config_hash"]
+    assert cert["added_privacy_loss"]["rho"] == "0"
+
+
+@pytest.mark.parametrize("toml, key", [
+    ('include = "demo.toml"\n[persons.budget]\nrho = "1"\n', "persons.budget.rho"),
+    ('include = "demo.toml"\n[units.budget.queries.Block]\noccupancy = "1/2"\nvacant = "1/2"\n',
+     "units.budget.queries.Block"),
+    ('include = "demo.toml"\n[run]\nspine = "aian"\nbaf = "x"\n', "run.spine"),
+])
+def test_a_measurement_file_refuses_a_configuration_of_other_measurements(demo_run, tmp_path, capsys, toml, key):
+    from topdown.pipeline.nmf import write_nmf
+
+    nmf = write_nmf(demo_run, tmp_path / "nmf")
+    conf = tmp_path / "conf.toml"
+    conf.write_text(toml)
+    argv = ["reprocess", str(nmf), "--out", str(tmp_path / "x"), "--config", str(conf),
+            "--spine", str(demo_run / "spine.parquet")]
+    assert main(argv) == EXIT_CONFIG
+    assert key in capsys.readouterr().err
+    assert main(argv[:-2]) == EXIT_CONFIG  # no spine
+    assert "needs --spine" in capsys.readouterr().err
