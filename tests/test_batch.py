@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rel_inputs import leaked_secrets
 from topdown.pipeline.batch import Batch, Job, expected, load_jobs, plan
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.config import ConfigError
@@ -73,6 +74,10 @@ def test_batch_runs_skips_isolates_a_failure_and_refuses_a_second_batch(tmp_path
                                                                            capsys):
     jobs = _jobs(tmp_path, dask_client.scheduler.address, planted_run, chained=False)
     _first_batch(tmp_path, jobs)
+    # Nothing the batch or the reprocessing wrote beside the protected outputs shows a planted true count.
+    texts = [(tmp_path / "jobs.summary.json").read_text(), *(f.read_text() for f in (tmp_path / "jobs.logs").iterdir())]
+    texts += [(tmp_path / "out" / "again" / name).read_text() for name in ("manifest.json", "certificate.json")]
+    assert leaked_secrets("\n".join(texts)) == []
     # Again: the complete job is skipped (same configuration and input hashes); the broken one fails again.
     assert Batch(jobs).run() == EXIT_CONFIG
     summary = json.loads((tmp_path / "jobs.summary.json").read_text())
