@@ -117,9 +117,9 @@ def _config(base: Path, value: str | None) -> str | None:
 def expected(job: Job, base: Path) -> tuple[str, dict[str, str]]:
     """The configuration hash and input hashes the job's output will record."""
     if job.kind == "run":
-        from .runner import _input_dir, block_by_block_config, input_hashes, run_config
+        from .runner import _input_dir, block_by_block_config, configure_run, input_hashes
 
-        config = run_config(_config(base, job.config), _path(base, job.input))
+        config = configure_run(_config(base, job.config), _path(base, job.input))
         if config.run.algorithm == "block_by_block":
             config = block_by_block_config(config)
         return config.digest(), input_hashes(config, _input_dir(config, None))

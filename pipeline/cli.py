@@ -33,9 +33,9 @@ def _progress_printer(quiet: bool):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import run, run_config
+    from .runner import configure_run, run
 
-    config = run_config(args.config, args.input, args.seed)
+    config = configure_run(args.config, args.input, args.seed)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
               force=args.force, progress=_progress_printer(args.quiet))

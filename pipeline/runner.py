@@ -104,7 +104,7 @@ def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
                                   f"quer{'y' if len(missing) == 1 else 'ies'} {', '.join(sorted(missing))}")
 
 
-def run_config(path: str | Path, input_dir: str | Path | None = None, seed: int | None = None) -> Config:
+def configure_run(path: str | Path, input_dir: str | Path | None = None, seed: int | None = None) -> Config:
     """The configuration of ``topdown run PATH [--input DIR] [--seed N]``."""
     config = load_config(path)
     overrides: dict = {}

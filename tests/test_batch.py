@@ -15,7 +15,7 @@ from topdown.pipeline.batch import Batch, Job, expected, load_jobs, plan
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.config import ConfigError
 from topdown.pipeline.rundir import RunDir, RunDirError, file_sha256
-from topdown.pipeline.runner import run, run_config
+from topdown.pipeline.runner import configure_run, run
 
 
 def _jobs(tmp_path: Path, scheduler: str, source: Path, chained: bool) -> Path:
@@ -110,7 +110,7 @@ def test_plan_skips_resumes_and_protects_a_release(tmp_path, demo_input):
 def test_every_run_records_its_input_hashes_and_resume_checks_them(tmp_path, demo_run, demo_input):
     manifest = json.loads((demo_run / "manifest.json").read_text())
     assert manifest["input_sha256"] == {n: file_sha256(demo_input / n) for n in ("persons.parquet", "units.parquet")}
-    config = run_config("demo", demo_input)
+    config = configure_run("demo", demo_input)
     rd = RunDir(tmp_path / "interrupted")
     rd.prepare()
     rd.write_manifest({"status": "running", "config_hash": config.digest(),
