@@ -128,3 +128,14 @@ def test_jobs_file_errors_name_the_file_and_key(tmp_path, capsys):
                     '[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "y"\n')
     assert main(["batch", str(path)]) == EXIT_CONFIG
     assert "two jobs have the same name 'a'" in capsys.readouterr().err
+
+
+def test_a_second_batch_waits_for_the_lock_then_gives_up(tmp_path):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "x"\n')
+    guard = RunDir(tmp_path / ".jobs.batch")
+    guard.prepare()
+    with guard.lock():
+        with pytest.raises(RunDirError, match="another batch over these jobs is running"):
+            Batch(path).run(wait=0.3)
+    assert not (tmp_path / "jobs.summary.json").exists() and not (tmp_path / "x").exists()
