@@ -36,21 +36,14 @@ def _progress_printer(quiet: bool):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .cluster import tls_security
-    from .config import ConfigError, load_config
-    from .runner import run
+    from .config import ConfigError
+    from .runner import configure_run, run
 
-    config = load_config(args.config)
+    config = configure_run(args.config, args.input, args.seed)
     security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
     if security is not None and not args.scheduler:
         raise ConfigError("--tls-ca-file/--tls-cert/--tls-key are for a --scheduler tls:// address; the embedded "
                           "cluster makes its own temporary credentials")
-    overrides = {}
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    if args.input:  # an explicit input directory must exist: never fill it with the demo data
-        overrides.update(input=args.input, build_demo_input=False)
-    if overrides:
-        config = config.with_overrides(**overrides)
     if config.run.mode == "test":
         from .certificate import NOT_PRIVATE_WARNING
 
@@ -58,13 +51,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
               force=args.force, progress=_progress_printer(args.quiet), security=security, redraw=args.redraw)
+    _print_summary("run", out, start)
+    return EXIT_OK
+
+
+def cmd_reprocess(args: argparse.Namespace) -> int:
+    from .reprocess import reprocess
+
+    start = time.perf_counter()
+    out = reprocess(args.run, args.out, args.config, spine=args.spine, scheduler=args.scheduler, workers=args.workers,
+                    resume=args.resume, force=args.force, progress=_progress_printer(args.quiet))
+    _print_summary("reprocessing (no privacy loss added)", out, start)
+    return EXIT_OK
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import Batch, render
+
+    batch = Batch(Path(args.jobs), summary=Path(args.summary) if args.summary else None)
+    code = batch.run(wait=args.wait)
+    print(render(batch.summary))
+    print(f"summary written to {batch.summary_path}", file=sys.stderr)
+    return code
+
+
+def _print_summary(what: str, out: Path, start: float) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
-    print(f"run complete in {time.perf_counter() - start:.1f}s: {out}")
+    print(f"{what} complete in {time.perf_counter() - start:.1f}s: {out}")
     for product, levels in manifest["parents_solved"].items():
         print(f"  {product}: " + ", ".join(f"{lv} {v['solved']} solved/{v['parents']} parents" for lv, v in levels.items()))
     if manifest["failsafe"]:
         print(f"  failsafe used for {len(manifest['failsafe'])} parent(s); see manifest.json")
-    return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -195,6 +212,30 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(a second release; the certificate composes both draws)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
+                                         "no privacy loss added)")
+    p.add_argument("run", help="complete run directory whose noisy measurements and invariants are read, or a "
+                               "noisy measurement file written by `topdown nmf` (then --spine and --config are needed)")
+    p.add_argument("--out", required=True, help="new run directory to write")
+    p.add_argument("--config", help="TOML file of post-processing changes (estimation settings, constraints) "
+                                    "overriding the run's configuration key by key; for a noisy measurement file, the "
+                                    "configuration it was measured with (post-processing keys free to change)")
+    p.add_argument("--spine", help="for a noisy measurement file: the spine it was measured on (a run's "
+                                   "spine.parquet or `topdown spine` output)")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted reprocessing")
+    p.add_argument("--force", action="store_true", help="recompute a directory that is already complete")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(fn=cmd_reprocess)
+
+    p = sub.add_parser("batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
+    p.add_argument("jobs", help="TOML jobs file ([batch] settings and [[job]] entries; see README)")
+    p.add_argument("--summary", help="JSON summary to write (default: <jobs stem>.summary.json beside the jobs file)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for another batch over the same jobs to finish (default: exit 4 at once)")
+    p.set_defaults(fn=cmd_batch)
 
     p = sub.add_parser("verify", help="re-check a run directory")
     p.add_argument("run")

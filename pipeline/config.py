@@ -209,7 +209,7 @@ def preset_dir() -> Path:
 def resolve_config_path(path: str | Path) -> Path:
     """A config path as given, or the name of a shipped preset (``demo``, ``pl94_production_2021``...)."""
     p = Path(path)
-    if p.exists():
+    if p.is_file():  # a directory of the same name (a run called "demo") is not a configuration
         return p
     candidate = preset_dir() / (p.name if p.suffix == ".toml" else p.name + ".toml")
     if candidate.exists():

@@ -6,11 +6,11 @@ submitted first, and the level is written completely (staging, then rename) befo
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -24,6 +24,8 @@ from topdown.solvers.problem import GroupTotal
 from .config import Config
 from .levels import Level
 from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
+from .schema import SCHEMAS
+from .sources import DRAW, MeasurementSource
 from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 
 log = logging.getLogger("topdown")
@@ -58,12 +60,13 @@ def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
 
 def make_chunks(
     product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
-    staging_dir: str, independent: bool = False,
+    staging_dir: str, independent: bool = False, source: MeasurementSource = DRAW,
 ) -> tuple[list[Chunk], np.ndarray]:
     """Chunks of whole parents for ``level``, and the child order (node rows) the chunks follow.
 
     At the root (``parent_level`` None) the level's nodes form one root problem; with ``independent``
-    every node is its own root problem (the block-by-block algorithm, seed 003 Appendix A).
+    every node is its own root problem (the block-by-block algorithm, seed 003 Appendix A). Each chunk
+    carries ``source``'s part for its children (its noisy answers are drawn, or read from a release).
     """
     cfg = config.product(product)
     common = dict(product=product, level=level.name, cfg=cfg, mode=config.run.mode, seed=config.run.seed)
@@ -101,10 +104,12 @@ def make_chunks(
         lo, hi = int(starts[pending[0]]), int(ends[pending[-1]])
         rows = order[lo:hi]
         idx = len(chunks)
-        chunks.append(Chunk(index=idx, children=[str(g) for g in level.nodes[rows]], child_hist=level.hist[rows],
+        children = [str(g) for g in level.nodes[rows]]
+        chunks.append(Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
                             child_plb=[level.plb[r] for r in rows],
                             parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in pending],
-                            measurements_path=f"{staging_dir}/part-{idx:05d}.parquet", cost=cost, **common))
+                            measurements_path=f"{staging_dir}/part-{idx:05d}.parquet", cost=cost,
+                            source=source.for_children(children), **common))
         pending, cost = [], 0
 
     for g, (s, e) in enumerate(zip(starts, ends)):
@@ -127,14 +132,17 @@ def _hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
 def estimate_level(
     client: Client, rundir: RunDir, product: str, config: Config, level: Level, parent_level: Level | None,
     parent_hist: sp.csr_matrix | None, progress: ProgressFn | None = None, independent: bool = False,
+    source: MeasurementSource = DRAW,
 ) -> tuple[sp.csr_matrix, LevelReport]:
-    """Measure and estimate one level; write its measurements and histograms atomically."""
+    """Measure (or read the published measurements of) and estimate one level; write its measurements
+    (when drawn) and histograms atomically."""
     start = time.perf_counter()
     mdir = rundir.measurements(product, level.name)
     hdir = rundir.histograms(product, level.name)
     chunks, order = make_chunks(product, config, level, parent_level, parent_hist, str(rundir.staging(mdir)),
-                                independent)
-    rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
+                                independent, source)
+    if source.draws:
+        rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
     records = rundir.chunk_records(product, level.name)
     results: dict[int, ChunkResult] = {}
     for chunk in chunks:  # chunks an interrupted run finished (chunking is deterministic)
@@ -146,7 +154,8 @@ def estimate_level(
         if progress:
             progress(product, level.name, len(results), len(chunks))
     futures = {}
-    digest = config.digest()[:8]
+    # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
+    digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
     for i in np.argsort([c.cost for c in chunks], kind="stable")[::-1]:
         if int(i) in results:
             continue
@@ -171,7 +180,8 @@ def estimate_level(
         pos += n
         parts.append((rows, res.hist))
     hist = sp.vstack([p[1] for p in parts]).tocsr()[np.argsort(np.concatenate([p[0] for p in parts]))]
-    rundir.commit(mdir)
+    if source.draws:
+        rundir.commit(mdir)
     rundir.commit(hdir)
     report = LevelReport(
         level=level.name, parents=sum(len(c.parents) for c in chunks), solved=sum(r.solved for r in results.values()),
@@ -225,10 +235,13 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
     its record. A mismatch (a file changed or lost since) is never reused: in test mode the chunk is
     recomputed (same noise), in production the run stops (recomputing would draw its noise again)."""
     record = records / f"part-{chunk.index:05d}.json"
+    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
     if not record.exists():
         return None
-    part = rundir.staging(hdir) / f"part-{chunk.index:05d}.parquet"
-    meta, problem = _unverified(record, {"histograms": part, "measurements": Path(chunk.measurements_path)})
+    files = {"histograms": part}
+    if chunk.source.draws:  # a reprocessing reads published measurements: nothing of its own to check
+        files["measurements"] = Path(chunk.measurements_path)
+    meta, problem = _unverified(record, files)
     if problem is not None:
         distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product} {chunk.level}",
                  f"Delete {record} to recompute that chunk (a new draw of unreleased noise), then --resume")
@@ -236,7 +249,7 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
     table = pq.read_table(part).to_pandas()
     rows = pd.Index(chunk.children).get_indexer(table["geocode"].astype(str))
     hist = sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
-                         shape=(len(chunk.children), chunk.child_hist.shape[1]), dtype=np.int64)
+                         shape=(len(chunk.children), SCHEMAS[chunk.product].ncells), dtype=np.int64)
     return ChunkResult(chunk.index, chunk.children, hist, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
                        meta["solve_seconds"], meta["sha256"]["measurements"])
 
@@ -270,4 +283,4 @@ def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_
     table = pq.read_table(rundir.histograms(product, level.name)).to_pandas()
     rows = level.nodes.get_indexer(table["geocode"].astype(str))
     return sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
-                         shape=level.hist.shape, dtype=np.int64)
+                         shape=(len(level), SCHEMAS[product].ncells), dtype=np.int64)

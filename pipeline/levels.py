@@ -15,7 +15,7 @@ import scipy.sparse as sp
 from topdown.geo.spine import Spine
 
 from .config import ProductConfig
-from .invariants import (UNIT_COLUMNS, LevelConstraints, check_feasible, configured_below, person_constraints,
+from .invariants import (UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below, person_constraints,
                          unit_constraints)
 from .queries import build_query
 from .schema import Schema
@@ -28,7 +28,7 @@ class Level:
     name: str
     nodes: pd.Index  # node geocodes, sorted
     parent: np.ndarray | None  # row of each node's parent in the level above (None at the root)
-    hist: sp.csr_matrix  # true histograms, int64, nodes x cells (confidential: never written)
+    hist: sp.csr_matrix | None  # true histograms, int64, nodes x cells (confidential: never written); None: reprocessing
     units: pd.DataFrame  # u0..u7, occupied (+ tot where invariant, NaN for a part of a state), by node geocode
     constraints: LevelConstraints
     plb: list[Fraction]  # each node's geolevel budget share (0: not measured, copied from its parent)
@@ -61,21 +61,56 @@ def _rollup(codes: np.ndarray) -> tuple[pd.Index, sp.csr_matrix, np.ndarray]:
     return pd.Index(nodes), agg, inverse
 
 
-def level_constraints(product: str, cfg: ProductConfig, spine_levels: list[str], units: list[pd.DataFrame],
+@dataclass
+class _Geography:
+    """One level's nodes, its node x block aggregation matrix, each block's node row, each node's state."""
+
+    name: str
+    nodes: pd.Index
+    agg: sp.csr_matrix
+    inverse: np.ndarray
+    state: np.ndarray
+
+
+def _geography(spine: Spine) -> tuple[np.ndarray, list[_Geography], list[np.ndarray | None]]:
+    """Block geoids in block-geocode order, every level's nodes, and every level's parent rows."""
+    table = spine.table.sort_values(spine.levels[-1]).reset_index(drop=True)
+    tab_geoid = table["geoid"].to_numpy()
+    state_of_block = np.array([g[:2] for g in tab_geoid])
+    geo = []
+    for name in spine.levels:
+        nodes, agg, inverse = _rollup(table[name].to_numpy())
+        first_block = np.zeros(len(nodes), dtype=np.int64)
+        first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
+        geo.append(_Geography(name, nodes, agg, inverse, state_of_block[first_block]))
+    # Parent rows: the node of the level above that holds the node's first block.
+    parents: list[np.ndarray | None] = [None]
+    for up, g in zip(geo[:-1], geo[1:]):
+        par = np.zeros(len(g.nodes), dtype=np.int64)
+        par[g.inverse] = up.inverse
+        parents.append(par)
+    return tab_geoid, geo, parents
+
+
+def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
                       parents: list[np.ndarray | None]) -> list[LevelConstraints]:
     """Constraint right-hand sides of every level, bottom-up (they propagate as sums), from the public
     invariants only: ``units[i]`` is level i's node frame (u0..u7, occupied, and tot where invariant) and
-    ``parents[i]`` each node's row in level i - 1 (the noisy measurement file recomputes them from a run's
-    invariants file)."""
+    ``parents[i]`` each node's row in level i - 1 (the noisy measurement file and reprocessing recompute
+    them from a run's invariants file)."""
     cons: list[LevelConstraints | None] = [None] * len(units)
     for i in range(len(units) - 1, -1, -1):
         if product == "persons":
-            child = cons[i + 1] if i + 1 < len(units) else None
-            child_par = parents[i + 1] if i + 1 < len(units) else None
-            cons[i] = person_constraints(cfg, spine_levels, spine_levels[i], units[i], child, child_par)
+            below = i + 1 < len(units)
+            cons[i] = person_constraints(cfg, levels, levels[i], units[i], cons[i + 1] if below else None,
+                                         parents[i + 1] if below else None)
         else:
             cons[i] = unit_constraints(units[i])
     return cons
+
+
+def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> list[Fraction]:
+    return [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
 
 
 def build_levels(
@@ -85,59 +120,86 @@ def build_levels(
 
     ``block_units`` is indexed by block geoid with columns u0..u7 and occupied.
     """
-    table = spine.table.sort_values(spine.levels[-1]).reset_index(drop=True)
-    tab_geoid = table["geoid"].to_numpy()
+    tab_geoid, geo, parents = _geography(spine)
     bhist = block_matrix(block_hist, pd.Index(tab_geoid), schema.ncells)
     bunits = block_units.reindex(tab_geoid).fillna(0).astype(np.int64)
-    state_of_block = np.array([g[:2] for g in tab_geoid])
-
-    levels: list[Level] = []
-    queries_needed = {"total", "hhgq", "gqNursingTotal * nonvoting", "householdTotal"} if product == "persons" else {"total"}
-    per_level = []
-    for name in spine.levels:
-        nodes, agg, inverse = _rollup(table[name].to_numpy())
-        hist = (agg @ bhist).tocsr()
-        units = pd.DataFrame(agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=nodes,
-                             columns=UNIT_COLUMNS + ["occupied"])
-        first_block = np.zeros(len(nodes), dtype=np.int64)
-        first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
-        per_level.append((name, nodes, hist, units, inverse, state_of_block[first_block]))
-
-    # Parent rows: the node of the level above that holds the node's first block.
-    parents: list[np.ndarray | None] = [None]
-    for (_, nodes_up, _, _, inv_up, _), (_, nodes, _, _, inv, _) in zip(per_level[:-1], per_level[1:]):
-        par = np.zeros(len(nodes), dtype=np.int64)
-        par[inv] = inv_up
-        parents.append(par)
-
-    # The declared person total where it is invariant (State and above), then the constraints bottom-up.
+    hists = [(g.agg @ bhist).tocsr() for g in geo]
+    units = [pd.DataFrame(g.agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=g.nodes,
+                          columns=UNIT_COLUMNS + ["occupied"]) for g in geo]
     state_level = spine.levels.index("State") if "State" in spine.levels else None
-    for i, (name, nodes, hist, units, inv, st) in enumerate(per_level):
+    for i, g in enumerate(geo):
         if (product == "persons" and state_level is not None and i <= state_level
-                and "tot" in configured_below(cfg.invariants, spine.levels, name)):  # only a declared total
-            tot = _invariant_totals(hist, st if i == state_level else None)
-            per_level[i] = (name, nodes, hist, units.assign(tot=tot), inv, st)
-    cons = level_constraints(product, cfg, spine.levels, [p[3] for p in per_level], parents)
-    for (name, _, hist, _, _, _), c in reversed(list(zip(per_level, cons))):  # bottom-up, as before
+                and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
+            node_totals = np.asarray(hists[i].sum(axis=1), dtype=float).ravel()
+            units[i] = units[i].assign(tot=_invariant_totals(node_totals, g.state if i == state_level else None))
+    cons = level_constraints(product, cfg, spine.levels, units, parents)
+    queries_needed = {"total", "hhgq", "gqNursingTotal * nonvoting", "householdTotal"} if product == "persons" else {"total"}
+    for g, hist, c in reversed(list(zip(geo, hists, cons))):  # the lowest infeasible level is reported
         answers = {q: build_query(schema, q).matrix() @ hist.T for q in queries_needed if q in
                    {r[0] for r in c.rhs.values()}}
-        check_feasible(name, c, {q: np.asarray(a.T.todense()) for q, a in answers.items()})
+        check_feasible(g.name, c, {q: np.asarray(a.T.todense()) for q, a in answers.items()})
+    state_total = None
+    if state_level is not None and "tot" in units[state_level].columns:
+        g = geo[state_level]
+        state_total = pd.Series(np.asarray(hists[state_level].sum(axis=1)).ravel(), index=g.nodes).groupby(g.state).sum()
+    return [Level(g.name, g.nodes, parents[i], hists[i], units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state,
+                  state_total if i == state_level else None)
+            for i, g in enumerate(geo)]
 
-    for i, (name, nodes, hist, units, _, state) in enumerate(per_level):
-        plb = [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
-        totals = None
-        if i == state_level and "tot" in units.columns:
-            totals = pd.Series(np.asarray(hist.sum(axis=1)).ravel(), index=nodes).groupby(state).sum()
-        levels.append(Level(name, nodes, parents[i], hist, units, cons[i], plb, state, totals))
-    return levels
 
-
-def _invariant_totals(hist: sp.csr_matrix, state: np.ndarray | None) -> np.ndarray:
+def _invariant_totals(node_totals: np.ndarray, state: np.ndarray | None) -> np.ndarray:
     """Node totals that are invariant: every node above State; at State (``state`` given: each node's real
     state) only a node that is a whole state. A part of a state split by the AIAN spine gets NaN: only the
     whole state's total is invariant (facts 2.6), so a part's total is neither written nor used in a bound."""
-    totals = np.asarray(hist.sum(axis=1), dtype=float).ravel()
     if state is None:
-        return totals
+        return node_totals
     _, inverse, parts = np.unique(state, return_inverse=True, return_counts=True)
-    return np.where(parts[inverse] == 1, totals, np.nan)
+    return np.where(parts[inverse] == 1, node_totals, np.nan)
+
+
+def published_units(spine: Spine, invariants: pd.DataFrame, where: str = "invariants"
+                    ) -> tuple[list[pd.DataFrame], list[np.ndarray | None], list[np.ndarray], pd.Series | None]:
+    """Every level's node frame (``u0..u7``, and ``tot`` where invariant, as :func:`build_levels` makes them)
+    rebuilt from a published invariants table (``level, geocode, u0.., tot``, and each whole state's total in
+    rows of level ``WHOLE_STATE``), with every level's parent rows, every node's state, and the State level's
+    whole-state totals (None without them)."""
+    _, geo, parents = _geography(spine)
+    whole = invariants[invariants["level"] == WHOLE_STATE]
+    state_total = (whole.assign(geocode=whole["geocode"].astype(str)).set_index("geocode")["tot"].astype(np.int64)
+                   if len(whole) else None)
+    state_level = spine.levels.index("State") if "State" in spine.levels else None
+    units = []
+    for i, g in enumerate(geo):
+        inv = invariants[invariants["level"] == g.name].set_index("geocode")
+        inv.index = inv.index.astype(str)
+        missing = g.nodes.difference(inv.index)
+        if len(missing):
+            raise ValueError(f"{where}: no invariants for {g.name} node {missing[0]!r} of the spine")
+        cols = [c for c in UNIT_COLUMNS if c in inv.columns and inv[c].notna().all()]
+        frame = inv.loc[g.nodes, cols].astype(np.int64)
+        if "tot" in inv.columns and inv.loc[g.nodes, "tot"].notna().all():
+            frame = frame.assign(tot=inv.loc[g.nodes, "tot"].to_numpy(dtype=float))
+        elif i == state_level and state_total is not None:
+            frame = frame.assign(tot=_invariant_totals(state_total.reindex(g.state).to_numpy(dtype=float), g.state))
+        if i == state_level and state_total is None and "tot" in frame.columns:  # every State node a whole state
+            state_total = frame["tot"].groupby(g.state).sum().astype(np.int64)
+        units.append(frame)
+    return units, parents, [g.state for g in geo], state_total
+
+
+def public_levels(product: str, cfg: ProductConfig, spine: Spine, invariants: pd.DataFrame,
+                  where: str = "invariants") -> list[Level]:
+    """The levels rebuilt from public data only, for reprocessing: the spine and the published invariants
+    (:func:`published_units`); no histogram (``hist`` is None). Constraints are rebuilt from the invariants
+    exactly as :func:`build_levels` builds them from the same values."""
+    from .config import ConfigError
+
+    if any("hh_lb_occupied" in names for names in cfg.constraints.values()):
+        raise ConfigError(f"[{product}.constraints] hh_lb_occupied needs the occupied housing units of every "
+                          "node, which are not invariant and not published; it cannot be rebuilt by reprocessing")
+    units, parents, states, state_total = published_units(spine, invariants, where)
+    state_level = spine.levels.index("State") if "State" in spine.levels else None
+    cons = level_constraints(product, cfg, spine.levels, units, parents)
+    return [Level(name, u.index, parents[i], None, u, cons[i], _plb(cfg, spine, name, u.index), states[i],
+                  state_total if i == state_level else None)
+            for i, (name, u) in enumerate(zip(spine.levels, units))]

@@ -84,3 +84,30 @@ def measure(
         {"geocode": pd.Series(dtype=object), "query": pd.Series(dtype=object), "answer": pd.Series(dtype=np.int32),
          "value": pd.Series(dtype=np.int64), "variance": pd.Series(dtype=float)})
     return out, table
+
+
+def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str], table: pd.DataFrame,
+               where: str = "noisy measurements") -> list[NodeMeasurements]:
+    """The inverse of :func:`measure`'s published table: per query (in ``queries`` order), the noisy answers
+    of the nodes ``geocodes``. A node without rows for a query is unmeasured (variance inf), as when drawn."""
+    index = pd.Index(geocodes)
+    n = len(index)
+    out = []
+    for query in queries:
+        q = build_query(schema, query)
+        sub = table[table["query"] == query]
+        rows = index.get_indexer(sub["geocode"].astype(str))
+        answer = sub["answer"].to_numpy(np.int64)
+        if (rows < 0).any() or (answer < 0).any() or (answer >= q.n_answers).any():
+            raise ValueError(f"{where}: query {query!r} has rows for another node or an answer outside "
+                             f"0..{q.n_answers - 1}")
+        values = np.full((n, q.n_answers), np.nan)
+        variance = np.full(n, np.inf)
+        values[rows, answer] = sub["value"].to_numpy(np.int64)
+        variance[rows] = sub["variance"].to_numpy(float)
+        measured = np.isfinite(variance)
+        if np.isnan(values[measured]).any():
+            bad = index[np.flatnonzero(np.isnan(values).any(axis=1) & measured)[0]]
+            raise ValueError(f"{where}: query {query!r} at node {bad!r} lacks some of its {q.n_answers} answers")
+        out.append(NodeMeasurements(query, values, variance))
+    return out

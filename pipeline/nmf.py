@@ -47,7 +47,7 @@ from topdown.geo.spine import Spine
 
 from .config import Config, ConfigError, config_from_dict, load_config
 from .invariants import UNIT_COLUMNS
-from .levels import level_constraints
+from .levels import level_constraints, published_units
 from .rundir import RunDir, RunDirError, write_json_atomic, write_table
 from .schema import SCHEMAS
 
@@ -136,13 +136,6 @@ def _constraint_table(product: str, nodes: pd.Index, units: pd.DataFrame, cons) 
                      "sign": pa.array(cols[4], pa.string()), "value": pa.array(cols[5], pa.list_(pa.float64()))})
 
 
-def _level_units(inv: pd.DataFrame, level: str, nodes: pd.Index) -> pd.DataFrame:
-    frame = inv[inv["level"] == level].set_index("geocode").reindex(nodes)
-    if "occupied" not in frame.columns:  # occupied units are not a declared invariant: no such right-hand side
-        frame["occupied"] = np.nan
-    return frame
-
-
 def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write the noisy measurement file of a complete run into ``out_dir`` (created; must not exist).
 
@@ -162,12 +155,11 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     for product in config.run.products:
         cfg = config.product(product)
         schema = SCHEMAS[product]
-        inv = pd.read_parquet(run_dir / "invariants" / f"{product}.parquet")
-        nodes = [pd.Index(spine.nodes(lv).astype(str)) for lv in spine.levels]
-        units = [_level_units(inv, lv, n) for lv, n in zip(spine.levels, nodes)]
-        parents: list[np.ndarray | None] = [None] + [
-            up.get_indexer(spine.parents(lv).reindex(n).to_numpy().astype(str)) for lv, up, n in
-            zip(spine.levels[1:], nodes, nodes[1:])]
+        inv_path = run_dir / "invariants" / f"{product}.parquet"
+        units, parents, _, _ = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
+        # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
+        units = [u.assign(occupied=np.nan) for u in units]
+        nodes = [u.index for u in units]
         cons = level_constraints(product, cfg, spine.levels, units, parents)
         for lv, n, u, c in zip(spine.levels, nodes, units, cons):
             base = tmp / product / f"{lv}.parquet"

@@ -2,7 +2,7 @@
 
 Layout (DESIGN.md section 2)::
 
-    manifest.json  certificate.json  spine.parquet
+    manifest.json  certificate.json  config.json  spine.parquet
     invariants/<product>.parquet            declared-public invariants per node (level, geocode, ...)
     noisy_measurements/<product>/level=<L>/ geocode, query, answer, value, variance
     histograms/<product>/level=<L>/         geocode, cell, count
@@ -51,6 +51,11 @@ class RunDir:
     @property
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"
+
+    @property
+    def config_path(self) -> Path:
+        """The resolved configuration the run used (JSON; ``Config.digest`` of it is the manifest's config hash)."""
+        return self.root / "config.json"
 
     def histograms(self, product: str, level: str) -> Path:
         return self.root / "histograms" / product / f"level={level}"

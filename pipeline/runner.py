@@ -10,16 +10,17 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 from distributed import Security
 
-from topdown.geo.spine import build_spine
+from topdown.geo.spine import Spine, build_spine
 
 from .certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
@@ -30,10 +31,11 @@ from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
-from .preflight import check_baf_states, check_workers, preflight, read_baf
+from .preflight import check_baf_states, preflight, read_baf
 from .release import prior_draws
-from .rundir import RunDir, RunDirError, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from .schema import SCHEMAS
+from .sources import DRAW, MeasurementSource
 from .tabulate import block_histograms, block_units, units_histograms
 from .validate import validate_input
 
@@ -114,6 +116,17 @@ def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
                                   f"quer{'y' if len(missing) == 1 else 'ies'} {', '.join(sorted(missing))}")
 
 
+def configure_run(path: str | Path, input_dir: str | Path | None = None, seed: int | None = None) -> Config:
+    """The configuration of ``topdown run PATH [--input DIR] [--seed N]``."""
+    config = load_config(path)
+    overrides: dict = {}
+    if seed is not None:
+        overrides["seed"] = seed
+    if input_dir:  # an explicit input directory must exist: never fill it with the demo data
+        overrides.update(input=str(input_dir), build_demo_input=False)
+    return config.with_overrides(**overrides) if overrides else config
+
+
 def run(
     config: Config | str | Path, out: str | Path | None = None, *, input_dir: str | Path | None = None, client=None, scheduler: str | None = None,
     workers: int | None = None, resume: bool = False, force: bool = False, progress: ProgressFn | None = None,
@@ -133,32 +146,75 @@ def run(
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
     out = out if out is not None else Path("runs") / config.run.name
+    inp = _input_dir(config, input_dir)
+    hashes = input_hashes(config, inp)
     rundir = RunDir(out)
+    with opened(rundir, config, hashes, resume, force, draws=True, redraw=redraw) as (manifest, prior):
+        return _run_locked(config, rundir, manifest, inp, hashes, client, scheduler, workers, progress, baf, security,
+                           prior)
+
+
+@contextmanager
+def opened(rundir: RunDir, config: Config, hashes: dict[str, str], resume: bool, force: bool, *, draws: bool = False,
+           redraw: bool = False) -> Iterator[tuple[dict, list[dict]]]:
+    """Hold ``rundir``'s lock; yield the manifest to continue (--resume: same configuration and inputs) or {},
+    and, for a run that ``draws`` noise, the earlier draws of this directory it composes with (release.py).
+
+    A complete run is refused without ``force`` (or ``redraw``)."""
     rundir.prepare()
     with rundir.lock():
         rundir.check_layout(config.run.products)
         manifest = rundir.read_manifest()
         if manifest.get("status") == "complete" and not (force or redraw):
             again = ("--redraw to draw a second release (the certificate then composes both)"
-                     if config.run.mode == "production" else "--force to recompute it")
-            raise AlreadyComplete(f"{out} already holds a complete run (config {manifest.get('config_hash', '?')[:12]}); "
-                                  f"use {again}")
-        if manifest and resume and manifest.get("config_hash") != config.digest():
-            raise RunDirError(f"{out} holds a run of a different configuration; cannot resume it")
-        prior = prior_draws(rundir, config, manifest, resume, redraw)
+                     if draws and config.run.mode == "production" else "--force to recompute it")
+            raise AlreadyComplete(f"{rundir.root} already holds a complete run (config "
+                                  f"{manifest.get('config_hash', '?')[:12]}); use {again}")
+        check_resumable(rundir, manifest, config, resume)
+        if manifest and resume:
+            check_inputs(rundir, manifest, hashes)
+        prior = prior_draws(rundir, config, manifest, resume, redraw) if draws else []
         if not resume:  # --resume keeps the chunks an interrupted level had finished
             rundir.clear_staging()
-            manifest = {}
-        return _run_locked(config, rundir, manifest, input_dir, client, scheduler, workers, progress, baf,
-                           security=security, prior=prior, fresh=not resume)
+        yield (manifest if resume else {}), prior
 
 
-def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, client, scheduler, workers,
-                progress: ProgressFn | None, baf: pd.DataFrame | None = None, security: Security | None = None,
-                prior: list[dict] | None = None, fresh: bool = False) -> Path:
+def check_resumable(rundir: RunDir, manifest: dict, config: Config, resume: bool) -> None:
+    """--resume continues only a run of the same configuration."""
+    if manifest and resume and manifest.get("config_hash") != config.digest():
+        raise RunDirError(f"{rundir.root} holds a run of a different configuration; cannot resume it")
+
+
+def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None:
+    """--resume continues only a run of the same input files (SHA-256 recorded in the manifest)."""
+    recorded = manifest.get("input_sha256")
+    if recorded is None:
+        log.warning("%s: the manifest records no input hashes (an older run); the input is not checked", rundir.root)
+        return
+    changed = sorted(k for k in set(recorded) | set(hashes) if recorded.get(k) != hashes.get(k))
+    if changed:
+        raise RunDirError(f"{rundir.root} holds a run of different input files ({', '.join(changed)} changed); "
+                          "cannot resume it")
+
+
+def input_hashes(config: Config, inp: Path) -> dict[str, str]:
+    """SHA-256 of every input file a run reads: the person and unit files, and the block assignment
+    files when the spine is built from them."""
+    files = {name: inp / name for name in ("persons.parquet", "units.parquet")}
+    if config.run.spine != "standard" and config.run.baf:
+        baf = Path(config.run.baf)
+        for f in sorted(baf.iterdir()) if baf.is_dir() else [baf]:
+            if f.is_file():
+                files[f"baf/{f.name}"] = f
+    return {name: sha256_file(path) for name, path in files.items()}
+
+
+def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashes: dict[str, str], client, scheduler,
+                workers, progress: ProgressFn | None, baf: pd.DataFrame | None, security: Security | None,
+                prior: list[dict]) -> Path:
+    fresh = not manifest  # {} unless --resume continues a run
     t0 = time.perf_counter()
-    timings: dict[str, float] = manifest.get("timings", {})
-    inp = _input_dir(config, input_dir)
+    timings: dict[str, float] = manifest.setdefault("timings", {})
     persons, units = validate_input(inp / "persons.parquet", inp / "units.parquet")
     timings["ingest"] = time.perf_counter() - t0
 
@@ -182,32 +238,61 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, input_dir, clien
         hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
         all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
         timings[f"{product}.tabulate"] = time.perf_counter() - t
+
+    def publish(rd: RunDir) -> None:
+        write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
+        for product in config.run.products:
+            _write_invariants(rd, product, all_levels[product])
+
+    plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
+    return execute(config, rundir, manifest, plan, client, scheduler, workers, progress, t0, security,
+                   fresh=fresh)
+
+
+@dataclass
+class Plan:
+    """Everything the estimation of a run directory needs, checked before the first write."""
+
+    spine: Spine
+    levels: dict[str, list[Level]]  # per product, top-down
+    certificate: dict
+    publish: Callable[[RunDir], None]  # writes (or links) the spine and the invariants
+    source: Callable[[RunDir, str, Level], MeasurementSource]  # per product and level: drawn or published
+    manifest: dict  # extra manifest entries (input hashes, the run reprocessed)
+
+
+def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, scheduler, workers,
+            progress: ProgressFn | None, t0: float, security: Security | None = None, fresh: bool = False) -> Path:
+    """Estimate every product level by level into ``rundir`` (holding its lock), then the MDF and the manifest.
+    ``fresh``: a new run, so every output of an earlier one is removed first."""
+    timings: dict[str, float] = manifest.setdefault("timings", {})
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs
             rundir.clear_outputs()
-        write_table(spine.to_arrow(), rundir.root / "spine.parquet")  # with kind, levels, budget moves
-        write_json_atomic(rundir.root / "certificate.json", cert)
-        write_json_atomic(rundir.root / "config.json", config.model_dump(mode="json"))  # public: for nmf, uncertainty
+        plan.publish(rundir)
+        write_json_atomic(rundir.config_path, config.model_dump(mode="json"))  # public: reprocess, nmf, uncertainty
+        write_json_atomic(rundir.root / "certificate.json", plan.certificate)
         completed: dict[str, list[str]] = manifest.get("completed", {})
+        cert = plan.certificate
         manifest.update({
             "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
             "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed,
-            "spine": config.run.spine, "levels": spine.levels,
+            "spine": config.run.spine, "levels": plan.spine.levels,
             "products": list(config.run.products),
             "budgets": {p: {k: v for k, v in cert[p].items() if k in ("mechanism", "rho", "epsilon", "delta")}
                         for p in config.run.products}, "completed": completed,
             "parents_solved": manifest.get("parents_solved", {}), "failsafe": manifest.get("failsafe", []),
-            "timings": timings,
+            "timings": timings, **plan.manifest,
         })
         rundir.write_manifest(manifest)
 
         for product in config.run.products:
-            levels = all_levels[product]
-            _write_invariants(rundir, product, levels)
-            block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress)
+            levels = plan.levels[product]
+            block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
+                                           lambda level: plan.source(rundir, product, level))
             t = time.perf_counter()
-            _write_mdf(rundir, product, spine, levels[-1], block_hist)
+            _write_mdf(rundir, product, plan.spine, levels[-1], block_hist)
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
     shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
@@ -229,7 +314,7 @@ def _path_shares(spine, budget) -> dict[str, dict[str, Fraction]]:
 
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
-                      progress: ProgressFn | None):
+                      progress: ProgressFn | None, source: Callable[[Level], MeasurementSource]):
     """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
@@ -250,7 +335,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
                      "Run again without --resume (with --redraw: a second release) or restore the level's files")
             done.remove(level.name)
         hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
-                                      independent=by_block)
+                                      independent=by_block, source=source(level))
         _log_report(product, report)
         done.append(level.name)
         digests[level.name] = level_digests(rundir, product, level.name)
@@ -292,7 +377,7 @@ def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None
     no total: only declared invariants are written."""
     frames = []
     for level in levels:
-        cols = ["u0"] if product == "units" else UNIT_COLUMNS
+        cols = UNIT_COLUMNS  # the units MDF of a reprocessing needs the GQ-facility counts
         f = level.units[cols].reset_index(names="geocode").assign(level=level.name)
         if product == "persons":
             f["tot"] = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan

@@ -16,9 +16,9 @@ import scipy.sparse as sp
 from topdown.solvers.problem import Constraint, GroupTotal, Measurement, ParentProblem
 
 from .config import ProductConfig
-from .measure import measure
-from .rundir import sha256_file, write_table
+from .rundir import sha256_file
 from .schema import SCHEMAS
+from .sources import DRAW, MeasurementSource
 
 
 class EstimationError(RuntimeError):
@@ -48,11 +48,12 @@ class Chunk:
     mode: str
     seed: int | None
     children: list[str]
-    child_hist: sp.csr_matrix  # true child histograms (confidential; never leaves the task)
+    child_hist: sp.csr_matrix | None  # true child histograms (confidential; never leaves the task); None: reprocessing
     child_plb: list[Fraction]
     parents: list[ParentTask]
     measurements_path: str  # Parquet part file for this chunk's noisy measurements
     cost: int = 0  # sum over its parents of children x non-zero parent cells (engine.py: packing, priority)
+    source: MeasurementSource = DRAW  # where the children's noisy answers come from (sources.py)
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _check(task: ParentTask, hist: np.ndarray, failsafe: list[str]) -> None:
 
 
 def run_chunk(chunk: Chunk) -> ChunkResult:
-    """Measure the chunk's children, write their noisy measurements, and estimate every parent."""
+    """Measure the chunk's children (or read their published measurements) and estimate every parent."""
     from topdown.solvers import solve_parent
     from topdown.solvers.backends import DEFAULT_BACKEND
 
@@ -94,11 +95,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
     start = time.perf_counter()
     schema = SCHEMAS[chunk.product]
     cfg = chunk.cfg
-    measured, table = measure(chunk.product, schema, cfg.budget, chunk.level, chunk.children, chunk.child_plb,
-                              chunk.child_hist, chunk.mode, chunk.seed)
-    write_table(table, Path(chunk.measurements_path))
-    del table
-    measurements_sha256 = sha256_file(Path(chunk.measurements_path))
+    measured = chunk.source.noisy(chunk)
+    measurements_sha256 = sha256_file(Path(chunk.measurements_path)) if chunk.source.draws else ""
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
     rounder = cfg.estimation.rounder_passes.get(chunk.level, [])
     out = np.zeros((len(chunk.children), schema.ncells), dtype=np.int64)

@@ -337,10 +337,11 @@ def real_cluster(tmp_path) -> Iterator[str]:
     addr = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
     log = open(tmp_path / "cluster.log", "w")
-    procs = [subprocess.Popen(["timeout", "300", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+    dask = [sys.executable, "-m", "dask"]  # this interpreter: the `dask` on PATH may import another checkout
+    procs = [subprocess.Popen(["timeout", "300", *dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], stdout=log, stderr=log, env=env, start_new_session=True)]
     for i in range(2):
-        procs.append(subprocess.Popen(["timeout", "300", "dask", "worker", addr, "--nthreads", "1", "--nworkers", "1",
+        procs.append(subprocess.Popen(["timeout", "300", *dask, "worker", addr, "--nthreads", "1", "--nworkers", "1",
                                        "--no-dashboard", "--local-directory", str(tmp_path / f"w{i}")],
                                       stdout=log, stderr=log, env=env, start_new_session=True))
     try:

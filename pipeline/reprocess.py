@@ -1,0 +1,309 @@
+"""``topdown reprocess RUN --out NEW [--config CHANGES.toml]``: estimate again from published measurements.
+
+Post-processing is free in differential privacy: estimates computed from the noisy measurements and the
+declared invariants alone add no privacy loss. Reprocessing reads only the public part of ``RUN``
+(``config.json``, ``spine.parquet``, ``invariants/``, ``noisy_measurements/``), never its input, and
+draws no noise: each chunk's answers come from :class:`sources.Published`. The level loop, the MDF and
+the manifest are those of a run (:func:`runner.execute`).
+
+``CHANGES.toml`` overrides the run's configuration key by key. Only keys that post-processing uses may
+change (:data:`POST_PROCESSING`: the estimation settings and the constraints, which are rebuilt from the
+published invariants); a change to anything that was measured is refused naming the key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from topdown.geo.spine import Spine
+
+from .config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
+from .engine import ProgressFn
+from .invariants import UNIT_COLUMNS
+from .levels import Level, public_levels
+from .nmf import run_config, run_spine
+from .rundir import RunDir, RunDirError, sha256_file, write_table
+from .runner import Plan, _level_names, execute, opened
+from .sources import Published
+
+log = logging.getLogger("topdown")
+
+#: Configuration keys reprocessing may change, as prefixes ("<product>" stands for persons and units):
+#: the run's name and where its input was (nothing is read from it), the estimation settings (passes and
+#: orderings, tau slack, rounder passes, split settings, solver back end and options, failsafe) and the
+#: constraints. Everything else (budget, queries, spine, mechanism, mode, seed, products, algorithm,
+#: invariants) determined what was measured or published and may not change.
+POST_PROCESSING = ("run.name", "run.input", "run.build_demo_input", "run.baf", "<product>.estimation",
+                   "<product>.constraints")
+
+#: What a reprocessing adds to the privacy loss of the measurements it reads.
+ZERO_LOSS = {"rho": "0", "epsilon": "0", "delta": "0",
+             "why": "post-processing: computed from published noisy measurements and declared invariants only; "
+                    "no noise drawn and no confidential data read"}
+
+
+def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: value}; lists are values."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _post_processing(key: str) -> bool:
+    for allowed in POST_PROCESSING:
+        for product in ("persons", "units"):
+            prefix = allowed.replace("<product>", product)
+            if key == prefix or key.startswith(prefix + "."):
+                return True
+    return False
+
+
+def changed_keys(before: Config, after: Config, where: str) -> list[str]:
+    """The dotted keys ``after`` changes; raises :class:`ConfigError` naming the first measured one."""
+    old, new = _leaves(before.model_dump(mode="json")), _leaves(after.model_dump(mode="json"))
+    changed = sorted(k for k in set(old) | set(new) if old.get(k, _MISSING) != new.get(k, _MISSING))
+    measured = [k for k in changed if not _post_processing(k)]
+    if measured:
+        raise ConfigError(f"{where}: {measured[0]} changes what was measured (reprocessing may change only "
+                          f"{', '.join(POST_PROCESSING)}); run a new release for it instead")
+    return changed
+
+
+_MISSING = object()
+
+
+def apply_changes(config: Config, changes: str | Path) -> Config:
+    """``config`` with the keys of the TOML file ``changes`` overriding its own."""
+    path = resolve_config_path(changes)
+    return config_from_dict(_deep_merge(config.model_dump(mode="json"), read_toml(path)), source=str(path))
+
+
+def read_invariants(src: RunDir, product: str) -> pd.DataFrame:
+    """The published invariants of ``product``. The units MDF needs the block GQ-facility counts, which runs
+    before config.json published with the persons invariants only; they are taken from there."""
+    inv = pd.read_parquet(src.invariants(product))
+    inv["geocode"] = inv["geocode"].astype(str)
+    if product == "units" and not set(UNIT_COLUMNS) <= set(inv.columns):
+        other = src.invariants("persons")
+        if not other.exists():
+            raise FileNotFoundError(f"{src.invariants(product)}: no GQ-facility counts (u1..u7), and no persons "
+                                    "invariants to take them from")
+        gq = pd.read_parquet(other, columns=["level", "geocode", *UNIT_COLUMNS[1:]])
+        gq["geocode"] = gq["geocode"].astype(str)
+        inv = inv.merge(gq, on=["level", "geocode"], how="left")
+    return inv
+
+
+def tree_sha256(root: Path) -> str:
+    """One SHA-256 over the relative paths and contents of every file under ``root`` (or of one file)."""
+    if root.is_file():
+        return sha256_file(root)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def source_hashes(src: RunDir) -> dict[str, str]:
+    """The SHA-256 of everything a reprocessing reads from ``src`` (its "input")."""
+    names = ["config.json", "spine.parquet", "invariants", "noisy_measurements"]
+    return {name: tree_sha256(src.root / name) for name in names if (src.root / name).exists()}
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Hard-link (or copy, across file systems) every file of ``src`` to the same place under ``dst``:
+    the published bytes, unchanged."""
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    if src.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        link(str(src), str(dst))
+    else:
+        shutil.copytree(src, dst, copy_function=link)
+
+
+def reprocessing_certificate(source_cert: dict, after: Config, of: dict) -> dict:
+    """The source's certificate (the privacy loss of the measurements, unchanged) marked as a reprocessing
+    (``of``: what was read, with its configuration hash) that adds zero privacy loss."""
+    return {**source_cert, "run": after.run.name, "config_sha256": after.digest(), "reprocessing_of": of,
+            "added_privacy_loss": ZERO_LOSS}
+
+
+@dataclass
+class _Source:
+    """What a reprocessing reads, checked and loaded before anything is written."""
+
+    config: Config
+    spine: Spine
+    invariants: dict[str, pd.DataFrame]  # per product: level, geocode, u0..u7, tot
+    certificate: dict
+    hashes: dict[str, str]
+    publish: Callable[[RunDir], None]  # links or writes the measurements, spine and invariants
+
+
+def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
+    src = RunDir(run_dir)
+    before = run_config(src.root)
+    config = apply_changes(before, changes) if changes else before
+    changed = changed_keys(before, config, str(changes or src.config_path))
+    of = {"run": str(src.root.resolve()), "config_sha256": before.digest(), "changed_keys": changed}
+    cert = reprocessing_certificate(json.loads((src.root / "certificate.json").read_text()), config, of)
+    names = ["spine.parquet", "noisy_measurements",
+             *(src.invariants(p).relative_to(src.root).as_posix() for p in config.run.products)]
+
+    def publish(rd: RunDir) -> None:
+        for name in names:
+            final = rd.root / name
+            staged = rd.staging(final)
+            shutil.rmtree(staged, ignore_errors=True) if staged.is_dir() else staged.unlink(missing_ok=True)
+            link_tree(src.root / name, staged)
+            rd.commit(final)
+
+    return _Source(config, run_spine(src.root), {p: read_invariants(src, p) for p in config.run.products}, cert,
+                   source_hashes(src), publish)
+
+
+def nmf_hashes(nmf_dir: Path, spine: Path) -> dict[str, str]:
+    """The SHA-256 of what a reprocessing of a noisy measurement file reads."""
+    return {"nmf": tree_sha256(nmf_dir), "spine": tree_sha256(spine)}
+
+
+def _nmf_invariants(nmf, product: str) -> pd.DataFrame:
+    """The invariants of a noisy measurement file's Constraint rows as a run's invariants table."""
+    frames = []
+    for level, con in nmf.constraints[product].items():
+        inv = con[con["kind"] == "invariant"]
+        frame = pd.DataFrame(index=pd.Index(sorted(set(inv["geocode"].astype(str))), name="geocode"))
+        for name, columns in (("gqhh_vect", UNIT_COLUMNS), ("tot", ["tot"]), ("hu_tot", ["u0"])):
+            rows = inv[inv["name"] == name]
+            if len(rows):
+                values = np.vstack(rows["value"].to_numpy())
+                frame = frame.join(pd.DataFrame(values, columns=columns, index=rows["geocode"].astype(str).to_numpy()))
+        frames.append(frame.reset_index().assign(level=level))
+    out = pd.concat(frames, ignore_index=True)
+    if product == "units" and "persons" in nmf.constraints and "u1" not in out.columns:
+        gq = _nmf_invariants(nmf, "persons")[["level", "geocode", *UNIT_COLUMNS[1:]]]
+        out = out.merge(gq, on=["level", "geocode"], how="left")
+    return out
+
+
+def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
+    """``config`` must describe what the noisy measurement file measured; the first difference is refused."""
+    if config.run.spine != meta.get("spine"):
+        raise ConfigError(f"{where}: run.spine is {config.run.spine!r}; the measurements were taken on the "
+                          f"{meta.get('spine')!r} spine")
+    for product in config.run.products:
+        m = meta["products"].get(product)
+        if m is None:
+            raise ConfigError(f"{where}: run.products lists {product!r}; the measurement file has no such product")
+        budget = config.product(product).budget
+        total = budget.rho if budget.mechanism == "discrete_gaussian" else budget.epsilon
+        if budget.mechanism != m["mechanism"]:
+            raise ConfigError(f"{where}: {product}.budget.mechanism differs from the measurement file's {m['mechanism']!r}")
+        if m.get("rho") is not None and str(total if total is not None else "inf") != str(m["rho"]):
+            raise ConfigError(f"{where}: {product}.budget.rho differs from the measurement file's {m['rho']}")
+        for level in meta["levels"]:
+            if list(budget.queries.get(level, {})) != list(m["queries"].get(level, [])):
+                raise ConfigError(f"{where}: {product}.budget.queries.{level} differs from the queries the "
+                                  f"measurement file measured at {level}")
+
+
+def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
+    from .certificate import certificate
+    from .nmf import read_nmf
+    from .runner import _path_shares
+
+    if spine_path is None or config_path is None:
+        raise ConfigError(f"{nmf_dir}: reprocessing a noisy measurement file needs --spine (the spine it was measured "
+                          "on) and --config (the configuration it was measured with, with any post-processing changes)")
+    nmf = read_nmf(nmf_dir)
+    config = load_config(config_path)
+    check_nmf_measured(config, nmf.meta, str(config.source))
+    spine_path = Path(spine_path)
+    try:
+        spine = Spine.read_parquet(spine_path)
+    except ValueError:  # a run's spine file of an older version: the table only (a standard spine)
+        spine = Spine(nmf.meta["levels"], pd.read_parquet(spine_path).astype(str), kind="standard")
+    if spine.levels != nmf.meta["levels"]:
+        raise ValueError(f"{spine_path}: levels {spine.levels} are not the measurement file's {nmf.meta['levels']}")
+    for product in config.run.products:
+        for level in spine.levels:
+            if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
+                raise ValueError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
+    invariants = {p: _nmf_invariants(nmf, p) for p in config.run.products}
+    of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
+          "spine": str(spine_path.resolve())}
+    cert = reprocessing_certificate(
+        certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}), config, of)
+
+    def publish(rd: RunDir) -> None:
+        write_table(spine.to_arrow(), rd.root / "spine.parquet")
+        for product in config.run.products:
+            write_table(invariants[product], rd.staging(rd.invariants(product)))
+            rd.commit(rd.invariants(product))
+            for level in spine.levels:
+                final = rd.measurements(product, level)
+                write_table(nmf.measurements[product][level], rd.staging(final) / "part-00000.parquet")
+                rd.commit(final)
+
+    return _Source(config, spine, invariants, cert, nmf_hashes(Path(nmf_dir), spine_path), publish)
+
+
+def is_nmf(path: str | Path) -> bool:
+    return (Path(path) / "nmf.json").exists()
+
+
+def identity(source: str | Path, changes: str | Path | None = None, spine: str | Path | None = None
+             ) -> tuple[str, dict[str, str]]:
+    """The configuration hash and input hashes a reprocessing of ``source`` records (for ``topdown batch``)."""
+    if is_nmf(source):
+        return load_config(changes).digest(), nmf_hashes(Path(source), Path(spine))
+    before = run_config(Path(source))
+    return (apply_changes(before, changes) if changes else before).digest(), source_hashes(RunDir(source))
+
+
+def reprocess(
+    source: str | Path, out: str | Path, changes: str | Path | None = None, *, spine: str | Path | None = None,
+    client=None, scheduler: str | None = None, workers: int | None = None, resume: bool = False, force: bool = False,
+    progress: ProgressFn | None = None,
+) -> Path:
+    """Estimate every level again into ``out`` from published noisy measurements and invariants (no noise
+    drawn): those of the complete run directory ``source``, with the post-processing changes of ``changes``
+    (a TOML file), or those of the noisy measurement file ``source`` (``topdown nmf``) with ``spine`` (its
+    spine file) and ``changes`` (the full configuration it was measured with, post-processing free to
+    change). Cluster arguments as :func:`runner.run`. Returns the new run directory's path."""
+    t0 = time.perf_counter()
+    if Path(out).resolve() == Path(source).resolve():
+        raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
+    src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
+    config = src.config
+    levels: dict[str, list[Level]] = {}
+    for product in config.run.products:
+        _level_names(config, product, src.spine.levels)
+        levels[product] = public_levels(product, config.product(product), src.spine, src.invariants[product],
+                                        where=f"invariants of {source}")
+    of = src.certificate["reprocessing_of"]
+    log.info("reprocessing %s into %s: no noise is drawn%s", source, out,
+             f"; changed: {', '.join(of['changed_keys'])}" if of.get("changed_keys") else "")
+    plan = Plan(src.spine, levels, src.certificate, src.publish, lambda rd, product, level: Published.of_level(
+        rd.measurements(product, level.name)), {"input_sha256": src.hashes, "reprocessing_of": of})
+    rundir = RunDir(out)
+    with opened(rundir, config, src.hashes, resume, force) as (state, _):
+        return execute(config, rundir, state, plan, client, scheduler, workers, progress, t0, fresh=not state)

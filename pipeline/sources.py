@@ -1,0 +1,112 @@
+"""Where a chunk's noisy measurements come from: drawn now, or read back from a release.
+
+A :class:`Chunk`'s ``source`` answers one question for the task, "the noisy answers of these children",
+so the level loop (engine.py) and the task (tasks.py) are the same for a run and for a reprocessing:
+
+* :class:`Draw` (a run): noise is drawn now from the chunk's confidential child histograms
+  (:func:`measure.measure`) and the measurements are staged beside the level, to be published with it.
+* :class:`Published` (``topdown reprocess``): the answers are read from a level's published Parquet
+  parts (``noisy_measurements/<product>/level=<L>/``, geocode, query, answer, value, variance). Nothing
+  confidential is read and nothing is drawn, so the estimates are post-processing (zero privacy loss).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from .measure import NodeMeasurements, from_table, measure
+from .rundir import write_table
+from .schema import SCHEMAS
+
+if TYPE_CHECKING:
+    from .tasks import Chunk
+
+
+class MeasurementSource:
+    """The noisy answers of a chunk's children (one query per :class:`NodeMeasurements`, budget order)."""
+
+    #: True when the source writes the measurements it draws (staged; the level commits them).
+    draws: ClassVar[bool] = False
+
+    def for_children(self, children: list[str]) -> "MeasurementSource":
+        """The (smaller) source a chunk with these children carries to its worker."""
+        return self
+
+    def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
+        raise NotImplementedError
+
+    def staged(self, chunk: "Chunk") -> bool:
+        """Whether the chunk's measurements are in place (for reusing a finished chunk on --resume)."""
+        return True
+
+
+@dataclass(frozen=True)
+class Draw(MeasurementSource):
+    """Draw the noise now and stage the chunk's measurements at ``chunk.measurements_path``."""
+
+    draws: ClassVar[bool] = True
+
+    def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
+        measured, table = measure(chunk.product, SCHEMAS[chunk.product], chunk.cfg.budget, chunk.level,
+                                  chunk.children, chunk.child_plb, chunk.child_hist, chunk.mode, chunk.seed)
+        write_table(table, Path(chunk.measurements_path))
+        return measured
+
+    def staged(self, chunk: "Chunk") -> bool:
+        return Path(chunk.measurements_path).exists()
+
+
+DRAW = Draw()
+
+
+@dataclass(frozen=True)
+class Published(MeasurementSource):
+    """Measurements read from published Parquet parts; ``parts`` holds (file, lowest, highest geocode)."""
+
+    parts: tuple[tuple[str, str | None, str | None], ...]
+
+    @classmethod
+    def of_level(cls, directory: Path) -> "Published":
+        """The parts of one level's measurement directory, with their geocode range from the file statistics."""
+        files = sorted(Path(directory).glob("*.parquet"))
+        if not files:
+            raise FileNotFoundError(f"{directory}: no noisy measurements (no .parquet files)")
+        return cls(tuple((str(f), *_geocode_range(f)) for f in files))
+
+    def for_children(self, children: list[str]) -> "Published":
+        lo, hi = min(children), max(children)
+        return Published(tuple(p for p in self.parts if p[1] is None or (p[1] <= hi and p[2] >= lo)))
+
+    def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
+        queries = list(chunk.cfg.budget.queries.get(chunk.level, {}))
+        files = [p[0] for p in self.parts]
+        if files:
+            table = ds.dataset(files, format="parquet").to_table(filter=ds.field("geocode").isin(chunk.children))
+            table = table.to_pandas()
+        else:
+            table = pd.DataFrame(columns=["geocode", "query", "answer", "value", "variance"])
+        where = f"{Path(files[0]).parent}" if files else f"published measurements of {chunk.level}"
+        return from_table(SCHEMAS[chunk.product], queries, chunk.children, table, where=where)
+
+
+def _geocode_range(path: Path) -> tuple[str | None, str | None]:
+    """The lowest and highest geocode of a Parquet file from its row-group statistics (None: unknown)."""
+    meta = pq.ParquetFile(path).metadata
+    if meta.num_rows == 0:
+        return "\uffff", ""  # an empty part overlaps nothing
+    col = meta.schema.names.index("geocode") if "geocode" in meta.schema.names else None
+    if col is None:
+        raise ValueError(f"{path}: no 'geocode' column; not a noisy-measurement file")
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            return None, None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return min(lows), max(highs)

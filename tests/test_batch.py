@@ -1,0 +1,141 @@
+"""``topdown batch``: jobs on one cluster, skipped when done, a failing job isolated, one batch at a time;
+input hashes in every manifest and checked by ``--resume``.
+
+The batch connects to the session's cluster (``scheduler`` in the jobs file) instead of starting one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rel_inputs import leaked_secrets
+from topdown.pipeline.batch import Batch, Job, expected, load_jobs, plan
+from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
+from topdown.pipeline.config import ConfigError
+from topdown.pipeline.rundir import RunDir, RunDirError, sha256_file
+from topdown.pipeline.runner import configure_run, run
+
+
+def _jobs(tmp_path: Path, scheduler: str, source: Path, chained: bool) -> Path:
+    (tmp_path / "bad.toml").write_text('[run]\nseed = 99\n')
+    path = tmp_path / "jobs.toml"
+    path.write_text(f"""
+[batch]
+scheduler = "{scheduler}"
+concurrent = 2
+
+[[job]]
+name = "again"
+kind = "reprocess"
+input = "{source}"
+out = "out/again"
+
+[[job]]
+name = "broken"
+kind = "reprocess"
+input = "{source}"
+config = "bad.toml"
+out = "out/broken"
+""" + ("""
+[[job]]
+name = "chained"
+kind = "reprocess"
+input = "out/again"
+out = "out/chained"
+verify = false
+""" if chained else ""))
+    return path
+
+
+def _first_batch(tmp_path: Path, jobs: Path) -> dict:
+    assert Batch(jobs).run() == EXIT_CONFIG  # the first failed job's exit code
+    summary = json.loads((tmp_path / "jobs.summary.json").read_text())
+    by_name = {r["name"]: r for r in summary["jobs"]}
+    assert summary["status"] == "failed" and summary["exit_code"] == EXIT_CONFIG
+    assert by_name["again"]["status"] == "complete" and by_name["again"]["exit_code"] == 0
+    assert by_name["broken"]["status"] == "failed" and by_name["broken"]["exit_code"] == EXIT_CONFIG
+    assert "run.seed changes what was measured" in by_name["broken"]["message"]
+    assert "verify: OK" in (tmp_path / "jobs.logs" / "again.log").read_text()
+    for r in summary["jobs"]:
+        assert r["wall_seconds"] >= 0 and r["cpu_seconds"] >= 0 and r["action"] == "run"
+    return by_name
+
+
+@pytest.mark.slow
+def test_a_job_waits_for_the_job_whose_output_it_reads(tmp_path, demo_run, dask_client):
+    by_name = _first_batch(tmp_path, _jobs(tmp_path, dask_client.scheduler.address, demo_run, chained=True))
+    assert by_name["chained"]["status"] == "complete"
+    assert json.loads((tmp_path / "out" / "chained" / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_batch_runs_skips_isolates_a_failure_and_refuses_a_second_batch(tmp_path, planted_run, dask_client,
+                                                                           capsys):
+    jobs = _jobs(tmp_path, dask_client.scheduler.address, planted_run, chained=False)
+    _first_batch(tmp_path, jobs)
+    # Nothing the batch or the reprocessing wrote beside the protected outputs shows a planted true count.
+    texts = [(tmp_path / "jobs.summary.json").read_text(), *(f.read_text() for f in (tmp_path / "jobs.logs").iterdir())]
+    texts += [(tmp_path / "out" / "again" / name).read_text() for name in ("manifest.json", "certificate.json")]
+    assert leaked_secrets("\n".join(texts)) == []
+    # Again: the complete job is skipped (same configuration and input hashes); the broken one fails again.
+    assert Batch(jobs).run() == EXIT_CONFIG
+    summary = json.loads((tmp_path / "jobs.summary.json").read_text())
+    assert [(r["name"], r["status"]) for r in summary["jobs"]] == [("again", "skipped"), ("broken", "failed")]
+
+    # A second batch over the same jobs while one holds its lock: exit code 4 at once, nothing touched.
+    before = (tmp_path / "jobs.summary.json").read_bytes()
+    with RunDir(tmp_path / ".jobs.batch").lock():
+        assert main(["batch", str(jobs)]) == EXIT_RUNDIR
+    assert "another batch over these jobs is running" in capsys.readouterr().err
+    assert (tmp_path / "jobs.summary.json").read_bytes() == before
+
+
+def test_plan_skips_resumes_and_protects_a_release(tmp_path, demo_input):
+    job = Job(name="r", kind="run", config="demo", input=str(demo_input), out="out")
+    assert plan(job, tmp_path) == ("run", [])  # nothing there yet
+    digest, hashes = expected(job, tmp_path)
+    assert hashes == {n: sha256_file(demo_input / n) for n in ("persons.parquet", "units.parquet")}
+    rd = RunDir(tmp_path / "out")
+    rd.prepare()
+    rd.write_manifest({"status": "complete", "config_hash": digest, "input_sha256": hashes})
+    assert plan(job, tmp_path) == ("skip", [])
+    rd.write_manifest({"status": "complete", "config_hash": digest, "input_sha256": {**hashes, "units.parquet": "0"}})
+    assert plan(job, tmp_path) == ("refuse", [])  # new input, new noise: only with force = true
+    assert plan(job.model_copy(update={"force": True}), tmp_path) == ("force", ["--force"])
+    rd.write_manifest({"status": "running", "config_hash": digest, "input_sha256": hashes})
+    assert plan(job, tmp_path) == ("resume", ["--resume"])
+
+
+def test_every_run_records_its_input_hashes_and_resume_checks_them(tmp_path, demo_run, demo_input):
+    manifest = json.loads((demo_run / "manifest.json").read_text())
+    assert manifest["input_sha256"] == {n: sha256_file(demo_input / n) for n in ("persons.parquet", "units.parquet")}
+    config = configure_run("demo", demo_input)
+    rd = RunDir(tmp_path / "interrupted")
+    rd.prepare()
+    rd.write_manifest({"status": "running", "config_hash": config.digest(),
+                       "input_sha256": {**manifest["input_sha256"], "persons.parquet": "0" * 64}})
+    with pytest.raises(RunDirError, match=r"different input files \(persons.parquet changed\)"):
+        run(config, rd.root, resume=True)
+
+
+def test_jobs_file_errors_name_the_file_and_key(tmp_path, capsys):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[job]]\nname = "a"\nkind = "rerun"\nout = "x"\n')
+    with pytest.raises(ConfigError, match=r"job\.0\.kind"):
+        load_jobs(path)
+    path.write_text('[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "x"\n'
+                    '[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "y"\n')
+    assert main(["batch", str(path)]) == EXIT_CONFIG
+    assert "two jobs have the same name 'a'" in capsys.readouterr().err
+
+
+def test_a_second_batch_waits_for_the_lock_then_gives_up(tmp_path):
+    path = tmp_path / "jobs.toml"
+    path.write_text('[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "x"\n')
+    guard = RunDir(tmp_path / ".jobs.batch")
+    guard.prepare()
+    with guard.lock():
+        with pytest.raises(RunDirError, match="another batch over these jobs is running"):
+            Batch(path).run(wait=0.3)
+    assert not (tmp_path / "jobs.summary.json").exists() and not (tmp_path / "x").exists()
