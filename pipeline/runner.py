@@ -31,7 +31,7 @@ from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level, build_levels
 from .mdf import person_mdf, unit_mdf
-from .preflight import check_baf_states, preflight, read_baf
+from .preflight import check_baf_states, check_workers, preflight, read_baf
 from .release import prior_draws
 from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from .schema import SCHEMAS

@@ -3,7 +3,6 @@ and of an off-spine union of nodes), on a small schema with a recode, and one no
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from topdown.pipeline.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
 from topdown.pipeline.queries import build_query
