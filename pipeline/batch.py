@@ -33,8 +33,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +47,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .config import ConfigError, _format_validation_error, read_toml
+from .cluster import credential_flags, tls_security
 from .rundir import RunDir, RunDirError, write_json_atomic
 
 log = logging.getLogger("topdown")
@@ -71,6 +74,9 @@ class BatchSection(_Strict):
     concurrent: int = Field(default=1, ge=1)
     workers: int | None = Field(default=None, ge=1)
     scheduler: str | None = None
+    tls_ca_file: str | None = None  # credentials of a tls:// scheduler (paths relative to the jobs file)
+    tls_cert: str | None = None
+    tls_key: str | None = None
     summary: str | None = None
     logs: str | None = None
 
@@ -204,6 +210,7 @@ class Batch:
                         for j in self.jobs.job]
         self.done = {j.name: threading.Event() for j in self.jobs.job}
         self.procs: set = set()
+        self.tls_flags: list[str] = []  # the --tls-* flags that let a job join the batch's cluster
         self.lock = threading.Lock()
         self.summary: dict = {}
 
@@ -245,7 +252,8 @@ class Batch:
             logfile = self.logs / f"{job.name}.log"
             rec["log"] = str(logfile)
             t = time.perf_counter()
-            code, cpu = _run_process(command(job, self.base, scheduler, workers, flags), logfile, self.procs, self.lock)
+            code, cpu = _run_process(command(job, self.base, scheduler, workers, flags + self.tls_flags), logfile,
+                                     self.procs, self.lock)
             if code == 0 and job.verify:
                 code, vcpu = _run_process([sys.executable, "-m", "topdown.pipeline.cli", "verify", rec["out"]],
                                           logfile, self.procs, self.lock)
@@ -295,28 +303,14 @@ class Batch:
         self.summary = {"jobs_file": str(self.path), "started": _now(), "status": "running",
                         "concurrent": cfg.concurrent, "jobs": self.records}
         self._write()
-        interrupted = False
-        with dask_client(None, cfg.scheduler, cfg.workers) as client:
-            address = client.scheduler.address
-            pids = _worker_pids(client)
-            cpu0 = _cpu(pids)
-            self.summary["cluster"] = {"scheduler": address, "workers": len(pids)}
-            pool = ThreadPoolExecutor(max_workers=cfg.concurrent)
-            futures = [pool.submit(self._job, i, address, None) for i in range(len(self.records))]
-            try:
-                for f in futures:
-                    f.result()
-            except KeyboardInterrupt:
-                interrupted = True
-                for f in futures:
-                    f.cancel()
-                with self.lock:
-                    for proc in list(self.procs):
-                        proc.send_signal(signal.SIGINT)  # the job stops cleanly and releases its run directory
-                for event in self.done.values():
-                    event.set()
-            pool.shutdown(wait=True)
-            self.summary["cluster"]["cpu_seconds"] = round(_cpu(pids) - cpu0, 3)
+        security = tls_security(*(str(self.base / v) if v else None for v in (cfg.tls_ca_file, cfg.tls_cert, cfg.tls_key)))
+        credentials = Path(tempfile.mkdtemp(prefix="topdown-batch-"))
+        try:
+            with dask_client(None, cfg.scheduler, cfg.workers, security) as client:
+                self.tls_flags = credential_flags(client.security, credentials)  # the jobs join this cluster
+                interrupted = self._run_jobs(client, cfg)
+        finally:
+            shutil.rmtree(credentials, ignore_errors=True)
         failed = [r for r in self.records if r.get("exit_code") not in (0, None)]
         code = EXIT_INTERRUPTED if interrupted else (failed[0]["exit_code"] if failed else EXIT_OK)
         self.summary.update(status="interrupted" if interrupted else ("failed" if failed else "ok"),
@@ -325,6 +319,32 @@ class Batch:
                                     for s in ("complete", "skipped", "failed", "pending")})
         self._write()
         return code
+
+
+    def _run_jobs(self, client, cfg: "BatchSection") -> bool:
+        """Every job on the cluster of ``client``, ``cfg.concurrent`` at a time; True when interrupted."""
+        address = client.scheduler.address
+        pids = _worker_pids(client)
+        cpu0 = _cpu(pids)
+        self.summary["cluster"] = {"scheduler": address, "workers": len(pids)}
+        pool = ThreadPoolExecutor(max_workers=cfg.concurrent)
+        futures = [pool.submit(self._job, i, address, None) for i in range(len(self.records))]
+        interrupted = False
+        try:
+            for f in futures:
+                f.result()
+        except KeyboardInterrupt:
+            interrupted = True
+            for f in futures:
+                f.cancel()
+            with self.lock:
+                for proc in list(self.procs):
+                    proc.send_signal(signal.SIGINT)  # the job stops cleanly and releases its run directory
+            for event in self.done.values():
+                event.set()
+        pool.shutdown(wait=True)
+        self.summary["cluster"]["cpu_seconds"] = round(_cpu(pids) - cpu0, 3)
+        return interrupted
 
 
 def _interrupt(signum, frame) -> None:

@@ -13,7 +13,9 @@ import json
 import logging
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
     0, 1, 2, 3, 4, 5, 6, 130)
@@ -34,16 +36,25 @@ def _progress_printer(quiet: bool):
     return progress
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _security(args: argparse.Namespace):
+    """The TLS client credentials of the --tls-* flags (None without them)."""
     from .cluster import tls_security
     from .config import ConfigError
-    from .runner import configure_run, run
 
-    config = configure_run(args.config, args.input, args.seed)
+    if not hasattr(args, "tls_ca_file"):  # a command without a cluster
+        return None
     security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
     if security is not None and not args.scheduler:
         raise ConfigError("--tls-ca-file/--tls-cert/--tls-key are for a --scheduler tls:// address; the embedded "
                           "cluster makes its own temporary credentials")
+    return security
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import configure_run, run
+
+    config = configure_run(args.config, args.input, args.seed)
+    security = _security(args)
     if config.run.mode == "test":
         from .certificate import NOT_PRIVATE_WARNING
 
@@ -60,7 +71,8 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     out = reprocess(args.run, args.out, args.config, spine=args.spine, scheduler=args.scheduler, workers=args.workers,
-                    resume=args.resume, force=args.force, progress=_progress_printer(args.quiet))
+                    resume=args.resume, force=args.force, progress=_progress_printer(args.quiet),
+                    security=_security(args))
     _print_summary("reprocessing (no privacy loss added)", out, start)
     return EXIT_OK
 
@@ -189,6 +201,32 @@ def cmd_replicates(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    """The arguments that choose the Dask cluster: an embedded one of --workers processes, or --scheduler
+    (with the --tls-* files for a tls:// address)."""
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786 or "
+                                       "tls://10.0.0.5:8786 (with the --tls-* files)")
+    p.add_argument("--tls-ca-file", help="PEM file of the CA that signed the TLS cluster's certificates")
+    p.add_argument("--tls-cert", help="PEM client certificate for a tls:// scheduler (may hold the key too)")
+    p.add_argument("--tls-key", help="PEM private key of the client certificate")
+
+
+@contextmanager
+def _tls_config(args: argparse.Namespace) -> Iterator[None]:
+    """The --tls-* flags as Dask's TLS configuration while a command runs, so that every command that
+    connects to a --scheduler (evaluate, uncertainty, replicates...) uses them."""
+    if _security(args) is None:
+        yield
+        return
+    import dask
+
+    with dask.config.set({"distributed.comm.tls.ca-file": args.tls_ca_file,
+                          "distributed.comm.tls.client.cert": args.tls_cert,
+                          "distributed.comm.tls.client.key": args.tls_key}):
+        yield
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -198,12 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. demo)")
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--input", help="input directory with persons.parquet and units.parquet (overrides [run] input)")
-    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786 or "
-                                       "tls://10.0.0.5:8786 (with the --tls-* files)")
-    p.add_argument("--tls-ca-file", help="PEM file of the CA that signed the TLS cluster's certificates")
-    p.add_argument("--tls-cert", help="PEM client certificate for a tls:// scheduler (may hold the key too)")
-    p.add_argument("--tls-key", help="PEM private key of the client certificate")
+    _cluster_args(p)
     p.add_argument("--seed", type=int, help="override the configured seed (test mode)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run after its last complete level")
     p.add_argument("--force", action="store_true", help="recompute a run directory that is already complete "
@@ -223,8 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "configuration it was measured with (post-processing keys free to change)")
     p.add_argument("--spine", help="for a noisy measurement file: the spine it was measured on (a run's "
                                    "spine.parquet or `topdown spine` output)")
-    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster (default: CPU count)")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
+    _cluster_args(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted reprocessing")
     p.add_argument("--force", action="store_true", help="recompute a directory that is already complete")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -268,8 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--truth", required=True, help="the input directory the runs protected")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
     p.add_argument("--out", help="output directory (default RUN/evaluation)")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
-    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    _cluster_args(p)
     p.add_argument("--uncertainty", help="a `topdown uncertainty` file of the first run: interval figure and coverage")
     p.set_defaults(fn=cmd_evaluate)
 
@@ -285,8 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
     p.add_argument("--levels", nargs="+", help="spine levels to write (default: all)")
     p.add_argument("--replicates", help="directory of `topdown replicates`: add replicate bias, RMSE and interval")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
-    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 
     p = sub.add_parser("replicates", help="rerun TopDown on a run's own MDF with fresh seeds (approximate Monte "
@@ -294,8 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--n", type=int, default=25, help="number of replicates (default 25)")
     p.add_argument("--out", required=True, help="replicates directory (resumable: finished replicates are kept)")
-    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
-    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    _cluster_args(p)
     p.set_defaults(fn=cmd_replicates)
 
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
@@ -326,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     from .tasks import EstimationError
 
     try:
-        return args.fn(args)
+        with _tls_config(args):
+            return args.fn(args)
     except ConfigError as exc:
         print(f"topdown: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

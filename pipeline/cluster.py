@@ -68,3 +68,24 @@ def check_scheduler(address: str, security: Security | None = None) -> Security 
                           "distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
                           "distributed.comm.tls.client.key in the Dask configuration)")
     return security
+
+
+def credential_flags(security: Security | None, directory: Path) -> list[str]:
+    """The ``--tls-*`` flags that give a child ``topdown`` process the credentials of ``security``
+    (a batch's jobs joining its cluster). Temporary credentials live in memory only: they are written
+    into ``directory`` (created private, files readable by their owner alone)."""
+    if security is None or not security.require_encryption:
+        return []
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    flags = []
+    for field, flag in TLS_FLAGS.items():
+        value = getattr(security, field, None)
+        if not value:
+            continue
+        if "-----BEGIN" in value:  # PEM text (Security.temporary()), not a path
+            path = directory / f"{field}.pem"
+            path.touch(mode=0o600)
+            path.write_text(value)
+            value = str(path)
+        flags += [flag, value]
+    return flags

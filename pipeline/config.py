@@ -214,6 +214,8 @@ def resolve_config_path(path: str | Path) -> Path:
     candidate = preset_dir() / (p.name if p.suffix == ".toml" else p.name + ".toml")
     if candidate.exists():
         return candidate
+    if p.exists():
+        raise ConfigError(f"{path}: cannot read the configuration: not a file (a TOML file or a preset name)")
     raise ConfigError(f"{path}: no such configuration file or shipped preset (presets: "
                       f"{', '.join(sorted(q.stem for q in preset_dir().glob('*.toml')))})")
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
+from distributed import Security
 
 from topdown.geo.spine import Spine
 
@@ -282,7 +283,7 @@ def identity(source: str | Path, changes: str | Path | None = None, spine: str |
 def reprocess(
     source: str | Path, out: str | Path, changes: str | Path | None = None, *, spine: str | Path | None = None,
     client=None, scheduler: str | None = None, workers: int | None = None, resume: bool = False, force: bool = False,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | None = None, security: Security | None = None,
 ) -> Path:
     """Estimate every level again into ``out`` from published noisy measurements and invariants (no noise
     drawn): those of the complete run directory ``source``, with the post-processing changes of ``changes``
@@ -306,4 +307,5 @@ def reprocess(
         rd.measurements(product, level.name)), {"input_sha256": src.hashes, "reprocessing_of": of})
     rundir = RunDir(out)
     with opened(rundir, config, src.hashes, resume, force) as (state, _):
-        return execute(config, rundir, state, plan, client, scheduler, workers, progress, t0, fresh=not state)
+        return execute(config, rundir, state, plan, client, scheduler, workers, progress, t0, security,
+                       fresh=not state)

@@ -12,18 +12,24 @@ import pytest
 
 from rel_inputs import leaked_secrets
 from topdown.pipeline.batch import Batch, Job, expected, load_jobs, plan
+from topdown.pipeline.cluster import credential_flags
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.config import ConfigError
 from topdown.pipeline.rundir import RunDir, RunDirError, sha256_file
 from topdown.pipeline.runner import configure_run, run
 
 
-def _jobs(tmp_path: Path, scheduler: str, source: Path, chained: bool) -> Path:
+def _jobs(tmp_path: Path, client, source: Path, chained: bool) -> Path:
+    """A jobs file on the session's TLS cluster: its credentials written for the jobs as a user would keep them."""
+    tls = dict(zip(*[iter(credential_flags(client.security, tmp_path / "tls"))] * 2))
     (tmp_path / "bad.toml").write_text('[run]\nseed = 99\n')
     path = tmp_path / "jobs.toml"
     path.write_text(f"""
 [batch]
-scheduler = "{scheduler}"
+scheduler = "{client.scheduler.address}"
+tls_ca_file = "{tls['--tls-ca-file']}"
+tls_cert = "{tls['--tls-cert']}"
+tls_key = "{tls['--tls-key']}"
 concurrent = 2
 
 [[job]]
@@ -65,14 +71,14 @@ def _first_batch(tmp_path: Path, jobs: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_job_waits_for_the_job_whose_output_it_reads(tmp_path, demo_run, dask_client):
-    by_name = _first_batch(tmp_path, _jobs(tmp_path, dask_client.scheduler.address, demo_run, chained=True))
+    by_name = _first_batch(tmp_path, _jobs(tmp_path, dask_client, demo_run, chained=True))
     assert by_name["chained"]["status"] == "complete"
     assert json.loads((tmp_path / "out" / "chained" / "manifest.json").read_text())["status"] == "complete"
 
 
 def test_batch_runs_skips_isolates_a_failure_and_refuses_a_second_batch(tmp_path, planted_run, dask_client,
                                                                            capsys):
-    jobs = _jobs(tmp_path, dask_client.scheduler.address, planted_run, chained=False)
+    jobs = _jobs(tmp_path, dask_client, planted_run, chained=False)
     _first_batch(tmp_path, jobs)
     # Nothing the batch or the reprocessing wrote beside the protected outputs shows a planted true count.
     texts = [(tmp_path / "jobs.summary.json").read_text(), *(f.read_text() for f in (tmp_path / "jobs.logs").iterdir())]

@@ -14,6 +14,7 @@ from scipy import stats
 
 from topdown.geo.spine import build_spine
 from topdown.pipeline.cli import EXIT_OK, main
+from topdown.pipeline.cluster import credential_flags
 from topdown.pipeline.config import load_config
 from topdown.pipeline.levels import build_levels
 from topdown.pipeline.measure import measure
@@ -22,6 +23,7 @@ from topdown.pipeline.rundir import RunDir, write_table
 from topdown.pipeline.schema import PERSONS
 from topdown.pipeline.tabulate import block_histograms, block_units
 from topdown.pipeline.uncertainty import Z90, uncertainty
+from conftest import DATA
 
 VHC = "votingage * hispanic * cenrace"
 
@@ -144,8 +146,9 @@ def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_pa
         shutil.copy(demo_run / name, slim / name)
     shutil.copytree(demo_run / "noisy_measurements", slim / "noisy_measurements")
     a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    tls = credential_flags(dask_client.security, tmp_path / "tls")  # the session cluster is TLS, as a run's own
     assert main(["uncertainty", str(demo_run), "--out", str(a), "--levels", "Tract", "Block_Group",
-                 "--scheduler", dask_client.scheduler.address, "--entities", str(Path(__file__).resolve().parents[1] / "data" / "ri_baf2020")]) == EXIT_OK
+                 "--scheduler", dask_client.scheduler.address, *tls, "--entities", str(DATA / "ri_baf2020")]) == EXIT_OK
     uncertainty(slim, b, levels=["Tract", "Block_Group"], client=dask_client)
     ta, tb = pd.read_parquet(a), pd.read_parquet(b)
     pd.testing.assert_frame_equal(ta[ta["level"].isin(["Tract", "Block_Group"])].reset_index(drop=True), tb)
