@@ -122,7 +122,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     return evaluate_command([Path(r) for r in args.runs], Path(args.truth),
                             entities=Path(args.entities) if args.entities else None,
-                            out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers)
+                            out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers,
+                            suppress=not args.no_suppress, audit=args.audit)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (several: replicates with different seeds)")
     p.add_argument("--truth", required=True, help="the input directory the runs protected")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
-    p.add_argument("--out", help="output directory (default RUN/evaluation)")
+    p.add_argument("--out", help="output directory (default RUN/evaluation-CONFIDENTIAL); the output is computed from "
+                                 "the truth and is confidential")
+    p.add_argument("--no-suppress", action="store_true",
+                   help="keep statistics over fewer than 3 geounits (they pin down true counts; default: suppressed)")
+    p.add_argument("--audit", help="output directory of `topdown audit`: its bounds are shown beside the EPL")
     p.add_argument("--scheduler", help="address of an existing Dask scheduler")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
     p.set_defaults(fn=cmd_evaluate)
