@@ -126,6 +126,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                             suppress=not args.no_suppress, audit=args.audit)
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import AuditError, audit_command
+    from .queries import QueryError
+
+    try:
+        return audit_command(args.config, args.input, args.move, args.runs, args.out, args.queries, args.seed,
+                             args.scheduler, args.workers)
+    except (AuditError, QueryError) as exc:
+        print(f"topdown: audit: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -181,6 +193,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="address of an existing Dask scheduler")
     p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
     p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("audit", help="direct empirical privacy loss: N runs on the input and N with one person moved")
+    p.add_argument("config", help="TOML configuration file or shipped preset name")
+    p.add_argument("--input", required=True, help="input directory with persons.parquet and units.parquet")
+    p.add_argument("--move", required=True, help="GEOID_FROM:GEOID_TO, the blocks one person moves between")
+    p.add_argument("--runs", type=int, required=True, help="runs on each database (N)")
+    p.add_argument("--queries", default="total,detailed", help="audited queries, comma-separated (default total,detailed)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of the runs (test-mode noise; default 0)")
+    p.add_argument("--out", help="output directory (default runs/<name>-audit-CONFIDENTIAL); the output is confidential")
+    p.add_argument("--workers", type=int, help="worker processes of the embedded cluster")
+    p.add_argument("--scheduler", help="address of an existing Dask scheduler")
+    p.set_defaults(fn=cmd_audit)
 
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")

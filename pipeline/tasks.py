@@ -51,7 +51,7 @@ class Chunk:
     child_hist: sp.csr_matrix  # true child histograms (confidential; never leaves the task)
     child_plb: list[Fraction]
     parents: list[ParentTask]
-    measurements_path: str  # Parquet part file for this chunk's noisy measurements
+    measurements_path: str | None  # Parquet part file for this chunk's noisy measurements (None: not written)
     cost: int = 0  # sum over its parents of children x non-zero parent cells (engine.py: packing, priority)
 
 
@@ -95,7 +95,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
     cfg = chunk.cfg
     measured, table = measure(chunk.product, schema, cfg.budget, chunk.level, chunk.children, chunk.child_plb,
                               chunk.child_hist, chunk.mode, chunk.seed)
-    write_table(table, Path(chunk.measurements_path))
+    if chunk.measurements_path is not None:
+        write_table(table, Path(chunk.measurements_path))
     del table
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
     rounder = cfg.estimation.rounder_passes.get(chunk.level, [])
