@@ -222,3 +222,22 @@ def test_entities_from_baf_dir(tmp_path: Path):
     table = load_entities(baf)
     assert set(map(tuple, table[["geoid", "entity_type", "entity"]].to_numpy())) == {
         (B1, "place", "P4412345"), (B1, "mcd", "M4400100100"), (B2, "mcd", "M4400100100")}
+
+
+def test_epl_table_shows_both_estimators_beside_theory():
+    from topdown.pipeline.eval_report import EPL_CAPTION, epl_table
+
+    epl = pd.DataFrame([
+        {"run": "r", "product": "persons", "level": "Block", "query": "total", "status": "estimated", "epl": 0.2,
+         "epl_lo": 0.1, "epl_hi": 0.3, "epsilon_query": 0.5, "epsilon_total": 17.14},
+        {"run": "r", "product": "persons", "level": "State", "query": "total", "status": "invariant", "epl": None,
+         "epl_lo": None, "epl_hi": None, "epsilon_query": None, "epsilon_total": 17.14}])
+    audit = pd.DataFrame({"product": "persons", "level": ["Block", "Block"], "query": "total",
+                          "epl_lower": [0.05, 0.07]})
+    table = epl_table(epl, audit)
+    assert table.loc[("persons", "Block", "total"), "residual EPL, r"] == "0.200 [0.100, 0.300]"
+    assert table.loc[("persons", "Block", "total"), "audit lower bound"] == "0.070"
+    assert table.loc[("persons", "Block", "total"), "epsilon (query)"] == "0.500"
+    assert table.loc[("persons", "State", "total"), "residual EPL, r"] == "invariant"
+    assert table.loc[("persons", "State", "total"), "epsilon (query)"] == "not measured"
+    assert "lower confidence bound" in EPL_CAPTION and "theoretical epsilon" in EPL_CAPTION
