@@ -16,7 +16,6 @@ import math
 import os
 import resource
 import time
-from fractions import Fraction
 from pathlib import Path
 
 import pandas as pd

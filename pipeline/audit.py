@@ -29,8 +29,6 @@ The output is CONFIDENTIAL: it comes from many runs on the true data (their aver
 """
 from __future__ import annotations
 
-import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +50,6 @@ from .schema import SCHEMAS
 from .tabulate import block_histograms, block_units
 from .tasks import run_chunk
 from .validate import validate_input
-
-log = logging.getLogger("topdown")
 
 #: Audited queries by default: the total and the detailed cell of the moved person.
 AUDIT_QUERIES: tuple[str, ...] = ("total", "detailed")
