@@ -180,3 +180,14 @@ def _check_rho_delta(rho: Fraction, delta: Fraction | float) -> tuple[float, flo
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     return float(rho), -math.log(float(delta))
+
+
+def rho_for_epsilon(epsilon: float, delta: Fraction) -> Fraction:
+    """The rho whose tight conversion (:func:`zcdp_to_epsilon`) at ``delta`` is ``epsilon``, as a fraction
+    (bisection on log rho to 1e-12 relative, then the nearest fraction with denominator <= 1e9): for studies
+    that scale a preset's budget to a chosen epsilon."""
+    lo, hi = 1e-9, 1e3
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if zcdp_to_epsilon(Fraction(mid), delta) < epsilon else (lo, mid)
+    return Fraction(hi).limit_denominator(10**9)

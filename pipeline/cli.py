@@ -168,7 +168,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return evaluate_command([Path(r) for r in args.runs], Path(args.truth),
                             entities=Path(args.entities) if args.entities else None,
                             out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers,
-                            uncertainty=args.uncertainty)
+                            uncertainty=args.uncertainty, suppress=not args.no_suppress, audit=args.audit)
 
 
 def cmd_nmf(args: argparse.Namespace) -> int:
@@ -199,6 +199,18 @@ def cmd_replicates(args: argparse.Namespace) -> int:
     print(f"{len(record['replicates'])} replicate(s) of {args.run} in {args.out} ({wall:.1f}s of runs); "
           "they read published data only and spend no privacy budget")
     return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from .audit import AuditError, audit_command
+    from .queries import QueryError
+
+    try:
+        return audit_command(args.config, args.input, args.move, args.runs, args.out, args.queries, args.seed,
+                             args.scheduler, args.workers)
+    except (AuditError, QueryError) as exc:
+        print(f"topdown: audit: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
@@ -299,7 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (several: replicates with different seeds)")
     p.add_argument("--truth", required=True, help="the input directory the runs protected")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
-    p.add_argument("--out", help="output directory (default RUN/evaluation)")
+    p.add_argument("--out", help="output directory (default RUN/evaluation-CONFIDENTIAL); the output is computed from "
+                                 "the truth and is confidential")
+    p.add_argument("--no-suppress", action="store_true",
+                   help="keep statistics over fewer than 3 geounits (they pin down true counts; default: suppressed)")
+    p.add_argument("--audit", help="output directory of `topdown audit`: its bounds are shown beside the EPL")
     _cluster_args(p)
     p.add_argument("--uncertainty", help="a `topdown uncertainty` file of the first run: interval figure and coverage")
     p.set_defaults(fn=cmd_evaluate)
@@ -326,6 +342,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="replicates directory (resumable: finished replicates are kept)")
     _cluster_args(p)
     p.set_defaults(fn=cmd_replicates)
+
+    p = sub.add_parser("audit", help="direct empirical privacy loss: N runs on the input and N with one person moved")
+    p.add_argument("config", help="TOML configuration file or shipped preset name")
+    p.add_argument("--input", required=True, help="input directory with persons.parquet and units.parquet")
+    p.add_argument("--move", required=True, help="GEOID_FROM:GEOID_TO, the blocks one person moves between")
+    p.add_argument("--runs", type=int, required=True, help="runs on each database (N)")
+    p.add_argument("--queries", default="total,detailed", help="audited queries, comma-separated (default total,detailed)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of the runs (test-mode noise; default 0)")
+    p.add_argument("--out", help="output directory (default runs/<name>-audit-CONFIDENTIAL); the output is confidential")
+    _cluster_args(p)
+    p.set_defaults(fn=cmd_audit)
 
     p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")

@@ -61,9 +61,10 @@ def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
 
 def make_chunks(
     product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
-    staging_dir: str, independent: bool = False, source: MeasurementSource = DRAW,
+    staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
 ) -> tuple[list[Chunk], np.ndarray]:
     """Chunks of whole parents for ``level``, and the child order (node rows) the chunks follow.
+    ``staging_dir`` None: the chunks keep their noisy measurements in memory (the audit's repeated runs).
 
     At the root (``parent_level`` None) the level's nodes form one root problem; with ``independent``
     every node is its own root problem (the block-by-block algorithm, seed 003 Appendix A). Each chunk
@@ -109,8 +110,8 @@ def make_chunks(
         chunks.append(Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
                             child_plb=[level.plb[r] for r in rows],
                             parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in pending],
-                            measurements_path=f"{staging_dir}/part-{idx:05d}.parquet", cost=cost,
-                            source=source.for_children(children), **common))
+                            measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
+                            cost=cost, source=source.for_children(children), **common))
         pending, cost = [], 0
 
     for g, (s, e) in enumerate(zip(starts, ends)):

@@ -103,18 +103,19 @@ def _figures(tables: dict[str, pd.DataFrame]) -> dict[str, bytes]:
     if not epl.empty and levels:
         level = _tradeoff_level(levels)
         runs = summary[(summary["level"] == level) & (summary["query"] == TRADEOFF_QUERY)].merge(
-            epl[["run", "product", "level", "query", "epl"]], on=["run", "product", "level", "query"])
+            epl[["run", "product", "level", "query", "epl"]], on=["run", "product", "level", "query"]).dropna(
+            subset=["epl", TRADEOFF_ERROR])
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         if not sampling.empty:
             s = sampling[(sampling["level"] == level) & (sampling["query"] == TRADEOFF_QUERY)]
-            s = s.groupby("rate")[["epl", TRADEOFF_ERROR]].mean().reset_index()
+            s = s.dropna(subset=["epl", TRADEOFF_ERROR]).groupby("rate")[["epl", TRADEOFF_ERROR]].mean().reset_index()
             ax.plot(s["epl"], s[TRADEOFF_ERROR], "s-", color="C1", label="simple random sample")
             for _, r in s.iterrows():
                 ax.annotate(f"{r['rate']:.0%}", (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
         ax.plot(runs["epl"], runs[TRADEOFF_ERROR], "o", color="C0", label="TopDown runs")
         for _, r in runs.iterrows():
             ax.annotate(str(r["run"]), (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
-        ax.set_xlabel("empirical privacy loss")
+        ax.set_xlabel("empirical privacy loss (residual-based)")
         ax.set_ylabel("mean absolute error per answer")
         ax.set_title(f"{level}, {TRADEOFF_QUERY}", fontsize=9)
         ax.legend(fontsize=7)
@@ -129,6 +130,48 @@ def _table(frame: pd.DataFrame, caption: str) -> str:
     return f"<h3>{html.escape(caption)}</h3>\n{body}\n"
 
 
+EPL_CAPTION_TITLE = "Empirical privacy loss: two estimators beside the theoretical epsilon"
+EPL_CAPTION = (
+    "How much could the published counts reveal about one person? The theoretical epsilon is what the proof "
+    "guarantees: 'epsilon (query)' for the noisy measurement of this query at this level, 'epsilon (run)' for "
+    "everything published (both converted from zCDP at the run's delta). The residual EPL looks at the errors "
+    "(protected minus true) of all geounits of the level, takes the distribution as if it were one count's noise, "
+    "and reports the largest log-ratio of the chances of two neighbouring errors x and x+1 (Petti & Flaxman 2020), "
+    "with a 95% bootstrap interval; it only uses pairs of errors seen at least 50 times each. 'invariant' means "
+    "every error is 0 (published exactly); 'too few residuals' means no such pair; 'suppressed' means fewer than "
+    "3 geounits. The direct audit (topdown audit) runs TopDown many times on the data and on the data with one "
+    "person moved, and gives a 95% lower confidence bound on the privacy loss that the counts of the nodes on "
+    "the moved person's paths actually show (the largest over the audited nodes of the level). A value near the "
+    "theoretical epsilon means the noise protects exactly as proven; a much smaller one means the estimation "
+    "hides more than the proof counts, for these counts and this person; neither can prove a value above what "
+    "they measure.")
+
+
+def _fmt_epl(row: pd.Series) -> str:
+    if row["status"] != "estimated":
+        return str(row["status"])
+    return f"{row['epl']:.3f} [{row['epl_lo']:.3f}, {row['epl_hi']:.3f}]"
+
+
+def epl_table(epl: pd.DataFrame, audit: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per product, level and query: the residual EPL of each run ("value [lo, hi]" or its status), the
+    direct audit's largest lower bound over the level's audited nodes, and the theoretical epsilons."""
+    if epl.empty:
+        return epl
+    frame = epl.assign(cell=epl.apply(_fmt_epl, axis=1))
+    out = frame.pivot_table(index=["product", "level", "query"], columns="run", values="cell", aggfunc="first",
+                            sort=False)
+    out.columns = [f"residual EPL, {c}" for c in out.columns]
+    if audit is not None and not audit.empty:
+        best = audit.groupby(["product", "level", "query"], sort=False)["epl_lower"].max()
+        out["audit lower bound"] = best.reindex(out.index).map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
+    theory = frame.groupby(["product", "level", "query"], sort=False)[["epsilon_query", "epsilon_total"]].first()
+    out["epsilon (query)"] = theory["epsilon_query"].reindex(out.index).map(
+        lambda v: "not measured" if pd.isna(v) else f"{v:.3f}")
+    out["epsilon (run)"] = theory["epsilon_total"].reindex(out.index).map(lambda v: "" if pd.isna(v) else f"{v:.2f}")
+    return out
+
+
 def _key_tables(tables: dict[str, pd.DataFrame]) -> str:
     parts = []
     summary = tables["summary"]
@@ -136,8 +179,8 @@ def _key_tables(tables: dict[str, pd.DataFrame]) -> str:
         levels = _levels(summary)
         mae = summary.pivot_table(index=["product", "level", "query"], columns="run", values="mean_abs_error", sort=False)
         parts.append(_table(mae, "Mean L1 error per geounit (paper Tables 9-10)"))
-        epl = tables["epl"].pivot_table(index=["product", "level", "query"], columns="run", values="epl", sort=False)
-        parts.append(_table(epl, "Empirical privacy loss (KDE bandwidth factor 0.1)"))
+        parts.append(_table(epl_table(tables["epl"], tables.get("audit")), EPL_CAPTION_TITLE))
+        parts.append(f"<p>{html.escape(EPL_CAPTION)}</p>\n")
         bins = tables["errors_by_bin"]
         first = bins[(bins["run"] == bins["run"].iloc[0]) & (bins["level"].isin(["County", levels[-1]]))]
         cols = ["product", "level", "bin", "n", "mean_abs_error", "mean_signed_error", "q0.005", "q0.05", "q0.5",
@@ -165,8 +208,12 @@ def _key_tables(tables: dict[str, pd.DataFrame]) -> str:
     return "".join(parts)
 
 
+CONFIDENTIAL_BANNER = ("CONFIDENTIAL: computed from the true (confidential) counts. Do not publish or share "
+                       "outside the disclosure-avoidance team.")
+
+
 def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], figures: bool = True,
-                 extra: tuple[dict[str, bytes], str] | None = None) -> Path:
+                 suppressed: bool = True, extra: tuple[dict[str, bytes], str] | None = None) -> Path:
     """Write the PNG figures and report.html (figures embedded as data URIs) into ``out``; ``extra``: more
     figures and HTML (the uncertainty intervals)."""
     imgs, note = {}, ""
@@ -178,15 +225,18 @@ def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], 
     imgs.update(extra[0] if extra else {})
     for name, png in imgs.items():
         (out / f"{name}.png").write_bytes(png)
+    small = ("Statistics over fewer than 3 geounits are suppressed." if suppressed else
+             "Statistics over fewer than 3 geounits are NOT suppressed (--no-suppress): they can pin down true counts.")
     figs = "".join(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{name}">'
                    for name, png in imgs.items())
     doc = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>TopDown evaluation</title>
+<html><head><meta charset="utf-8"><title>CONFIDENTIAL TopDown evaluation</title>
 <style>body{{font-family:sans-serif;font-size:12px;margin:1em}} img{{max-width:48%;margin:2px}}
 table.t{{border-collapse:collapse;font-size:11px;margin-bottom:1em}} .t td,.t th{{padding:1px 6px;text-align:right}}
 .t tr:nth-child(even){{background:#f2f2f2}}</style></head><body>
+<p style="color:#b00;font-weight:bold;font-size:14px">{html.escape(CONFIDENTIAL_BANNER)}</p>
 <h2>TopDown evaluation: {html.escape(', '.join(labels))}</h2>
-<p>Errors are protected minus true; only summaries over geounits are shown.</p>
+<p>Errors are protected minus true; only summaries over geounits are shown. {html.escape(small)}</p>
 {note}{figs}
 {_key_tables(tables)}{extra[1] if extra else ""}
 </body></html>

@@ -1,6 +1,12 @@
 """``topdown evaluate``: accuracy and empirical privacy loss of one or more runs against the truth.
 
-Writes ``RUN/evaluation/`` (the first run directory, or ``out``)::
+The output is CONFIDENTIAL by nature: it is computed from the true counts. It is written to the directory
+the user names (``out``) or ``RUN/evaluation-CONFIDENTIAL/`` of the first run, never beside the protected
+outputs, and the report says so at the top. A statistic over fewer than :data:`MIN_NODES` geounits (the
+US total's error, a State mean over two states) would pin down true counts: such rows are suppressed
+(values blank, ``suppressed`` = True) unless ``EvalOptions.suppress`` is False (``--no-suppress``).
+
+Writes (into ``out``)::
 
     summary.parquet         run, seed, product, level, query, n, n_answers, mean_abs_error (paper Tables 9-10:
                             per-geounit L1 averaged over geounits), mean_abs_cell_error, median_abs_error,
@@ -9,7 +15,9 @@ Writes ``RUN/evaluation/`` (the first run directory, or ``out``)::
     blau.parquet            TOTAL error by Blau-index quintile per level (paper Table 13)
     homogeneity.parquet     TOTAL bias by homogeneity index per level (Petti & Flaxman 2020, Figure 3)
     entities.parquet        off-spine entities: TOTAL error and largest-group share within 5 points, by bin
-    epl.parquet             empirical privacy loss per run, level and query
+    epl.parquet             empirical privacy loss per run, level and query (metrics.empirical_privacy_loss:
+                            status, epl and its bootstrap interval epl_lo..epl_hi) beside the theoretical
+                            epsilon of the query's measurement at that level and of the whole product
     sampling.parquet        simple-random-sample baselines: the same error and EPL metrics per rate
     replicates.parquet      run-to-run spread of each geounit's estimate (several runs only)
     *.png, report.html      figures and a one-page report
@@ -44,6 +52,14 @@ SHARE_QUERY = "hispanic * cenrace_7lev_two_comb"
 SAMPLING_RATES: tuple[float, ...] = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
 #: Petti & Flaxman's total count (TC) and age/race/ethnicity stratified count (SC).
 SAMPLING_QUERIES: tuple[str, ...] = ("total", "votingage * hispanic * cenrace")
+#: Statistics over fewer geounits than this are suppressed (issue 13 item 6).
+MIN_NODES = 3
+#: Default output folder inside the first run directory.
+CONFIDENTIAL_DIR = "evaluation-CONFIDENTIAL"
+#: Columns that identify a row (never suppressed).
+KEY_COLUMNS = ("run", "seed", "rate", "replicate", "sampling_seed", "product", "level", "entity_type", "query", "bin",
+               "quintile", "homogeneity", "n", "n_answers", "n_residuals", "status", "epsilon_query", "epsilon_total",
+               "suppressed")
 
 
 class EvaluationError(ValueError):
@@ -63,6 +79,9 @@ class EvalOptions:
     replicate_queries: tuple[str, ...] = ("total",)
     entity_bins: tuple[int, ...] = M.ENTITY_BINS
     epl_factor: float = 0.1
+    epl_min_count: int = M.EPL_MIN_COUNT
+    epl_bootstrap: int = M.EPL_BOOTSTRAP
+    suppress: bool = True
     dense_limit: int = 20_000_000
     figures: bool = True
     uncertainty: Path | None = None  # a `topdown uncertainty` file of the first run: interval figure + coverage
@@ -156,6 +175,26 @@ class RunView:
     def seed(self) -> Any:
         return self.manifest.get("seed")
 
+    def theoretical_epsilon(self, product: str) -> tuple[float | None, dict[tuple[str, str], float]]:
+        """The product's certified epsilon and, per (level, query) measured, the epsilon of that one
+        measurement (zCDP rho_q converted at the product's delta; pure DP epsilon_q), from certificate.json."""
+        path = self.root / "certificate.json"
+        cert = json.loads(path.read_text()).get(product) if path.exists() else None
+        if not cert or cert.get("epsilon") == "inf":
+            return None, {}
+        from fractions import Fraction
+
+        from .accounting import zcdp_to_epsilon
+
+        total = float(cert["epsilon_float"] if "epsilon_float" in cert else cert["epsilon"])
+        per: dict[tuple[str, str], float] = {}
+        for row in cert.get("queries", []):
+            if row.get("rho") not in (None, "0", "inf"):
+                per[(row["level"], row["query"])] = zcdp_to_epsilon(Fraction(row["rho"]), Fraction(cert["delta"]))
+            elif row.get("epsilon") not in (None, "0", "inf"):
+                per[(row["level"], row["query"])] = float(Fraction(row["epsilon"]))
+        return total, per
+
     def truth_at(self, blocks: pd.DataFrame, level: str) -> M.SparseHist:
         """True block histograms rolled up to ``level`` by this run's spine."""
         rows = self.geoid_index.get_indexer(blocks["geocode"])
@@ -201,9 +240,12 @@ def _summary_row(qe: M.QueryErrors) -> dict:
     return row
 
 
-def _epl_row(qe: M.QueryErrors, factor: float) -> dict:
-    res = M.empirical_privacy_loss(qe.values, qe.counts, factor=factor)
-    return {"n_residuals": int(qe.counts.sum()), "epl": res.epl, "bound": res.bound, "bandwidth": res.bandwidth}
+def _epl_row(qe: M.QueryErrors, opts: EvalOptions) -> dict:
+    res = M.empirical_privacy_loss(qe.values, qe.counts, factor=opts.epl_factor, min_count=opts.epl_min_count,
+                                   n_boot=opts.epl_bootstrap)
+    return {"n": qe.n_units, "n_residuals": res.n_residuals, "status": res.status, "epl": res.epl, "epl_lo": res.lo,
+            "epl_hi": res.hi, "bandwidth": res.bandwidth,
+            "range_lo": float(res.x.min()) if res.x.size else None, "range_hi": float(res.x.max()) if res.x.size else None}
 
 
 def _level_metrics(run: str, seed: Any, product: str, level: str, true: M.SparseHist, est: M.SparseHist,
@@ -213,7 +255,7 @@ def _level_metrics(run: str, seed: Any, product: str, level: str, true: M.Sparse
     for name in queries:
         qe = M.query_errors(true, est, build_query(schema, name), opts.dense_limit)
         summary.append({**_key(run, seed, product, level, query=name), **_summary_row(qe)})
-        epl.append({**_key(run, seed, product, level, query=name), **_epl_row(qe, opts.epl_factor)})
+        epl.append({**_key(run, seed, product, level, query=name), **_epl_row(qe, opts)})
         if qe.true is not None:
             kept[name] = qe
     return summary, epl, kept
@@ -233,8 +275,10 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
         for level in view.levels:
             true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
             summary, epl, kept = _level_metrics(label, seed, product, level, true, est, queries, opts)
+            eps_total, eps_query = view.theoretical_epsilon(product)
             out["summary"] += summary
-            out["epl"] += epl
+            out["epl"] += [{**row, "epsilon_query": eps_query.get((level, row["query"])), "epsilon_total": eps_total}
+                           for row in epl]
             total = kept["total"]
             err = (total.est - total.true)[:, 0]
             edges = M.BLOCK_BINS if level == view.levels[-1] else M.COUNTY_BINS
@@ -312,7 +356,7 @@ def sampling_replicate(root: Path, truth: Truth, rate: float, replicate: int, op
             rows.append({"rate": rate, "replicate": replicate, "sampling_seed": opts.sampling_seed,
                          "level": level, "query": s["query"], "n": s["n"], "mean_abs_error": s["mean_abs_error"],
                          "median_abs_error": s["median_abs_error"], "mean_abs_cell_error": s["mean_abs_cell_error"],
-                         "epl": e["epl"]})
+                         "status": e["status"], "epl": e["epl"], "epl_lo": e["epl_lo"], "epl_hi": e["epl_hi"]})
     return {"sampling": pd.DataFrame(rows)}
 
 
@@ -338,6 +382,27 @@ def replicate_spread(results: list[dict]) -> pd.DataFrame:
     return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
+# -- suppression of small statistics (issue 13 item 6) --------------------------------------------------
+
+def suppress_small(frame: pd.DataFrame, min_nodes: int = MIN_NODES) -> pd.DataFrame:
+    """Blank every statistic of a row computed over fewer than ``min_nodes`` geounits (column ``n``; for the
+    largest-share columns ``n_share``) and mark it ``suppressed``; an EPL row gets status "suppressed"."""
+    if frame.empty or "n" not in frame.columns:
+        return frame
+    frame = frame.copy()
+    small = frame["n"].to_numpy() < min_nodes
+    stats = [c for c in frame.columns if c not in KEY_COLUMNS and c not in ("n_share", "share_within_5pp")]
+    for c in stats:
+        frame[c] = frame[c].mask(small)
+    if "status" in frame.columns:
+        frame.loc[small, "status"] = f"suppressed (fewer than {min_nodes} geounits)"
+    if "n_share" in frame.columns:
+        small = small | (frame["n_share"].to_numpy() < min_nodes)
+        frame["share_within_5pp"] = frame["share_within_5pp"].mask(small)
+    frame["suppressed"] = small
+    return frame
+
+
 # -- driver ----------------------------------------------------------------------------------------------
 
 def _labels(runs: list[Path]) -> list[str]:
@@ -349,9 +414,10 @@ def _labels(runs: list[Path]) -> list[str]:
 
 
 def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, out: Path | None = None, client=None,
-             options: EvalOptions | None = None) -> Path:
+             options: EvalOptions | None = None, audit: Path | None = None) -> Path:
     """Evaluate ``run_dirs`` against the input directory ``truth`` and write the tables, figures and
-    report.html to ``out`` (default: ``<first run>/evaluation``). Returns the output directory.
+    report.html to ``out`` (default: ``<first run>/evaluation-CONFIDENTIAL``). Returns the output directory.
+    ``audit``: the output directory of ``topdown audit``, whose bounds the report shows beside the EPL.
 
     All runs and sampling replicates form one Dask job, computed on ``client`` if given, else locally on
     threads. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
@@ -365,7 +431,7 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     labels = _labels(runs)
     for r in runs:
         RunView(r, "check")  # fail fast, naming the offending directory
-    out = Path(out) if out is not None else runs[0] / "evaluation"
+    out = Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR
     truth_d = dask.delayed(load_truth)(Path(truth))
     ent_d = dask.delayed(load_entities)(Path(entities)) if entities is not None else None
     tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
@@ -382,14 +448,19 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl"):
         tables[name] = _frame([r["tables"][name] for r in run_results if not r["tables"][name].empty])
     tables["sampling"] = _frame([r["sampling"] for r in results[len(runs):]])
-    tables["replicates"] = replicate_spread(run_results)
+    tables["replicates"] = replicate_spread(run_results)  # protected estimates only: nothing to suppress
+    if opts.suppress:
+        for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl", "sampling"):
+            tables[name] = suppress_small(tables[name])
+    if audit is not None:
+        tables["audit"] = load_audit(Path(audit))
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         write_table(frame, out / f"{name}.parquet")
     from .eval_report import write_report
 
     extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
-    write_report(out, tables, labels, figures=opts.figures, extra=extra)
+    write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra)
     return out
 
 
@@ -404,30 +475,43 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     ent = load_entities(entities) if entities is not None else None
     totals = truth_totals(load_truth(truth).blocks["persons"], spine, ent)
     cov = coverage_summary(unc, totals)
+    if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
+        cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})
     write_table(cov, out / "intervals_coverage.parquet")
     figs = {"intervals": interval_figure(interval_table(unc))} if opts.figures else {}
     return figs, _table(cov.set_index("level"), "Share of geounits whose 90% interval covers the true TOTAL")
 
 
+def load_audit(path: Path) -> pd.DataFrame:
+    """The per-node table of a ``topdown audit`` output directory (``audit.parquet``)."""
+    table = path / "audit.parquet" if path.is_dir() else path
+    if not table.exists():
+        raise EvaluationError(f"{table}: not an audit output (no audit.parquet; see `topdown audit`)")
+    return pd.read_parquet(table)
+
+
 def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = None, out: str | None = None,
-                     scheduler: str | None = None, workers: int | None = None, uncertainty: str | None = None) -> int:
+                     scheduler: str | None = None, workers: int | None = None, uncertainty: str | None = None,
+                     suppress: bool = True, audit: str | None = None) -> int:
     """CLI helper for ``topdown evaluate RUN [RUN...] --truth INPUT [--entities TABLE] [--out DIR]``: evaluates
     (on a Dask scheduler if given, else threads), prints where the report is and the headline errors."""
-    opts = EvalOptions(uncertainty=Path(uncertainty) if uncertainty else None)
+    opts = EvalOptions(uncertainty=Path(uncertainty) if uncertainty else None, suppress=suppress)
+    audit_dir = Path(audit) if audit else None
     if scheduler or workers:
         from .runner import dask_client
 
         with dask_client(None, scheduler, workers) as client:
             path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
-                            Path(out) if out else None, client=client, options=opts)
+                            Path(out) if out else None, client=client, options=opts, audit=audit_dir)
     else:
         path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
-                        Path(out) if out else None, options=opts)
+                        Path(out) if out else None, options=opts, audit=audit_dir)
     summary = pd.read_parquet(path / "summary.parquet")
     persons = summary["product"] == "persons" if "product" in summary.columns else True
     tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",
                                                             sort=False)
-    print(f"evaluation written to {path} (report: {path / 'report.html'})")
+    print(f"CONFIDENTIAL evaluation (computed from the true counts; do not publish) written to {path} "
+          f"(report: {path / 'report.html'})" + ("" if suppress else "; statistics over fewer than 3 geounits NOT suppressed"))
     print("mean absolute error of persons TOTAL by level:")
     print(tot.to_string(float_format=lambda v: f"{v:.3f}"))
     return 0

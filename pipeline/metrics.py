@@ -285,12 +285,33 @@ def entity_metrics(true_total: np.ndarray, err_total: np.ndarray, share_err: np.
 
 # -- empirical privacy loss (Petti & Flaxman 2020; Flaxman 2019 section 2.3) ---------------------------
 
+#: The support rule: EPL(x) = log p(x) / p(x+1) is evaluated only at integers x where both x and x + 1 hold at
+#: least this many residuals. The log-ratio's standard error is then at most about sqrt(2 / 50) = 0.2, and a
+#: ratio is never taken where the kernel density is only the tail of a far-away kernel (the artefact that
+#: gave EPL = 91 or 568 from a few dozen residuals).
+EPL_MIN_COUNT = 50
+#: Bootstrap replicates and interval level of the EPL interval.
+EPL_BOOTSTRAP = 200
+EPL_LEVEL = 0.95
+#: Status of an EPL estimate: a number, an exactly published count, or too few residuals for the rule.
+EPL_ESTIMATED, EPL_INVARIANT, EPL_TOO_FEW = "estimated", "invariant", "too few residuals"
+
+
 @dataclass
 class EPLResult:
-    """``epl = max |EPL(x)|`` over integer x with -bound <= x and x + 1 <= bound; the curve ``epl_x``."""
+    """Residual-based empirical privacy loss of one query.
 
-    epl: float
-    bound: float
+    ``status`` is :data:`EPL_ESTIMATED` (then ``epl`` = max |EPL(x)| over the supported integers ``x`` and
+    ``lo``-``hi`` its basic bootstrap interval), :data:`EPL_INVARIANT` (every residual is 0: the count is
+    published exactly, privacy loss unbounded) or :data:`EPL_TOO_FEW` (no two adjacent integers hold
+    ``min_count`` residuals each). ``epl``, ``lo``, ``hi`` are None unless estimated: never inf or NaN.
+    """
+
+    status: str
+    epl: float | None
+    lo: float | None
+    hi: float | None
+    n_residuals: int
     bandwidth: float
     x: np.ndarray
     epl_x: np.ndarray
@@ -301,50 +322,96 @@ def kde_log_density(values: np.ndarray, counts: np.ndarray | None, x: np.ndarray
     """log p(x) of the 1-D Gaussian KDE of the pooled residuals (``values`` repeated ``counts`` times) and its
     bandwidth. Identical to ``scipy.stats.gaussian_kde(pooled, bw_method=factor)``: bandwidth = factor x the
     sample standard deviation (ddof 1) of the pooled residuals; evaluated in log space on unique values so
-    millions of residuals cost as much as their distinct values and far tails do not underflow."""
+    millions of residuals cost as much as their distinct values and far tails do not underflow.
+    ``factor = 0`` gives the log of the empirical probability mass at each x (no smoothing)."""
     values = np.asarray(values, dtype=float)
     counts = np.ones_like(values) if counts is None else np.asarray(counts, dtype=float)
     n = counts.sum()
+    x = np.asarray(x, dtype=float)
+    if factor == 0:
+        mass = np.zeros(x.size)
+        where = np.searchsorted(values, x)
+        hit = (where < values.size) & (values[np.minimum(where, values.size - 1)] == x)
+        mass[hit] = counts[where[hit]]
+        with np.errstate(divide="ignore"):
+            return np.log(mass / n), 0.0
     mean = (values * counts).sum() / n
     var = (counts * (values - mean) ** 2).sum() / (n - 1)
     h = factor * np.sqrt(var)
-    x = np.asarray(x, dtype=float)
     z = (x[:, None] - values[None, :]) / h
     logp = logsumexp(-0.5 * z**2, b=counts[None, :], axis=1) - np.log(n * h * np.sqrt(2 * np.pi))
     return logp, float(h)
 
 
-def central_bound(values: np.ndarray, counts: np.ndarray | None, quantile: float = 0.99, scale: float = 1.5) -> float:
-    """Half-width of the central range: ``scale`` x max(|q_(1-quantile)|, |q_quantile|) of the residuals
-    (Petti & Flaxman's replication code: 1.5 x the larger of the 1st and 99th percentiles; Flaxman 2019 sec.
-    2.3 parameterises K as a scaling factor times a residual percentile)."""
-    lo, hi = weighted_quantiles(values, counts, (1 - quantile, quantile))
-    return float(scale * max(abs(lo), abs(hi)))
+def integer_residuals(values: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The residuals on the integer grid: distinct rounded values (sorted) and their counts. TopDown's
+    residuals are integers already; a scaled simple-random-sample estimate is rounded like a published count."""
+    values = np.rint(np.asarray(values, dtype=float))
+    counts = np.ones_like(values) if counts is None else np.asarray(counts, dtype=float)
+    keep = counts > 0
+    grid, inv = np.unique(values[keep], return_inverse=True)
+    return grid, np.bincount(inv, weights=counts[keep]).astype(np.int64)
+
+
+def supported_range(grid: np.ndarray, counts: np.ndarray, min_count: int = EPL_MIN_COUNT) -> np.ndarray:
+    """The integers x where both x and x + 1 hold at least ``min_count`` residuals (the support rule)."""
+    enough = set(grid[counts >= min_count].astype(np.int64).tolist())
+    return np.array(sorted(x for x in enough if x + 1 in enough), dtype=float)
+
+
+def epl_curve(grid: np.ndarray, counts: np.ndarray, x: np.ndarray, factor: float = 0.1) -> tuple[np.ndarray, float]:
+    """EPL(x) = log p(x) - log p(x + 1) at the integers ``x``, p the Gaussian KDE (bandwidth ``factor`` x sd)
+    of the residuals (Petti & Flaxman 2020), and the bandwidth."""
+    logp, h = kde_log_density(grid, counts, np.concatenate([x, x + 1]), factor)
+    return logp[:x.size] - logp[x.size:], h
+
+
+def crossfit_max(grid: np.ndarray, counts: np.ndarray, x: np.ndarray, factor: float, rng: np.random.Generator
+                 ) -> float:
+    """max_x |EPL(x)| without the upward bias of a maximum over noisy log-ratios: the residuals are split at
+    random into halves A and B; the x of the largest |EPL| in A is evaluated in B and vice versa, and the two
+    values are averaged (cross-fitting: the selection and the estimate never use the same residuals)."""
+    half = rng.binomial(counts, 0.5)
+    values = []
+    for sel, est in ((half, counts - half), (counts - half, half)):
+        c_sel, _ = epl_curve(grid[sel > 0], sel[sel > 0], x, factor)
+        c_est, _ = epl_curve(grid[est > 0], est[est > 0], x, factor)
+        values.append(abs(c_est[int(np.argmax(np.abs(c_sel)))]))
+    return float(np.mean(values))
 
 
 def empirical_privacy_loss(values: np.ndarray, counts: np.ndarray | None = None, factor: float = 0.1,
-                           quantile: float = 0.99, scale: float = 1.5) -> EPLResult:
-    """EPL = max over the central range of |log p(x) / p(x+1)|, p the Gaussian KDE (bandwidth factor 0.1)
-    of the pooled residuals (Petti & Flaxman 2020, eq. for EPL(x)).
+                           min_count: int = EPL_MIN_COUNT, n_boot: int = EPL_BOOTSTRAP, level: float = EPL_LEVEL,
+                           seed: int = 0) -> EPLResult:
+    """EPL = max |log p(x) / p(x+1)| over the integers of :func:`supported_range`, p the Gaussian KDE with the
+    seeds' bandwidth factor 0.1 (Petti & Flaxman 2020), estimated by :func:`crossfit_max`, with a bootstrap
+    interval.
 
-    x runs over the integers with -B <= x and x + 1 <= B, B = :func:`central_bound` (at least x = -1, 0 so
-    that tiny residual spreads are still evaluated). Residuals that are all equal (invariants) have no
-    density: EPL is +inf (an exactly published count has unbounded privacy loss).
+    The plain maximum of the noisy log-ratios (the seeds' estimator) sits above the truth: for geometric
+    noise with epsilon 0.25 and 200,000 residuals it gives about 0.4. The cross-fitted maximum removes that
+    selection bias. The interval is the ``level`` percentile interval of ``n_boot`` bootstrap replicates
+    (residuals resampled multinomially on the integer grid, same range; NumPy generator seeded with
+    ``seed``, so the result is reproducible). Every residual 0 gives status "invariant"; no supported x gives
+    "too few residuals"; ``epl_x`` is the curve of the whole sample on the supported range.
     """
-    values = np.asarray(values, dtype=float)
-    counts = np.ones_like(values) if counts is None else np.asarray(counts, dtype=float)
-    keep = counts > 0
-    values, counts = values[keep], counts[keep]
-    if values.size == 0:
+    grid, cnt = integer_residuals(values, counts)
+    n = int(cnt.sum())
+    if n == 0:
         raise ValueError("empirical_privacy_loss: no residuals")
-    bound = central_bound(values, counts, quantile, scale)
-    if np.unique(values).size < 2:
-        return EPLResult(float("inf"), bound, 0.0, np.zeros(0), np.zeros(0))
-    top = max(int(np.floor(bound)), 1)
-    x = np.arange(-top, top, dtype=float)
-    logp, h = kde_log_density(values, counts, np.append(x, float(top)), factor)
-    epl_x = logp[:-1] - logp[1:]
-    return EPLResult(float(np.abs(epl_x).max()), bound, h, x, epl_x)
+    empty = np.zeros(0)
+    if grid.size == 1 and grid[0] == 0:
+        return EPLResult(EPL_INVARIANT, None, None, None, n, 0.0, empty, empty)
+    x = supported_range(grid, cnt, min_count)
+    if x.size == 0:
+        return EPLResult(EPL_TOO_FEW, None, None, None, n, 0.0, empty, empty)
+    curve, h = epl_curve(grid, cnt, x, factor)
+    rng = np.random.default_rng(seed)
+    est = crossfit_max(grid, cnt, x, factor, rng)
+    boot = np.empty(n_boot)
+    for b in range(n_boot):
+        boot[b] = crossfit_max(grid, rng.multinomial(n, cnt / n), x, factor, rng)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return EPLResult(EPL_ESTIMATED, est, float(lo), float(hi), n, h, x, curve)
 
 
 # -- simple random sampling baseline (Petti & Flaxman 2020) -------------------------------------------

@@ -54,7 +54,8 @@ class Draw(MeasurementSource):
     def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
         measured, table = measure(chunk.product, SCHEMAS[chunk.product], chunk.cfg.budget, chunk.level,
                                   chunk.children, chunk.child_plb, chunk.child_hist, chunk.mode, chunk.seed)
-        write_table(table, Path(chunk.measurements_path))
+        if chunk.measurements_path is not None:  # None: kept in memory (the audit's repeated runs)
+            write_table(table, Path(chunk.measurements_path))
         return measured
 
     def staged(self, chunk: "Chunk") -> bool:

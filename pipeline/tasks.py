@@ -51,7 +51,7 @@ class Chunk:
     child_hist: sp.csr_matrix | None  # true child histograms (confidential; never leaves the task); None: reprocessing
     child_plb: list[Fraction]
     parents: list[ParentTask]
-    measurements_path: str  # Parquet part file for this chunk's noisy measurements
+    measurements_path: str | None  # Parquet part file for this chunk's noisy measurements (None: not written)
     cost: int = 0  # sum over its parents of children x non-zero parent cells (engine.py: packing, priority)
     source: MeasurementSource = DRAW  # where the children's noisy answers come from (sources.py)
 
@@ -96,7 +96,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
     schema = SCHEMAS[chunk.product]
     cfg = chunk.cfg
     measured = chunk.source.noisy(chunk)
-    measurements_sha256 = sha256_file(Path(chunk.measurements_path)) if chunk.source.draws else ""
+    measurements_sha256 = (sha256_file(Path(chunk.measurements_path))
+                           if chunk.source.draws and chunk.measurements_path is not None else "")
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
     rounder = cfg.estimation.rounder_passes.get(chunk.level, [])
     out = np.zeros((len(chunk.children), schema.ncells), dtype=np.int64)

@@ -231,3 +231,12 @@ def test_path_condition() -> None:
     cert = certificate(load_config("e2e_1940"), spine_budget={"persons": {
         "b": {lv: Fraction(1, 6) for lv in ["US", "State", "County", "Tract", "Block_Group", "Block"]}}})
     assert cert["persons"]["path_condition"]["blocks"] == 1
+
+
+def test_rho_for_epsilon_inverts_the_conversion():
+    from topdown.pipeline.accounting import rho_for_epsilon
+
+    delta = Fraction(1, 10**10)
+    for eps in (0.5, 1, 4, 10, 17.14):
+        rho = rho_for_epsilon(eps, delta)
+        assert isinstance(rho, Fraction) and zcdp_to_epsilon(rho, delta) == pytest.approx(eps, rel=1e-6)

@@ -69,7 +69,7 @@ def setup(tmp_path: Path):
     return truth, run_a, run_b, entities
 
 
-OPTS = EvalOptions(sampling_rates=(0.5, 1.0), figures=False)
+OPTS = EvalOptions(sampling_rates=(0.5, 1.0), figures=False, suppress=False)
 
 
 def test_evaluate_tables(setup, tmp_path: Path):
@@ -119,12 +119,16 @@ def test_evaluate_tables(setup, tmp_path: Path):
     assert e_b.loc["all", "share_within_5pp"] == 1.0
 
     epl = pd.read_parquet(out / "epl.parquet")
-    assert {"run", "level", "query", "epl", "bound", "bandwidth", "n_residuals"} <= set(epl.columns)
+    assert {"run", "level", "query", "status", "epl", "epl_lo", "epl_hi", "n_residuals", "epsilon_query",
+            "epsilon_total"} <= set(epl.columns)
     assert len(epl) == len(summary)
+    # four blocks give a handful of residuals: never a number from them, never inf or NaN for a status
+    assert set(epl["status"]) <= {"invariant", "too few residuals"} and epl["status"].notna().all()
+    assert epl["epl"].isna().all()
 
     sampling = pd.read_parquet(out / "sampling.parquet")
     full = sampling[sampling["rate"] == 1.0]
-    assert (full["mean_abs_error"] == 0).all() and np.isinf(full["epl"]).all()  # a 100% sample is exact
+    assert (full["mean_abs_error"] == 0).all() and (full["status"] == "invariant").all()  # a 100% sample is exact
     assert set(sampling["level"]) == set(LEVELS)
 
     rep = pd.read_parquet(out / "replicates.parquet")
@@ -138,10 +142,54 @@ def test_evaluate_default_out_and_figures(setup):
     pytest.importorskip("matplotlib")
     truth, run_a, _, _ = setup
     out = evaluate([run_a], truth, options=EvalOptions(sampling_rates=(0.5,)))
-    assert out == run_a / "evaluation"
+    assert out == run_a / "evaluation-CONFIDENTIAL"
     assert (out / "mae_by_level.png").exists() and (out / "epl_tradeoff.png").exists()
     assert "data:image/png;base64" in (out / "report.html").read_text()
     assert pd.read_parquet(out / "replicates.parquet").empty  # one run: no spread
+
+
+def test_evaluate_is_confidential_and_suppresses_small_statistics(setup, tmp_path: Path):
+    """Issue 13 item 6: the report says CONFIDENTIAL at the top; statistics over fewer than 3 geounits (US: 1,
+    State: 1, County: 2 here) are blank unless suppression is turned off; the others are untouched."""
+    truth, run_a, _, _ = setup
+    out = evaluate([run_a], truth, out=tmp_path / "sup", options=EvalOptions(sampling_rates=(0.5,), figures=False))
+    body = (out / "report.html").read_text()
+    assert body.index("CONFIDENTIAL") < body.index("<h2>") and "are suppressed" in body
+    summary = pd.read_parquet(out / "summary.parquet").set_index(["run", "level", "query"])
+    for level in ("US", "State", "County"):
+        row = summary.loc[("run_a", level, "total")]
+        assert row["suppressed"] and pd.isna(row["mean_abs_error"]) and pd.isna(row["q0.5"]), level
+    assert summary.loc[("run_a", "County", "total"), "n"] == 2  # the row stays, its numbers go
+    block = summary.loc[("run_a", "Block", "total")]
+    assert not block["suppressed"] and block["mean_abs_error"] == 0.75
+    bins = pd.read_parquet(out / "errors_by_bin.parquet")
+    small = bins[bins["n"].between(1, 2)]
+    assert len(small) and small["mean_abs_error"].isna().all() and small["suppressed"].all()
+    epl = pd.read_parquet(out / "epl.parquet")
+    assert epl.loc[epl["level"] == "US", "status"].str.startswith("suppressed").all()
+    sampling = pd.read_parquet(out / "sampling.parquet")
+    assert sampling.loc[sampling["level"] == "US", "mean_abs_error"].isna().all()
+    blau = pd.read_parquet(out / "blau.parquet")
+    assert blau.loc[blau["n"] == 1, "mean_signed_error"].isna().all()
+    # --no-suppress keeps them, and the report says so
+    full = evaluate([run_a], truth, out=tmp_path / "full", options=EvalOptions(sampling_rates=(0.5,), figures=False,
+                                                                             suppress=False))
+    summary = pd.read_parquet(full / "summary.parquet").set_index(["run", "level", "query"])
+    assert summary.loc[("run_a", "County", "total"), "mean_abs_error"] == 1.5
+    assert "NOT suppressed" in (full / "report.html").read_text()
+
+
+def test_evaluate_cli_no_suppress(setup, tmp_path: Path, capsys):
+    from topdown.pipeline.cli import main
+
+    truth, run_a, _, _ = setup
+    assert main(["evaluate", str(run_a), "--truth", str(truth)]) == 0
+    assert "CONFIDENTIAL" in capsys.readouterr().out
+    summary = pd.read_parquet(run_a / "evaluation-CONFIDENTIAL" / "summary.parquet")
+    assert summary.loc[summary["level"] == "US", "mean_abs_error"].isna().all()
+    assert main(["evaluate", str(run_a), "--truth", str(truth), "--out", str(tmp_path / "ns"), "--no-suppress"]) == 0
+    summary = pd.read_parquet(tmp_path / "ns" / "summary.parquet")
+    assert summary.loc[summary["level"] == "US", "mean_abs_error"].notna().all()
 
 
 def test_evaluate_dask_client(setup, tmp_path: Path):
@@ -174,3 +222,22 @@ def test_entities_from_baf_dir(tmp_path: Path):
     table = load_entities(baf)
     assert set(map(tuple, table[["geoid", "entity_type", "entity"]].to_numpy())) == {
         (B1, "place", "P4412345"), (B1, "mcd", "M4400100100"), (B2, "mcd", "M4400100100")}
+
+
+def test_epl_table_shows_both_estimators_beside_theory():
+    from topdown.pipeline.eval_report import EPL_CAPTION, epl_table
+
+    epl = pd.DataFrame([
+        {"run": "r", "product": "persons", "level": "Block", "query": "total", "status": "estimated", "epl": 0.2,
+         "epl_lo": 0.1, "epl_hi": 0.3, "epsilon_query": 0.5, "epsilon_total": 17.14},
+        {"run": "r", "product": "persons", "level": "State", "query": "total", "status": "invariant", "epl": None,
+         "epl_lo": None, "epl_hi": None, "epsilon_query": None, "epsilon_total": 17.14}])
+    audit = pd.DataFrame({"product": "persons", "level": ["Block", "Block"], "query": "total",
+                          "epl_lower": [0.05, 0.07]})
+    table = epl_table(epl, audit)
+    assert table.loc[("persons", "Block", "total"), "residual EPL, r"] == "0.200 [0.100, 0.300]"
+    assert table.loc[("persons", "Block", "total"), "audit lower bound"] == "0.070"
+    assert table.loc[("persons", "Block", "total"), "epsilon (query)"] == "0.500"
+    assert table.loc[("persons", "State", "total"), "residual EPL, r"] == "invariant"
+    assert table.loc[("persons", "State", "total"), "epsilon (query)"] == "not measured"
+    assert "lower confidence bound" in EPL_CAPTION and "theoretical epsilon" in EPL_CAPTION

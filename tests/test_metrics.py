@@ -126,27 +126,61 @@ def test_kde_matches_scipy():
     assert h == pytest.approx(np.sqrt(kde.covariance[0, 0]))
 
 
-def test_epl_hand():
-    # residuals uniform on {-2..2}: the 99th-percentile bound is 2, so B = 3 and x runs over -3..2
-    values = np.arange(-2, 3, dtype=float)
-    res = M.empirical_privacy_loss(values, np.full(5, 1000))
-    assert res.bound == 3.0 and list(res.x) == [-3, -2, -1, 0, 1, 2]
-    logp, _ = M.kde_log_density(values, np.full(5, 1000), np.arange(-3, 4, dtype=float))
-    assert res.epl == pytest.approx(np.abs(logp[:-1] - logp[1:]).max())
-    assert np.allclose(res.epl_x, -res.epl_x[::-1])  # symmetric residuals give an antisymmetric curve
-    assert M.empirical_privacy_loss(np.zeros(5)).epl == np.inf  # invariant: no density
+def test_epl_statuses_and_support_rule():
+    # every residual 0: the count is published exactly
+    inv = M.empirical_privacy_loss(np.zeros(7))
+    assert inv.status == M.EPL_INVARIANT and inv.epl is None and inv.lo is None
+    # a few dozen residuals, none of two adjacent integers holding 50: no number, never inf or NaN
+    few = M.empirical_privacy_loss(np.array([-40, -3, 0, 0, 1, 2, 90] * 7))
+    assert few.status == M.EPL_TOO_FEW and few.epl is None and few.n_residuals == 49
+    # uniform residuals on -2..2 with 1000 each, except 2 with 40: the rule keeps x = -2, -1, 0 only
+    values, counts = np.arange(-2, 3), np.array([1000, 1000, 1000, 1000, 40])
+    res = M.empirical_privacy_loss(values, counts, factor=0)
+    assert res.status == M.EPL_ESTIMATED and list(res.x) == [-2, -1, 0]
+    assert np.allclose(res.epl_x, 0.0) and res.lo <= 0.1 and 0 <= res.lo <= res.epl <= res.hi < 0.2
+    # factor 0: the log-ratio of the raw counts
+    res = M.empirical_privacy_loss(np.arange(-1, 3), np.array([100, 200, 400, 400]), factor=0)
+    np.testing.assert_allclose(res.epl_x, [np.log(0.5), np.log(0.5), 0.0])
+    assert res.lo <= np.log(2) <= res.hi and res.lo <= res.epl <= res.hi
+    again = M.empirical_privacy_loss(np.arange(-1, 3), np.array([100, 200, 400, 400]), factor=0)
+    assert (again.epl, again.lo, again.hi) == (res.epl, res.lo, res.hi)  # seeded: reproducible
+    # scaled (non-integer) residuals are put on the integer grid
+    grid, cnt = M.integer_residuals(np.array([-0.4, 0.2, 0.6, 1.4]), np.array([1, 2, 3, 0]))
+    assert grid.tolist() == [0, 1] and cnt.tolist() == [3, 3]
 
 
-def test_epl_of_geometric_mechanism_is_close_to_epsilon():
-    """Two-sided geometric noise with epsilon = 0.5 (Flaxman 2019; Petti & Flaxman Table SA1: EPL about epsilon).
-    Fixed seed; the band 0.8-1.5 x epsilon is wide against the estimator's spread at 200k residuals."""
+@pytest.mark.parametrize("eps", [0.25, 0.5, 1.0, 2.0])
+def test_epl_of_geometric_mechanism_is_epsilon(eps):
+    """Two-sided geometric noise with parameter epsilon: |log p(x)/p(x+1)| = epsilon at every x, so the
+    EPL is epsilon (Flaxman 2019; Petti & Flaxman Table SA1), and epsilon lies in the bootstrap interval."""
     rng = np.random.default_rng(20200406)
-    eps = 0.5
     p = 1 - np.exp(-eps)
     x = rng.geometric(p, 200_000) - rng.geometric(p, 200_000)
-    values, counts = np.unique(x, return_counts=True)
-    epl = M.empirical_privacy_loss(values, counts).epl
-    assert 0.8 * eps <= epl <= 1.5 * eps
+    res = M.empirical_privacy_loss(x)
+    assert res.status == M.EPL_ESTIMATED
+    assert res.lo <= eps <= res.hi
+    assert res.hi - res.lo < 2 * eps  # informative: the tails at 50 residuals make it wide for small epsilon
+
+
+def test_epl_of_discrete_gaussian_at_the_edge_matches_the_analytic_ratio():
+    """Discrete Gaussian with sigma: log p(x)/p(x+1) = (2x + 1) / (2 sigma^2), largest at the edge of the
+    supported range, where the estimate must match it within 3 standard errors of a log-ratio of counts."""
+    rng = np.random.default_rng(7)
+    sigma = 4.0
+    support = np.arange(-60, 61)
+    pmf = np.exp(-support**2 / (2 * sigma**2))
+    x = rng.choice(support, size=300_000, p=pmf / pmf.sum())
+    res = M.empirical_privacy_loss(x)
+    grid, cnt = M.integer_residuals(x)
+    count = dict(zip(grid.tolist(), cnt.tolist()))
+    for edge, value in ((res.x.max(), res.epl_x[-1]), (res.x.min(), res.epl_x[0])):
+        analytic = (2 * edge + 1) / (2 * sigma**2)
+        se = np.sqrt(1 / count[edge] + 1 / count[edge + 1])
+        assert abs(value - analytic) < 3 * se + 0.02 * abs(analytic)  # 2%: the KDE's smoothing (h = 0.1 sigma)
+        assert count[edge] >= M.EPL_MIN_COUNT and count[edge + 1] >= M.EPL_MIN_COUNT
+    assert count.get(res.x.max() + 2, 0) < M.EPL_MIN_COUNT or res.x.max() + 1 in res.x  # the range ends by the rule
+    assert res.epl == pytest.approx(np.abs(res.epl_x).max(), abs=0.1)  # cross-fitted vs plain maximum
+    assert res.lo <= max(abs(2 * e + 1) for e in (res.x.min(), res.x.max())) / (2 * sigma**2) <= res.hi
 
 
 def test_simple_random_sample():

@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
@@ -79,10 +80,14 @@ def test_notebook_executes(name: str, tmp_path: Path, monkeypatch, kernel_specs)
             assert f"persons  {level:12s} [" in text, f"{name}: no progress line for level {level}"
     elif name == "accuracy_study.ipynb":
         runs = sorted(p.name for p in (work / "runs").iterdir())
-        assert runs == ["block_by_block-s1", "block_by_block-s2", "topdown-s1", "topdown-s2"]
+        assert runs == ["block_by_block-s1", "block_by_block-s2", "topdown-eps1", "topdown-eps4", "topdown-s1",
+                        "topdown-s2"]
         assert all(_complete(work / "runs" / r) for r in runs)
         for table in ("summary", "errors_by_bin", "epl", "sampling"):
             assert (work / "evaluation" / f"{table}.parquet").exists()
+        tradeoff = pd.read_parquet(work / "evaluation-tradeoff" / "epl.parquet")  # Petti & Flaxman Figure 2
+        sc = tradeoff[(tradeoff["level"] == "Block") & (tradeoff["query"] == "votingage * hispanic * cenrace")]
+        assert len(sc) == 3 and (sc["status"] == "estimated").all()
         assert _images(nb) == 4, f"{name}: expected 4 figures"
 
 

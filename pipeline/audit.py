@@ -1,0 +1,393 @@
+"""``topdown audit``: the direct estimate of empirical privacy loss on neighbouring databases.
+
+TopDown runs N times on the input D and N times on D', the same input with one person moved from block
+FROM to block TO (a bounded neighbour: one record changed). For every node on the two blocks' paths and
+every audited query, the count of the answer that holds the moved person is recorded; for each threshold
+event {error >= k} and its complement, where error = output - (true count in D), the frequencies in the
+two samples give a log-ratio, and Clopper-Pearson bounds give a lower confidence bound on it (Ding et al.
+2018; Flaxman 2019, seed 004, "direct estimate"). The largest lower bound over the events is a lower
+confidence bound on the privacy loss that this count shows; it can never prove more than the truth.
+
+Runs are cheap because only what the audited counts depend on is computed: a node's estimate depends on
+its parent's estimate and on the measurements of its parent's children, so each run solves, level by level,
+only the parents on the two paths (with all their children), through the engine's own chunk code
+(:func:`engine.make_chunks`, :func:`tasks.run_chunk`) with the measurements kept in memory. The levels'
+true histograms are tabulated once; the runs are Dask tasks, each a batch of runs of one database.
+Run r of D uses seed ``seed + 2 r`` and of D' ``seed + 2 r + 1`` in test mode, so every run is independent
+and reproducible, and the first N runs of a larger audit are those of a smaller one.
+
+Known answer (tests/test_audit.py). Pure DP with the geometric mechanism gives a query with budget
+epsilon_q noise P(Z = z) proportional to exp(-epsilon_q |z| / 2): the project's neighbour relation is
+bounded (change one record), under which a marginal has L1 sensitivity 2 (accounting.BOUNDED_SENSITIVITY).
+Moving one person changes the FROM block's count by -1 and the TO block's by +1. For one count X = c + Z
+(far from 0, so non-negativity never binds) and the event {X >= c + k}, P_D / P_D' = P(Z >= k) / P(Z >= k+1)
+= exp(epsilon_q / 2) for every k >= 0 and less for k < 0, and no event on X does better since the pmf ratio
+of neighbouring values is exp(epsilon_q / 2). So one audited count shows exactly epsilon_q / 2: half the
+guarantee, which covers both counts together.
+
+The output is CONFIDENTIAL: it comes from many runs on the true data (their average is the truth).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from scipy.stats import beta
+
+from topdown.geo.spine import build_spine
+
+from .config import Config, ConfigError
+from .engine import make_chunks
+from .invariants import InvariantError, LevelConstraints
+from .levels import Level, build_levels
+from .queries import build_query
+from .rundir import write_json_atomic, write_table
+from .schema import SCHEMAS
+from .tabulate import block_histograms, block_units
+from .tasks import run_chunk
+from .validate import validate_input
+
+#: Audited queries by default: the total and the detailed cell of the moved person.
+AUDIT_QUERIES: tuple[str, ...] = ("total", "detailed")
+#: Runs per Dask task (a batch reuses the task's worker and the shipped plan).
+BATCH = 25
+AUDIT_ALPHA = 0.05
+CONFIDENTIAL_BANNER = "CONFIDENTIAL: computed from many runs on the true data. Do not publish."
+
+
+class AuditError(ValueError):
+    """A move or audit setting that cannot be audited (names the offending value)."""
+
+
+# -- statistics -----------------------------------------------------------------------------------------
+
+def clopper_pearson(k: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """One-sided Clopper-Pearson bounds at level ``alpha`` each: P(p < lo) <= alpha and P(p > hi) <= alpha."""
+    k = np.asarray(k, dtype=float)
+    lo = np.where(k > 0, beta.ppf(alpha, np.maximum(k, 1), n - k + 1), 0.0)
+    hi = np.where(k < n, beta.ppf(1 - alpha, k + 1, np.maximum(n - k, 1)), 1.0)
+    return lo, hi
+
+
+@dataclass
+class EventLoss:
+    """The largest lower confidence bound on log P_A(E) / P_B(E) over the threshold events, and its event."""
+
+    lower: float
+    point: float
+    event: str
+    n_events: int
+
+
+def threshold_event_loss(err_d: np.ndarray, err_d2: np.ndarray, alpha: float = AUDIT_ALPHA) -> EventLoss:
+    """Privacy loss shown by threshold events on one count, from samples of its error on D and on D'.
+
+    Events: {error >= k} and {error < k} for every k between the smallest and largest observed error, each
+    compared both ways (D over D' and D' over D). With m comparisons, each lower bound uses Clopper-Pearson
+    bounds at alpha / (2 m) (Bonferroni), so the maximum over all of them is a lower confidence bound at
+    level 1 - alpha. ``point`` is the frequency log-ratio of the chosen event.
+    """
+    a, b = np.sort(np.asarray(err_d)), np.sort(np.asarray(err_d2))
+    ks = np.unique(np.concatenate([a, b]))[1:]
+    if ks.size == 0:
+        return EventLoss(0.0, 0.0, "none (every output equal)", 0)
+    na, nb = a.size, b.size
+    ge_a = na - np.searchsorted(a, ks, side="left")
+    ge_b = nb - np.searchsorted(b, ks, side="left")
+    counts = [(ge_a, ge_b, ">="), (na - ge_a, nb - ge_b, "<")]
+    m = 4 * ks.size
+    best = EventLoss(0.0, 0.0, "none", m)
+    for ca, cb, op in counts:
+        for num, nn, den, nd, way in ((ca, na, cb, nb, "D/D'"), (cb, nb, ca, na, "D'/D")):
+            lo_num, _ = clopper_pearson(num, nn, alpha / (2 * m))
+            _, hi_den = clopper_pearson(den, nd, alpha / (2 * m))
+            with np.errstate(divide="ignore"):
+                lower = np.log(lo_num) - np.log(hi_den)
+            i = int(np.argmax(lower))
+            if lower[i] > best.lower:
+                with np.errstate(divide="ignore"):
+                    point = float(np.log((num[i] / nn) / (den[i] / nd))) if den[i] else float("nan")
+                best = EventLoss(float(lower[i]), point, f"error {op} {int(ks[i])}, {way}", m)
+    return best
+
+
+# -- the neighbouring database --------------------------------------------------------------------------
+
+def parse_move(text: str) -> tuple[str, str]:
+    """``GEOID_FROM:GEOID_TO`` as two block GEOIDs."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(len(p) == 15 and p.isdigit() for p in parts) or parts[0] == parts[1]:
+        raise AuditError(f"--move {text!r}: expected GEOID_FROM:GEOID_TO, two different 15-digit block GEOIDs")
+    return parts[0], parts[1]
+
+
+def move_one_person(persons: pd.DataFrame, src: str, dst: str, dst_unit_types: set[int]) -> tuple[pd.DataFrame, int]:
+    """D': the first person record (in input order) of block ``src`` whose living quarters type (``hhgq``:
+    0 household, 1-7 a group-quarters type, as ``unit_type``) exists in block ``dst``, moved to ``dst``; and
+    that record's position."""
+    geo = persons["geoid"].to_numpy()
+    rows = np.flatnonzero(geo == src)
+    if rows.size == 0:
+        raise AuditError(f"--move: block {src} has no person records to move")
+    fits = rows[np.isin(persons["hhgq"].to_numpy()[rows], sorted(dst_unit_types))]
+    if fits.size == 0:
+        raise AuditError(f"--move: no person of block {src} can live in block {dst} (it has no housing unit or "
+                         "group quarters of their type)")
+    moved = persons.copy()
+    moved.iloc[fits[0], moved.columns.get_loc("geoid")] = dst
+    return moved, int(fits[0])
+
+
+# -- the plan: the sub-levels a run solves ----------------------------------------------------------------
+
+def sub_level(level: Level, rows: np.ndarray, parent_rows: np.ndarray | None) -> Level:
+    """The nodes ``rows`` of ``level``, with parent rows renumbered into ``parent_rows`` (the sub-level above)."""
+    parent = None
+    if level.parent is not None and parent_rows is not None:
+        parent = np.searchsorted(parent_rows, level.parent[rows])
+    cons = LevelConstraints(level.constraints.nodes[rows],
+                            {k: (q, s, rhs[rows]) for k, (q, s, rhs) in level.constraints.rhs.items()})
+    return Level(level.name, level.nodes[rows], parent, level.hist[rows], level.units.iloc[rows], cons,
+                 [level.plb[r] for r in rows], level.state[rows])
+
+
+@dataclass
+class Target:
+    """One audited count: a node on a path, a query and the answer that holds the moved person."""
+
+    level: int
+    row: int  # row in the sub-level
+    geocode: str
+    path: str  # "from", "to" or "both": the moved person's old block, new block, or both are below it
+    query: str
+    answer: int
+    cells: np.ndarray  # cells of that answer
+
+
+@dataclass
+class Plan:
+    """What one run computes: sub-levels top-down (None: a level not estimated) and the audited targets."""
+
+    product: str
+    config: Config
+    levels: list[Level | None]
+    targets: list[Target]
+    independent: bool = False
+    truth: np.ndarray = field(default_factory=lambda: np.zeros(0))  # true value of each target in this database
+
+
+def make_plan(product: str, config: Config, levels: list[Level], blocks: list[str], cell: int,
+              queries: tuple[str, ...], independent: bool) -> Plan:
+    """Sub-levels holding the children of the parents on the paths of ``blocks`` (block GEOIDs equal the
+    leaf nodes' codes on the standard spine; otherwise looked up by the leaf level's node index)."""
+    schema = SCHEMAS[product]
+    leaf = levels[-1]
+    start = leaf.nodes.get_indexer(blocks)
+    if (start < 0).any():
+        raise AuditError(f"--move: block(s) {', '.join(b for b in blocks if b not in leaf.nodes)} not in the spine")
+    walks = []  # per block, its node row at every level
+    for row in start:
+        walk = [int(row)]
+        for i in range(len(levels) - 1, 0, -1):
+            walk.append(int(levels[i].parent[walk[-1]]))
+        walks.append(walk[::-1])
+    path = [np.unique([w[i] for w in walks]) for i in range(len(levels))]
+    subs: list[Level | None] = []
+    kept: list[np.ndarray] = []
+    for i, level in enumerate(levels):
+        if independent and i < len(levels) - 1:
+            subs.append(None)
+            kept.append(np.zeros(0, dtype=np.int64))
+            continue
+        if i == 0 or independent:
+            rows = np.arange(len(level)) if not independent else path[i]
+            parent_rows = None
+        else:
+            parent_rows = kept[i - 1]
+            rows = np.flatnonzero(np.isin(level.parent, path[i - 1]))
+        subs.append(sub_level(level, rows, parent_rows))
+        kept.append(rows)
+    targets, truth = [], []
+    for i, level in enumerate(levels):
+        if subs[i] is None:
+            continue
+        for r in path[i]:
+            on = [w[i] == r for w in walks]
+            where = "both" if all(on) else ("from" if on[0] else "to")
+            for name in queries:
+                q = build_query(schema, name)
+                answer = int(q.groups[cell])
+                cells = np.flatnonzero(q.groups == answer)
+                sub_row = int(np.searchsorted(kept[i], r))
+                targets.append(Target(i, sub_row, str(level.nodes[r]), where, name, answer, cells))
+                truth.append(int(level.hist[r][:, cells].sum()))
+    return Plan(product, config, subs, targets, independent, np.asarray(truth, dtype=np.int64))
+
+
+def run_plan(plan: Plan, seed: int) -> np.ndarray:
+    """One TopDown run restricted to the plan (engine chunks, measurements in memory): each target's value."""
+    cfg = plan.config.model_copy(update={"run": plan.config.run.model_copy(update={"mode": "test", "seed": seed})})
+    hists: list[sp.csr_matrix | None] = []
+    parent: Level | None = None
+    parent_hist: sp.csr_matrix | None = None
+    for level in plan.levels:
+        if level is None:
+            hists.append(None)
+            continue
+        chunks, order = make_chunks(plan.product, cfg, level, None if plan.independent else parent,
+                                    None if plan.independent else parent_hist, None, plan.independent)
+        parts, pos = [], 0
+        for chunk in chunks:
+            res = run_chunk(chunk)
+            n = len(res.children)
+            parts.append((order[pos:pos + n], res.hist))
+            pos += n
+        hist = sp.vstack([p[1] for p in parts]).tocsr()[np.argsort(np.concatenate([p[0] for p in parts]))]
+        hists.append(hist)
+        parent, parent_hist = level, hist
+    return np.array([hists[t.level][t.row][:, t.cells].sum() for t in plan.targets], dtype=np.int64)
+
+
+def run_batch(plan: Plan, seeds: list[int]) -> np.ndarray:
+    """Several runs in one task: values[len(seeds), targets]."""
+    return np.stack([run_plan(plan, s) for s in seeds])
+
+
+# -- the command ----------------------------------------------------------------------------------------
+
+@dataclass
+class AuditResult:
+    table: pd.DataFrame
+    seconds: float
+    runs: int
+
+
+def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries: tuple[str, ...] = AUDIT_QUERIES,
+                product: str = "persons") -> tuple[Plan, Plan]:
+    """The plans of D (the input) and D' (one person moved ``move[0]`` -> ``move[1]``)."""
+    if product != "persons":
+        raise AuditError("topdown audit moves a person: only the persons product can be audited")
+    if product not in config.run.products:
+        raise ConfigError(f"{config.source}: run.products does not list {product!r}")
+    persons, units = validate_input(Path(input_dir) / "persons.parquet", Path(input_dir) / "units.parquet")
+    src, dst = move
+    geoids = pd.Series(np.union1d(units["geoid"].unique(), persons["geoid"].unique()), name="geoid")
+    if dst not in set(geoids):
+        raise AuditError(f"--move: block {dst} is not a block of the input")
+    moved, record = move_one_person(persons, src, dst, set(units.loc[units["geoid"] == dst, "unit_type"].astype(int)))
+    schema = SCHEMAS[product]
+    cell = int(schema.cell_index(*(persons.iloc[[record]][d].to_numpy() for d in schema.dim_names))[0])
+    independent = config.run.algorithm == "block_by_block"
+    if independent:
+        from .runner import block_by_block_config
+
+        config = block_by_block_config(config)
+    spine = build_spine(config.run.spine, geoids, baf_dir=config.run.baf, units=units)
+    bunits = block_units(units).set_index("geoid")
+    leaf = spine.table.set_index("geoid")[spine.levels[-1]]
+    blocks = [str(leaf.loc[g]) for g in (src, dst)]
+    plans = []
+    for name, p in (("D", persons), ("D' (one person moved)", moved)):
+        try:
+            levels = build_levels(product, schema, config.product(product), spine, block_histograms(p), bunits)
+        except InvariantError as exc:
+            raise AuditError(f"--move {src}:{dst}: {name} is not a valid input ({exc}); move the person to a block "
+                             "where the invariants and constraints allow one more of them") from None
+        plans.append(make_plan(product, config, levels, blocks, cell, queries, independent))
+    return plans[0], plans[1]
+
+
+def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: str = "persons",
+          queries: tuple[str, ...] = AUDIT_QUERIES, seed: int = 0, alpha: float = AUDIT_ALPHA,
+          batch: int = BATCH) -> AuditResult:
+    """Run the audit on ``client`` (a Dask client); returns the per-target table (no true counts in it)."""
+    if runs < 1:
+        raise AuditError(f"--runs {runs}: must be at least 1")
+    start = time.perf_counter()
+    plans = build_plans(config, input_dir, move, queries, product)
+    futures = []
+    for db, plan in enumerate(plans):
+        shipped = client.scatter(plan, broadcast=True)
+        for lo in range(0, runs, batch):
+            seeds = [seed + 2 * r + db for r in range(lo, min(runs, lo + batch))]
+            futures.append((db, client.submit(run_batch, shipped, seeds, pure=False)))
+    values: list[list[np.ndarray]] = [[], []]
+    for db, fut in futures:
+        values[db].append(fut.result())
+    d, d2 = (np.concatenate(v) for v in values)
+    truth = plans[0].truth
+    rows = []
+    for j, t in enumerate(plans[0].targets):
+        loss = threshold_event_loss(d[:, j] - truth[j], d2[:, j] - truth[j], alpha)
+        rows.append({"product": product, "level": plans[0].levels[t.level].name, "geocode": t.geocode, "query": t.query,
+                     "path": t.path, "changed": bool(truth[j] != plans[1].truth[j]), "runs": runs,
+                     "epl_lower": loss.lower, "epl_point": loss.point, "event": loss.event, "n_events": loss.n_events,
+                     "alpha": alpha})
+    return AuditResult(pd.DataFrame(rows), time.perf_counter() - start, runs)
+
+
+def theoretical_epsilons(config: Config, product: str) -> dict[tuple[str, str], float]:
+    """Per (level, query) measured: the epsilon of that one measurement (pure DP epsilon_q; zCDP rho_q
+    converted at the product's delta)."""
+    from .accounting import allocate, zcdp_to_epsilon
+
+    budget = config.product(product).budget
+    out = {}
+    for level, queries in budget.queries.items():
+        for query in queries:
+            a = allocate(budget, level, query)
+            if a.measured and not a.noiseless:
+                out[(level, query)] = float(a.epsilon) if a.epsilon is not None else zcdp_to_epsilon(a.rho, budget.delta)
+    return out
+
+
+def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
+    """audit.parquet (one row per audited count), audit.json (settings, timing) and report.txt, atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(result.table, out / "audit.parquet")
+    write_json_atomic(out / "audit.json", {"confidential": CONFIDENTIAL_BANNER, **meta,
+                                            "seconds": round(result.seconds, 2), "runs": result.runs})
+    cols = ["level", "geocode", "query", "path", "changed", "epl_lower", "epl_point", "event", "epsilon_query"]
+    text = (f"{CONFIDENTIAL_BANNER}\n\nDirect audit: {result.runs} runs on D and {result.runs} on D' (one person moved "
+            f"{meta['move']}), {result.seconds:.1f} s.\nepl_lower: {1 - meta['alpha']:.0%} lower confidence bound on "
+            "the privacy loss this count shows (Clopper-Pearson, Bonferroni over the threshold events);\n"
+            "epsilon_query: the theoretical epsilon of the query's measurement at that level (one count can show "
+            "at most half of it under the bounded neighbour relation).\n\n"
+            + result.table[[c for c in cols if c in result.table]].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+            + "\n")
+    tmp = out / ".report.txt.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "report.txt")
+    return out
+
+
+def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: str | None, queries: str,
+                  seed: int, scheduler: str | None, workers: int | None, batch: int = BATCH) -> int:
+    """CLI helper of ``topdown audit``: runs the audit on an embedded cluster (or ``scheduler``) and writes
+    ``out`` (default ``runs/<name>-audit-CONFIDENTIAL``)."""
+    from .config import load_config
+    from .runner import dask_client
+
+    config = load_config(config_path)
+    src_dst = parse_move(move)
+    names = tuple(q.strip() for q in queries.split(",") if q.strip())
+    for name in names:
+        build_query(SCHEMAS["persons"], name)
+    with dask_client(None, scheduler, workers) as client:
+        result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
+    eps = theoretical_epsilons(config, "persons")
+    result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"], result.table["query"])]
+    target = Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL"
+    meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
+            "move": move, "queries": list(names), "seed": seed, "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",
+            "alpha": AUDIT_ALPHA}
+    write_audit(target, result, meta)
+    print(f"CONFIDENTIAL audit ({runs} runs on D and on D', {result.seconds:.1f} s) written to {target}")
+    shown = result.table[result.table["changed"]]
+    print(shown[["level", "query", "path", "epl_lower", "epsilon_query"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0
