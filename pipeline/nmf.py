@@ -15,7 +15,9 @@ Layout of ``topdown nmf RUN --out DIR`` (format ``topdown-nmf/1``)::
         geocode       str
         query_name    str     constraint name (``total``, ``hhgq_total_lb``, ``hhgq_total_ub``, ``nurse_nva_0``,
                               ``hh_lb_occupied``) or invariant name (``gqhh_vect``: housing units and group-quarters
-                              facilities of the 8 hhgq types; ``tot``: persons, where declared; ``hu_tot``)
+                              facilities of the 8 hhgq types; ``tot``: persons, where declared; ``hu_tot``;
+                              ``tot_whole_state``: at the State level of a spine that splits a state into
+                              AIAN / non-AIAN parts, the whole state's persons total, geocode = state FIPS)
         kind          str     ``constraint`` or ``invariant``
         query         str     the query the right-hand side applies to (empty for unit-count invariants)
         sign          str     ``=``, ``<=`` or ``>=``
@@ -57,6 +59,8 @@ SIGNS = {"==": "=", "<=": "<=", ">=": ">="}
 INVARIANT_ROWS = {"persons": (("gqhh_vect", UNIT_COLUMNS, ""), ("tot", ["tot"], "total")),
                   "units": (("hu_tot", ["u0"], "total"),)}
 MEASUREMENT_COLUMNS = ("geocode", "query", "answer", "value", "variance")
+#: The Constraint rows of a whole state's persons total where the spine splits the state into parts.
+WHOLE_STATE_TOTAL = "tot_whole_state"
 
 
 def run_config(run_dir: Path) -> Config:
@@ -119,9 +123,13 @@ def _dpquery_table(long: pd.DataFrame, shares: dict[str, Fraction], query_shares
     })
 
 
-def _constraint_table(product: str, nodes: pd.Index, units: pd.DataFrame, cons) -> pa.Table:
-    """Invariant and constraint rows of one level, in (geocode, kind, name) order."""
+def _constraint_table(product: str, nodes: pd.Index, units: pd.DataFrame, cons,
+                      whole_states: pd.Series | None = None) -> pa.Table:
+    """Invariant and constraint rows of one level, in (geocode, kind, name) order; ``whole_states``: the
+    whole-state totals of states split into parts (rows geocode = state FIPS)."""
     rows: list[tuple] = []
+    if whole_states is not None:
+        rows += [(str(g), WHOLE_STATE_TOTAL, "invariant", "total", "=", [float(v)]) for g, v in whole_states.items()]
     for name, cols, query in INVARIANT_ROWS[product]:
         if all(c in units.columns for c in cols):
             vals = units[cols].to_numpy(dtype=float)
@@ -156,7 +164,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
         cfg = config.product(product)
         schema = SCHEMAS[product]
         inv_path = run_dir / "invariants" / f"{product}.parquet"
-        units, parents, _, _ = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
+        units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
         # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
         units = [u.assign(occupied=np.nan) for u in units]
         nodes = [u.index for u in units]
@@ -171,7 +179,9 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
                 long = pq.read_table(part).to_pandas()
                 if len(long):
                     write_table(_dpquery_table(long, shares, qshares), base / "DPQuery" / f"part-{i:05d}.parquet")
-            write_table(_constraint_table(product, n, u, c), base / "Constraint" / "part-00000.parquet")
+            split = state_total is not None and "tot" in u.columns and u["tot"].isna().any()  # a state in parts
+            write_table(_constraint_table(product, n, u, c, state_total if split else None),
+                        base / "Constraint" / "part-00000.parquet")
         meta["products"][product] = {
             "mechanism": cert[product]["mechanism"], "rho": cert[product].get("rho"),
             "schema": [list(d) for d in schema.dims],

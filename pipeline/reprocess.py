@@ -30,9 +30,9 @@ from topdown.geo.spine import Spine
 
 from .config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
 from .engine import ProgressFn
-from .invariants import UNIT_COLUMNS
+from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import Level, public_levels
-from .nmf import run_config, run_spine
+from .nmf import WHOLE_STATE_TOTAL, run_config, run_spine
 from .rundir import RunDir, RunDirError, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
 from .sources import Published
@@ -191,6 +191,11 @@ def _nmf_invariants(nmf, product: str) -> pd.DataFrame:
     frames = []
     for level, con in nmf.constraints[product].items():
         inv = con[con["kind"] == "invariant"]
+        whole = inv[inv["name"] == WHOLE_STATE_TOTAL]  # a split state's total: the invariants' whole_state rows
+        if len(whole):
+            frames.append(pd.DataFrame({"geocode": whole["geocode"].astype(str).to_numpy(), "level": WHOLE_STATE,
+                                        "tot": [v[0] for v in whole["value"]]}))
+            inv = inv[inv["name"] != WHOLE_STATE_TOTAL]
         frame = pd.DataFrame(index=pd.Index(sorted(set(inv["geocode"].astype(str))), name="geocode"))
         for name, columns in (("gqhh_vect", UNIT_COLUMNS), ("tot", ["tot"]), ("hu_tot", ["u0"])):
             rows = inv[inv["name"] == name]
