@@ -71,15 +71,16 @@ def write_planted_input(path: Path, persons: pd.DataFrame | None = None, units: 
 #: decimal with a fractional part ("478.73" is no count), part of a longer number or of a word (a
 #: hexadecimal digest), or a term of a fraction such as a budget share "2748/8407049".
 _NUMBER = re.compile(r"(?<![\w./])(\d{1,3}(?:,\d{3})+|\d+)(?![\w/]|,\d{3}|\.\d*[1-9])")
-#: A SHA-256 digest (manifest, certificate): hex, not a count, though it may hold a run of digits.
-_SHA256 = re.compile(r"\b[0-9a-f]{64}\b")
+#: Identifiers that are not counts though they may hold a run of digits: SHA-256 digests (manifest,
+#: certificate) and UUIDs (Dask's worker and client ids in a DEBUG log, e.g. "Worker-203e95c3-99ee-4333-...").
+_NOT_COUNTS = re.compile(r"\b[0-9a-f]{64}\b|\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 
 
 def leaked_secrets(text: str, secrets: Collection[int] = SECRETS) -> list[tuple[int, str]]:
     """(secret, line) for every line of ``text`` that shows a confidential number (default: the planted ones)."""
     hits = []
     for line in text.splitlines():
-        for m in _NUMBER.finditer(_SHA256.sub("", line)):
+        for m in _NUMBER.finditer(_NOT_COUNTS.sub("", line)):
             value = int(m.group(1).replace(",", ""))
             if value in secrets:
                 hits.append((value, line))

@@ -41,6 +41,8 @@ def test_the_scanner_sees_planted_numbers():
         (7138, "block 440070001001001 has 4,321 persons; tract 7138")]
     assert leaked_secrets("took 14.321s, geoid 440070001001001, port 43210, total 8510, share 2748/8407049") == []
     assert leaked_secrets('"sha256": "' + "ab" * 10 + "e4321f" + "cd" * 19 + '"') == []
+    assert leaked_secrets("'server_id': 'Worker-203e95c3-99ee-4333-ac6b-50be239c6bc9'") == []  # a Dask UUID
+    assert [v for v, _ in leaked_secrets("part-4333 of 99ee-4333")] == [4333, 4333]  # not a UUID: still seen
     assert [v for v, _ in leaked_secrets("x = 4321.0; y = 1,357")] == [4321, 1357]
     assert STATE_TOTAL not in SECRETS
 
