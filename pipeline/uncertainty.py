@@ -301,23 +301,18 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | No
             from .replicates import add_replicate_columns
 
             parts_written = add_replicate_columns(parts_written, src, Path(replicates), staging, entities)
-        tmp = out.with_name(f".{out.name}.tmp")
-        writer = None
-        for part in parts_written:
-            table = pq.read_table(part)
-            cost.rows += table.num_rows
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
-            writer.write_table(table.cast(writer.schema))
+        if not parts_written:
+            raise GLSError(f"{run}: no rows to write")
+        cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
         cost.wall_seconds = time.perf_counter() - t0
         cost.client_cpu_seconds = time.process_time() - c0
         meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
-        if writer is None:
-            raise GLSError(f"{run}: no rows to write")
-        writer.close()
-        table = pq.read_table(tmp)
-        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), META_KEY: meta}), tmp,
-                       compression="zstd")
+        schema = pq.read_schema(parts_written[0])
+        schema = schema.with_metadata({**(schema.metadata or {}), META_KEY: meta})
+        tmp = out.with_name(f".{out.name}.tmp")
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
+            for part in parts_written:
+                writer.write_table(pq.read_table(part).cast(schema))
         os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
