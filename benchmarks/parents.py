@@ -23,8 +23,8 @@ from dataclasses import replace
 import numpy as np
 
 from topdown.pipeline.config import EstimationConfig
-from topdown.pipeline.queries import build_query
-from topdown.pipeline.schema import CENRACE_COMBOS, PERSONS
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
 from topdown.solvers.direct import compile_direct
 from topdown.solvers.model import compile_pyomo

@@ -15,7 +15,7 @@ from dataclasses import replace
 import numpy as np
 from parents import synthetic_case
 
-from topdown.pipeline.queries import build_query
+from topdown.vocab.queries import build_query
 from topdown.solvers import solve_parent
 
 QUERIES = ("total", "hhgq", "votingage * hispanic * cenrace", "detailed")

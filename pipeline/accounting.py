@@ -19,8 +19,8 @@ from typing import Iterable
 
 from .config import BudgetConfig, ConfigError
 from .mechanisms import discrete_gaussian_variance, geometric_variance
-from .queries import QueryError, build_query
-from .schema import Schema
+from topdown.vocab.queries import QueryError, build_query
+from topdown.vocab.schema import Schema
 
 #: L1 sensitivity of a marginal under bounded neighbours (change one record): used by the geometric mechanism.
 BOUNDED_SENSITIVITY = 2

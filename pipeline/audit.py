@@ -44,9 +44,9 @@ from .config import Config, ConfigError
 from .engine import make_chunks
 from .invariants import InvariantError, LevelConstraints
 from .levels import Level, build_levels
-from .queries import build_query
+from topdown.vocab.queries import build_query
 from .rundir import write_json_atomic, write_table
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 from .tabulate import block_histograms, block_units
 from .tasks import run_chunk
 from .validate import validate_input

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from .accounting import (allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
                          zcdp_to_epsilon_bun_steinke)
 from .config import Config, ConfigError, ProductConfig
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 
 #: The deltas of the reported epsilon-delta curve.
 CURVE_DELTAS = tuple(10.0 ** -k for k in range(6, 15))

@@ -203,7 +203,7 @@ def cmd_replicates(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     from .audit import AuditError, audit_command
-    from .queries import QueryError
+    from topdown.vocab.queries import QueryError
 
     try:
         return audit_command(args.config, args.input, args.move, args.runs, args.out, args.queries, args.seed,

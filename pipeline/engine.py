@@ -20,12 +20,12 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 from distributed import Client, as_completed
 
-from topdown.solvers.problem import GroupTotal
+from topdown.vocab.problem import GroupTotal
 
 from .config import Config
 from .levels import Level
 from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 from .sources import DRAW, MeasurementSource
 from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 

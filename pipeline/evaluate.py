@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 
 from . import metrics as M
-from .queries import build_query
+from topdown.vocab.queries import build_query
 from .rundir import write_table
-from .schema import PERSONS, SCHEMAS
+from topdown.vocab.schema import PERSONS, SCHEMAS
 from .tabulate import block_histograms, units_histograms
 
 #: Queries of the paper's Tables 9-10 plus hhgq and the 14-cell race/ethnicity query of facts 8.

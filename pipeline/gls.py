@@ -31,8 +31,8 @@ from itertools import product as cartesian
 
 import numpy as np
 
-from .queries import CROSS, build_query, canonical_name
-from .schema import Schema
+from topdown.vocab.queries import CROSS, build_query, canonical_name
+from topdown.vocab.schema import Schema
 
 
 class GLSError(ValueError):

@@ -81,7 +81,7 @@ import pyarrow.parquet as pq
 from topdown.geo.states import STATE_FIPS
 
 from .rundir import writable_dir
-from .schema import CENRACE_COMBOS, PERSONS, cenrace_index
+from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, cenrace_index
 
 NRACE = 63
 NURSING, JUVENILE = 3, 2

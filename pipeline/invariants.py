@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from topdown.solvers.problem import Constraint
+from topdown.vocab.problem import Constraint
 
 from .config import ProductConfig
 

@@ -17,8 +17,8 @@ from topdown.geo.spine import Spine
 from .config import ProductConfig
 from .invariants import (UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below, person_constraints,
                          unit_constraints)
-from .queries import build_query
-from .schema import Schema
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import Schema
 
 
 @dataclass

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from .schema import PERSONS
+from topdown.vocab.schema import PERSONS
 
 #: MDF person columns (facts 7.2), all strings as in the Census MDF.
 PERSON_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",

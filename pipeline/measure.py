@@ -16,9 +16,9 @@ import scipy.sparse as sp
 from .accounting import Allocation, allocate
 from .config import BudgetConfig
 from .mechanisms import discrete_gaussian, geometric
-from .queries import build_query
+from topdown.vocab.queries import build_query
 from .rng import make_source, noise_key
-from .schema import Schema
+from topdown.vocab.schema import Schema
 
 #: Sensitivity of a marginal query under the bounded (change-one-record) neighbour relation.
 BOUNDED_L1_SENSITIVITY = 2

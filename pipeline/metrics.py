@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
 
-from .queries import Query
+from topdown.vocab.queries import Query
 
 #: Signed-error quantiles reported per bin (facts 8; paper Tables 11-12).
 QUANTILES: tuple[float, ...] = (0.005, 0.025, 0.05, 0.25, 0.5, 0.75, 0.95, 0.975, 0.995)

@@ -25,7 +25,7 @@ Layout of ``topdown nmf RUN --out DIR`` (format ``topdown-nmf/1``)::
 
 Cell order: the answers of a query are the Kronecker product of its factors over the schema's axes in schema
 order (persons: hhgq 8, votingage 2, hispanic 2, cenrace 63, the last fastest; a recode's answers are its
-groups in declared order), as ``pipeline/queries.py`` defines; ``detailed`` is the histogram itself. Every
+groups in declared order), as ``vocab/queries.py`` defines; ``detailed`` is the histogram itself. Every
 node of every level has Constraint rows (its invariants); a node whose budget was moved away by bypassing has
 no DPQuery rows. Nothing in the file is confidential: DPQuery values are the published noisy measurements and
 Constraint values are the declared invariants and right-hand sides computed from them.
@@ -51,7 +51,7 @@ from .config import Config, ConfigError, config_from_dict, load_config
 from .invariants import UNIT_COLUMNS
 from .levels import level_constraints, published_units
 from .rundir import RunDir, RunDirError, write_json_atomic, write_table
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 
 FORMAT = "topdown-nmf/1"
 SIGNS = {"==": "=", "<=": "<=", ">=": ">="}

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from .config import Config, ConfigError
-from .queries import QueryError, build_query
-from .schema import SCHEMAS
+from topdown.vocab.queries import QueryError, build_query
+from topdown.vocab.schema import SCHEMAS
 from .validate import InputError
 
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .rundir import RunDirError, write_json_atomic, write_table
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 
 log = logging.getLogger("topdown")
 
@@ -136,7 +136,7 @@ def add_replicate_columns(parts: list[Path], src, rep_dir: Path, staging: Path,
     """Rewrite each output part with published, rep_n, rep_bias, rep_rmse, rep90_low, rep90_high."""
     from scipy import stats
 
-    from .queries import build_query
+    from topdown.vocab.queries import build_query
 
     record = json.loads((rep_dir / "replicates.json").read_text())
     reps = [rep_dir / r["dir"] for r in record["replicates"]]

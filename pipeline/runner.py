@@ -34,7 +34,7 @@ from .mdf import person_mdf, unit_mdf
 from .preflight import check_baf_states, check_workers, preflight, read_baf
 from .release import prior_draws
 from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 from .sources import DRAW, MeasurementSource
 from .tabulate import block_histograms, block_units, units_histograms
 from .validate import validate_input

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from .measure import NodeMeasurements, from_table, measure
 from .rundir import write_table
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 
 if TYPE_CHECKING:
     from .tasks import Chunk

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, write_cef
-from .schema import CENRACE_COMBOS, PERSONS
+from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
 
 #: Groups: Hispanic, then not-Hispanic White, Black, AIAN, Asian, NHPI, SOR, two or more races.
 GROUP_SHARES = np.array([0.18, 0.60, 0.12, 0.007, 0.058, 0.002, 0.005, 0.028])

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.solvers.problem import Constraint, GroupTotal, Measurement, ParentProblem
+from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem
 
 from .config import ProductConfig
 from .rundir import sha256_file
-from .schema import SCHEMAS
+from topdown.vocab.schema import SCHEMAS
 from .sources import DRAW, MeasurementSource
 
 

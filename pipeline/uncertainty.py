@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 
 from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
                   segment_sum, top_down_cov, top_down_est, upward)
-from .queries import build_query
-from .schema import SCHEMAS
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import SCHEMAS
 
 log = logging.getLogger("topdown")
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf
 from .rundir import RunDirError, read_manifest_file
-from .schema import PERSONS, SCHEMAS
+from topdown.vocab.schema import PERSONS, SCHEMAS
 
 
 @dataclass

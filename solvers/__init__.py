@@ -5,7 +5,7 @@
 from .backends import Backend, ClarabelHighs
 from .failsafe import FailsafeExhausted
 from .layout import ProblemError
-from .problem import Constraint, GroupTotal, Measurement, ParentProblem, ParentSolution
+from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem, ParentSolution
 from .solve import solve_parent
 
 __all__ = ["solve_parent", "ParentProblem", "ParentSolution", "Measurement", "Constraint", "GroupTotal",

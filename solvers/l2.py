@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topdown.pipeline.queries import canonical_name
+from topdown.vocab.queries import canonical_name
 
 from .backends import Backend
 from .layout import DETAILED, Layout

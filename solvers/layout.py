@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from topdown.pipeline.queries import Query, QueryError, build_query, canonical_name
+from topdown.vocab.queries import Query, QueryError, build_query, canonical_name
 
-from .problem import ParentProblem
+from topdown.vocab.problem import ParentProblem
 
 DETAILED = "detailed"
 

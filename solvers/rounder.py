@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.pipeline.queries import canonical_name
+from topdown.vocab.queries import canonical_name
 
 from .backends import Backend
 from .l2 import SolveFailure

@@ -18,7 +18,7 @@ from .failsafe import LEVELS, RELAX_EDITS, FailsafeExhausted, relax_rows
 from .l2 import SolveFailure, run_l2
 from .layout import Layout, build_layout
 from .model import compile_pyomo
-from .problem import ParentProblem, ParentSolution
+from topdown.vocab.problem import ParentProblem, ParentSolution
 from .rounder import column_values, run_rounder
 from .split import solve_split, wants_split
 from .standard import StandardForm

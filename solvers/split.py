@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from .problem import Constraint, Measurement, ParentProblem, ParentSolution
+from topdown.vocab.problem import Constraint, Measurement, ParentProblem, ParentSolution
 
 Solve = Callable[[ParentProblem], ParentSolution]
 

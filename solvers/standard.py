@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.pipeline.queries import canonical_name
+from topdown.vocab.queries import canonical_name
 
 from .layout import Layout, concat
 

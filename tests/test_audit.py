@@ -14,7 +14,7 @@ from scipy.stats import binomtest
 from topdown.pipeline import audit as A
 from topdown.pipeline.config import config_from_dict, load_config
 from topdown.pipeline.rundir import write_table
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.schema import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
 # Three blocks of one block group with distinctive true counts (scanned for in the outputs).

@@ -10,7 +10,7 @@ import pytest
 
 from topdown.pipeline.evaluate import EvalOptions, EvaluationError, evaluate, load_entities
 from topdown.pipeline.rundir import write_table
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.schema import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
 B1, B2, B3, B4 = "440010001001000", "440010001001001", "440010001002000", "440030002001000"

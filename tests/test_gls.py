@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from topdown.pipeline.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
-from topdown.pipeline.queries import build_query
-from topdown.pipeline.schema import PERSONS, Schema
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import PERSONS, Schema
 
 TOY = Schema("toy", dims=(("hhgq", 3), ("votingage", 2), ("cenrace", 3)),
              recodes={"inst": ("hhgq", ((0,), (1, 2))), "white": ("cenrace", ((0,),))})

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topdown.pipeline import metrics as M
-from topdown.pipeline.queries import build_query
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import PERSONS
 
 
 def test_mean_abs_error():

@@ -21,7 +21,7 @@ from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.config import ConfigError
 from topdown.pipeline.measure import from_table, measure
 from topdown.pipeline.reprocess import changed_keys, reprocess
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.schema import PERSONS
 from topdown.pipeline.verify import verify_run
 
 

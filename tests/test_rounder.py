@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_solvers import assert_valid, make_problem, random_truth
 
-from topdown.pipeline.queries import build_query
+from topdown.vocab.queries import build_query
 from topdown.solvers import solve_parent
 from topdown.solvers.backends import ClarabelHighs, Result
 from topdown.solvers.l2 import run_l2

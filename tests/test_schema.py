@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from topdown.pipeline.queries import QueryError, build_query
-from topdown.pipeline.schema import CENRACE_COMBOS, PERSONS, UNITS, cenrace_index
+from topdown.vocab.queries import QueryError, build_query
+from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, UNITS, cenrace_index
 
 
 def test_cell_order_is_row_major():

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import topdown.solvers.layout as layout_mod
-from topdown.pipeline.queries import build_query
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
 from topdown.solvers.layout import build_layout
 

@@ -9,8 +9,8 @@ import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from topdown.pipeline.queries import build_query
-from topdown.pipeline.schema import PERSONS, UNITS
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import PERSONS, UNITS
 from topdown.solvers import (Constraint, FailsafeExhausted, GroupTotal, Measurement, ParentProblem,
                              ProblemError, solve_parent)
 from topdown.solvers.backends import DEFAULT_BACKEND

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_solvers import assert_valid, make_problem, random_truth
 
-from topdown.pipeline.queries import build_query
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.queries import build_query
+from topdown.vocab.schema import PERSONS
 from topdown.solvers import Constraint, GroupTotal, Measurement, ParentProblem, solve_parent
 from topdown.solvers.split import group_problem, groups_of, member_problem, wants_split
 

@@ -18,9 +18,9 @@ from topdown.pipeline.cluster import credential_flags
 from topdown.pipeline.config import load_config
 from topdown.pipeline.levels import build_levels
 from topdown.pipeline.measure import measure
-from topdown.pipeline.queries import build_query
+from topdown.vocab.queries import build_query
 from topdown.pipeline.rundir import RunDir, write_table
-from topdown.pipeline.schema import PERSONS
+from topdown.vocab.schema import PERSONS
 from topdown.pipeline.tabulate import block_histograms, block_units
 from topdown.pipeline.uncertainty import Z90, uncertainty
 from conftest import DATA

@@ -10,7 +10,7 @@ from typing import Literal
 
 import numpy as np
 
-from topdown.pipeline.schema import Schema
+from .schema import Schema
 
 Sense = Literal["==", "<=", ">="]
 
