@@ -22,8 +22,28 @@ from .mechanisms import discrete_gaussian_variance, geometric_variance
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
 
-#: L1 sensitivity of a marginal under bounded neighbours (change one record): used by the geometric mechanism.
-BOUNDED_SENSITIVITY = 2
+
+
+@dataclass(frozen=True)
+class NeighbourRelation:
+    """The privacy unit: which databases are neighbours, and so how far one change moves a marginal's answers.
+
+    Stated once here; the noise drawn (``measure.py``, through :class:`Allocation`), the variances and the
+    certificate all take it from :data:`NEIGHBOURS`.
+    """
+
+    description: str
+    l1_sensitivity: int  # sum over answers of |change|: the geometric mechanism's scale
+    l2_sensitivity_squared: int  # sum over answers of change^2: the discrete Gaussian's sigma2 = this / (2 rho)
+
+    def sigma2(self, rho: Fraction) -> Fraction:
+        """The discrete Gaussian variance parameter giving ``rho``-zCDP: Delta_2^2 / (2 rho)."""
+        return Fraction(self.l2_sensitivity_squared) / (2 * rho)
+
+
+#: Bounded neighbours (change one record): a marginal counts the record in one answer before and one after,
+#: so at most two answers move by one (L1 = 2, squared L2 = 2; facts sections 3.2 and 10.1).
+NEIGHBOURS = NeighbourRelation("bounded neighbours (change one record)", l1_sensitivity=2, l2_sensitivity_squared=2)
 
 
 def check_budget(budget: BudgetConfig, levels: list[str], schema: Schema, where: str = "budget") -> None:
@@ -76,7 +96,7 @@ class Allocation:
     """The budget of one query at one node.
 
     ``share`` is the query's fraction of the product's total budget (qprop * PLB). For zCDP ``rho`` and
-    ``sigma2`` are set; for pure DP ``epsilon`` and ``sensitivity``. With an infinite budget there is no
+    ``sigma2`` are set; for pure DP ``epsilon`` and ``sensitivity`` (both from :data:`NEIGHBOURS`). With an infinite budget there is no
     noise (all three None, variance 0); with share 0 the query is not measured (variance infinite).
     """
 
@@ -124,13 +144,13 @@ def allocate(budget: BudgetConfig, level: str, query: str, plb: Fraction | None 
     if dg:
         assert budget.rho is not None
         rho = share * budget.rho
-        sigma2 = 1 / rho
+        sigma2 = NEIGHBOURS.sigma2(rho)
         return Allocation(level, query, budget.mechanism, share, rho, None, sigma2, None,
                           discrete_gaussian_variance(sigma2))
     assert budget.epsilon is not None
     eps = share * budget.epsilon
-    return Allocation(level, query, budget.mechanism, share, None, eps, None, BOUNDED_SENSITIVITY,
-                      geometric_variance(eps, BOUNDED_SENSITIVITY))
+    return Allocation(level, query, budget.mechanism, share, None, eps, None, NEIGHBOURS.l1_sensitivity,
+                      geometric_variance(eps, NEIGHBOURS.l1_sensitivity))
 
 
 def _zcdp_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:

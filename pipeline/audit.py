@@ -18,7 +18,7 @@ and reproducible, and the first N runs of a larger audit are those of a smaller 
 
 Known answer (tests/test_audit.py). Pure DP with the geometric mechanism gives a query with budget
 epsilon_q noise P(Z = z) proportional to exp(-epsilon_q |z| / 2): the project's neighbour relation is
-bounded (change one record), under which a marginal has L1 sensitivity 2 (accounting.BOUNDED_SENSITIVITY).
+bounded (change one record), under which a marginal has L1 sensitivity 2 (accounting.NEIGHBOURS).
 Moving one person changes the FROM block's count by -1 and the TO block's by +1. For one count X = c + Z
 (far from 0, so non-negativity never binds) and the event {X >= c + k}, P_D / P_D' = P(Z >= k) / P(Z >= k+1)
 = exp(epsilon_q / 2) for every k >= 0 and less for k < 0, and no event on X does better since the pmf ratio

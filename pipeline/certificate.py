@@ -12,7 +12,7 @@ import math
 from fractions import Fraction
 from typing import Any, Mapping
 
-from .accounting import (allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
+from .accounting import (NEIGHBOURS, allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
                          zcdp_to_epsilon_bun_steinke)
 from .config import Config, ConfigError, ProductConfig
 from topdown.vocab.schema import SCHEMAS
@@ -78,7 +78,7 @@ def _product_certificate(name: str, product: ProductConfig, path_shares: PathSha
     cert: dict[str, Any] = {
         "product": name,
         "mechanism": budget.mechanism,
-        "framework": ("rho-zCDP" if zcdp else "pure epsilon-DP") + ", bounded neighbours (change one record)",
+        "framework": ("rho-zCDP" if zcdp else "pure epsilon-DP") + ", " + NEIGHBOURS.description,
         "levels": level_rows,
         "queries": query_rows,
         "queries_note": "per-query values for a node holding its level's share; a node whose share was moved "

@@ -20,9 +20,6 @@ from topdown.vocab.queries import build_query
 from .rng import make_source, noise_key
 from topdown.vocab.schema import Schema
 
-#: Sensitivity of a marginal query under the bounded (change-one-record) neighbour relation.
-BOUNDED_L1_SENSITIVITY = 2
-
 
 @dataclass
 class NodeMeasurements:
@@ -34,10 +31,11 @@ class NodeMeasurements:
 
 
 def _noise(alloc: Allocation, mode: str, seed: int | None, key: tuple[str, ...], size: int) -> np.ndarray:
+    """Noise of one (node, query): the allocation's sigma2 or epsilon and sensitivity (accounting.NEIGHBOURS)."""
     source = make_source(mode, seed, *key)
     if alloc.sigma2 is not None:
         return discrete_gaussian(source, alloc.sigma2, size)
-    return geometric(source, alloc.epsilon, BOUNDED_L1_SENSITIVITY, size)
+    return geometric(source, alloc.epsilon, alloc.sensitivity, size)
 
 
 def measure(

@@ -240,3 +240,38 @@ def test_rho_for_epsilon_inverts_the_conversion():
     for eps in (0.5, 1, 4, 10, 17.14):
         rho = rho_for_epsilon(eps, delta)
         assert isinstance(rho, Fraction) and zcdp_to_epsilon(rho, delta) == pytest.approx(eps, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------ the privacy unit
+@pytest.mark.parametrize("preset", ["demo", "e2e_1940"])
+def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, monkeypatch):
+    """The noise ``measure`` actually draws has the scale the certificate claims (issue 15, item 3): the
+    geometric mechanism's sensitivity is the certificate's, and the discrete Gaussian's sigma2 is
+    Delta_2^2 / (2 rho) with the certificate's rho under the relation the certificate names."""
+    import scipy.sparse as sp
+
+    from topdown.pipeline import measure as M
+    from topdown.pipeline.accounting import NEIGHBOURS
+
+    cfg = load_config(preset)
+    drawn = []
+    monkeypatch.setattr(M, "geometric", lambda src, eps, sens, size: drawn.append(("geometric", eps, sens))
+                        or np.zeros(size, dtype=np.int64))
+    monkeypatch.setattr(M, "discrete_gaussian", lambda src, sigma2, size: drawn.append(("dg", sigma2, None))
+                        or np.zeros(size, dtype=np.int64))
+    cert = certificate(cfg)
+    product = cfg.run.products[0]
+    pcfg = cfg.product(product)
+    level = next(iter(pcfg.budget.levels))
+    schema = SCHEMAS[product]
+    M.measure(product, schema, pcfg.budget, level, ["x"], [pcfg.budget.levels[level]],
+              sp.csr_matrix(np.ones((1, schema.ncells), dtype=np.int64)), "test", 1)
+    rows = {r["query"]: r for r in cert[product]["queries"] if r["level"] == level}
+    assert drawn and len(drawn) == len(rows)
+    assert cert[product]["framework"].endswith(NEIGHBOURS.description)
+    for (kind, scale, sens), query in zip(drawn, pcfg.budget.queries[level]):
+        row = rows[query]
+        if kind == "geometric":
+            assert (Fraction(row["epsilon"]), row["sensitivity"]) == (scale, sens) == (scale, NEIGHBOURS.l1_sensitivity)
+        else:
+            assert scale == Fraction(row["sigma2"]) == Fraction(NEIGHBOURS.l2_sensitivity_squared) / (2 * Fraction(row["rho"]))
