@@ -18,7 +18,7 @@ import json
 import resource
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -103,7 +103,7 @@ def timed(problem: ParentProblem, compiler) -> tuple[float, dict]:
     """Wall seconds of one solve; its CPU seconds (this process, single-threaded) go into the stats."""
     t0, c0 = time.perf_counter(), time.process_time()
     sol = solve_parent(problem, compiler=compiler)
-    return time.perf_counter() - t0, {**sol.stats, "cpu_s": time.process_time() - c0}
+    return time.perf_counter() - t0, {**asdict(sol.stats), "cpu_s": time.process_time() - c0}
 
 
 def where(stats: dict) -> dict:

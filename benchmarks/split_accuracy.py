@@ -38,7 +38,7 @@ def main() -> None:
         errors = {q: round(float(np.abs(build_query(prob.schema, q).answer(sol.hist - truth)).mean()), 4)
                   for q in QUERIES}
         print(json.dumps({"children": args.children, "people": args.people, "seed": args.seed, "mode": mode,
-                          "seconds": round(seconds, 1), "failsafe_level": sol.stats.get("level"), **errors}),
+                          "seconds": round(seconds, 1), "failsafe_level": sol.stats.level, **errors}),
               flush=True)
 
 

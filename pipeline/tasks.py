@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem
+from topdown.vocab.problem import Constraint, FailsafeStep, GroupTotal, Measurement, ParentProblem
 
 from .config import ProductConfig
 from .rundir import sha256_file
@@ -69,14 +69,11 @@ class ChunkResult:
     measurements_sha256: str = ""  # of the Parquet file the task wrote (checked on --resume)
 
 
-#: The failsafe's last resort (facts 4.8) relaxes the parent equality; such parents are recorded, not summed.
-PARENT_RELAXED = "relaxed the parent equality"
-
-
-def _check(task: ParentTask, hist: np.ndarray, failsafe: list[str]) -> None:
+def _check(task: ParentTask, hist: np.ndarray, failsafe: list[FailsafeStep]) -> None:
+    """A parent whose children the failsafe let differ from it (facts 4.8) is recorded, not summed."""
     if hist.dtype.kind != "i" or (hist < 0).any():
         raise EstimationError(f"parent {task.parent!r}: estimate is not a non-negative integer histogram")
-    relaxed = any(PARENT_RELAXED in step for step in failsafe)
+    relaxed = any(step.relaxes_parent for step in failsafe)
     if task.parent_hist is not None and not relaxed and not np.array_equal(hist.sum(axis=0), task.parent_hist):
         raise EstimationError(f"parent {task.parent!r}: children do not sum to the parent")
 
@@ -124,8 +121,9 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
         out[rows] = hist
         result.solved += 1
         if solution.failsafe:
-            result.failsafe.append({"parent": task.parent, "level": chunk.level, "steps": list(solution.failsafe),
-                                    "parent_relaxed": any(PARENT_RELAXED in st for st in solution.failsafe)})
+            result.failsafe.append({"parent": task.parent, "level": chunk.level,
+                                    "steps": [step.message for step in solution.failsafe],
+                                    "parent_relaxed": any(step.relaxes_parent for step in solution.failsafe)})
     result.hist = sp.csr_matrix(out)
     result.seconds = time.perf_counter() - start
     return result

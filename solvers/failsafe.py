@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from topdown.vocab.problem import FailsafeAction, FailsafeStep
+
 from .backends import Backend
 from .l2 import SolveFailure, problem_scale
 from .layout import Layout
@@ -41,11 +43,18 @@ class FailsafeExhausted(RuntimeError):
     """Every failsafe level failed for a parent."""
 
 
-def relax_rows(layout: Layout, form: StandardForm, backend: Backend, edits: bool) -> tuple[StandardForm, list[str]]:
+def relax_rows(layout: Layout, form: StandardForm, backend: Backend, edits: bool
+               ) -> tuple[StandardForm, list[FailsafeStep]]:
     """Phase-A slack LP and the relaxed StandardForm: the parent (step 2) and, with ``edits``, the
     inequality rows too (step 3)."""
     p = layout.problem
-    notes = [f"dropped constant-infeasible {msg}" for kind, msg in layout.infeasible if kind == "inequality" and edits]
+    step, level = (3, RELAX_EDITS) if edits else (2, LEVELS[1])
+
+    def note(action: FailsafeAction, text: str) -> FailsafeStep:
+        return FailsafeStep(step, action, f"step {step} ({level}): {text}")
+
+    notes = [note("drop_infeasible", f"dropped constant-infeasible {msg}") for kind, msg in layout.infeasible
+             if kind == "inequality" and edits]
     s = problem_scale(layout)
     start = form.rows["constraints"].start
     rows = np.array([start + i for i, r in enumerate(layout.constraint_rows) if r.sense != "==" and edits],
@@ -73,8 +82,8 @@ def relax_rows(layout: Layout, form: StandardForm, backend: Backend, edits: bool
             hi[row] += by
         else:
             lo[row] -= by
-        notes.append(f"relaxed constraint {name!r} child {p.children[info.child]!r} answer {info.answer} "
-                     f"({info.sense}) by {by:g}")
+        notes.append(note("relax_constraint", f"relaxed constraint {name!r} child {p.children[info.child]!r} "
+                                              f"answer {info.answer} ({info.sense}) by {by:g}"))
     a_out, rows_out = form.a, dict(form.rows)
     if parent_cols.size:
         change = float(res.x[parent_cols].sum() * s)
@@ -84,6 +93,6 @@ def relax_rows(layout: Layout, form: StandardForm, backend: Backend, edits: bool
         lo = np.append(lo, -np.inf)
         hi = np.append(hi, np.ceil(change - RELAX_EPS) + 1.0)
         rows_out["slack_cap"] = slice(m, m + 1)
-        notes.append(f"relaxed the parent equality along {p.schema.dim_names[0]} (other dimensions' "
-                     f"marginal exact): minimal L1 change {change:.6g}")
+        notes.append(note("relax_parent", f"relaxed the parent equality along {p.schema.dim_names[0]} (other "
+                                          f"dimensions' marginal exact): minimal L1 change {change:.6g}"))
     return StandardForm(a_out, lo, hi, form.lb, form.ub, rows_out), notes

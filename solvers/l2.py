@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from topdown.vocab.problem import FailsafeStep
 from topdown.vocab.queries import canonical_name
 
 from .backends import Backend
@@ -36,7 +37,7 @@ class L2Result:
     band_cols: list[np.ndarray] = field(default_factory=list)  # banded columns after pass k
     tolerances: list[float] = field(default_factory=list)  # t*_k + tau_slack, count units
     stats: list[dict] = field(default_factory=list)
-    steps: list[str] = field(default_factory=list)  # failsafe step 1 events
+    steps: list[FailsafeStep] = field(default_factory=list)  # failsafe step 1 events
 
 
 def problem_scale(layout: Layout) -> float:
@@ -125,8 +126,8 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
         stat = {"pass": k, "status": res.status, "qp_s": round(res.seconds, 6), "columns": form.shape[1],
                 "rows": form.shape[0]}
         if not res.ok and banded:
-            out.steps.append(f"step 1 (drop tau): L2 pass {k} returned {res.status}; dropped the tau bands "
-                             f"of passes 0..{k - 1} and re-solved")
+            out.steps.append(FailsafeStep(1, "drop_tau", f"step 1 (drop tau): L2 pass {k} returned {res.status}; "
+                                                         f"dropped the tau bands of passes 0..{k - 1} and re-solved"))
             lb, ub = base_lb.copy(), base_ub.copy()
             banded = False
             res = backend.qp(p_diag, q, form.a, lo, hi, lb, ub)

@@ -9,6 +9,7 @@ single child (not at the root) gets the parent's histogram. A parent with more t
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -18,7 +19,7 @@ from .failsafe import LEVELS, RELAX_EDITS, FailsafeExhausted, relax_rows
 from .l2 import SolveFailure, run_l2
 from .layout import Layout, build_layout
 from .model import compile_pyomo
-from topdown.vocab.problem import ParentProblem, ParentSolution
+from topdown.vocab.problem import FailsafeStep, ParentProblem, ParentSolution, SolveStats
 from .rounder import column_values, run_rounder
 from .split import solve_split, wants_split
 from .standard import StandardForm
@@ -53,47 +54,46 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
         parent = np.asarray(problem.parent_hist, dtype=np.int64)
         if not parent.any():
             build_layout(problem)  # validates the problem
-            return ParentSolution(np.zeros((k, ncells), dtype=np.int64), stats={"shortcut": "zero parent"})
+            return ParentSolution(np.zeros((k, ncells), dtype=np.int64), stats=SolveStats(shortcut="zero parent"))
         if k == 1:
             build_layout(problem)
-            return ParentSolution(parent[None, :].copy(), stats={"shortcut": "single child"})
+            return ParentSolution(parent[None, :].copy(), stats=SolveStats(shortcut="single child"))
     if wants_split(problem):
         solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS)
-        solution.stats["total_s"] = round(time.perf_counter() - t_start, 6)
+        solution.stats.total_s = round(time.perf_counter() - t_start, 6)
         return solution
-    failsafe: list[str] = []
+    failsafe: list[FailsafeStep] = []
     levels = LEVELS if problem.parent_hist is not None else LEVELS[:1]  # the root: no parent to relax
     for level, name in enumerate(levels):
-        stats: dict = {"level": name}
+        stats = SolveStats(level=name)
         try:
             t0 = time.perf_counter()
             edits = name == RELAX_EDITS
             layout = build_layout(problem, relax_parent=name != "exact", relax_inequalities=edits)
             form = compiler(layout)
-            stats.update(build_s=round(time.perf_counter() - t0, 6), n_x=layout.n_x, n_cols=layout.n_cols,
-                         n_rows=form.shape[0], nnz=int(form.a.nnz))
+            stats.build_s, stats.n_x, stats.n_cols = round(time.perf_counter() - t0, 6), layout.n_x, layout.n_cols
+            stats.n_rows, stats.nnz = form.shape[0], int(form.a.nnz)
             fatal = [msg for kind, msg in layout.infeasible if kind == "equality" or not edits]
             if layout.n_x == 0 and not fatal:  # every cell is a structural zero: nothing to estimate
                 return ParentSolution(np.zeros((k, ncells), dtype=np.int64), failsafe,
-                                      stats={**stats, "shortcut": "no free cells"})
+                                      stats=replace(stats, shortcut="no free cells"))
             if fatal:
                 raise SolveFailure("infeasible input: " + "; ".join(fatal[:5])
                                    + (f" (+{len(fatal) - 5} more)" if len(fatal) > 5 else ""))
             if name != "exact":
                 form, notes = relax_rows(layout, form, backend, edits)
-                failsafe += [f"step {level + 1} ({name}): {note}" for note in notes]
+                failsafe += notes
             l2 = run_l2(layout, form, backend)
             failsafe += l2.steps
-            stats.update(l2=l2.stats, tau=[st.get("tau") for st in l2.stats if "tau" in st])
-            hist, rstats = run_rounder(layout, form, l2.z, backend)
-            stats["rounder"] = rstats
-            stats["rounder_milp"] = sum(st["milp"] for st in rstats)
+            stats.l2, stats.tau = l2.stats, [st.get("tau") for st in l2.stats if "tau" in st]
+            hist, stats.rounder = run_rounder(layout, form, l2.z, backend)
+            stats.rounder_milp = sum(st["milp"] for st in stats.rounder)
             check_rows(layout, form, hist)
         except SolveFailure as err:
-            failsafe.append(f"level {name} failed: {err}")
+            failsafe.append(FailsafeStep(0, "level_failed", f"level {name} failed: {err}"))
             continue
         if problem.parent_hist is not None:
-            stats["parent_l1_change"] = int(np.abs(hist.sum(axis=0) - problem.parent_hist).sum())
-        stats["total_s"] = round(time.perf_counter() - t_start, 6)
+            stats.parent_l1_change = int(np.abs(hist.sum(axis=0) - problem.parent_hist).sum())
+        stats.total_s = round(time.perf_counter() - t_start, 6)
         return ParentSolution(hist, failsafe=failsafe, stats=stats)
-    raise FailsafeExhausted(f"parent {problem.parent!r}: every failsafe level failed: " + " | ".join(failsafe))
+    raise FailsafeExhausted(f"parent {problem.parent!r}: every failsafe level failed: " + " | ".join(map(str, failsafe)))

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from topdown.vocab.problem import Constraint, Measurement, ParentProblem, ParentSolution
+from topdown.vocab.problem import Constraint, Measurement, ParentProblem, ParentSolution, SolveStats
 
 Solve = Callable[[ParentProblem], ParentSolution]
 
@@ -88,19 +88,18 @@ def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...]) -
     stage1 = group_problem(problem, groups)
     top = solve(stage1)
     hist = np.zeros((problem.n_children, problem.schema.ncells), dtype=np.int64)
-    failsafe = [f"groups: {step}" for step in top.failsafe]
+    failsafe = [step.within("groups") for step in top.failsafe]
     parts = [top.stats]
     for name, members, group_hist in zip(stage1.children, groups, top.hist):
         sol = solve(member_problem(problem, members, name, group_hist))
         hist[members] = sol.hist
-        failsafe += [f"{name}: {step}" for step in sol.failsafe]
+        failsafe += [step.within(name) for step in sol.failsafe]
         parts.append(sol.stats)
     rank = {name: i for i, name in enumerate(levels)}
-    stats = {"split": {"groups": len(groups), "group_size": int(max(len(g) for g in groups))},
-             "level": max((st.get("level", levels[0]) for st in parts), key=rank.__getitem__),
-             "l2": [p for st in parts for p in st.get("l2", [])],
-             "rounder": [p for st in parts for p in st.get("rounder", [])]}
+    stats = SolveStats(split={"groups": len(groups), "group_size": int(max(len(g) for g in groups))},
+                       level=max((st.level for st in parts), key=rank.__getitem__),
+                       l2=[p for st in parts for p in st.l2], rounder=[p for st in parts for p in st.rounder],
+                       largest_n_cols=max(st.n_cols for st in parts))
     for key in ("build_s", "n_x", "n_cols", "n_rows", "nnz", "rounder_milp"):
-        stats[key] = sum(st.get(key, 0) for st in parts)
-    stats["largest_n_cols"] = max(st.get("n_cols", 0) for st in parts)
+        setattr(stats, key, sum(getattr(st, key) for st in parts))
     return ParentSolution(hist, failsafe=failsafe, stats=stats)

@@ -75,5 +75,5 @@ def test_milp_fallback_when_vertex_is_fractional():
     truth = random_truth(rng, 4, n_cells=25, people=50)
     problem = make_problem(truth, rng, noise=5.0, l2_passes=[["total", "hhgq", "detailed"]])
     sol = solve_parent(problem, backend=FractionalFirst())
-    assert sol.stats["rounder_milp"] == 2
+    assert sol.stats.rounder_milp == 2
     assert_valid(problem, sol.hist)

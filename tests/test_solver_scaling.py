@@ -65,7 +65,7 @@ def test_dense_parent_needs_no_failsafe(seed):
     problem = dense_parent(seed)
     sol = solve_parent(problem)
     assert sol.failsafe == []
-    assert [st["status"] for st in sol.stats["l2"]] == ["Solved", "Solved"]
+    assert [st["status"] for st in sol.stats.l2] == ["Solved", "Solved"]
     _assert_valid(problem, sol.hist)
 
 

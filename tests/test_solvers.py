@@ -91,7 +91,7 @@ def test_zero_noise_reproduces_truth(seed):
     truth = random_truth(rng, k=int(rng.integers(2, 7)), n_cells=12, people=25)
     sol = solve_parent(make_problem(truth, rng, noise=0.0))
     np.testing.assert_array_equal(sol.hist, truth)
-    assert sol.failsafe == [] and sol.stats["rounder_milp"] == 0
+    assert sol.failsafe == [] and sol.stats.rounder_milp == 0
 
 
 def _dense_reference(problem: ParentProblem, queries: list[str], with_detailed: bool, band=None):
@@ -251,9 +251,9 @@ def test_failsafe_relaxes_the_parent_before_any_edit_constraint():
     parent[gq_type] = 0
     problem.parent_hist = parent.reshape(-1)
     sol = solve_parent(problem)
-    assert sol.stats["level"] == "relax_parent"
-    assert any("relax_parent" in step for step in sol.failsafe)
-    assert not any("relaxed constraint" in step or "relax_parent_and_edits" in step for step in sol.failsafe)
+    assert sol.stats.level == "relax_parent"
+    assert [(s.step, s.action) for s in sol.failsafe if s.relaxes_parent] == [(2, "relax_parent")]
+    assert not any(s.action == "relax_constraint" or s.step == 3 for s in sol.failsafe)
     answers = {c.name: build_query(PERSONS, c.query).answer(sol.hist) for c in problem.constraints}
     assert (answers["hhgq_total_lb"] >= lb).all() and answers["hhgq_total_lb"][:, gq_type].sum() >= lb[:, gq_type].sum()
     ub = next(c for c in problem.constraints if c.name == "hhgq_total_ub").rhs
@@ -268,10 +268,11 @@ def test_failsafe_relaxes_edits_only_when_relaxing_the_parent_fails():
     lb = next(c for c in problem.constraints if c.name == "hhgq_total_lb")
     lb.rhs[:, 0] = problem.parent_hist.sum()  # every child must hold the whole parent in households
     sol = solve_parent(problem)
-    assert sol.stats["level"] == "relax_parent_and_edits"
-    failed = [i for i, step in enumerate(sol.failsafe) if step.startswith("level ")]
-    assert [sol.failsafe[i].split(":")[0] for i in failed] == ["level exact failed", "level relax_parent failed"]
-    relaxed = [i for i, step in enumerate(sol.failsafe) if "hhgq_total_lb" in step]
+    assert sol.stats.level == "relax_parent_and_edits"
+    failed = [i for i, step in enumerate(sol.failsafe) if step.action == "level_failed"]
+    assert [sol.failsafe[i].message.split(":")[0] for i in failed] == ["level exact failed", "level relax_parent failed"]
+    relaxed = [i for i, step in enumerate(sol.failsafe) if step.action == "relax_constraint"]
+    assert all("hhgq_total_lb" in sol.failsafe[i].message for i in relaxed)
     assert relaxed and min(relaxed) > max(failed)  # the bound was relaxed only after the parent alone failed
     assert (sol.hist >= 0).all()
     np.testing.assert_array_equal(_marginal_over_hhgq(sol.hist), _marginal_over_hhgq(problem.parent_hist))
@@ -285,13 +286,13 @@ def test_failsafe_relaxes_parent_along_hhgq():
     problem.parent_hist = problem.parent_hist.copy()
     problem.parent_hist[nursing_minor] += 2  # the parent breaks every child's nurse_nva_0 equality
     sol = solve_parent(problem)
-    assert sol.stats["level"] == "relax_parent"
-    assert any("relax_parent" in step for step in sol.failsafe)
+    assert sol.stats.level == "relax_parent"
+    assert any(step.relaxes_parent for step in sol.failsafe)
     shape = (problem.n_children,) + PERSONS.shape
     np.testing.assert_array_equal(sol.hist.reshape(shape).sum(axis=(0, 1)),
                                   problem.parent_hist.reshape(PERSONS.shape).sum(axis=0))
     assert sol.hist.reshape(shape)[:, 3, 0].sum() == 0
-    assert sol.stats["parent_l1_change"] >= 4
+    assert sol.stats.parent_l1_change >= 4
 
 
 def test_failsafe_exhausted_raises():

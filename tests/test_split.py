@@ -62,8 +62,8 @@ def test_split_solve_is_valid_deterministic_and_close_to_joint(seed):
     split = replace(joint, split_above=5, split_group=4)
     sol = solve_parent(split)
     assert_valid(split, sol.hist)
-    assert sol.stats["split"] == {"groups": 3, "group_size": 4} and sol.stats["level"] == "exact"
-    assert len(sol.stats["l2"]) == 4 * 2  # stage 1 and three groups, two L2 passes each
+    assert sol.stats.split == {"groups": 3, "group_size": 4} and sol.stats.level == "exact"
+    assert len(sol.stats.l2) == 4 * 2  # stage 1 and three groups, two L2 passes each
     assert solve_parent(split).hist.tobytes() == sol.hist.tobytes()
     # Both estimators fit the same noisy data: per-child totals differ by a few people at most.
     total = build_query(joint.schema, "total")
@@ -75,7 +75,7 @@ def test_stage_one_splits_again_when_groups_are_still_too_many():
     prob = replace(make_problem(random_truth(rng, 9, n_cells=20, people=30), rng), split_above=2, split_group=2)
     sol = solve_parent(prob)
     assert_valid(prob, sol.hist)
-    assert sol.stats["split"]["groups"] == 5
+    assert sol.stats.split["groups"] == 5
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,8 +5,8 @@ The pipeline builds a :class:`ParentProblem` per parent (children sorted by geoc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 
@@ -77,10 +77,58 @@ class ParentProblem:
         return len(self.children)
 
 
+#: What a failsafe step did (solvers/failsafe.py): dropped the tau bands of earlier L2 passes (step 1),
+#: dropped a constant-infeasible inequality or relaxed a constraint's rhs (step 3), relaxed the parent
+#: equality (steps 2-3), or a whole failsafe level failed.
+FailsafeAction = Literal["drop_tau", "drop_infeasible", "relax_constraint", "relax_parent", "level_failed"]
+
+
+@dataclass(frozen=True)
+class FailsafeStep:
+    """One thing the failsafe did for a parent; ``message`` is the sentence the manifest records."""
+
+    step: int  # 1, 2 or 3 (facts 4.8; failsafe.py); 0 for a failed level
+    action: FailsafeAction
+    message: str
+
+    @property
+    def relaxes_parent(self) -> bool:
+        """The children need not sum to the parent (recorded, and not checked by verify)."""
+        return self.action == "relax_parent"
+
+    def within(self, part: str) -> "FailsafeStep":
+        """The same step, its message prefixed by the part of a two-stage solve it happened in."""
+        return replace(self, message=f"{part}: {self.message}")
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class SolveStats:
+    """Sizes, timings and statuses of one parent's solve (per-pass details in ``l2`` and ``rounder``)."""
+
+    level: str = "exact"  # the failsafe level that succeeded
+    shortcut: str = ""  # "zero parent", "single child", "no free cells": solved without a model
+    build_s: float = 0.0
+    n_x: int = 0
+    n_cols: int = 0
+    n_rows: int = 0
+    nnz: int = 0
+    l2: list[dict[str, Any]] = field(default_factory=list)
+    tau: list[float] = field(default_factory=list)
+    rounder: list[dict[str, Any]] = field(default_factory=list)
+    rounder_milp: int = 0
+    parent_l1_change: int | None = None
+    total_s: float = 0.0
+    split: dict[str, int] | None = None  # two-stage solves: number and size of the groups
+    largest_n_cols: int = 0
+
+
 @dataclass
 class ParentSolution:
     """Integer, non-negative child histograms that sum to the parent and meet every constraint."""
 
     hist: np.ndarray  # int64[n_children, ncells]
-    failsafe: list[str] = field(default_factory=list)  # relaxation steps that were needed, in order
-    stats: dict = field(default_factory=dict)  # timings, tau values, solver statuses
+    failsafe: list[FailsafeStep] = field(default_factory=list)  # relaxation steps that were needed, in order
+    stats: SolveStats = field(default_factory=SolveStats)
