@@ -27,10 +27,12 @@ import pyarrow.parquet as pq
 from .baf import aian_flags, read_baf_dir, target_entities
 from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures
 
-LEVELS = ("US", "State", "County", "Tract", "Block_Group", "Block")
-ROOT = "US"
+#: The level roles every spine's levels are read by: the root (one node), the state level (state totals are
+#: invariant there; the AIAN spine splits a state into parts at it) and the block level (one node per block).
+ROOT, STATE, BLOCK = "US", "State", "Block"
+LEVELS = (ROOT, STATE, "County", "Tract", "Block_Group", BLOCK)
 KINDS = ("standard", "aian", "optimized")
-PREFIX = {"State": 2, "County": 5, "Tract": 11, "Block_Group": 12}
+PREFIX = {STATE: 2, "County": 5, "Tract": 11, "Block_Group": 12}
 METADATA_KEY = b"topdown.spine"
 
 
@@ -75,6 +77,21 @@ class Spine:
             bad = parents[parents > 1]
             if len(bad):
                 raise ValueError(f"{child} node {bad.index[0]!r} has {bad.iloc[0]} parents at level {parent}")
+
+    @property
+    def root(self) -> str:
+        """The root level (one node)."""
+        return self.levels[0]
+
+    @property
+    def block(self) -> str:
+        """The block level (one node per tabulation block)."""
+        return self.levels[-1]
+
+    @property
+    def state_index(self) -> int | None:
+        """Position of the state level in ``levels`` (None for a spine without one)."""
+        return self.levels.index(STATE) if STATE in self.levels else None
 
     def nodes(self, level: str) -> pd.Series:
         """The unique node geocodes at ``level``, sorted."""
@@ -194,7 +211,7 @@ def _prefixed_table(geoids: pd.Series, flag: pd.Series | None) -> pd.DataFrame:
     table = {"geoid": geoids, ROOT: pd.Series(ROOT, index=geoids.index)}
     for level, width in PREFIX.items():
         table[level] = geoids.str[:width] if flag is None else flag + geoids.str[:width]
-    table["Block"] = geoids
+    table[BLOCK] = geoids
     return pd.DataFrame(table)
 
 

@@ -30,7 +30,7 @@ The output is CONFIDENTIAL: it comes from many runs on the true data (their aver
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +46,7 @@ from .invariants import InvariantError, LevelConstraints
 from .levels import Level, build_levels
 from topdown.vocab.queries import build_query
 from .rundir import write_json_atomic, write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.schema import PERSONS, SCHEMAS
 from .tabulate import block_histograms, block_units
 from .tasks import run_chunk
 from .validate import validate_input
@@ -150,7 +150,7 @@ def sub_level(level: Level, rows: np.ndarray, parent_rows: np.ndarray | None) ->
     if level.parent is not None and parent_rows is not None:
         parent = np.searchsorted(parent_rows, level.parent[rows])
     cons = LevelConstraints(level.constraints.nodes[rows],
-                            {k: (q, s, rhs[rows]) for k, (q, s, rhs) in level.constraints.rhs.items()})
+                            {k: replace(c, rhs=c.rhs[rows]) for k, c in level.constraints.rhs.items()})
     return Level(level.name, level.nodes[rows], parent, level.hist[rows], level.units.iloc[rows], cons,
                  [level.plb[r] for r in rows], level.state[rows])
 
@@ -267,9 +267,9 @@ class AuditResult:
 
 
 def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries: tuple[str, ...] = AUDIT_QUERIES,
-                product: str = "persons") -> tuple[Plan, Plan]:
+                product: str = PERSONS.name) -> tuple[Plan, Plan]:
     """The plans of D (the input) and D' (one person moved ``move[0]`` -> ``move[1]``)."""
-    if product != "persons":
+    if product != PERSONS.name:
         raise AuditError("topdown audit moves a person: only the persons product can be audited")
     if product not in config.run.products:
         raise ConfigError(f"{config.source}: run.products does not list {product!r}")
@@ -301,7 +301,7 @@ def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries:
     return plans[0], plans[1]
 
 
-def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: str = "persons",
+def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: str = PERSONS.name,
           queries: tuple[str, ...] = AUDIT_QUERIES, seed: int = 0, alpha: float = AUDIT_ALPHA,
           batch: int = BATCH) -> AuditResult:
     """Run the audit on ``client`` (a Dask client); returns the per-target table (no true counts in it)."""
@@ -376,10 +376,10 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     src_dst = parse_move(move)
     names = tuple(q.strip() for q in queries.split(",") if q.strip())
     for name in names:
-        build_query(SCHEMAS["persons"], name)
+        build_query(PERSONS, name)
     with dask_client(None, scheduler, workers) as client:
         result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
-    eps = theoretical_epsilons(config, "persons")
+    eps = theoretical_epsilons(config, PERSONS.name)
     result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"], result.table["query"])]
     target = Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL"
     meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,

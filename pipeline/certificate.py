@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from .accounting import (NEIGHBOURS, allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
                          zcdp_to_epsilon_bun_steinke)
 from .config import Config, ConfigError, ProductConfig
+from .products import PRODUCTS
+from .rundir import SCHEMA_VERSION
 from topdown.vocab.schema import SCHEMAS
 
 #: The deltas of the reported epsilon-delta curve.
@@ -167,6 +169,7 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     seeded = config.run.mode == "test"
     infinite = any(p["epsilon"] == INFINITE for p in entries.values())
     cert: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "run": config.run.name,
         "mode": config.run.mode,
         "private": not seeded and not infinite,
@@ -218,7 +221,7 @@ def with_draws(cert: dict[str, Any], prior: list[dict[str, Any]]) -> dict[str, A
     draws: dict[str, Any] = {"count": len(prior) + 1, "prior": prior}
     if prior:
         everything = [*prior, draw_summary(cert)]
-        names = [n for n in ("persons", "units") if any(n in d["products"] for d in everything)]
+        names = [n for n in PRODUCTS if any(n in d["products"] for d in everything)]
         draws["composed"] = {n: _composed_loss([d["products"][n] for d in everything if n in d["products"]])
                              for n in names}
         draws["test_mode_draws"] = sum(d["mode"] != "production" for d in everything)
@@ -230,7 +233,7 @@ def with_draws(cert: dict[str, Any], prior: list[dict[str, Any]]) -> dict[str, A
 
 def products(cert: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The per-product entries of a certificate."""
-    return {name: cert[name] for name in ("persons", "units") if name in cert}
+    return {name: cert[name] for name in PRODUCTS if name in cert}
 
 
 def _fmt(value: Any, width: int) -> str:

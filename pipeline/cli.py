@@ -88,12 +88,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _print_summary(what: str, out: Path, start: float) -> None:
-    manifest = json.loads((out / "manifest.json").read_text())
+    from .rundir import RunReader
+
+    manifest = RunReader(out).manifest()
     print(f"{what} complete in {time.perf_counter() - start:.1f}s: {out}")
-    for product, levels in manifest["parents_solved"].items():
+    for product, levels in manifest.parents_solved.items():
         print(f"  {product}: " + ", ".join(f"{lv} {v['solved']} solved/{v['parents']} parents" for lv, v in levels.items()))
-    if manifest["failsafe"]:
-        print(f"  failsafe used for {len(manifest['failsafe'])} parent(s); see manifest.json")
+    if manifest.failsafe:
+        print(f"  failsafe used for {len(manifest.failsafe)} parent(s); see manifest.json")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

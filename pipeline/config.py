@@ -31,7 +31,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-LEVELS_STANDARD = ("US", "State", "County", "Tract", "Block_Group", "Block")
+from topdown.geo.spine import BLOCK
+from topdown.vocab.schema import SCHEMAS
+
 INFINITE = "inf"
 
 
@@ -134,7 +136,8 @@ class ProductConfig(_Strict):
 
 class RunSection(_Strict):
     name: str = "topdown"
-    products: list[Literal["persons", "units"]] = Field(default=["persons"], min_length=1, max_length=2)
+    products: list[Literal[tuple(SCHEMAS)]] = Field(default=[next(iter(SCHEMAS))], min_length=1,  # type: ignore[valid-type]
+                                                    max_length=len(SCHEMAS))
     spine: Literal["standard", "aian", "optimized"] = "standard"
     mode: Literal["test", "production"] = Field(default="production", description=(
         "production (the default): noise from the OS CSPRNG, no seed; test: seeded, reproducible noise that "
@@ -294,7 +297,7 @@ def check_production(config: Config) -> None:
         if budget.infinite:
             raise ConfigError(f"{where}: {product}.budget.{total_key} = \"inf\" is refused in mode = \"production\": "
                               "an infinite budget adds no noise and publishes exact counts (use mode = \"test\")")
-        measured = ["Block"] if config.run.algorithm == "block_by_block" else list(budget.levels)
+        measured = [BLOCK] if config.run.algorithm == "block_by_block" else list(budget.levels)
         for level in measured:
             if budget.levels.get(level) == 0:
                 raise ConfigError(f"{where}: {product}.budget.levels.{level} = 0 is refused in mode = \"production\": "

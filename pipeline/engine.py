@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 from distributed import Client, as_completed
 
+from topdown.geo.spine import STATE
 from topdown.vocab.problem import GroupTotal
 
 from .config import Config
@@ -53,7 +54,7 @@ class LevelReport:
 
 def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
     """At the State level: each real state's parts together sum to the state's total (facts 2.6)."""
-    if level.name != "State" or level.state_total is None:
+    if level.name != STATE or level.state_total is None:
         return []
     states = level.state[rows]
     return [GroupTotal(np.flatnonzero(states == s), int(level.state_total[s])) for s in np.unique(states)]

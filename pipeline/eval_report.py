@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from topdown.vocab.schema import PERSONS
+
 #: Query and level of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: county SC). Its
 #: error axis is the mean |error| per answer: with 63 race combinations most SC answers are zero, so the
 #: median absolute error Petti & Flaxman plot (6 races) is 0 here and uninformative.
@@ -42,7 +44,7 @@ def _figures(tables: dict[str, pd.DataFrame]) -> dict[str, bytes]:
         out[name] = buf.getvalue()
 
     summary = tables["summary"]
-    persons = summary[summary["product"] == "persons"] if not summary.empty else summary
+    persons = summary[summary["product"] == PERSONS.name] if not summary.empty else summary
     levels = _levels(persons)
     if not persons.empty:
         fig, ax = plt.subplots(figsize=(6.5, 3.8))
@@ -57,7 +59,7 @@ def _figures(tables: dict[str, pd.DataFrame]) -> dict[str, bytes]:
 
     bins = tables["errors_by_bin"]
     if not bins.empty:
-        first = bins[(bins["run"] == bins["run"].iloc[0]) & (bins["product"] == "persons") & (bins["bin"] != "all")]
+        first = bins[(bins["run"] == bins["run"].iloc[0]) & (bins["product"] == PERSONS.name) & (bins["bin"] != "all")]
         shown = [lv for lv in ("County", levels[-1] if levels else None) if lv in set(first["level"])]
         if shown:
             fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.5), squeeze=False)

@@ -27,7 +27,6 @@ the confidential count. The runs and the sampling replicates are evaluated as on
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,14 +36,11 @@ import pandas as pd
 
 from . import metrics as M
 from topdown.vocab.queries import build_query
-from .rundir import write_table
+from .products import PRODUCTS
+from .rundir import RunDirError, RunReader, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
-from .tabulate import block_histograms, units_histograms
+from .tabulate import block_histograms
 
-#: Queries of the paper's Tables 9-10 plus hhgq and the 14-cell race/ethnicity query of facts 8.
-PERSON_QUERIES: tuple[str, ...] = ("total", "votingage", "hispanic", "hhgq", "cenrace", "hispanic * cenrace",
-                                   "majorRaces * hispanic", "detailed")
-UNIT_QUERIES: tuple[str, ...] = ("total", "occupancy")
 #: Blau index cells: hispanic x majorRaces, 14 cells (facts 8).
 BLAU_QUERY = "hispanic * majorRaces"
 #: Largest-group share query for off-spine entities (facts 8, "L1 relative").
@@ -70,8 +66,8 @@ class EvaluationError(ValueError):
 class EvalOptions:
     """What to compute. Queries are per product; ``dense_limit`` caps dense per-geounit answer arrays."""
 
-    queries: dict[str, tuple[str, ...]] = field(default_factory=lambda: {"persons": PERSON_QUERIES,
-                                                                         "units": UNIT_QUERIES})
+    queries: dict[str, tuple[str, ...]] = field(default_factory=lambda: {name: p.evaluation_queries
+                                                                         for name, p in PRODUCTS.items()})
     sampling_rates: tuple[float, ...] = SAMPLING_RATES
     sampling_replicates: int = 1
     sampling_seed: int = 0
@@ -108,7 +104,7 @@ def load_truth(truth: Path) -> Truth:
     persons["geoid"] = persons["geoid"].astype(str)
     units = pd.read_parquet(paths["units"])
     units["geoid"] = units["geoid"].astype(str)
-    return Truth({"persons": block_histograms(persons), "units": units_histograms(units)}, persons)
+    return Truth({name: p.tabulate(persons, units) for name, p in PRODUCTS.items()}, persons)
 
 
 def load_entities(path: Path) -> pd.DataFrame:
@@ -153,14 +149,15 @@ class RunView:
 
     def __init__(self, root: Path, label: str):
         self.root, self.label = Path(root), label
-        mpath = self.root / "manifest.json"
-        if not mpath.exists():
-            raise EvaluationError(f"{mpath}: not a run directory (no manifest.json)")
-        self.manifest = json.loads(mpath.read_text())
-        if self.manifest.get("status") != "complete":
-            raise EvaluationError(f"{mpath}: run status is {self.manifest.get('status')!r}, not 'complete'")
-        self.levels: list[str] = list(self.manifest["levels"])
-        spine = pd.read_parquet(self.root / "spine.parquet").astype(str)
+        self.reader = RunReader(self.root)
+        try:
+            self.manifest = self.reader.manifest()
+        except RunDirError as exc:
+            raise EvaluationError(str(exc)) from None
+        if not self.manifest.complete:
+            raise EvaluationError(f"{self.reader.manifest_path}: run status is {self.manifest.status!r}, not 'complete'")
+        self.levels: list[str] = list(self.manifest.levels)
+        spine = self.reader.spine_table()
         if list(spine.columns) != ["geoid", *self.levels]:
             raise EvaluationError(f"{self.root / 'spine.parquet'}: columns are not geoid + the manifest's levels")
         self.spine = spine
@@ -173,13 +170,12 @@ class RunView:
 
     @property
     def seed(self) -> Any:
-        return self.manifest.get("seed")
+        return self.manifest.seed
 
     def theoretical_epsilon(self, product: str) -> tuple[float | None, dict[tuple[str, str], float]]:
         """The product's certified epsilon and, per (level, query) measured, the epsilon of that one
         measurement (zCDP rho_q converted at the product's delta; pure DP epsilon_q), from certificate.json."""
-        path = self.root / "certificate.json"
-        cert = json.loads(path.read_text()).get(product) if path.exists() else None
+        cert = self.reader.certificate().products.get(product) if self.reader.certificate_path.exists() else None
         if not cert or cert.get("epsilon") == "inf":
             return None, {}
         from fractions import Fraction
@@ -205,7 +201,7 @@ class RunView:
                             len(self.nodes[level]))
 
     def estimate_at(self, product: str, level: str) -> M.SparseHist:
-        path = self.root / "histograms" / product / f"level={level}"
+        path = self.reader.histograms(product, level)
         if not path.exists():
             raise EvaluationError(f"{path}: histograms of level {level} not found")
         h = pd.read_parquet(path, columns=["geocode", "cell", "count"])
@@ -267,10 +263,11 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
     out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
     replicates: dict[tuple[str, str, str], pd.Series] = {}
     seed = view.seed
-    for product in view.manifest["products"]:
+    for product in view.manifest.products:
         if product not in truth.blocks:
             continue
-        extra = opts.sampling_queries if product == "persons" else ()
+        person_metrics = product == PERSONS.name  # metrics defined on person records (facts 8)
+        extra = opts.sampling_queries if person_metrics else ()
         queries = list(dict.fromkeys(["total", *opts.queries.get(product, ("total",)), *extra, *opts.replicate_queries]))
         for level in view.levels:
             true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
@@ -289,14 +286,14 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
                     qe = kept[name]
                     idx = pd.MultiIndex.from_product([view.nodes[level], range(qe.n_answers)], names=["geocode", "answer"])
                     replicates[(product, level, name)] = pd.Series(qe.est.ravel(), index=idx)
-            if product != "persons":
+            if not person_metrics:
                 continue
             blau_true = M.query_errors(true, true, build_query(PERSONS, BLAU_QUERY), opts.dense_limit).true
             out["blau"].append(M.blau_quintile_errors(M.blau_index(blau_true), err)
                                .assign(**_key(label, seed, product, level)))
             hom = M.homogeneity_index(M.nonzero_cells(true), PERSONS.ncells)
             out["homogeneity"].append(M.bias_by_homogeneity(hom, err).assign(**_key(label, seed, product, level)))
-        if product == "persons" and entities is not None:
+        if person_metrics and entities is not None:
             out["entities"] += _entity_metrics(view, truth.blocks[product], entities, opts)
     frames = {k: _frame(v) for k, v in out.items()}
     return {"tables": frames, "replicates": replicates, "label": label, "seed": seed}
@@ -315,7 +312,7 @@ def _frame(parts: list) -> pd.DataFrame:
 
 def _entity_metrics(view: RunView, blocks: pd.DataFrame, entities: pd.DataFrame, opts: EvalOptions) -> list[pd.DataFrame]:
     leaf = view.levels[-1]
-    est = view.estimate_at("persons", leaf)
+    est = view.estimate_at(PERSONS.name, leaf)
     est_geoid = view.block_geoids()[est.unit]
     frames = []
     for kind, table in entities.groupby("entity_type", sort=True):
@@ -350,8 +347,8 @@ def sampling_replicate(root: Path, truth: Truth, rate: float, replicate: int, op
     scaled = blocks.assign(count=blocks["count"].to_numpy(float) / rate)
     rows = []
     for level in view.levels:
-        true, est = view.truth_at(truth.blocks["persons"], level), view.truth_at(scaled, level)
-        summary, epl, _ = _level_metrics("srs", None, "persons", level, true, est, opts.sampling_queries, opts)
+        true, est = view.truth_at(truth.blocks[PERSONS.name], level), view.truth_at(scaled, level)
+        summary, epl, _ = _level_metrics("srs", None, PERSONS.name, level, true, est, opts.sampling_queries, opts)
         for s, e in zip(summary, epl):
             rows.append({"rate": rate, "replicate": replicate, "sampling_seed": opts.sampling_seed,
                          "level": level, "query": s["query"], "n": s["n"], "mean_abs_error": s["mean_abs_error"],
@@ -435,8 +432,7 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     truth_d = dask.delayed(load_truth)(Path(truth))
     ent_d = dask.delayed(load_entities)(Path(entities)) if entities is not None else None
     tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
-    manifest = json.loads((runs[0] / "manifest.json").read_text())
-    if "persons" in manifest["products"]:
+    if PERSONS.name in RunReader(runs[0]).manifest().products:  # the SRS baseline samples person records
         tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)
                   for rate in opts.sampling_rates for rep in range(opts.sampling_replicates)]
     if client is not None:
@@ -471,9 +467,9 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     from .intervals import coverage_summary, interval_figure, interval_table, truth_totals
 
     unc = pd.read_parquet(opts.uncertainty)
-    spine = pd.read_parquet(run / "spine.parquet").astype(str)
+    spine = RunReader(run).spine_table()
     ent = load_entities(entities) if entities is not None else None
-    totals = truth_totals(load_truth(truth).blocks["persons"], spine, ent)
+    totals = truth_totals(load_truth(truth).blocks[PERSONS.name], spine, ent)
     cov = coverage_summary(unc, totals)
     if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
         cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})
@@ -507,7 +503,7 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
         path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
                         Path(out) if out else None, options=opts, audit=audit_dir)
     summary = pd.read_parquet(path / "summary.parquet")
-    persons = summary["product"] == "persons" if "product" in summary.columns else True
+    persons = summary["product"] == PERSONS.name if "product" in summary.columns else True
     tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",
                                                             sort=False)
     print(f"CONFIDENTIAL evaluation (computed from the true counts; do not publish) written to {path} "

@@ -7,13 +7,15 @@ import io
 import numpy as np
 import pandas as pd
 
+from topdown.vocab.schema import PERSONS
+
 
 def interval_table(unc: pd.DataFrame, levels: tuple[str, ...] = ("Tract", "place"), per_level: int = 5,
                    query: str = "total", truth: pd.Series | None = None) -> pd.DataFrame:
     """The first ``per_level`` geounits (geocode order) of each level: persons ``query`` cell 0 rows with
     published count (if replicates were added), GLS interval and replicate interval; ``truth`` (indexed by
     (level, geocode)) adds the true count."""
-    rows = unc[(unc["product"] == "persons") & (unc["query"] == query) & (unc["cell"] == 0)
+    rows = unc[(unc["product"] == PERSONS.name) & (unc["query"] == query) & (unc["cell"] == 0)
                & unc["level"].isin(levels)]
     rows = rows.sort_values(["level", "geocode"]).groupby("level", sort=False).head(per_level)
     cols = [c for c in ("level", "geocode", "published", "estimate", "ci90_low", "ci90_high", "rep90_low",
@@ -56,7 +58,7 @@ def interval_figure(table: pd.DataFrame) -> bytes:
 
 def coverage_summary(unc: pd.DataFrame, truth: pd.Series, query: str = "total") -> pd.DataFrame:
     """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only."""
-    rows = unc[(unc["product"] == "persons") & (unc["query"] == query) & (unc["cell"] == 0)]
+    rows = unc[(unc["product"] == PERSONS.name) & (unc["query"] == query) & (unc["cell"] == 0)]
     t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
     rows = rows.assign(truth=t).dropna(subset=["truth"])
     out = rows.groupby("level").apply(lambda g: pd.Series({

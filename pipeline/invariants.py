@@ -16,12 +16,13 @@ which pins the total of a part without GQ facilities (lb_0 = ub_0 = T) and so pu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from topdown.vocab.problem import Constraint
+from topdown.geo.spine import STATE
+from topdown.vocab.problem import Constraint, Sense
 
 from .config import ProductConfig
 
@@ -29,8 +30,31 @@ UNIT_COLUMNS = [f"u{k}" for k in range(8)]
 GQ_CAP = 99999
 MIN_PER_UNIT = np.array([0, 1, 1, 1, 1, 1, 1, 1])
 
-PERSON_CONSTRAINTS = ("total", "hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0", "hh_lb_occupied")
-UNIT_CONSTRAINTS = ("total",)
+
+
+@dataclass(frozen=True)
+class ConstraintDef:
+    """A named constraint: ``query(node) <sense> rhs(node)``; :meth:`bind` gives it the right-hand sides."""
+
+    name: str
+    query: str
+    sense: Sense
+
+    def bind(self, rhs: np.ndarray) -> Constraint:
+        """The constraint with right-hand sides ``rhs[n_nodes, n_answers]``."""
+        return Constraint(self.name, self.query, self.sense, rhs)
+
+
+def _defs(*defs: ConstraintDef) -> dict[str, ConstraintDef]:
+    return {d.name: d for d in defs}
+
+
+#: The constraints each product knows (facts 2.3-2.5), each defined once: name, query and sense.
+PERSON_CONSTRAINTS = _defs(ConstraintDef("total", "total", "=="), ConstraintDef("hhgq_total_lb", "hhgq", ">="),
+                           ConstraintDef("hhgq_total_ub", "hhgq", "<="),
+                           ConstraintDef("nurse_nva_0", "gqNursingTotal * nonvoting", "=="),
+                           ConstraintDef("hh_lb_occupied", "householdTotal", ">="))
+UNIT_CONSTRAINTS = _defs(ConstraintDef("total", "total", "=="))
 PERSON_INVARIANTS = ("tot", "gqhh_vect", "gqhh_tot")
 UNIT_INVARIANTS = ("hu_tot",)
 #: The ``level`` of the rows of ``invariants/persons.parquet`` that hold each whole state's total.
@@ -46,11 +70,11 @@ class LevelConstraints:
     """Right-hand sides of every constraint for every node of one level, rows in node order."""
 
     nodes: pd.Index
-    rhs: dict[str, tuple[str, str, np.ndarray]]  # name -> (query, sense, rhs[n_nodes, n_answers])
+    rhs: dict[str, Constraint]  # name -> the constraint with rhs[n_nodes, n_answers], one row per node
 
     def take(self, idx: np.ndarray) -> list[Constraint]:
         """The constraints of the nodes at integer positions ``idx`` (a parent's children)."""
-        return [Constraint(name, query, sense, rhs[idx]) for name, (query, sense, rhs) in self.rhs.items()]
+        return [replace(c, rhs=c.rhs[idx]) for c in self.rhs.values()]
 
 
 def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: str) -> set[str]:
@@ -61,10 +85,10 @@ def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: st
 def check_names(product: str, cfg: ProductConfig, levels: list[str]) -> None:
     """Unknown invariant or constraint names and unknown levels are configuration errors."""
     from .config import ConfigError
+    from .products import PRODUCTS
 
-    known_c = PERSON_CONSTRAINTS if product == "persons" else UNIT_CONSTRAINTS
-    known_i = PERSON_INVARIANTS if product == "persons" else UNIT_INVARIANTS
-    for table, known in (("constraints", known_c), ("invariants", known_i)):
+    spec = PRODUCTS[product]
+    for table, known in (("constraints", tuple(spec.constraints)), ("invariants", spec.invariants)):
         for level, names in getattr(cfg, table).items():
             if level not in levels:
                 raise ConfigError(f"[{product}.{table}] names level {level!r}; levels are {', '.join(levels)}")
@@ -105,18 +129,19 @@ def person_constraints(
     n = len(nodes)
     u = nodes[UNIT_COLUMNS].to_numpy(dtype=np.int64)
     has_tot = "tot" in nodes.columns and nodes["tot"].notna().any() and "tot" in cfg.invariants.get(level, [])
-    rhs: dict[str, tuple[str, str, np.ndarray]] = {}
+    rhs: dict[str, Constraint] = {}
+    defs = PERSON_CONSTRAINTS
 
     def summed(name: str) -> np.ndarray | None:
         if child_rhs is None or name not in child_rhs.rhs:
             return None
-        vals = child_rhs.rhs[name][2]
+        vals = child_rhs.rhs[name].rhs
         out = np.zeros((n, vals.shape[1]))
         np.add.at(out, child_parent, vals)
         return out
 
     if {"hhgq_total_lb", "hhgq_total_ub"} & active:
-        above_state = level in levels[: levels.index("State")] if "State" in levels else False
+        above_state = level in levels[: levels.index(STATE)] if STATE in levels else False
         lb, ub = _hhgq_bounds(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None)
         slb, sub = summed("hhgq_total_lb"), summed("hhgq_total_ub")
         if above_state and slb is not None:
@@ -124,26 +149,26 @@ def person_constraints(
         elif has_tot and slb is not None:
             lb, ub = np.maximum(lb, slb), np.minimum(ub, sub)
         if "hhgq_total_lb" in active:
-            rhs["hhgq_total_lb"] = ("hhgq", ">=", lb)
+            rhs["hhgq_total_lb"] = defs["hhgq_total_lb"].bind(lb)
         if "hhgq_total_ub" in active:
-            rhs["hhgq_total_ub"] = ("hhgq", "<=", ub)
+            rhs["hhgq_total_ub"] = defs["hhgq_total_ub"].bind(ub)
     if "nurse_nva_0" in active:
-        rhs["nurse_nva_0"] = ("gqNursingTotal * nonvoting", "==", np.zeros((n, 1)))
+        rhs["nurse_nva_0"] = defs["nurse_nva_0"].bind(np.zeros((n, 1)))
     if "hh_lb_occupied" in active:
-        rhs["hh_lb_occupied"] = ("householdTotal", ">=", nodes[["occupied"]].to_numpy(dtype=float))
+        rhs["hh_lb_occupied"] = defs["hh_lb_occupied"].bind(nodes[["occupied"]].to_numpy(dtype=float))
     if "total" in here:
         if "tot" not in nodes.columns or nodes["tot"].isna().any():
             from .config import ConfigError
             raise ConfigError(f"constraint 'total' at {level} needs the invariant 'tot' at {level} or below, and "
                               "nodes that are whole states (on a spine that splits states into AIAN parts the whole "
                               "state's total binds the parts as a group; a part's total is not invariant)")
-        rhs["total"] = ("total", "==", nodes[["tot"]].to_numpy(dtype=float))
+        rhs["total"] = defs["total"].bind(nodes[["tot"]].to_numpy(dtype=float))
     return LevelConstraints(nodes.index, rhs)
 
 
 def unit_constraints(nodes: pd.DataFrame) -> LevelConstraints:
     """The housing-unit product: the housing-unit count of every node is invariant (block HU counts sum up)."""
-    return LevelConstraints(nodes.index, {"total": ("total", "==", nodes[["u0"]].to_numpy(dtype=float))})
+    return LevelConstraints(nodes.index, {"total": UNIT_CONSTRAINTS["total"].bind(nodes[["u0"]].to_numpy(dtype=float))})
 
 
 def check_feasible(level: str, cons: LevelConstraints, true_answers: dict[str, np.ndarray]) -> None:
@@ -151,8 +176,8 @@ def check_feasible(level: str, cons: LevelConstraints, true_answers: dict[str, n
 
     The message names the level, constraint and node but no count.
     """
-    for name, (query, sense, rhs) in cons.rhs.items():
-        val = true_answers[query]
+    for name, c in cons.rhs.items():
+        val, rhs, sense = true_answers[c.query], c.rhs, c.sense
         ok = np.isnan(rhs) | {"==": np.isclose(val, rhs), "<=": val <= rhs + 1e-9, ">=": val >= rhs - 1e-9}[sense]
         bad = np.flatnonzero(~ok.all(axis=1))
         if bad.size:

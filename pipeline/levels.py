@@ -15,8 +15,8 @@ import scipy.sparse as sp
 from topdown.geo.spine import Spine
 
 from .config import ProductConfig
-from .invariants import (UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below, person_constraints,
-                         unit_constraints)
+from .invariants import UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below
+from .products import PRODUCTS
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import Schema
 
@@ -99,13 +99,11 @@ def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units
     ``parents[i]`` each node's row in level i - 1 (the noisy measurement file and reprocessing recompute
     them from a run's invariants file)."""
     cons: list[LevelConstraints | None] = [None] * len(units)
+    rhs_of = PRODUCTS[product].level_constraints
     for i in range(len(units) - 1, -1, -1):
-        if product == "persons":
-            below = i + 1 < len(units)
-            cons[i] = person_constraints(cfg, levels, levels[i], units[i], cons[i + 1] if below else None,
-                                         parents[i + 1] if below else None)
-        else:
-            cons[i] = unit_constraints(units[i])
+        below = i + 1 < len(units)
+        cons[i] = rhs_of(cfg, levels, levels[i], units[i], cons[i + 1] if below else None,
+                         parents[i + 1] if below else None)
     return cons
 
 
@@ -126,17 +124,15 @@ def build_levels(
     hists = [(g.agg @ bhist).tocsr() for g in geo]
     units = [pd.DataFrame(g.agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=g.nodes,
                           columns=UNIT_COLUMNS + ["occupied"]) for g in geo]
-    state_level = spine.levels.index("State") if "State" in spine.levels else None
+    state_level = spine.state_index
     for i, g in enumerate(geo):
-        if (product == "persons" and state_level is not None and i <= state_level
+        if (PRODUCTS[product].total_invariant and state_level is not None and i <= state_level
                 and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
             node_totals = np.asarray(hists[i].sum(axis=1), dtype=float).ravel()
             units[i] = units[i].assign(tot=_invariant_totals(node_totals, g.state if i == state_level else None))
     cons = level_constraints(product, cfg, spine.levels, units, parents)
-    queries_needed = {"total", "hhgq", "gqNursingTotal * nonvoting", "householdTotal"} if product == "persons" else {"total"}
     for g, hist, c in reversed(list(zip(geo, hists, cons))):  # the lowest infeasible level is reported
-        answers = {q: build_query(schema, q).matrix() @ hist.T for q in queries_needed if q in
-                   {r[0] for r in c.rhs.values()}}
+        answers = {q: build_query(schema, q).matrix() @ hist.T for q in {con.query for con in c.rhs.values()}}
         check_feasible(g.name, c, {q: np.asarray(a.T.todense()) for q, a in answers.items()})
     state_total = None
     if state_level is not None and "tot" in units[state_level].columns:
@@ -167,7 +163,7 @@ def published_units(spine: Spine, invariants: pd.DataFrame, where: str = "invari
     whole = invariants[invariants["level"] == WHOLE_STATE]
     state_total = (whole.assign(geocode=whole["geocode"].astype(str)).set_index("geocode")["tot"].astype(np.int64)
                    if len(whole) else None)
-    state_level = spine.levels.index("State") if "State" in spine.levels else None
+    state_level = spine.state_index
     units = []
     for i, g in enumerate(geo):
         inv = invariants[invariants["level"] == g.name].set_index("geocode")
@@ -198,7 +194,7 @@ def public_levels(product: str, cfg: ProductConfig, spine: Spine, invariants: pd
         raise ConfigError(f"[{product}.constraints] hh_lb_occupied needs the occupied housing units of every "
                           "node, which are not invariant and not published; it cannot be rebuilt by reprocessing")
     units, parents, states, state_total = published_units(spine, invariants, where)
-    state_level = spine.levels.index("State") if "State" in spine.levels else None
+    state_level = spine.state_index
     cons = level_constraints(product, cfg, spine.levels, units, parents)
     return [Level(name, u.index, parents[i], None, u, cons[i], _plb(cfg, spine, name, u.index), states[i],
                   state_total if i == state_level else None)

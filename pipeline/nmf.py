@@ -47,56 +47,16 @@ import pyarrow.parquet as pq
 
 from topdown.geo.spine import Spine
 
-from .config import Config, ConfigError, config_from_dict, load_config
-from .invariants import UNIT_COLUMNS
 from .levels import level_constraints, published_units
-from .rundir import RunDir, RunDirError, write_json_atomic, write_table
+from .products import PRODUCTS
+from .rundir import RunDir, RunDirError, RunReader, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 
 FORMAT = "topdown-nmf/1"
 SIGNS = {"==": "=", "<=": "<=", ">=": ">="}
-#: Invariants of the run's invariants file as (name, columns, query) per product.
-INVARIANT_ROWS = {"persons": (("gqhh_vect", UNIT_COLUMNS, ""), ("tot", ["tot"], "total")),
-                  "units": (("hu_tot", ["u0"], "total"),)}
 MEASUREMENT_COLUMNS = ("geocode", "query", "answer", "value", "variance")
 #: The Constraint rows of a whole state's persons total where the spine splits the state into parts.
 WHOLE_STATE_TOTAL = "tot_whole_state"
-
-
-def run_config(run_dir: Path) -> Config:
-    """The configuration a complete run used: its ``config.json``, else the manifest's source file if its
-    digest still matches the manifest's config hash."""
-    run_dir = Path(run_dir)
-    manifest = RunDir(run_dir).read_manifest()
-    if manifest.get("status") != "complete":
-        raise RunDirError(f"{run_dir}: not a complete run directory (manifest status "
-                          f"{manifest.get('status', 'missing')!r})")
-    if (run_dir / "config.json").exists():
-        config = config_from_dict(json.loads((run_dir / "config.json").read_text()), source=str(run_dir / "config.json"))
-    else:
-        source = manifest.get("config_source", "")
-        try:
-            config = load_config(source)
-        except (ConfigError, FileNotFoundError, OSError):
-            raise RunDirError(f"{run_dir}: no config.json and the configuration {source!r} cannot be read") from None
-    if config.digest() != manifest.get("config_hash"):
-        raise RunDirError(f"{run_dir}: configuration {config.source} does not match the run's config hash "
-                          f"{manifest.get('config_hash', '?')[:12]}")
-    return config
-
-
-def run_spine(run_dir: Path) -> Spine:
-    """The run's spine with its budget moves (a run of an older version wrote none: only a standard spine,
-    which moves no budget, can be read back from it)."""
-    path = Path(run_dir) / "spine.parquet"
-    try:
-        return Spine.read_parquet(path)
-    except ValueError:
-        manifest = RunDir(run_dir).read_manifest()
-        if manifest.get("spine") != "standard":
-            raise RunDirError(f"{path}: no budget moves recorded for the {manifest.get('spine')!r} spine; "
-                              "rerun with this version") from None
-        return Spine(levels=manifest["levels"], table=pd.read_parquet(path).astype(str), kind="standard")
 
 
 def node_shares(spine: Spine, budget, level: str) -> dict[str, Fraction]:
@@ -130,12 +90,12 @@ def _constraint_table(product: str, nodes: pd.Index, units: pd.DataFrame, cons,
     rows: list[tuple] = []
     if whole_states is not None:
         rows += [(str(g), WHOLE_STATE_TOTAL, "invariant", "total", "=", [float(v)]) for g, v in whole_states.items()]
-    for name, cols, query in INVARIANT_ROWS[product]:
+    for name, cols, query in PRODUCTS[product].nmf_invariants:
         if all(c in units.columns for c in cols):
-            vals = units[cols].to_numpy(dtype=float)
+            vals = units[list(cols)].to_numpy(dtype=float)
             rows += [(g, name, "invariant", query, "=", list(v)) for g, v in zip(nodes, vals) if not np.isnan(v).any()]
-    for name, (query, sense, rhs) in cons.rhs.items():
-        rows += [(g, name, "constraint", query, SIGNS[sense], list(v)) for g, v in zip(nodes, rhs)
+    for c in cons.rhs.values():
+        rows += [(g, c.name, "constraint", c.query, SIGNS[c.sense], list(v)) for g, v in zip(nodes, c.rhs)
                  if not np.isnan(v).any()]
     rows.sort(key=lambda r: (r[0], r[2], r[1]))
     cols = list(zip(*rows)) if rows else [[]] * 6
@@ -150,12 +110,13 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     The directory is built under a temporary sibling and renamed into place, so it is complete or absent.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    config = run_config(run_dir)
+    reader = RunReader(run_dir)
+    config = reader.config()
     if out_dir.exists() and any(out_dir.iterdir()):
         raise RunDirError(f"{out_dir}: output directory exists and is not empty")
     rundir = RunDir(run_dir)
-    spine = run_spine(run_dir)
-    cert = json.loads((run_dir / "certificate.json").read_text())
+    spine = reader.spine()
+    cert = reader.certificate().data
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(), "levels": spine.levels,

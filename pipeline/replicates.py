@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from .rundir import RunDirError, write_json_atomic, write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
+
+from .rundir import RunDirError, RunReader, write_json_atomic, write_table
 
 log = logging.getLogger("topdown")
 
@@ -36,18 +37,19 @@ SEED_BASE = 1_000_003
 
 def mdf_input(run_dir: Path, out: Path) -> Path:
     """Write persons.parquet and units.parquet (the input format) from a run's MDF and public invariants."""
-    persons = pd.read_parquet(run_dir / "mdf" / "persons")
+    reader = RunReader(run_dir)
+    persons = reader.table(reader.mdf(PERSONS.name))
     geoid = persons["TABBLKST"] + persons["TABBLKCOU"] + persons["TABTRACTCE"] + persons["TABBLK"]
     pframe = pd.DataFrame({"geoid": geoid.astype(str), "hhgq": persons["GQTYPE_PL"].astype(np.int64),
                            "votingage": (persons["VOTING_AGE"] == "2").astype(np.int64),
                            "hispanic": (persons["CENHISP"] == "2").astype(np.int64),
                            "cenrace": persons["CENRACE"].astype(np.int64) - 1})
-    inv = pd.read_parquet(run_dir / "invariants" / "persons.parquet")
-    spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
+    inv = reader.table(reader.invariants(PERSONS.name))
+    spine = reader.spine_table()
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
     geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
-    if (run_dir / "mdf" / "units").exists():  # housing units with their published occupancy
-        units = pd.read_parquet(run_dir / "mdf" / "units")
+    if reader.mdf(UNITS.name).exists():  # housing units with their published occupancy
+        units = reader.table(reader.mdf(UNITS.name))
         hu = units[units["RTYPE"] == "2"]
         hu_geoid = (hu["TABBLKST"] + hu["TABBLKCOU"] + hu["TABTRACTCE"] + hu["TABBLK"]).astype(str)
         frames = [pd.DataFrame({"geoid": hu_geoid.to_numpy(), "unit_type": 0,
@@ -69,11 +71,11 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
                scheduler: str | None = None, workers: int | None = None) -> dict:
     """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
-    from .nmf import run_config
+    from .rundir import RunReader
     from .runner import dask_client, run as run_topdown
 
     run, out = Path(run), Path(out)
-    config = run_config(run)
+    config = RunReader(run).config()
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
     if len(seeds) != n:
         raise ValueError(f"--n {n} but {len(seeds)} seeds")

@@ -13,7 +13,6 @@ published invariants); a change to anything that was measured is refused naming 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -30,11 +29,14 @@ from topdown.geo.spine import Spine
 
 from .config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
 from .engine import ProgressFn
+from topdown.vocab.schema import PERSONS, UNITS
+
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import Level, public_levels
-from .nmf import WHOLE_STATE_TOTAL, run_config, run_spine
-from .rundir import RunDir, RunDirError, sha256_file, write_table
+from .nmf import WHOLE_STATE_TOTAL
+from .rundir import RunDir, RunDirError, RunReader, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
+from .products import PRODUCTS
 from .sources import Published
 
 log = logging.getLogger("topdown")
@@ -65,7 +67,7 @@ def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def _post_processing(key: str) -> bool:
     for allowed in POST_PROCESSING:
-        for product in ("persons", "units"):
+        for product in PRODUCTS:
             prefix = allowed.replace("<product>", product)
             if key == prefix or key.startswith(prefix + "."):
                 return True
@@ -97,8 +99,8 @@ def read_invariants(src: RunDir, product: str) -> pd.DataFrame:
     before config.json published with the persons invariants only; they are taken from there."""
     inv = pd.read_parquet(src.invariants(product))
     inv["geocode"] = inv["geocode"].astype(str)
-    if product == "units" and not set(UNIT_COLUMNS) <= set(inv.columns):
-        other = src.invariants("persons")
+    if product == UNITS.name and not set(UNIT_COLUMNS) <= set(inv.columns):
+        other = src.invariants(PERSONS.name)
         if not other.exists():
             raise FileNotFoundError(f"{src.invariants(product)}: no GQ-facility counts (u1..u7), and no persons "
                                     "invariants to take them from")
@@ -160,12 +162,12 @@ class _Source:
 
 
 def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
-    src = RunDir(run_dir)
-    before = run_config(src.root)
+    src = RunReader(run_dir)
+    before = src.config()
     config = apply_changes(before, changes) if changes else before
     changed = changed_keys(before, config, str(changes or src.config_path))
     of = {"run": str(src.root.resolve()), "config_sha256": before.digest(), "changed_keys": changed}
-    cert = reprocessing_certificate(json.loads((src.root / "certificate.json").read_text()), config, of)
+    cert = reprocessing_certificate(src.certificate().data, config, of)
     names = ["spine.parquet", "noisy_measurements",
              *(src.invariants(p).relative_to(src.root).as_posix() for p in config.run.products)]
 
@@ -177,7 +179,7 @@ def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
             link_tree(src.root / name, staged)
             rd.commit(final)
 
-    return _Source(config, run_spine(src.root), {p: read_invariants(src, p) for p in config.run.products}, cert,
+    return _Source(config, src.spine(), {p: read_invariants(src, p) for p in config.run.products}, cert,
                    source_hashes(src), publish)
 
 
@@ -204,8 +206,8 @@ def _nmf_invariants(nmf, product: str) -> pd.DataFrame:
                 frame = frame.join(pd.DataFrame(values, columns=columns, index=rows["geocode"].astype(str).to_numpy()))
         frames.append(frame.reset_index().assign(level=level))
     out = pd.concat(frames, ignore_index=True)
-    if product == "units" and "persons" in nmf.constraints and "u1" not in out.columns:
-        gq = _nmf_invariants(nmf, "persons")[["level", "geocode", *UNIT_COLUMNS[1:]]]
+    if product == UNITS.name and PERSONS.name in nmf.constraints and "u1" not in out.columns:
+        gq = _nmf_invariants(nmf, PERSONS.name)[["level", "geocode", *UNIT_COLUMNS[1:]]]
         out = out.merge(gq, on=["level", "geocode"], how="left")
     return out
 
@@ -281,7 +283,7 @@ def identity(source: str | Path, changes: str | Path | None = None, spine: str |
     """The configuration hash and input hashes a reprocessing of ``source`` records (for ``topdown batch``)."""
     if is_nmf(source):
         return load_config(changes).digest(), nmf_hashes(Path(source), Path(spine))
-    before = run_config(Path(source))
+    before = RunReader(source).config()
     return (apply_changes(before, changes) if changes else before).digest(), source_hashes(RunDir(source))
 
 

@@ -9,7 +9,9 @@ Layout (DESIGN.md section 2)::
     mdf/<product>/                          one row per person / unit, tabulation geography
 
 Every directory is written under ``.staging/`` and renamed into place when complete, so a reader
-never sees half a level.
+never sees half a level. :class:`RunReader` is the one reader of a run directory (verify, evaluate, the CLI,
+reprocessing, the noisy measurement file): its paths, its typed :class:`Manifest` and :class:`Certificate`
+(both carry ``schema_version``), its spine and its tables.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import shutil
 import socket
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,6 +35,9 @@ log = logging.getLogger("topdown")
 
 STAGING = ".staging"
 LOCK = ".lock"
+#: Version of the layout of manifest.json and certificate.json (written as ``schema_version``; a file without
+#: it is version 1, the layout before the key was written).
+SCHEMA_VERSION = 1
 #: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
 OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements",
            "histograms", "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
@@ -165,7 +171,7 @@ class RunDir:
         else:
             staged.rename(final)
 
-    def check_layout(self, products: list[str] | tuple[str, ...] = ("persons", "units")) -> None:
+    def check_layout(self, products: list[str] | tuple[str, ...]) -> None:
         """Refuse a run directory where one of its folders is a file, or one of its files a folder."""
         folders = [STAGING, "invariants"] + [f"{top}/{p}" for top in ("histograms", "noisy_measurements", "mdf")
                                              for p in ("", *products)]
@@ -286,3 +292,149 @@ def write_table(table: pa.Table | Any, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp, compression="zstd", write_statistics=True)
     os.replace(tmp, path)
+
+
+def _schema_version(data: dict[str, Any], path: Path) -> int:
+    version = data.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SCHEMA_VERSION:
+        raise RunDirError(f"{path}: key 'schema_version' is {version!r}; this version of topdown reads versions "
+                          f"1 to {SCHEMA_VERSION}")
+    return version
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A run's manifest.json, typed (the keys the code reads back; ``data`` keeps the whole object)."""
+
+    path: Path
+    schema_version: int
+    status: str
+    name: str
+    algorithm: str
+    spine: str
+    levels: list[str]
+    products: list[str]
+    seed: int | None
+    completed: dict[str, list[str]] = field(default_factory=dict)
+    parents_solved: dict[str, Any] = field(default_factory=dict)
+    failsafe: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def read(cls, path: Path) -> "Manifest":
+        """Read and check manifest.json; raises :class:`RunDirError` naming the file and the key."""
+        data = read_manifest_file(path)
+        return cls(path, _schema_version(data, path), data.get("status", ""), data.get("name", ""),
+                   data.get("algorithm", "topdown"), data.get("spine", "standard"), list(data.get("levels", [])),
+                   list(data.get("products", [])), data.get("seed"), data.get("completed", {}),
+                   data.get("parents_solved", {}), data.get("failsafe", []), data)
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """A run's certificate.json, typed: run-wide fields and one entry per product (``certificate.py`` writes it)."""
+
+    path: Path
+    schema_version: int
+    run: str
+    mode: str
+    private: bool
+    products: dict[str, dict[str, Any]]
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def read(cls, path: Path) -> "Certificate":
+        from .products import PRODUCTS
+
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise RunDirError(f"{path}: not a readable certificate ({type(exc).__name__}: {exc})") from None
+        if not isinstance(data, dict):
+            raise RunDirError(f"{path}: a certificate is a JSON object, found {type(data).__name__}")
+        return cls(path, _schema_version(data, path), str(data.get("run", "")), str(data.get("mode", "")),
+                   bool(data.get("private", False)), {n: data[n] for n in PRODUCTS if isinstance(data.get(n), dict)},
+                   data)
+
+
+class RunReader(RunDir):
+    """Reads a run directory: typed manifest and certificate, the spine, the configuration and output tables."""
+
+    def manifest(self) -> Manifest:
+        """The manifest; raises :class:`RunDirError` when the folder or its manifest is missing or malformed."""
+        if not self.root.is_dir():
+            raise RunDirError(f"{self.root}: no such run directory")
+        if not self.manifest_path.is_file():
+            raise RunDirError(f"{self.root}: no manifest.json (not a run directory, or a run that never started)")
+        return Manifest.read(self.manifest_path)
+
+    def complete_manifest(self, action: str = "verifying it") -> Manifest:
+        """The manifest of a complete run; raises :class:`RunDirError` when there is none."""
+        manifest = self.manifest()
+        if not manifest.complete:
+            raise RunDirError(f"{self.root}: holds no complete run (manifest status {manifest.status!r}); finish it "
+                              f"with `topdown run --resume` before {action}")
+        missing = [k for k in ("levels", "products") if k not in manifest.data]
+        if missing:
+            raise RunDirError(f"{self.manifest_path}: key '{missing[0]}' missing")
+        return manifest
+
+    @property
+    def certificate_path(self) -> Path:
+        return self.root / "certificate.json"
+
+    @property
+    def spine_path(self) -> Path:
+        return self.root / "spine.parquet"
+
+    def certificate(self) -> Certificate:
+        return Certificate.read(self.certificate_path)
+
+    def spine(self):
+        """The run's own spine with its budget moves (``spine.parquet`` carries kind, levels and moves; a run of
+        an older version wrote none: only a standard spine, which moves no budget, can be read back from it)."""
+        from topdown.geo.spine import Spine
+
+        try:
+            return Spine.read_parquet(self.spine_path)
+        except ValueError:
+            manifest = self.manifest()
+            if manifest.spine != "standard":
+                raise RunDirError(f"{self.spine_path}: no budget moves recorded for the {manifest.spine!r} spine; "
+                                  "rerun with this version") from None
+            return Spine(levels=manifest.levels, table=self.spine_table(), kind="standard")
+
+    def config(self):
+        """The configuration a complete run used: its ``config.json``, else the manifest's source file if its
+        digest still matches the manifest's config hash."""
+        from .config import ConfigError, config_from_dict, load_config
+
+        manifest = self.manifest() if self.manifest_path.exists() else None
+        if manifest is None or not manifest.complete:
+            raise RunDirError(f"{self.root}: not a complete run directory (manifest status "
+                              f"{manifest.status if manifest else 'missing'!r})")
+        if self.config_path.exists():
+            config = config_from_dict(json.loads(self.config_path.read_text()), source=str(self.config_path))
+        else:
+            source = manifest.data.get("config_source", "")
+            try:
+                config = load_config(source)
+            except (ConfigError, FileNotFoundError, OSError):
+                raise RunDirError(f"{self.root}: no config.json and the configuration {source!r} cannot be read") from None
+        if config.digest() != manifest.data.get("config_hash"):
+            raise RunDirError(f"{self.root}: configuration {config.source} does not match the run's config hash "
+                              f"{manifest.data.get('config_hash', '?')[:12]}")
+        return config
+
+    def spine_table(self):
+        """``spine.parquet`` as a frame of strings (geoid + one column per level)."""
+        return pq.read_table(self.spine_path).to_pandas().astype(str)
+
+    def table(self, path: Path, columns: list[str] | None = None):
+        """A Parquet file or folder of this run as a frame."""
+        return pq.read_table(path, columns=columns).to_pandas()
+

@@ -20,7 +20,7 @@ import pandas as pd
 import scipy.sparse as sp
 from distributed import Security
 
-from topdown.geo.spine import Spine, build_spine
+from topdown.geo.spine import BLOCK, Spine, build_spine
 
 from .certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
@@ -30,13 +30,13 @@ from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_
                      read_level_histograms, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level, build_levels
-from .mdf import person_mdf, unit_mdf
 from .preflight import check_baf_states, check_workers, preflight, read_baf
+from .products import PRODUCTS
 from .release import prior_draws
-from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
+from .rundir import SCHEMA_VERSION, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 from .sources import DRAW, MeasurementSource
-from .tabulate import block_histograms, block_units, units_histograms
+from .tabulate import block_units
 from .validate import validate_input
 
 log = logging.getLogger("topdown")
@@ -235,7 +235,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     all_levels: dict[str, list[Level]] = {}
     for product in config.run.products:
         t = time.perf_counter()
-        hist_long = block_histograms(persons) if product == "persons" else units_histograms(units)
+        hist_long = PRODUCTS[product].tabulate(persons, units)
         all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
         timings[f"{product}.tabulate"] = time.perf_counter() - t
 
@@ -276,7 +276,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
         completed: dict[str, list[str]] = manifest.get("completed", {})
         cert = plan.certificate
         manifest.update({
-            "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
+            "schema_version": SCHEMA_VERSION, "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
             "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed,
             "spine": config.run.spine, "levels": plan.spine.levels,
             "products": list(config.run.products),
@@ -361,7 +361,7 @@ def block_by_block_config(config: Config) -> Config:
     data = config.model_dump(mode="json")
     for product in config.run.products:
         levels = data[product]["budget"]["levels"]
-        data[product]["budget"]["levels"] = {lv: ("1" if lv == "Block" else "0") for lv in levels}
+        data[product]["budget"]["levels"] = {lv: ("1" if lv == BLOCK else "0") for lv in levels}
     return config_from_dict(data, source=config.source)
 
 
@@ -379,10 +379,10 @@ def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None
     for level in levels:
         cols = UNIT_COLUMNS  # the units MDF of a reprocessing needs the GQ-facility counts
         f = level.units[cols].reset_index(names="geocode").assign(level=level.name)
-        if product == "persons":
+        if PRODUCTS[product].total_invariant:
             f["tot"] = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
         frames.append(f)
-        if product == "persons" and level.state_total is not None:
+        if PRODUCTS[product].total_invariant and level.state_total is not None:
             whole = level.units[cols].groupby(level.state).sum()
             frames.append(whole.assign(tot=level.state_total.reindex(whole.index).to_numpy(dtype=float))
                           .reset_index(names="geocode").assign(level=WHOLE_STATE))
@@ -398,12 +398,9 @@ def _write_mdf(rundir: RunDir, product: str, spine, blocks: Level, block_hist) -
     staged = rundir.staging(final)
     order = np.argsort(geoids, kind="stable")
     names, starts = np.unique(pd.Series(geoids[order]).str[:5].to_numpy(), return_index=True)
-    gq = blocks.units[UNIT_COLUMNS[1:]].to_numpy().sum(axis=1) if product == "units" else None
+    mdf = PRODUCTS[product].mdf
     for county, rows in zip(names, np.split(order, starts[1:])):  # geoid order: a county's blocks are adjacent
-        if product == "persons":
-            frame = person_mdf(geoids[rows], block_hist[rows])
-        else:
-            frame = unit_mdf(geoids[rows], block_hist[rows], gq[rows])
+        frame = mdf(geoids[rows], block_hist[rows], blocks.units.iloc[rows])
         write_table(frame, staged / f"county={county}" / "part-00000.parquet")
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)

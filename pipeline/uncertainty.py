@@ -31,13 +31,11 @@ import pyarrow.parquet as pq
 from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
                   segment_sum, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
+from .products import PRODUCTS
 from topdown.vocab.schema import SCHEMAS
 
 log = logging.getLogger("topdown")
 
-#: Output queries per product (every level and entity): the issue's list for persons.
-DEFAULT_QUERIES = {"persons": ("total", "votingage", "hispanic", "cenrace", "hhgq", "votingage * hispanic * cenrace"),
-                   "units": ("total", "occupancy")}
 Z90, Z95 = 1.6448536269514722, 1.959963984540054
 META_KEY = b"topdown.uncertainty"
 
@@ -56,20 +54,18 @@ class Source:
 
     @classmethod
     def open(cls, path: str | Path) -> "Source":
-        from topdown.pipeline.nmf import run_spine
+        from .rundir import RunDirError, RunReader
 
         path = Path(path)
-        manifest = path / "manifest.json"
-        if not manifest.exists():
-            raise FileNotFoundError(f"{manifest}: not a run directory")
-        m = json.loads(manifest.read_text())
-        if m.get("status") != "complete":
-            from .rundir import RunDirError
-
-            raise RunDirError(f"{path}: the run is not complete (status {m.get('status')!r})")
-        spine = run_spine(path)
+        reader = RunReader(path)
+        if not reader.manifest_path.exists():
+            raise FileNotFoundError(f"{reader.manifest_path}: not a run directory")
+        m = reader.manifest()
+        if not m.complete:
+            raise RunDirError(f"{path}: the run is not complete (status {m.status!r})")
+        spine = reader.spine()
         table = spine.table[["geoid", *spine.levels]].astype(str)
-        src = cls(path, list(spine.levels), list(m["products"]), table)
+        src = cls(path, list(spine.levels), m.products, table)
         for i, level in enumerate(src.levels):
             nodes = pd.Index(np.sort(table[level].unique()))
             src.nodes.append(nodes)
@@ -295,8 +291,8 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | No
     try:
         with dask_client(client, scheduler, workers) as dclient:
             for product in src.products:
-                parts_written += _product(dclient, src, product, (queries or DEFAULT_QUERIES)[product], want,
-                                          entities, staging, cost)
+                wanted = queries[product] if queries else PRODUCTS[product].uncertainty_queries
+                parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
         if replicates is not None:
             from .replicates import add_replicate_columns
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from topdown.geo.spine import STATE
+from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
 from .invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf
-from .rundir import RunDirError, read_manifest_file
-from topdown.vocab.schema import PERSONS, SCHEMAS
+from .rundir import Manifest, RunReader
 
 
 @dataclass
@@ -38,70 +39,48 @@ class VerifyReport:
             self.failures.append(message)
 
 
-def _read(path: Path) -> pd.DataFrame:
-    return pq.read_table(path).to_pandas()
-
-
 def _parent_map(spine: pd.DataFrame, child: str, parent: str) -> pd.Series:
     pairs = spine[[child, parent]].drop_duplicates()
     return pairs.set_index(child)[parent]
 
 
-def _complete_manifest(root: Path) -> dict:
-    """The manifest of a complete run in ``root``; raises :class:`RunDirError` when there is none."""
-    if not root.is_dir():
-        raise RunDirError(f"{root}: no such run directory")
-    if not (root / "manifest.json").is_file():
-        raise RunDirError(f"{root}: no manifest.json (not a run directory, or a run that never started)")
-    manifest = read_manifest_file(root / "manifest.json")
-    if manifest.get("status") != "complete":
-        raise RunDirError(f"{root}: holds no complete run (manifest status {manifest.get('status')!r}); finish it "
-                          "with `topdown run --resume` before verifying it")
-    missing = [k for k in ("levels", "products") if k not in manifest]
-    if missing:
-        raise RunDirError(f"{root / 'manifest.json'}: key '{missing[0]}' missing")
-    return manifest
-
-
 def verify_run(root: str | Path) -> VerifyReport:
     """Verify a run directory; the report lists every failed check (a missing or unreadable output file is
     one). Raises :class:`RunDirError` when ``root`` holds no complete run to verify."""
-    root = Path(root)
-    manifest = _complete_manifest(root)
+    reader = RunReader(root)
+    manifest = reader.complete_manifest()
     rep = VerifyReport()
     try:
-        _verify(root, manifest, rep)
+        _verify(reader, manifest, rep)
     except (OSError, pa.ArrowException) as exc:  # a deleted or damaged output of a complete run
         rep.check(False, f"missing or unreadable output: {exc}")
     return rep
 
 
-def _verify(root: Path, manifest: dict, rep: VerifyReport) -> None:
-    levels: list[str] = manifest["levels"]
-    spine = _read(root / "spine.parquet").astype(str)
+def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
+    levels = manifest.levels
+    spine = reader.spine_table()
     rep.check(list(spine.columns) == ["geoid", *levels], "spine.parquet columns are not geoid + the manifest's levels")
-    relaxed = {(f["product"], f["level"], f["parent"]) for f in manifest.get("failsafe", []) if f.get("parent_relaxed")}
+    relaxed = {(f["product"], f["level"], f["parent"]) for f in manifest.failsafe if f.get("parent_relaxed")}
     for product, level, parent in sorted(relaxed):
         rep.notes.append(f"{product} {level}: parent {parent!r} needed the failsafe's parent relaxation (manifest)")
-    if manifest.get("algorithm") == "block_by_block":
+    if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
-    for product in manifest["products"]:
-        _verify_product(root, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
-                        totals_invariant=manifest.get("algorithm") != "block_by_block")
+    for product in manifest.products:
+        _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
+                        totals_invariant=manifest.algorithm != "block_by_block")
 
 
-def _level_hist(root: Path, product: str, level: str) -> pd.DataFrame:
-    return _read(root / "histograms" / product / f"level={level}")
-
-
-def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
+def _verify_product(reader: RunReader, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
                     relaxed: set[str], totals_invariant: bool) -> None:
+    from .products import PRODUCTS
+
     schema = SCHEMAS[product]
-    inv = _read(root / "invariants" / f"{product}.parquet")
+    inv = reader.table(reader.invariants(product))
     hists = {}
     for level in levels:
-        h = _level_hist(root, product, level)
+        h = reader.table(reader.histograms(product, level))
         h["geocode"] = h["geocode"].astype(str)
         hists[level] = h
         rep.check(h["count"].dtype.kind in "iu", f"{product} {level}: counts are not integers")
@@ -122,26 +101,37 @@ def _verify_product(root: Path, product: str, levels: list[str], spine: pd.DataF
         bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
         rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
                              f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
-    if product == "persons":
-        _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant)
-        mdf = _read(root / "mdf" / "persons")
-        tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
-        block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
-                                        right_on=levels[-1])
-        block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
-        tab = tab.set_index(["geocode", "cell"])["count"]
-        tab.index.names = ["geoid", "cell"]
-        rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
-                  "persons MDF does not tabulate back to the block histograms")
-    else:
-        for level in levels:
-            totals = hists[level].groupby("geocode")["count"].sum()
-            u0 = inv[inv["level"] == level].set_index("geocode")["u0"]
-            diff = totals.reindex(u0.index, fill_value=0) - u0
-            rep.check(bool((diff == 0).all()), f"units {level}: housing-unit counts differ from the invariant")
-        mdf = _read(root / "mdf" / "units")
-        hu = int((mdf["RTYPE"] == "2").sum())
-        rep.check(hu == int(hists[levels[-1]]["count"].sum()), "units MDF housing-unit rows differ from the block histograms")
+    PRODUCTS[product].verify(reader, hists, inv, spine, rep, totals_invariant)
+
+
+def verify_persons(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
+                   rep: VerifyReport, totals_invariant: bool) -> None:
+    """The persons product: its invariants and constraints hold, and its MDF tabulates back to the blocks."""
+    levels = list(hists)
+    _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant)
+    mdf = reader.table(reader.mdf(PERSONS.name))
+    tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
+    block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
+                                    right_on=levels[-1])
+    block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
+    tab = tab.set_index(["geocode", "cell"])["count"]
+    tab.index.names = ["geoid", "cell"]
+    rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
+              "persons MDF does not tabulate back to the block histograms")
+
+
+def verify_units(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
+                 rep: VerifyReport, totals_invariant: bool) -> None:
+    """The units product: housing-unit counts equal their invariant, and the MDF has one row per unit."""
+    levels = list(hists)
+    for level in levels:
+        totals = hists[level].groupby("geocode")["count"].sum()
+        u0 = inv[inv["level"] == level].set_index("geocode")["u0"]
+        diff = totals.reindex(u0.index, fill_value=0) - u0
+        rep.check(bool((diff == 0).all()), f"units {level}: housing-unit counts differ from the invariant")
+    mdf = reader.table(reader.mdf(UNITS.name))
+    hu = int((mdf["RTYPE"] == "2").sum())
+    rep.check(hu == int(hists[levels[-1]]["count"].sum()), "units MDF housing-unit rows differ from the block histograms")
 
 
 def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str], spine: pd.DataFrame,
@@ -163,8 +153,8 @@ def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str],
             continue
         totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
         whole = inv[inv["level"] == WHOLE_STATE].set_index("geocode")["tot"]
-        if level == "State" and not whole.empty:  # each whole state's total is the sum over its parts (facts 2.6)
-            state = spine.drop_duplicates("State").set_index("State")["geoid"].str[:2]
+        if level == STATE and not whole.empty:  # each whole state's total is the sum over its parts (facts 2.6)
+            state = spine.drop_duplicates(STATE).set_index(STATE)["geoid"].str[:2]
             got = totals.groupby(state.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
             rep.check(bool((got == whole).all()),
                       "persons State: a state's total (the sum over its parts) differs from its invariant")

@@ -16,9 +16,8 @@ from topdown.geo.baf import aian_flags, mcds, place_mcd_entity, places, read_baf
 from topdown.geo.blockgroups import custom_block_groups, gq_signatures
 from topdown.geo.distance import off_spine_distances
 from topdown.geo.report import spine_command
-from topdown.geo.spine import (LEVELS, Spine, aian_spine, build_spine, bypass, check_path_condition,
+from topdown.geo.spine import (BLOCK, LEVELS, ROOT, STATE, Spine, aian_spine, build_spine, bypass, check_path_condition,
                                optimized_spine, standard_spine)
-from topdown.pipeline.config import LEVELS_STANDARD
 from conftest import DATA
 
 RI_BAF = DATA / "ri_baf2020"
@@ -29,8 +28,11 @@ def geo(tract: str, block: str, county: str = "001", state: str = "44") -> str:
     return state + county + tract + block
 
 
-def test_levels_match_config() -> None:
-    assert tuple(LEVELS) == LEVELS_STANDARD
+def test_level_roles() -> None:
+    """The standard levels and the roles (root, state, block) a spine reads them by."""
+    assert tuple(LEVELS) == ("US", "State", "County", "Tract", "Block_Group", "Block")
+    spine = standard_spine(pd.Series([geo("000100", "1000"), geo("000200", "2000", county="003")]))
+    assert (spine.root, spine.block, spine.levels[spine.state_index]) == (ROOT, BLOCK, STATE) == ("US", "Block", "State")
 
 
 def test_standard_prefixes() -> None:

@@ -5,7 +5,7 @@ import pytest
 
 from topdown.pipeline.config import config_from_dict
 from topdown.pipeline.invariants import (
-    GQ_CAP, InvariantError, LevelConstraints, _hhgq_bounds, check_feasible, person_constraints,
+    GQ_CAP, PERSON_CONSTRAINTS, InvariantError, LevelConstraints, _hhgq_bounds, check_feasible, person_constraints,
 )
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
@@ -61,18 +61,18 @@ def test_constraints_propagate_and_state_takes_the_stricter():
     assert set(cb.rhs) == {"hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"}
     county = _units([[3, 1, 0, 0, 0, 0, 0, 0]])
     cc = person_constraints(cfg, LEVELS, "County", county, cb, np.array([0, 0]))
-    assert cc.rhs["hhgq_total_lb"][2][0].tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
-    assert cc.rhs["hhgq_total_ub"][2][0, :2].tolist() == [3 * GQ_CAP, GQ_CAP]
+    assert cc.rhs["hhgq_total_lb"].rhs[0].tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
+    assert cc.rhs["hhgq_total_ub"].rhs[0, :2].tolist() == [3 * GQ_CAP, GQ_CAP]
     state = _units([[3, 1, 0, 0, 0, 0, 0, 0]], tot=[10])
     cs = person_constraints(cfg, LEVELS, "State", state, cc, np.array([0]))
-    assert cs.rhs["hhgq_total_ub"][2][0, :2].tolist() == [9, 10]
+    assert cs.rhs["hhgq_total_ub"].rhs[0, :2].tolist() == [9, 10]
     us = person_constraints(cfg, LEVELS, "US", state, cs, np.array([0]))
-    assert us.rhs["total"][2].tolist() == [[10]]
-    assert us.rhs["hhgq_total_ub"][2][0, :2].tolist() == [9, 10]
+    assert us.rhs["total"].rhs.tolist() == [[10]]
+    assert us.rhs["hhgq_total_ub"].rhs[0, :2].tolist() == [9, 10]
 
 
 def test_infeasible_truth_is_reported_without_counts():
-    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": ("hhgq", ">=", np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
+    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": PERSON_CONSTRAINTS["hhgq_total_lb"].bind(np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
     with pytest.raises(InvariantError, match="440010001001000") as err:
         check_feasible("Block", cons, {"hhgq": np.array([[7, 3, 0, 0, 0, 0, 0, 0]])})
     assert "3" not in str(err.value).replace("440010001001000", "")
@@ -90,5 +90,5 @@ def test_a_part_of_a_state_is_not_pinned_by_its_total():
     assert lb[1, 0] == ub[1, 0] == 40
     parts = _units([[5, 0, 0, 0, 0, 0, 0, 0], [7, 1, 0, 0, 0, 0, 0, 0]], tot=[np.nan, np.nan])
     cs = person_constraints(_cfg(), LEVELS, "State", parts, None, None)
-    assert cs.rhs["hhgq_total_lb"][2][0].tolist() == [0] * 8
-    assert cs.rhs["hhgq_total_ub"][2][0, 0] == 5 * GQ_CAP and np.isfinite(cs.rhs["hhgq_total_ub"][2]).all()
+    assert cs.rhs["hhgq_total_lb"].rhs[0].tolist() == [0] * 8
+    assert cs.rhs["hhgq_total_ub"].rhs[0, 0] == 5 * GQ_CAP and np.isfinite(cs.rhs["hhgq_total_ub"].rhs).all()

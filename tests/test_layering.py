@@ -40,3 +40,29 @@ def test_the_checker_sees_relative_and_lazy_imports():
     """The scan resolves relative imports and sees imports inside functions (so the test above can fail)."""
     assert "topdown.solvers.failsafe" in _imported_modules(REPO / "solvers" / "solve.py")  # from .failsafe import
     assert "topdown.solvers.failsafe" in _imported_modules(REPO / "pipeline" / "cli.py")  # inside cmd_run
+
+
+def _compared_names(path, names: set[str]) -> list[str]:
+    """String constants from ``names`` used as an operand of ==, !=, in, not in in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                elts = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
+                out += [f"{path.relative_to(REPO)}:{node.lineno} {e.value!r}" for e in elts
+                        if isinstance(e, ast.Constant) and e.value in names]
+    return out
+
+
+def test_no_module_compares_a_product_name_or_a_level_role():
+    """Products are looked up in the registry (pipeline/products.py) and level roles read from the spine
+    (geo/spine.py: ROOT, STATE, BLOCK): no other module compares their names (issue 15, items 1 and 5)."""
+    from topdown.geo.spine import BLOCK, ROOT, STATE
+    from topdown.pipeline.products import PRODUCTS
+
+    definitions = {REPO / "pipeline" / "products.py", REPO / "geo" / "spine.py", REPO / "vocab" / "schema.py"}
+    names = set(PRODUCTS) | {ROOT, STATE, BLOCK}
+    files = [f for top in ("pipeline", "solvers", "geo", "vocab") for f in sorted((REPO / top).rglob("*.py"))
+             if f not in definitions]
+    found = [hit for f in files for hit in _compared_names(f, names)]
+    assert not found, found

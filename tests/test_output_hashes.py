@@ -3,6 +3,10 @@
 Every file of the run directory is pinned by SHA-256. ``manifest.json`` is the one file with fields that
 differ between identical runs: wall-clock timings (``timings``, ``*_seconds``) and the absolute path of the
 configuration file (``config_source``); it is pinned in a canonical form without them (keys sorted, compact).
+``manifest.json`` and ``certificate.json`` carry ``schema_version`` (added by issue 15 with the typed run
+reader, after these pins were taken): it is checked to be the current version and then removed, and the
+certificate re-serialised exactly as the run writes JSON, so every other byte is still compared with the
+pins taken before the refactoring.
 If an intended change alters an output, regenerate the table with ``python tests/test_output_hashes.py RUN_DIR``
 and say why in the commit.
 """
@@ -12,6 +16,8 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+
+from topdown.pipeline.rundir import SCHEMA_VERSION
 
 PINNED = {
     'certificate.json': '99ce3958945d53b1a926e4076f2c3e689d81ff9368221439cc89d896e3e36797',
@@ -55,6 +61,12 @@ PINNED = {
 VOLATILE_KEYS = {"timings", "config_source"}
 
 
+def _without_version(data: bytes) -> dict:
+    obj = json.loads(data)
+    assert obj.pop("schema_version") == SCHEMA_VERSION
+    return obj
+
+
 def _canonical_manifest(data: bytes) -> bytes:
     def strip(x):
         if isinstance(x, dict):
@@ -63,7 +75,14 @@ def _canonical_manifest(data: bytes) -> bytes:
             return [strip(v) for v in x]
         return x
 
-    return json.dumps(strip(json.loads(data)), sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps(strip(_without_version(data)), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _canonical_certificate(data: bytes) -> bytes:
+    return (json.dumps(_without_version(data), indent=2, sort_keys=False, default=str) + "\n").encode()
+
+
+CANONICAL = {"manifest.json": _canonical_manifest, "certificate.json": _canonical_certificate}
 
 
 def output_hashes(run_dir: Path) -> dict[str, str]:
@@ -72,7 +91,7 @@ def output_hashes(run_dir: Path) -> dict[str, str]:
     for f in sorted(p for p in run_dir.rglob("*") if p.is_file()):
         rel = f.relative_to(run_dir).as_posix()
         data = f.read_bytes()
-        out[rel] = hashlib.sha256(_canonical_manifest(data) if rel == "manifest.json" else data).hexdigest()
+        out[rel] = hashlib.sha256(CANONICAL[rel](data) if rel in CANONICAL else data).hexdigest()
     return out
 
 

@@ -33,13 +33,16 @@ def _files(root: Path, sub: str) -> dict[str, bytes]:
 def _no_confidential_reads(monkeypatch, tmp_path) -> None:
     """Reprocessing must not tabulate or even open an input: the functions that do raise here, and the
     run's configured input ("demo-input", relative) does not exist in the working directory."""
+    import topdown.pipeline.products as products
     import topdown.pipeline.runner as runner
 
     def refuse(*args, **kwargs):
         raise AssertionError("reprocessing read the confidential input")
 
-    for name in ("validate_input", "build_levels", "block_histograms", "units_histograms", "_input_dir"):
+    for name in ("validate_input", "build_levels", "_input_dir"):
         monkeypatch.setattr(runner, name, refuse)
+    for name in ("block_histograms", "units_histograms"):  # every product's tabulation
+        monkeypatch.setattr(products, name, refuse)
     monkeypatch.chdir(tmp_path)
 
 

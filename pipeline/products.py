@@ -1,0 +1,93 @@
+"""The product registry: each product (persons, units) is one :class:`Product`, registered once in :data:`PRODUCTS`.
+
+A product bundles what the pipeline does differently per product: its histogram schema, the invariants and
+constraints it knows and how its constraint right-hand sides are computed per level, how its block
+histograms are tabulated from the input, its MDF writer, its verify checks, the rows of its invariants in
+the noisy measurement file, and its default evaluation and uncertainty queries. No other module compares a
+product name; it looks the product up here. DESIGN.md sketches what a DHC persons product would add.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from topdown.vocab.schema import PERSONS, UNITS, Schema
+
+from .invariants import (PERSON_CONSTRAINTS, PERSON_INVARIANTS, UNIT_COLUMNS, UNIT_CONSTRAINTS, UNIT_INVARIANTS,
+                         ConstraintDef, LevelConstraints, person_constraints, unit_constraints)
+from .mdf import person_mdf, unit_mdf
+from .tabulate import block_histograms, units_histograms
+from .verify import verify_persons, verify_units
+
+#: ``(cfg, levels, level, nodes, child_rhs, child_parent) -> LevelConstraints`` (see invariants.person_constraints).
+LevelConstraintsFn = Callable[..., LevelConstraints]
+
+
+@dataclass(frozen=True)
+class Product:
+    """One product of a run: everything the pipeline does differently for it."""
+
+    schema: Schema
+    invariants: tuple[str, ...]  # invariant names a configuration may declare
+    constraints: dict[str, ConstraintDef]  # constraint names a configuration may declare, with query and sense
+    level_constraints: LevelConstraintsFn  # right-hand sides of one level from its node frame
+    #: The person total ``tot`` is an invariant of this product (US, whole states): state-total group
+    #: constraints, ``tot`` and whole-state rows in the invariants file, their verify checks.
+    total_invariant: bool
+    tabulate: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]  # (persons, units) records -> block histograms
+    mdf: Callable[[np.ndarray, sp.csr_matrix, pd.DataFrame], pd.DataFrame]  # (geoids, block hist, block units)
+    verify: Callable[..., None]  # (reader, level histograms, invariants, spine, report, totals_invariant)
+    nmf_invariants: tuple[tuple[str, tuple[str, ...], str], ...]  # (name, invariants columns, query) in the NMF
+    evaluation_queries: tuple[str, ...]  # accuracy metrics (evaluate.py; facts 8)
+    uncertainty_queries: tuple[str, ...]  # default queries of `topdown uncertainty`
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+
+def _unit_level_constraints(cfg, levels, level, nodes, child_rhs, child_parent) -> LevelConstraints:
+    """The units product's constraints do not depend on the level: the housing-unit count is invariant."""
+    return unit_constraints(nodes)
+
+
+def _unit_mdf(geoids: np.ndarray, hist: sp.csr_matrix, units: pd.DataFrame) -> pd.DataFrame:
+    return unit_mdf(geoids, hist, units[UNIT_COLUMNS[1:]].to_numpy().sum(axis=1))
+
+
+PERSONS_PRODUCT = Product(
+    schema=PERSONS,
+    invariants=PERSON_INVARIANTS,
+    constraints=PERSON_CONSTRAINTS,
+    level_constraints=person_constraints,
+    total_invariant=True,
+    tabulate=lambda persons, units: block_histograms(persons),
+    mdf=lambda geoids, hist, units: person_mdf(geoids, hist),
+    verify=verify_persons,
+    nmf_invariants=(("gqhh_vect", tuple(UNIT_COLUMNS), ""), ("tot", ("tot",), "total")),
+    # Tables 9-10 of the paper plus hhgq and the 14-cell race/ethnicity query of facts 8.
+    evaluation_queries=("total", "votingage", "hispanic", "hhgq", "cenrace", "hispanic * cenrace",
+                        "majorRaces * hispanic", "detailed"),
+    uncertainty_queries=("total", "votingage", "hispanic", "cenrace", "hhgq", "votingage * hispanic * cenrace"),
+)
+
+UNITS_PRODUCT = Product(
+    schema=UNITS,
+    invariants=UNIT_INVARIANTS,
+    constraints=UNIT_CONSTRAINTS,
+    level_constraints=_unit_level_constraints,
+    total_invariant=False,
+    tabulate=lambda persons, units: units_histograms(units),
+    mdf=_unit_mdf,
+    verify=verify_units,
+    nmf_invariants=(("hu_tot", ("u0",), "total"),),
+    evaluation_queries=("total", "occupancy"),
+    uncertainty_queries=("total", "occupancy"),
+)
+
+#: Every product, by name, in the order runs process and certificates list them.
+PRODUCTS: dict[str, Product] = {p.name: p for p in (PERSONS_PRODUCT, UNITS_PRODUCT)}

@@ -1,0 +1,49 @@
+"""The run-directory reader (issue 15, item 2): typed manifest and certificate with a schema version, and a
+run that reads its own spine back."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from topdown.pipeline.products import PRODUCTS
+from topdown.pipeline.rundir import SCHEMA_VERSION, RunDirError, RunReader
+
+
+def test_a_run_reads_its_own_spine_and_typed_records_back(demo_run):
+    reader = RunReader(demo_run)
+    manifest = reader.complete_manifest()
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.complete
+    assert manifest.products == ["persons", "units"] and manifest.seed == 2021
+    spine = reader.spine()
+    assert spine.levels == manifest.levels and spine.kind == manifest.spine
+    assert spine.table[["geoid", *spine.levels]].astype(str).equals(reader.spine_table())
+    cert = reader.certificate()
+    assert cert.schema_version == SCHEMA_VERSION and cert.mode == "test" and not cert.private
+    assert list(cert.products) == [p for p in PRODUCTS if p in manifest.products]
+    assert cert.products["persons"]["mechanism"] == "discrete_gaussian"
+    assert reader.config().digest() == manifest.data["config_hash"]
+
+
+def _copy_with_manifest(demo_run, tmp_path, **changes):
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run)
+    data = json.loads((run / "manifest.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key)
+        else:
+            data[key] = value
+    (run / "manifest.json").write_text(json.dumps(data))
+    return RunReader(run)
+
+
+def test_schema_versions(demo_run, tmp_path):
+    """A manifest without ``schema_version`` is version 1 (written before the key); a newer one is refused,
+    naming the file and the key."""
+    assert _copy_with_manifest(demo_run, tmp_path / "a", schema_version=None).manifest().schema_version == 1
+    with pytest.raises(RunDirError, match=r"manifest.json: key 'schema_version' is 99"):
+        _copy_with_manifest(demo_run, tmp_path / "b", schema_version=99).manifest()
+    with pytest.raises(RunDirError, match="holds no complete run"):
+        _copy_with_manifest(demo_run, tmp_path / "c", status="running").complete_manifest()
