@@ -22,7 +22,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from topdown.pipeline.config import EstimationConfig
+from topdown.pipeline.configuration.config import EstimationConfig
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from topdown.pipeline import load_config, run
-from topdown.pipeline.config import Config, config_from_dict
+from topdown.pipeline.configuration.config import Config, config_from_dict
 
 PRESET = "pl94_production_2021"
 

@@ -8,7 +8,7 @@ manifest's "timings"; "other" is measured here.
 Memory: a thread polls every worker process's RSS (``client.run``) and the driver's own RSS about
 every 0.25 s; each sample is attributed to the stage in progress. Driver stages are marked by wrapping
 the runner's stage functions; levels are identified by the ``progress(product, level, done, total)``
-callback of :func:`topdown.pipeline.runner.run` (a sample taken before a level's first progress call is
+callback of :func:`topdown.pipeline.execution.runner.run` (a sample taken before a level's first progress call is
 given to that level). Peaks also use each process's high-water mark (``ru_maxrss``), so short spikes
 between samples are not missed; per stage it is reported only where the high-water mark rose.
 CPU: the same polls read each process's CPU seconds (user + system); the CPU used between two polls goes
@@ -209,7 +209,7 @@ def main() -> None:
 
     from distributed import Client, LocalCluster
 
-    from topdown.pipeline import runner
+    from topdown.pipeline.execution import runner
 
     shutil.rmtree(args.out, ignore_errors=True)
     os.environ.update(runner.SINGLE_THREAD_ENV)

@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from topdown.pipeline.mechanisms import discrete_gaussian, geometric, geometric_variance
-from topdown.pipeline.rng import SeededSource
+from topdown.pipeline.privacy.mechanisms import discrete_gaussian, geometric, geometric_variance
+from topdown.pipeline.privacy.rng import SeededSource
 
 SIGMA2 = (Fraction(6, 5), Fraction(20), Fraction(8000))
 

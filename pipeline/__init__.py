@@ -1,6 +1,6 @@
 """census-topdown pipeline: configuration, data contracts, measurement, estimation on Dask, outputs.
 
-``from topdown.pipeline import run`` runs a configuration end to end (see :func:`topdown.pipeline.runner.run`).
+``from topdown.pipeline import run`` runs a configuration end to end (see :func:`topdown.pipeline.execution.runner.run`).
 """
 from typing import Any
 
@@ -10,11 +10,11 @@ __all__ = ["run", "load_config", "Config", "ConfigError"]
 def __getattr__(name: str) -> Any:
     # Lazy, so that importing a small module (schema, queries) does not import Dask and the solvers.
     if name == "run":
-        from .runner import run
+        from .execution.runner import run
 
         return run
     if name in ("load_config", "Config", "ConfigError"):
-        from . import config
+        from .configuration import config
 
         return getattr(config, name)
     raise AttributeError(name)

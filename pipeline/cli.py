@@ -38,8 +38,8 @@ def _progress_printer(quiet: bool):
 
 def _security(args: argparse.Namespace):
     """The TLS client credentials of the --tls-* flags (None without them)."""
-    from .cluster import tls_security
-    from .config import ConfigError
+    from .execution.cluster import tls_security
+    from .configuration.config import ConfigError
 
     if not hasattr(args, "tls_ca_file"):  # a command without a cluster
         return None
@@ -51,12 +51,12 @@ def _security(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import configure_run, run
+    from .execution.runner import configure_run, run
 
     config = configure_run(args.config, args.input, args.seed)
     security = _security(args)
     if config.run.mode == "test":
-        from .certificate import NOT_PRIVATE_WARNING
+        from .privacy.certificate import NOT_PRIVATE_WARNING
 
         print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
     start = time.perf_counter()
@@ -67,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
-    from .reprocess import reprocess
+    from .execution.reprocess import reprocess
 
     start = time.perf_counter()
     out = reprocess(args.run, args.out, args.config, spine=args.spine, scheduler=args.scheduler, workers=args.workers,
@@ -78,7 +78,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    from .batch import Batch, render
+    from .execution.batch import Batch, render
 
     batch = Batch(Path(args.jobs), summary=Path(args.summary) if args.summary else None)
     code = batch.run(wait=args.wait)
@@ -88,7 +88,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _print_summary(what: str, out: Path, start: float) -> None:
-    from .rundir import RunReader
+    from .execution.rundir import RunReader
 
     manifest = RunReader(out).manifest()
     print(f"{what} complete in {time.perf_counter() - start:.1f}s: {out}")
@@ -99,7 +99,7 @@ def _print_summary(what: str, out: Path, start: float) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_run
+    from .outputs.verify import verify_run
 
     report = verify_run(args.run)
     for note in report.notes:
@@ -114,8 +114,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from .certificate import certificate, render_certificate
-    from .config import load_config
+    from .privacy.certificate import certificate, render_certificate
+    from .configuration.config import load_config
 
     config = load_config(args.config)
     cert = certificate(config)
@@ -127,7 +127,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
 
 def cmd_demo_data(args: argparse.Namespace) -> int:
-    from .demo_data import write_demo_input
+    from .inputs.demo_data import write_demo_input
 
     write_demo_input(Path(args.out))
     print(f"demo input written to {args.out}/persons.parquet and {args.out}/units.parquet")
@@ -135,7 +135,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from .synth import write_synthetic
+    from .inputs.synth import write_synthetic
 
     write_synthetic(Path(args.out), blocks=args.blocks, seed=args.seed)
     print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
@@ -143,7 +143,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from .ingest import ingest_blocks, ingest_pl94
+    from .inputs.ingest import ingest_blocks, ingest_pl94
 
     fn = ingest_pl94 if args.format == "pl94" else ingest_blocks
     summary = fn(Path(args.source), Path(args.out))
@@ -154,7 +154,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_spine(args: argparse.Namespace) -> int:
     from topdown.geo.report import spine_command
 
-    from .config import ConfigError
+    from .configuration.config import ConfigError
 
     if not Path(args.baf).is_dir():
         raise ConfigError(f"--baf {args.baf}: no such directory (a directory of BlockAssign_*.txt[.gz] files)")
@@ -165,7 +165,7 @@ def cmd_spine(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate_command
+    from .evaluation.evaluate import evaluate_command
 
     return evaluate_command([Path(r) for r in args.runs], Path(args.truth),
                             entities=Path(args.entities) if args.entities else None,
@@ -174,16 +174,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_nmf(args: argparse.Namespace) -> int:
-    from .nmf import write_nmf
+    from .execution.nmf import write_nmf
 
     out = write_nmf(Path(args.run), Path(args.out))
-    print(f"noisy measurement file written to {out} (layout: pipeline/nmf.py, README 'Noisy measurement file')")
+    print(f"noisy measurement file written to {out} (layout: pipeline/execution/nmf.py, README 'Noisy measurement file')")
     return EXIT_OK
 
 
 def cmd_uncertainty(args: argparse.Namespace) -> int:
-    from .evaluate import load_entities
-    from .uncertainty import uncertainty
+    from .evaluation.evaluate import load_entities
+    from .evaluation.uncertainty import uncertainty
 
     entities = load_entities(Path(args.entities)) if args.entities else None
     cost = uncertainty(args.run, args.out, entities=entities, levels=args.levels, scheduler=args.scheduler,
@@ -194,7 +194,7 @@ def cmd_uncertainty(args: argparse.Namespace) -> int:
 
 
 def cmd_replicates(args: argparse.Namespace) -> int:
-    from .replicates import replicates
+    from .evaluation.replicates import replicates
 
     record = replicates(args.run, args.n, args.out, scheduler=args.scheduler, workers=args.workers)
     wall = sum(r["wall_seconds"] for r in record["replicates"])
@@ -204,7 +204,7 @@ def cmd_replicates(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .audit import AuditError, audit_command
+    from .privacy.audit import AuditError, audit_command
     from topdown.vocab.queries import QueryError
 
     try:
@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
     p.set_defaults(fn=cmd_nmf)
 
-    p = sub.add_parser("uncertainty", help="GLS estimates, variances and 90/95% intervals of every count (noisy "
+    p = sub.add_parser("uncertainty", help="GLS estimates, variances and 90/95%% intervals of every count (noisy "
                                            "measurements only)")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--out", required=True, help="Parquet file to write")
@@ -378,10 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
     from topdown.solvers.failsafe import FailsafeExhausted
 
-    from .config import ConfigError
-    from .invariants import InvariantError
-    from .rundir import RunDirError
-    from .tasks import EstimationError
+    from .configuration.config import ConfigError
+    from .execution.invariants import InvariantError
+    from .execution.rundir import RunDirError
+    from .execution.tasks import EstimationError
 
     try:
         with _tls_config(args):

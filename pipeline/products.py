@@ -17,11 +17,11 @@ import scipy.sparse as sp
 
 from topdown.vocab.schema import PERSONS, UNITS, Schema
 
-from .invariants import (PERSON_CONSTRAINTS, PERSON_INVARIANTS, UNIT_COLUMNS, UNIT_CONSTRAINTS, UNIT_INVARIANTS,
+from .execution.invariants import (PERSON_CONSTRAINTS, PERSON_INVARIANTS, UNIT_COLUMNS, UNIT_CONSTRAINTS, UNIT_INVARIANTS,
                          ConstraintDef, LevelConstraints, person_constraints, unit_constraints)
-from .mdf import person_mdf, unit_mdf
-from .tabulate import block_histograms, units_histograms
-from .verify import verify_persons, verify_units
+from .outputs.mdf import person_mdf, unit_mdf
+from .inputs.tabulate import block_histograms, units_histograms
+from .outputs.verify import verify_persons, verify_units
 
 #: ``(cfg, levels, level, nodes, child_rhs, child_parent) -> LevelConstraints`` (see invariants.person_constraints).
 LevelConstraintsFn = Callable[..., LevelConstraints]

@@ -14,7 +14,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def demo_input(tmp_path_factory) -> Path:
-    from topdown.pipeline.demo_data import write_demo_input
+    from topdown.pipeline.inputs.demo_data import write_demo_input
 
     path = tmp_path_factory.mktemp("demo-input")
     write_demo_input(path)

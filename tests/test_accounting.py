@@ -8,11 +8,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from topdown.pipeline.accounting import (Allocation, allocate, check_budget, epsilon_delta_curve,
+from topdown.pipeline.privacy.accounting import (Allocation, allocate, check_budget, epsilon_delta_curve,
                                          zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
-from topdown.pipeline.certificate import certificate, check_path_condition, render_certificate
-from topdown.pipeline.config import BudgetConfig, ConfigError, config_from_dict, load_config
-from topdown.pipeline.mechanisms import discrete_gaussian_variance, geometric_variance
+from topdown.pipeline.privacy.certificate import certificate, check_path_condition, render_certificate
+from topdown.pipeline.configuration.config import BudgetConfig, ConfigError, config_from_dict, load_config
+from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geometric_variance
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
 PRODUCTION_RHO = Fraction(293764, 114921)
@@ -234,7 +234,7 @@ def test_path_condition() -> None:
 
 
 def test_rho_for_epsilon_inverts_the_conversion():
-    from topdown.pipeline.accounting import rho_for_epsilon
+    from topdown.pipeline.privacy.accounting import rho_for_epsilon
 
     delta = Fraction(1, 10**10)
     for eps in (0.5, 1, 4, 10, 17.14):
@@ -250,8 +250,8 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
     Delta_2^2 / (2 rho) with the certificate's rho under the relation the certificate names."""
     import scipy.sparse as sp
 
-    from topdown.pipeline import measure as M
-    from topdown.pipeline.accounting import NEIGHBOURS
+    from topdown.pipeline.privacy import measure as M
+    from topdown.pipeline.privacy.accounting import NEIGHBOURS
 
     cfg = load_config(preset)
     drawn = []

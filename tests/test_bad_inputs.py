@@ -24,10 +24,10 @@ import pytest
 
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
-from topdown.pipeline.certificate import NOT_PRIVATE_WARNING
+from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, EXIT_VERIFY, main
-from topdown.pipeline.ingest import BLOCK_GROUPS
-from topdown.pipeline.config import ConfigError, load_config
+from topdown.pipeline.inputs.ingest import BLOCK_GROUPS
+from topdown.pipeline.configuration.config import ConfigError, load_config
 
 
 @dataclass

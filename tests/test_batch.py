@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from rel_inputs import leaked_secrets
-from topdown.pipeline.batch import Batch, Job, expected, load_jobs, plan
-from topdown.pipeline.cluster import credential_flags
+from topdown.pipeline.execution.batch import Batch, Job, expected, load_jobs, plan
+from topdown.pipeline.execution.cluster import credential_flags
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
-from topdown.pipeline.config import ConfigError
-from topdown.pipeline.rundir import RunDir, RunDirError, sha256_file
-from topdown.pipeline.runner import configure_run, run
+from topdown.pipeline.configuration.config import ConfigError
+from topdown.pipeline.execution.rundir import RunDir, RunDirError, sha256_file
+from topdown.pipeline.execution.runner import configure_run, run
 
 
 def _jobs(tmp_path: Path, client, source: Path, chained: bool) -> Path:

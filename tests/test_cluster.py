@@ -11,8 +11,8 @@ from distributed import LocalCluster, Security
 
 from rel_inputs import differing_outputs
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_OK, main
-from topdown.pipeline.cluster import check_scheduler
-from topdown.pipeline.config import ConfigError
+from topdown.pipeline.execution.cluster import check_scheduler
+from topdown.pipeline.configuration.config import ConfigError
 
 
 def _write_credentials(folder: Path, security: Security) -> dict[str, str]:

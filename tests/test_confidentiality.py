@@ -22,8 +22,8 @@ import pytest
 
 from rel_inputs import SECRETS, STATE_TOTAL, leaked_secrets
 from topdown.pipeline import load_config, run
-from topdown.pipeline.config import ConfigError
-from topdown.pipeline.rng import OSSource, SeededSource, make_source
+from topdown.pipeline.configuration.config import ConfigError
+from topdown.pipeline.privacy.rng import OSSource, SeededSource, make_source
 
 PRODUCTION_TOML = 'include = "demo.toml"\n[run]\nname = "prod"\nmode = "production"\n'
 
@@ -111,7 +111,7 @@ def test_embedded_cluster_listens_on_localhost_only_and_refuses_other_clients():
     credentials of its own)."""
     from distributed import Client, Security
 
-    from topdown.pipeline.runner import dask_client
+    from topdown.pipeline.execution.runner import dask_client
 
     before = _listening([os.getpid()])
     with dask_client(workers=2) as client:
@@ -179,7 +179,7 @@ def test_production_refuses_unsafe_settings(tmp_path, capsys, case, toml, key, s
 
 def _count_os_words() -> None:
     """On a worker: fail on any seeded source, count the OS CSPRNG's words."""
-    import topdown.pipeline.rng as rng
+    import topdown.pipeline.privacy.rng as rng
 
     def refuse(self, *args, **kwargs):
         raise AssertionError("a seeded source was used in production mode")
@@ -196,7 +196,7 @@ def _count_os_words() -> None:
 
 
 def _os_words() -> int:
-    import topdown.pipeline.rng as rng
+    import topdown.pipeline.privacy.rng as rng
 
     return getattr(rng, "OS_WORDS", 0)
 

@@ -10,8 +10,8 @@ import pytest
 
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import main
-from topdown.pipeline.tabulate import block_histograms, units_histograms
-from topdown.pipeline.verify import verify_run
+from topdown.pipeline.inputs.tabulate import block_histograms, units_histograms
+from topdown.pipeline.outputs.verify import verify_run
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -86,7 +86,7 @@ def test_verify_detects_tampering(tmp_path, zero_noise_run):
 
 
 def test_complete_run_is_not_recomputed_without_force(zero_noise_run, demo_input, dask_client):
-    from topdown.pipeline.runner import AlreadyComplete
+    from topdown.pipeline.execution.runner import AlreadyComplete
 
     with pytest.raises(AlreadyComplete, match="--force"):
         run(load_config("zero_noise"), zero_noise_run, input_dir=demo_input, client=dask_client)
@@ -95,7 +95,7 @@ def test_complete_run_is_not_recomputed_without_force(zero_noise_run, demo_input
 def test_two_stage_solves_through_the_pipeline_verify(tmp_path, demo_input, dask_client):
     """With split_above = 2 every Block_Group -> Block parent (four blocks) is solved in two stages;
     the run is complete and passes verify (exact sums, invariants, constraints at every level)."""
-    from topdown.pipeline.config import config_from_dict
+    from topdown.pipeline.configuration.config import config_from_dict
 
     data = load_config("demo").model_dump(mode="json")
     for product in ("persons", "units"):

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from topdown.pipeline import load_config, run
-from topdown.pipeline.ingest import BLOCK_GROUPS, ingest_blocks
-from topdown.pipeline.verify import verify_run
+from topdown.pipeline.inputs.ingest import BLOCK_GROUPS, ingest_blocks
+from topdown.pipeline.outputs.verify import verify_run
 
 
 def _table(rows: list[tuple[str, int, int, int]]) -> pd.DataFrame:

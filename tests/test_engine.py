@@ -1,4 +1,4 @@
-"""Chunking of a level (pipeline/engine.py): whole parents per chunk, fixed cost rule, costliest first."""
+"""Chunking of a level (pipeline/execution/engine.py): whole parents per chunk, fixed cost rule, costliest first."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from topdown.pipeline.config import load_config
-from topdown.pipeline.engine import CHUNK_CHILDREN, make_chunks
-from topdown.pipeline.levels import Level
+from topdown.pipeline.configuration.config import load_config
+from topdown.pipeline.execution.engine import CHUNK_CHILDREN, make_chunks
+from topdown.pipeline.execution.levels import Level
 
 
 class NoConstraints:

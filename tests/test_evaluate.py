@@ -1,4 +1,4 @@
-"""evaluate() on a hand-made run directory of four blocks (pipeline/evaluate.py)."""
+"""evaluate() on a hand-made run directory of four blocks (pipeline/evaluation/evaluate.py)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.evaluate import EvalOptions, EvaluationError, evaluate, load_entities
-from topdown.pipeline.rundir import write_table
+from topdown.pipeline.evaluation.evaluate import EvalOptions, EvaluationError, evaluate, load_entities
+from topdown.pipeline.execution.rundir import write_table
 from topdown.vocab.schema import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
@@ -225,7 +225,7 @@ def test_entities_from_baf_dir(tmp_path: Path):
 
 
 def test_epl_table_shows_both_estimators_beside_theory():
-    from topdown.pipeline.eval_report import EPL_CAPTION, epl_table
+    from topdown.pipeline.evaluation.eval_report import EPL_CAPTION, epl_table
 
     epl = pd.DataFrame([
         {"run": "r", "product": "persons", "level": "Block", "query": "total", "status": "estimated", "epl": 0.2,

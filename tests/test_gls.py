@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from topdown.pipeline.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
+from topdown.pipeline.evaluation.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS, Schema
 
@@ -86,7 +86,7 @@ def test_two_pass_gls_equals_brute_force():
 
 
 def test_person_histogram_is_eight_blocks_of_eight():
-    from topdown.pipeline.config import load_config
+    from topdown.pipeline.configuration.config import load_config
 
     queries = tuple(load_config("demo").persons.budget.queries["Block"])
     alg = KronAlgebra(PERSONS, queries)

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topdown.pipeline.demo_data import write_demo_input
-from topdown.pipeline.ingest import (
+from topdown.pipeline.inputs.demo_data import write_demo_input
+from topdown.pipeline.inputs.ingest import (
     IngestError, _allocate_facilities, _allocate_gq, ingest_blocks, ingest_pl94,
 )
-from topdown.pipeline.validate import validate_input
+from topdown.pipeline.inputs.validate import validate_input
 from conftest import DATA, PL94_DIR
 
 E2E_BLOCKS = DATA / "ri2018_e2e" / "blocks.csv.gz"
@@ -251,7 +251,7 @@ def test_pl94_missing_files(tmp_path) -> None:
 
 
 def test_tabulation_of_demo(demo) -> None:
-    from topdown.pipeline.tabulate import block_histograms, block_units, units_histograms
+    from topdown.pipeline.inputs.tabulate import block_histograms, block_units, units_histograms
 
     _, persons, units = demo
     pub = pd.read_csv(E2E_BLOCKS, dtype={"GEOID": str}).set_index("GEOID")

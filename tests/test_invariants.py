@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.config import config_from_dict
-from topdown.pipeline.invariants import (
+from topdown.pipeline.configuration.config import config_from_dict
+from topdown.pipeline.execution.invariants import (
     GQ_CAP, PERSON_CONSTRAINTS, InvariantError, LevelConstraints, _hhgq_bounds, check_feasible, person_constraints,
 )
 

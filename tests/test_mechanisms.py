@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from topdown.pipeline import mechanisms as mech
-from topdown.pipeline.mechanisms import (discrete_gaussian, discrete_gaussian_variance, geometric,
+from topdown.pipeline.privacy import mechanisms as mech
+from topdown.pipeline.privacy.mechanisms import (discrete_gaussian, discrete_gaussian_variance, geometric,
                                          geometric_variance)
-from topdown.pipeline.rng import OSSource, SeededSource, make_source, noise_key
+from topdown.pipeline.privacy.rng import OSSource, SeededSource, make_source, noise_key
 
 P_THRESHOLD = 1e-4
 Z_THRESHOLD = 5.0

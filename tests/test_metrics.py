@@ -1,4 +1,4 @@
-"""Accuracy and empirical-privacy metrics on hand-computable cases (pipeline/metrics.py)."""
+"""Accuracy and empirical-privacy metrics on hand-computable cases (pipeline/evaluation/metrics.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topdown.pipeline import metrics as M
+from topdown.pipeline.evaluation import metrics as M
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS
 

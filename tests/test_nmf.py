@@ -12,7 +12,7 @@ import pytest
 
 from rel_inputs import SECRETS, leaked_secrets
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
-from topdown.pipeline.nmf import read_nmf, write_nmf
+from topdown.pipeline.execution.nmf import read_nmf, write_nmf
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from topdown.pipeline.rundir import SCHEMA_VERSION
+from topdown.pipeline.execution.rundir import SCHEMA_VERSION
 
 PINNED = {
     'certificate.json': '99ce3958945d53b1a926e4076f2c3e689d81ff9368221439cc89d896e3e36797',

@@ -12,11 +12,11 @@ import pytest
 
 from rel_inputs import leaked_secrets
 from topdown.pipeline import load_config, run
-from topdown.pipeline.accounting import zcdp_to_epsilon
-from topdown.pipeline.certificate import _composed_loss, render_certificate
+from topdown.pipeline.privacy.accounting import zcdp_to_epsilon
+from topdown.pipeline.privacy.certificate import _composed_loss, render_certificate
 from topdown.pipeline.cli import EXIT_RUNDIR, main
-from topdown.pipeline.release import SecondRelease
-from topdown.pipeline.verify import verify_run
+from topdown.pipeline.privacy.release import SecondRelease
+from topdown.pipeline.outputs.verify import verify_run
 
 PRODUCTION_TOML = 'include = "demo.toml"\n\n[run]\nname = "release"\nmode = "production"\n'
 

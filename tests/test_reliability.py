@@ -28,7 +28,7 @@ import pytest
 from rel_inputs import differing_outputs, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
-from topdown.pipeline.rundir import RunDir, RunDirError
+from topdown.pipeline.execution.rundir import RunDir, RunDirError
 
 TOPDOWN = [sys.executable, "-m", "topdown.pipeline.cli"]
 

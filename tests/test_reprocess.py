@@ -18,11 +18,11 @@ import pytest
 from rel_inputs import leaked_secrets
 from topdown.pipeline import load_config
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
-from topdown.pipeline.config import ConfigError
-from topdown.pipeline.measure import from_table, measure
-from topdown.pipeline.reprocess import changed_keys, reprocess
+from topdown.pipeline.configuration.config import ConfigError
+from topdown.pipeline.privacy.measure import from_table, measure
+from topdown.pipeline.execution.reprocess import changed_keys, reprocess
 from topdown.vocab.schema import PERSONS
-from topdown.pipeline.verify import verify_run
+from topdown.pipeline.outputs.verify import verify_run
 
 
 def _files(root: Path, sub: str) -> dict[str, bytes]:
@@ -34,7 +34,7 @@ def _no_confidential_reads(monkeypatch, tmp_path) -> None:
     """Reprocessing must not tabulate or even open an input: the functions that do raise here, and the
     run's configured input ("demo-input", relative) does not exist in the working directory."""
     import topdown.pipeline.products as products
-    import topdown.pipeline.runner as runner
+    import topdown.pipeline.execution.runner as runner
 
     def refuse(*args, **kwargs):
         raise AssertionError("reprocessing read the confidential input")
@@ -122,7 +122,7 @@ def test_changed_keys_allows_post_processing_only():
     data["persons"]["estimation"]["split_above"] = 7
     data["persons"]["constraints"]["Block"] = ["hhgq_total_lb"]
     data["run"]["name"] = "renamed"
-    from topdown.pipeline.config import config_from_dict
+    from topdown.pipeline.configuration.config import config_from_dict
 
     assert changed_keys(demo, config_from_dict(data), "x") == [
         "persons.constraints.Block", "persons.estimation.split_above", "run.name"]
@@ -162,7 +162,7 @@ def test_published_table_reads_back_to_the_drawn_measurements():
 def test_a_noisy_measurement_file_with_its_spine_reproduces_the_run(demo_run, dask_client, tmp_path, monkeypatch):
     """``topdown nmf`` output (the Bureau's layout) plus the spine and the configuration it was measured with:
     the same estimates as the run, byte for byte, from the file alone."""
-    from topdown.pipeline.nmf import write_nmf
+    from topdown.pipeline.execution.nmf import write_nmf
 
     nmf = write_nmf(demo_run, tmp_path / "nmf")
     spine = tmp_path / "spine.parquet"
@@ -185,7 +185,7 @@ def test_a_noisy_measurement_file_with_its_spine_reproduces_the_run(demo_run, da
     ('include = "demo.toml"\n[run]\nspine = "aian"\nbaf = "x"\n', "run.spine"),
 ])
 def test_a_measurement_file_refuses_a_configuration_of_other_measurements(demo_run, tmp_path, capsys, toml, key):
-    from topdown.pipeline.nmf import write_nmf
+    from topdown.pipeline.execution.nmf import write_nmf
 
     nmf = write_nmf(demo_run, tmp_path / "nmf")
     conf = tmp_path / "conf.toml"

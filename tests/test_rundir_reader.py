@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from topdown.pipeline.products import PRODUCTS
-from topdown.pipeline.rundir import SCHEMA_VERSION, RunDirError, RunReader
+from topdown.pipeline.execution.rundir import SCHEMA_VERSION, RunDirError, RunReader
 
 
 def test_a_run_reads_its_own_spine_and_typed_records_back(demo_run):

@@ -309,7 +309,7 @@ def test_failsafe_exhausted_raises():
 
 def test_failsafe_exhausted_exits_with_the_estimation_code(tmp_path, monkeypatch, capsys):
     """FailsafeExhausted is an estimation failure (exit code 5), not an internal error (6)."""
-    import topdown.pipeline.runner as runner
+    import topdown.pipeline.execution.runner as runner
     from topdown.pipeline.cli import EXIT_ESTIMATION, main
 
     def exhausted(*args, **kwargs):

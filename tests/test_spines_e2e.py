@@ -21,8 +21,8 @@ import pytest
 from topdown.geo.baf import read_baf_dir
 from topdown.geo.spine import build_spine, check_path_condition
 from topdown.pipeline import load_config, run
-from topdown.pipeline.synth import write_synthetic
-from topdown.pipeline.verify import verify_run
+from topdown.pipeline.inputs.synth import write_synthetic
+from topdown.pipeline.outputs.verify import verify_run
 from conftest import DATA
 from rel_inputs import scan_run_dir, leaked_secrets
 
@@ -278,9 +278,9 @@ def test_reprocessing_and_the_measurement_file_keep_the_whole_state_totals(spine
     """A state split into AIAN / non-AIAN parts: reprocessing the run gives its estimates byte for byte (the
     whole-state totals are read back from the invariants file), and the noisy measurement file carries each
     whole state's total so that a reprocessing of the file enforces it too."""
-    from topdown.pipeline.invariants import WHOLE_STATE
-    from topdown.pipeline.nmf import read_nmf, write_nmf
-    from topdown.pipeline.reprocess import _nmf_invariants, reprocess
+    from topdown.pipeline.execution.invariants import WHOLE_STATE
+    from topdown.pipeline.execution.nmf import read_nmf, write_nmf
+    from topdown.pipeline.execution.reprocess import _nmf_invariants, reprocess
 
     _, run_dir, _ = spine_run
     out = reprocess(run_dir, tmp_path / "again", client=dask_client)

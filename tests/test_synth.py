@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.synth import write_synthetic
-from topdown.pipeline.tabulate import block_units
-from topdown.pipeline.validate import validate_input
+from topdown.pipeline.inputs.synth import write_synthetic
+from topdown.pipeline.inputs.tabulate import block_units
+from topdown.pipeline.inputs.validate import validate_input
 
 BLOCKS = 6000
 

@@ -14,15 +14,15 @@ from scipy import stats
 
 from topdown.geo.spine import build_spine
 from topdown.pipeline.cli import EXIT_OK, main
-from topdown.pipeline.cluster import credential_flags
-from topdown.pipeline.config import load_config
-from topdown.pipeline.levels import build_levels
-from topdown.pipeline.measure import measure
+from topdown.pipeline.execution.cluster import credential_flags
+from topdown.pipeline.configuration.config import load_config
+from topdown.pipeline.execution.levels import build_levels
+from topdown.pipeline.privacy.measure import measure
 from topdown.vocab.queries import build_query
-from topdown.pipeline.rundir import RunDir, write_table
+from topdown.pipeline.execution.rundir import RunDir, write_table
 from topdown.vocab.schema import PERSONS
-from topdown.pipeline.tabulate import block_histograms, block_units
-from topdown.pipeline.uncertainty import Z90, uncertainty
+from topdown.pipeline.inputs.tabulate import block_histograms, block_units
+from topdown.pipeline.evaluation.uncertainty import Z90, uncertainty
 from conftest import DATA
 
 VHC = "votingage * hispanic * cenrace"
@@ -165,8 +165,8 @@ def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_pa
 def test_replicate_input_is_the_runs_mdf_with_public_gq_counts(demo_run, tmp_path):
     """The replicate input tabulates back to the run's published block histograms, and its units to the
     run's invariants (housing units and GQ facilities by type) - published data only."""
-    from topdown.pipeline.replicates import mdf_input
-    from topdown.pipeline.tabulate import block_units
+    from topdown.pipeline.evaluation.replicates import mdf_input
+    from topdown.pipeline.inputs.tabulate import block_units
 
     inp = mdf_input(demo_run, tmp_path / "input")
     persons = pd.read_parquet(inp / "persons.parquet")
@@ -188,7 +188,7 @@ def test_replicates_add_bias_rmse_and_interval(demo_run, dask_client, tmp_path):
     replicates' bias and RMSE, and an interval around the published count of half-width t(1) RMSE."""
     from scipy import stats
 
-    from topdown.pipeline.replicates import replicates
+    from topdown.pipeline.evaluation.replicates import replicates
 
     record = replicates(demo_run, 2, tmp_path / "reps", client=dask_client)
     assert [r["seed"] for r in record["replicates"]] == [1_000_003, 1_000_004]
@@ -206,8 +206,8 @@ def test_replicates_add_bias_rmse_and_interval(demo_run, dask_client, tmp_path):
 def test_report_shows_intervals_and_coverage_summary_only(demo_run, demo_input, dask_client, tmp_path):
     """`evaluate --uncertainty`: report.html gets the interval figure and a per-level coverage summary; the
     figure's table carries no true count (the report shows summaries only)."""
-    from topdown.pipeline.evaluate import EvalOptions, evaluate
-    from topdown.pipeline.intervals import interval_table
+    from topdown.pipeline.evaluation.evaluate import EvalOptions, evaluate
+    from topdown.pipeline.evaluation.intervals import interval_table
 
     unc = tmp_path / "u.parquet"
     uncertainty(demo_run, unc, levels=["Tract", "Block_Group"], client=dask_client)

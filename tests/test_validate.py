@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.validate import InputError, validate_input
+from topdown.pipeline.inputs.validate import InputError, validate_input
 
 A, B, C = "440070001011000", "440070001011001", "440070002002005"
 

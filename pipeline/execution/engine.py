@@ -23,11 +23,11 @@ from distributed import Client, as_completed
 from topdown.geo.spine import STATE
 from topdown.vocab.problem import GroupTotal
 
-from .config import Config
+from ..configuration.config import Config
 from .levels import Level
 from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
-from .sources import DRAW, MeasurementSource
+from ..configuration.sources import DRAW, MeasurementSource
 from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
 
 log = logging.getLogger("topdown")

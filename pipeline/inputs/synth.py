@@ -18,7 +18,7 @@ Shape, chosen to look like Rhode Island 2010 (data README, section 2) and nation
   nursing (3), adult correctional (1), military (6), other noninstitutional (7), the rest drawn from
   ``GQ_TYPE_SHARES``; lognormal residents around a per-type median; nursing residents are all 18+.
 
-The output passes :func:`topdown.pipeline.validate.validate_input`.
+The output passes :func:`topdown.pipeline.inputs.validate.validate_input`.
 """
 from __future__ import annotations
 

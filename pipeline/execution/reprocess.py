@@ -27,7 +27,7 @@ from distributed import Security
 
 from topdown.geo.spine import Spine
 
-from .config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
+from ..configuration.config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
 from .engine import ProgressFn
 from topdown.vocab.schema import PERSONS, UNITS
 
@@ -36,8 +36,8 @@ from .levels import Level, public_levels
 from .nmf import WHOLE_STATE_TOTAL
 from .rundir import RunDir, RunDirError, RunReader, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
-from .products import PRODUCTS
-from .sources import Published
+from ..products import PRODUCTS
+from ..configuration.sources import Published
 
 log = logging.getLogger("topdown")
 
@@ -234,7 +234,7 @@ def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
 
 
 def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
-    from .certificate import certificate
+    from ..privacy.certificate import certificate
     from .nmf import read_nmf
     from .runner import _path_shares
 

@@ -36,10 +36,10 @@ import pandas as pd
 
 from . import metrics as M
 from topdown.vocab.queries import build_query
-from .products import PRODUCTS
-from .rundir import RunDirError, RunReader, write_table
+from ..products import PRODUCTS
+from ..execution.rundir import RunDirError, RunReader, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
-from .tabulate import block_histograms
+from ..inputs.tabulate import block_histograms
 
 #: Blau index cells: hispanic x majorRaces, 14 cells (facts 8).
 BLAU_QUERY = "hispanic * majorRaces"
@@ -180,7 +180,7 @@ class RunView:
             return None, {}
         from fractions import Fraction
 
-        from .accounting import zcdp_to_epsilon
+        from ..privacy.accounting import zcdp_to_epsilon
 
         total = float(cert["epsilon_float"] if "epsilon_float" in cert else cert["epsilon"])
         per: dict[tuple[str, str], float] = {}
@@ -494,7 +494,7 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
     opts = EvalOptions(uncertainty=Path(uncertainty) if uncertainty else None, suppress=suppress)
     audit_dir = Path(audit) if audit else None
     if scheduler or workers:
-        from .runner import dask_client
+        from ..execution.runner import dask_client
 
         with dask_client(None, scheduler, workers) as client:
             path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,

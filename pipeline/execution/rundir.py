@@ -348,7 +348,7 @@ class Certificate:
 
     @classmethod
     def read(cls, path: Path) -> "Certificate":
-        from .products import PRODUCTS
+        from ..products import PRODUCTS
 
         try:
             data = json.loads(path.read_text())
@@ -411,7 +411,7 @@ class RunReader(RunDir):
     def config(self):
         """The configuration a complete run used: its ``config.json``, else the manifest's source file if its
         digest still matches the manifest's config hash."""
-        from .config import ConfigError, config_from_dict, load_config
+        from ..configuration.config import ConfigError, config_from_dict, load_config
 
         manifest = self.manifest() if self.manifest_path.exists() else None
         if manifest is None or not manifest.complete:

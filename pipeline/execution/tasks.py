@@ -15,10 +15,10 @@ import scipy.sparse as sp
 
 from topdown.vocab.problem import Constraint, FailsafeStep, GroupTotal, Measurement, ParentProblem
 
-from .config import ProductConfig
+from ..configuration.config import ProductConfig
 from .rundir import sha256_file
 from topdown.vocab.schema import SCHEMAS
-from .sources import DRAW, MeasurementSource
+from ..configuration.sources import DRAW, MeasurementSource
 
 
 class EstimationError(RuntimeError):

@@ -14,7 +14,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .accounting import Allocation, allocate
-from .config import BudgetConfig
+from ..configuration.config import BudgetConfig
 from .mechanisms import discrete_gaussian, geometric
 from topdown.vocab.queries import build_query
 from .rng import make_source, noise_key

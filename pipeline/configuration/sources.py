@@ -19,12 +19,12 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .measure import NodeMeasurements, from_table, measure
-from .rundir import write_table
+from ..privacy.measure import NodeMeasurements, from_table, measure
+from ..execution.rundir import write_table
 from topdown.vocab.schema import SCHEMAS
 
 if TYPE_CHECKING:
-    from .tasks import Chunk
+    from ..execution.tasks import Chunk
 
 
 class MeasurementSource:

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from topdown.geo.spine import Spine
 
 from .levels import level_constraints, published_units
-from .products import PRODUCTS
+from ..products import PRODUCTS
 from .rundir import RunDir, RunDirError, RunReader, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 

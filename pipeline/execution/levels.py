@@ -14,9 +14,9 @@ import scipy.sparse as sp
 
 from topdown.geo.spine import Spine
 
-from .config import ProductConfig
+from ..configuration.config import ProductConfig
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below
-from .products import PRODUCTS
+from ..products import PRODUCTS
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import Schema
 
@@ -188,7 +188,7 @@ def public_levels(product: str, cfg: ProductConfig, spine: Spine, invariants: pd
     """The levels rebuilt from public data only, for reprocessing: the spine and the published invariants
     (:func:`published_units`); no histogram (``hist`` is None). Constraints are rebuilt from the invariants
     exactly as :func:`build_levels` builds them from the same values."""
-    from .config import ConfigError
+    from ..configuration.config import ConfigError
 
     if any("hh_lb_occupied" in names for names in cfg.constraints.values()):
         raise ConfigError(f"[{product}.constraints] hh_lb_occupied needs the occupied housing units of every "

@@ -24,7 +24,7 @@ import pandas as pd
 from topdown.geo.spine import STATE
 from topdown.vocab.problem import Constraint, Sense
 
-from .config import ProductConfig
+from ..configuration.config import ProductConfig
 
 UNIT_COLUMNS = [f"u{k}" for k in range(8)]
 GQ_CAP = 99999
@@ -84,8 +84,8 @@ def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: st
 
 def check_names(product: str, cfg: ProductConfig, levels: list[str]) -> None:
     """Unknown invariant or constraint names and unknown levels are configuration errors."""
-    from .config import ConfigError
-    from .products import PRODUCTS
+    from ..configuration.config import ConfigError
+    from ..products import PRODUCTS
 
     spec = PRODUCTS[product]
     for table, known in (("constraints", tuple(spec.constraints)), ("invariants", spec.invariants)):
@@ -158,7 +158,7 @@ def person_constraints(
         rhs["hh_lb_occupied"] = defs["hh_lb_occupied"].bind(nodes[["occupied"]].to_numpy(dtype=float))
     if "total" in here:
         if "tot" not in nodes.columns or nodes["tot"].isna().any():
-            from .config import ConfigError
+            from ..configuration.config import ConfigError
             raise ConfigError(f"constraint 'total' at {level} needs the invariant 'tot' at {level} or below, and "
                               "nodes that are whole states (on a spine that splits states into AIAN parts the whole "
                               "state's total binds the parts as a group; a part's total is not invariant)")

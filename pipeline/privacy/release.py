@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from .certificate import draw_summary
-from .config import Config
-from .rundir import RunDir, RunDirError
+from ..configuration.config import Config
+from ..execution.rundir import RunDir, RunDirError
 
 
 class SecondRelease(RunDirError):

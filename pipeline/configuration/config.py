@@ -205,8 +205,7 @@ def _deep_merge(base: dict, top: dict) -> dict:
 
 def preset_dir() -> Path:
     """The folder of shipped presets (``conf/``)."""
-    return Path(__file__).resolve().parent.parent / "conf" if (Path(__file__).resolve().parent.parent / "conf" / "demo.toml").exists() \
-        else Path(__import__("topdown.conf", fromlist=["__file__"]).__file__).parent
+    return Path(__import__("topdown.conf", fromlist=["__file__"]).__file__).parent
 
 
 def resolve_config_path(path: str | Path) -> Path:

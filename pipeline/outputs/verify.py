@@ -18,9 +18,9 @@ import pyarrow as pa
 from topdown.geo.spine import STATE
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
-from .invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
+from ..execution.invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf
-from .rundir import Manifest, RunReader
+from ..execution.rundir import Manifest, RunReader
 
 
 @dataclass
@@ -74,7 +74,7 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
 
 def _verify_product(reader: RunReader, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
                     relaxed: set[str], totals_invariant: bool) -> None:
-    from .products import PRODUCTS
+    from ..products import PRODUCTS
 
     schema = SCHEMAS[product]
     inv = reader.table(reader.invariants(product))

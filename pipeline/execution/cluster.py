@@ -14,7 +14,7 @@ from pathlib import Path
 
 from distributed import Security
 
-from .config import ConfigError
+from ..configuration.config import ConfigError
 
 #: Address schemes that reach a scheduler in another process (distributed also has ``inproc``, which
 #: cannot); the TLS ones need credentials.

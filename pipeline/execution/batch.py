@@ -46,7 +46,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .config import ConfigError, _format_validation_error, read_toml
+from ..configuration.config import ConfigError, _format_validation_error, read_toml
 from .cluster import credential_flags, tls_security
 from .rundir import RunDir, RunDirError, write_json_atomic
 

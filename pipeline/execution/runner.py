@@ -22,22 +22,22 @@ from distributed import Security
 
 from topdown.geo.spine import BLOCK, Spine, build_spine
 
-from .certificate import certificate, with_draws
+from ..privacy.certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
-from .accounting import check_budget
-from .config import Config, ConfigError, config_from_dict, load_config
+from ..privacy.accounting import check_budget
+from ..configuration.config import Config, ConfigError, config_from_dict, load_config
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level, build_levels
-from .preflight import check_baf_states, check_workers, preflight, read_baf
-from .products import PRODUCTS
-from .release import prior_draws
+from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
+from ..products import PRODUCTS
+from ..privacy.release import prior_draws
 from .rundir import SCHEMA_VERSION, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
-from .sources import DRAW, MeasurementSource
-from .tabulate import block_units
-from .validate import validate_input
+from ..configuration.sources import DRAW, MeasurementSource
+from ..inputs.tabulate import block_units
+from ..inputs.validate import validate_input
 
 log = logging.getLogger("topdown")
 
@@ -84,7 +84,7 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
 def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
     path = Path(input_dir or config.run.input)
     if config.run.build_demo_input and not (path / "persons.parquet").exists():
-        from .demo_data import write_demo_input
+        from ..inputs.demo_data import write_demo_input
 
         log.info("building the demo input in %s", path)
         write_demo_input(path)

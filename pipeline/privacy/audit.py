@@ -40,16 +40,16 @@ from scipy.stats import beta
 
 from topdown.geo.spine import build_spine
 
-from .config import Config, ConfigError
-from .engine import make_chunks
-from .invariants import InvariantError, LevelConstraints
-from .levels import Level, build_levels
+from ..configuration.config import Config, ConfigError
+from ..execution.engine import make_chunks
+from ..execution.invariants import InvariantError, LevelConstraints
+from ..execution.levels import Level, build_levels
 from topdown.vocab.queries import build_query
-from .rundir import write_json_atomic, write_table
+from ..execution.rundir import write_json_atomic, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
-from .tabulate import block_histograms, block_units
-from .tasks import run_chunk
-from .validate import validate_input
+from ..inputs.tabulate import block_histograms, block_units
+from ..execution.tasks import run_chunk
+from ..inputs.validate import validate_input
 
 #: Audited queries by default: the total and the detailed cell of the moved person.
 AUDIT_QUERIES: tuple[str, ...] = ("total", "detailed")
@@ -283,7 +283,7 @@ def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries:
     cell = int(schema.cell_index(*(persons.iloc[[record]][d].to_numpy() for d in schema.dim_names))[0])
     independent = config.run.algorithm == "block_by_block"
     if independent:
-        from .runner import block_by_block_config
+        from ..execution.runner import block_by_block_config
 
         config = block_by_block_config(config)
     spine = build_spine(config.run.spine, geoids, baf_dir=config.run.baf, units=units)
@@ -369,8 +369,8 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
                   seed: int, scheduler: str | None, workers: int | None, batch: int = BATCH) -> int:
     """CLI helper of ``topdown audit``: runs the audit on an embedded cluster (or ``scheduler``) and writes
     ``out`` (default ``runs/<name>-audit-CONFIDENTIAL``)."""
-    from .config import load_config
-    from .runner import dask_client
+    from ..configuration.config import load_config
+    from ..execution.runner import dask_client
 
     config = load_config(config_path)
     src_dst = parse_move(move)

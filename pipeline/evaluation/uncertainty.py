@@ -3,7 +3,7 @@ from a run's noisy measurements alone (or a noisy measurement file), on Dask.
 
 Output (one Parquet file): one row per answer cell of every output query at every node of every level and
 every off-spine entity: ``product, level, geocode, query, cell, estimate, variance, ci90_low, ci90_high,
-ci95_low, ci95_high``. ``cell`` is the answer's position in the query's cell order (pipeline/nmf.py). The
+ci95_low, ci95_high``. ``cell`` is the answer's position in the query's cell order (pipeline/execution/nmf.py). The
 intervals are the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
 covers a non-negative integer count exactly when the real interval ``est +- z sd`` does.
 
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
                   segment_sum, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
-from .products import PRODUCTS
+from ..products import PRODUCTS
 from topdown.vocab.schema import SCHEMAS
 
 log = logging.getLogger("topdown")
@@ -54,7 +54,7 @@ class Source:
 
     @classmethod
     def open(cls, path: str | Path) -> "Source":
-        from .rundir import RunDirError, RunReader
+        from ..execution.rundir import RunDirError, RunReader
 
         path = Path(path)
         reader = RunReader(path)
@@ -272,7 +272,7 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | No
                 client=None, scheduler: str | None = None, workers: int | None = None,
                 replicates: str | Path | None = None) -> Cost:
     """Write the uncertainty table of ``run`` to ``out`` (Parquet, atomically); returns the cost."""
-    from .runner import dask_client
+    from ..execution.runner import dask_client
 
     t0, c0 = time.perf_counter(), time.process_time()
     src = Source.open(run)
@@ -280,7 +280,7 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | No
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
     if unknown:
-        from .config import ConfigError
+        from ..configuration.config import ConfigError
 
         raise ConfigError(f"--levels: unknown level(s) {', '.join(sorted(unknown))}; levels are {', '.join(src.levels)}")
     staging = out.with_name(f".{out.name}.parts")

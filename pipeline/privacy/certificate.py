@@ -14,9 +14,9 @@ from typing import Any, Mapping
 
 from .accounting import (NEIGHBOURS, allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
                          zcdp_to_epsilon_bun_steinke)
-from .config import Config, ConfigError, ProductConfig
-from .products import PRODUCTS
-from .rundir import SCHEMA_VERSION
+from ..configuration.config import Config, ConfigError, ProductConfig
+from ..products import PRODUCTS
+from ..execution.rundir import SCHEMA_VERSION
 from topdown.vocab.schema import SCHEMAS
 
 #: The deltas of the reported epsilon-delta curve.

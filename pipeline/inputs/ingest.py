@@ -80,7 +80,7 @@ import pyarrow.parquet as pq
 
 from topdown.geo.states import STATE_FIPS
 
-from .rundir import writable_dir
+from ..execution.rundir import writable_dir
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, cenrace_index
 
 NRACE = 63

@@ -27,7 +27,7 @@ import scipy.sparse as sp
 
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
-from .rundir import RunDirError, RunReader, write_json_atomic, write_table
+from ..execution.rundir import RunDirError, RunReader, write_json_atomic, write_table
 
 log = logging.getLogger("topdown")
 
@@ -71,8 +71,8 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
                scheduler: str | None = None, workers: int | None = None) -> dict:
     """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
-    from .rundir import RunReader
-    from .runner import dask_client, run as run_topdown
+    from ..execution.rundir import RunReader
+    from ..execution.runner import dask_client, run as run_topdown
 
     run, out = Path(run), Path(out)
     config = RunReader(run).config()

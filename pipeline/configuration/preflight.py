@@ -1,7 +1,7 @@
 """Checks of a run that need no input data, done before the run directory is touched (exit code 2), and the
 block assignment files' checks against the input (exit code 3 when the input disagrees with them).
 
-Everything here raises :class:`~topdown.pipeline.config.ConfigError` naming the configuration key (or the
+Everything here raises :class:`~topdown.pipeline.configuration.config.ConfigError` naming the configuration key (or the
 command-line option) and the offending value, so a bad configuration never starts a cluster, takes the
 lock or writes a file.
 """
@@ -14,7 +14,7 @@ import pandas as pd
 from .config import Config, ConfigError
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import SCHEMAS
-from .validate import InputError
+from ..inputs.validate import InputError
 
 
 def check_workers(workers: int | None) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable
 
-from .config import BudgetConfig, ConfigError
+from ..configuration.config import BudgetConfig, ConfigError
 from .mechanisms import discrete_gaussian_variance, geometric_variance
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema

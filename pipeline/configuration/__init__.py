@@ -1,0 +1,1 @@
+"""Configuration: the validated TOML strategy, preflight checks, measurement sources."""

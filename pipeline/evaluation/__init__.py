@@ -1,0 +1,1 @@
+"""Evaluation: accuracy metrics, GLS and uncertainty, intervals, replicates, reports."""

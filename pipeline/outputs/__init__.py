@@ -1,0 +1,1 @@
+"""Outputs: the MDF writers and verify."""
