@@ -69,12 +69,11 @@ def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: fl
             continue
         cols = layout.cols(name)
         var = np.asarray(meas.variance, float)
-        for c in np.flatnonzero(np.isfinite(var)):
-            have = cols[c] >= 0
-            w = 1.0 / var[c]
-            idx = cols[c][have]
-            np.add.at(p_diag, idx, 2.0 * w * scale * scale)
-            np.add.at(q, idx, -2.0 * w * scale * np.asarray(meas.values, float)[c][have])
+        have = (cols >= 0) & np.isfinite(var)[:, None]
+        idx = cols[have]  # distinct columns: one per (child, answer)
+        w = np.broadcast_to((1.0 / var)[:, None], cols.shape)[have]
+        p_diag[idx] += 2.0 * w * scale * scale
+        q[idx] += -2.0 * w * scale * np.asarray(meas.values, float)[have]
     return p_diag, q
 
 
