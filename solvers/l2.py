@@ -79,9 +79,10 @@ def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: fl
 
 def band_columns(layout: Layout, queries: list[str]) -> np.ndarray:
     """The columns of a pass's queries (its ``B^(k)``), sorted, unique."""
-    cols = [layout.cols(q).reshape(-1) for q in queries]
-    cols = np.unique(np.concatenate(cols)) if cols else np.zeros(0, dtype=np.int64)
-    return cols[cols >= 0]
+    used = np.zeros(layout.n_cols + 1, dtype=bool)  # the last entry takes the -1s (no column)
+    for q in queries:
+        used[layout.cols(q).reshape(-1)] = True
+    return np.flatnonzero(used[:-1])
 
 
 def _full(layout: Layout, keep: np.ndarray, z: np.ndarray) -> np.ndarray:

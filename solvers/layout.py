@@ -11,8 +11,10 @@ problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, dire
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
+import scipy.sparse as sp
 
 from topdown.pipeline.queries import Query, QueryError, build_query, canonical_name
 
@@ -98,6 +100,22 @@ class Layout:
     @property
     def n_x(self) -> int:
         return int((self.xcol >= 0).sum())
+
+    @cached_property
+    def answers_of_x(self) -> sp.csr_matrix:
+        """float[n_cols, n_x]: each count and aux column as the sum of the count columns of its cells
+        (each answer directly from the cells, entries in cell order: the sums ``Query.answer`` makes)."""
+        have = self.xcol >= 0
+        rows, cols = [self.xcol[have]], [self.xcol[have]]
+        for name, acol in self.acol.items():
+            if acol is self.xcol:
+                continue
+            groups = self.queries[name].groups
+            cc, ii = np.nonzero(have & (groups >= 0)[None, :])
+            rows.append(acol[cc, groups[ii]])
+            cols.append(self.xcol[cc, ii])
+        r, c = np.concatenate(rows), np.concatenate(cols)
+        return sp.csr_matrix((np.ones(r.size), (r, c)), shape=(self.n_cols, self.n_x))
 
 
 def parse_query(problem: ParentProblem, name: str, where: str) -> tuple[str, Query]:
