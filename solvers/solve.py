@@ -20,7 +20,7 @@ from .layout import Layout, build_layout
 from .direct import compile_direct
 from .problem import ParentProblem, ParentSolution
 from .rounder import column_values, run_rounder
-from .split import solve_split, wants_split
+from .split import MapSolve, solve_split, wants_split
 from .standard import StandardForm
 
 CHECK_TOL = 1e-6
@@ -47,11 +47,12 @@ def check_rows(layout: Layout, form: StandardForm, hist: np.ndarray) -> None:
 
 
 def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
-                 compiler: Compiler | None = None) -> ParentSolution:
+                 compiler: Compiler | None = None, map_solve: MapSolve | None = None) -> ParentSolution:
     """Estimate the children of one parent (see the ParentProblem contract in problem.py).
 
     ``compiler`` turns a Layout into a StandardForm: ``DEFAULT_COMPILER`` (the direct build) or
-    ``model.compile_pyomo`` (the Pyomo model, the problem's definition).
+    ``model.compile_pyomo`` (the Pyomo model, the problem's definition). ``map_solve`` solves the
+    independent second-stage groups of a split parent (split.py), e.g. on other workers: same result.
     """
     compiler = compiler or DEFAULT_COMPILER
     k, ncells = problem.n_children, problem.schema.ncells
@@ -65,7 +66,7 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
             build_layout(problem)
             return ParentSolution(parent[None, :].copy(), stats={"shortcut": "single child"})
     if wants_split(problem):
-        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS)
+        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS, map_solve)
         solution.stats["total_s"] = round(time.perf_counter() - t_start, 6)
         return solution
     failsafe: list[str] = []
