@@ -8,6 +8,11 @@ pickles the first task (Chunk) of the County -> Tract level and of the Block_Gro
 DIR (``chunk-Tract.pkl``, ``chunk-Block.pkl``), then stops the run. The pickles hold the chunk's true
 child histograms (confidential input): keep DIR private; nothing of them is printed.
 
+``capture ... --every N`` also keeps every N-th Block-level chunk (in DIR/block/) and skips solving the
+Block level; ``blocks DIR`` then runs those chunks one after the other in this process and prints their
+CPU seconds per block (run it alternately with the untouched and the changed tree on the Python path: an
+A/B comparison under the same load).
+
 ``profile DIR [--repeats 3]``: for the largest County parent of the Tract chunk and for the Block_Group
 parent of median size in the Block chunk, times every step of ``solve_parent`` (CPU seconds of this
 process, the median over the repeats) and prints one JSON object per parent; then the whole Block chunk
@@ -16,6 +21,8 @@ process, the median over the repeats) and prints one JSON object per parent; the
 Usage:
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py capture conf/ri2010.toml --out /tmp/prof
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py profile /tmp/prof
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py capture CONFIG --out /tmp/prof --every 1
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py blocks /tmp/prof
 """
 from __future__ import annotations
 
@@ -31,21 +38,31 @@ from pathlib import Path
 WANTED = ("Tract", "Block")
 
 
-def capture(config_path: str, out: Path) -> None:
+def capture(config_path: str, out: Path, every: int = 0) -> None:
+    """Pickle the first chunk of the Tract and Block levels; with ``every`` > 0 also every ``every``-th
+    Block-level chunk to ``out/block/`` (the Block level is then not solved: the run stops after it)."""
     from distributed import Client
 
     from topdown.pipeline import engine, load_config, run
+    from topdown.pipeline.tasks import ChunkResult
 
     out.mkdir(parents=True, exist_ok=True)
+    (out / "block").mkdir(exist_ok=True)
     original = engine.run_chunk
     files = [out / f"chunk-{level}.pkl" for level in WANTED]
 
     def grab(chunk):  # runs on the worker thread (a pickled copy: state goes through the files)
+        import scipy.sparse as sp
+
         path = out / f"chunk-{chunk.level}.pkl"
         if chunk.level in WANTED and chunk.index == 0 and not path.exists():
             path.write_bytes(pickle.dumps(chunk))
-            if all(f.exists() for f in files):
-                raise RuntimeError("captured")
+        if chunk.level == "Block" and every > 0:
+            if chunk.index % every == 0:
+                (out / "block" / f"{chunk.index:05d}.pkl").write_bytes(pickle.dumps(chunk))
+            return ChunkResult(chunk.index, chunk.children, sp.csr_matrix((len(chunk.children), 1), dtype="int64"))
+        if all(f.exists() for f in files) and every == 0:
+            raise RuntimeError("captured")
         return original(chunk)
 
     engine.run_chunk = grab
@@ -56,7 +73,29 @@ def capture(config_path: str, out: Path) -> None:
         except Exception:
             if not all(f.exists() for f in files):
                 raise
-    print(json.dumps({"captured": [f.name for f in files if f.exists()], "dir": str(out)}))
+    print(json.dumps({"captured": [f.name for f in files if f.exists()],
+                      "block_chunks": len(list((out / "block").glob("*.pkl"))), "dir": str(out)}))
+
+
+def block_chunks(d: Path) -> None:
+    """CPU seconds of run_chunk (noise draws, solves, writing the measurements) over the captured Block
+    chunks, and per block."""
+    import tempfile
+
+    from topdown.pipeline.tasks import run_chunk
+
+    paths = sorted((d / "block").glob("*.pkl"))
+    cpu, blocks = 0.0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            chunk = pickle.loads(path.read_bytes())
+            chunk.measurements_path = f"{tmp}/{path.stem}.parquet"
+            c0 = time.process_time()
+            run_chunk(chunk)
+            cpu += time.process_time() - c0
+            blocks += len(chunk.children)
+    print(json.dumps({"chunks": len(paths), "blocks": blocks, "cpu_s": round(cpu, 3),
+                      "cpu_ms_per_block": round(1000 * cpu / max(blocks, 1), 3)}), flush=True)
 
 
 class StepClock:
@@ -192,12 +231,17 @@ def main() -> None:
     c = sub.add_parser("capture")
     c.add_argument("config")
     c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--every", type=int, default=0, help="also keep every N-th Block-level chunk (0: none)")
+    b = sub.add_parser("blocks")
+    b.add_argument("dir", type=Path)
     p = sub.add_parser("profile")
     p.add_argument("dir", type=Path)
     p.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.cmd == "capture":
-        capture(args.config, args.out)
+        capture(args.config, args.out, args.every)
+    elif args.cmd == "blocks":
+        block_chunks(args.dir)
     else:
         profile(args.dir, args.repeats)
 
