@@ -146,7 +146,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
             split_above=cfg.estimation.split_above, split_group=cfg.estimation.split_group,
         )
         t0 = time.perf_counter()
-        solution = solve_parent(problem, backend, map_solve=map_on_cluster(backend))
+        spread = map_on_cluster(backend) if backend is DEFAULT_BACKEND else None  # Gurobi: licence per process
+        solution = solve_parent(problem, backend, map_solve=spread)
         result.solve_seconds.append(time.perf_counter() - t0)
         hist = np.asarray(solution.hist, dtype=np.int64)
         _check(task, hist, solution.failsafe)
