@@ -47,6 +47,11 @@ class Backend(Protocol):
         ...
 
 
+def _unit_rows(cols: np.ndarray, n: int, value: float) -> sp.csr_matrix:
+    """Rows ``value * e_j`` for j in ``cols`` (the rows of ``value`` times the identity at ``cols``)."""
+    return sp.csr_matrix((np.full(cols.size, value), cols, np.arange(cols.size + 1)), shape=(cols.size, n))
+
+
 def _cone_rows(a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray, ub: np.ndarray
                ) -> tuple[sp.csc_matrix, np.ndarray, int, int]:
     """Clarabel's ``A z + s = b`` with s in (zero cone)^neq x (nonnegative cone)^nineq."""
@@ -54,9 +59,9 @@ def _cone_rows(a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
     eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
     up = np.isfinite(hi) & ~eq
     down = np.isfinite(lo) & ~eq
-    eye = sp.identity(n, format="csr")
     col_up, col_down = np.isfinite(ub), np.isfinite(lb)
-    blocks = [a[eq], a[up], -a[down], eye[col_up], -eye[col_down]]
+    blocks = [a[eq], a[up], -a[down], _unit_rows(np.flatnonzero(col_up), n, 1.0),
+              _unit_rows(np.flatnonzero(col_down), n, -1.0)]
     rhs = [hi[eq], hi[up], -lo[down], ub[col_up], -lb[col_down]]
     mat = sp.vstack(blocks, format="csc")
     return mat, np.concatenate(rhs), int(eq.sum()), mat.shape[0] - int(eq.sum())

@@ -70,20 +70,20 @@ def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: fl
             continue
         cols = layout.cols(name)
         var = np.asarray(meas.variance, float)
-        for c in np.flatnonzero(np.isfinite(var)):
-            have = cols[c] >= 0
-            w = 1.0 / var[c]
-            idx = cols[c][have]
-            np.add.at(p_diag, idx, 2.0 * w * scale * scale)
-            np.add.at(q, idx, -2.0 * w * scale * np.asarray(meas.values, float)[c][have])
+        have = (cols >= 0) & np.isfinite(var)[:, None]
+        idx = cols[have]  # distinct columns: one per (child, answer)
+        w = np.broadcast_to((1.0 / var)[:, None], cols.shape)[have]
+        p_diag[idx] += 2.0 * w * scale * scale
+        q[idx] += -2.0 * w * scale * np.asarray(meas.values, float)[have]
     return p_diag, q
 
 
 def band_columns(layout: Layout, queries: list[str]) -> np.ndarray:
     """The columns of a pass's queries (its ``B^(k)``), sorted, unique."""
-    cols = [layout.cols(q).reshape(-1) for q in queries]
-    cols = np.unique(np.concatenate(cols)) if cols else np.zeros(0, dtype=np.int64)
-    return cols[cols >= 0]
+    used = np.zeros(layout.n_cols + 1, dtype=bool)  # the last entry takes the -1s (no column)
+    for q in queries:
+        used[layout.cols(q).reshape(-1)] = True
+    return np.flatnonzero(used[:-1])
 
 
 def _full(layout: Layout, keep: np.ndarray, z: np.ndarray) -> np.ndarray:

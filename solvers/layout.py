@@ -11,8 +11,10 @@ problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, dire
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
+import scipy.sparse as sp
 
 from topdown.vocab.queries import Query, QueryError, build_query, canonical_name
 
@@ -99,6 +101,22 @@ class Layout:
     def n_x(self) -> int:
         return int((self.xcol >= 0).sum())
 
+    @cached_property
+    def answers_of_x(self) -> sp.csr_matrix:
+        """float[n_cols, n_x]: each count and aux column as the sum of the count columns of its cells
+        (each answer directly from the cells, entries in cell order: the sums ``Query.answer`` makes)."""
+        have = self.xcol >= 0
+        rows, cols = [self.xcol[have]], [self.xcol[have]]
+        for name, acol in self.acol.items():
+            if acol is self.xcol:
+                continue
+            groups = self.queries[name].groups
+            cc, ii = np.nonzero(have & (groups >= 0)[None, :])
+            rows.append(acol[cc, groups[ii]])
+            cols.append(self.xcol[cc, ii])
+        r, c = np.concatenate(rows), np.concatenate(cols)
+        return sp.csr_matrix((np.ones(r.size), (r, c)), shape=(self.n_cols, self.n_x))
+
 
 def parse_query(problem: ParentProblem, name: str, where: str) -> tuple[str, Query]:
     """Canonical name and Query, with an error naming where the bad name came from."""
@@ -172,8 +190,9 @@ def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: boo
         _, q = parse_query(problem, con.query, f"constraint {con.name!r}")
         rhs = np.asarray(con.rhs, float)
         zero = np.isfinite(rhs) & (rhs <= 0)
-        for c, j in zip(*np.nonzero(zero)):
-            mask[c, q.groups == j] = False
+        if zero.any():
+            inside = q.groups >= 0
+            mask[:, inside] &= ~zero[:, q.groups[inside]]
     return mask
 
 
@@ -325,20 +344,22 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
         cols = xcol if name == DETAILED else acol[name]
         rhs = np.asarray(con.rhs, float)
         most = _answer_caps(problem, mask, DETAILED if name == DETAILED else queries[name], relax_parent)
-        for c, j in zip(*np.nonzero(np.isfinite(rhs))):
-            r = float(rhs[c, j])
-            lo = r if con.sense in ("==", ">=") else -np.inf
-            hi = r if con.sense in ("==", "<=") else np.inf
-            if cols[c, j] >= 0 and (con.sense == "<=" and hi >= most[c, j] or con.sense == ">=" and lo <= 0.0):
-                continue  # cannot bind: x >= 0 and the parent already bound the answer
-            if cols[c, j] < 0:
-                if not lo <= 0.0 <= hi:
-                    kind = "equality" if con.sense == "==" else "inequality"
-                    infeasible.append((kind, f"constraint {con.name!r} child {problem.children[c]!r} answer {j}: "
-                                             f"{con.sense} {r:g} but no cell of that answer can be positive"))
-                continue
-            families["constraints"].add(np.array([cols[c, j]]), np.ones(1), lo, hi)
-            constraint_rows.append(ConstraintRow(ci, int(c), int(j), con.sense))
+        cc, jj = np.nonzero(np.isfinite(rhs))
+        r, col = rhs[cc, jj], cols[cc, jj]
+        lo = r if con.sense in ("==", ">=") else np.full(r.size, -np.inf)
+        hi = r if con.sense in ("==", "<=") else np.full(r.size, np.inf)
+        # cannot bind: x >= 0 and the parent already bound the answer
+        loose = ((hi >= most[cc, jj]) if con.sense == "<=" else (lo <= 0.0) if con.sense == ">="
+                 else np.zeros(r.size, dtype=bool))
+        kind = "equality" if con.sense == "==" else "inequality"
+        unmet = (col < 0) & ~((lo <= 0.0) & (0.0 <= hi))  # no variable, and 0 breaks the row
+        for c, j in zip(cc[unmet], jj[unmet]):
+            infeasible.append((kind, f"constraint {con.name!r} child {problem.children[c]!r} answer {j}: "
+                                     f"{con.sense} {float(rhs[c, j]):g} but no cell of that answer can be positive"))
+        keep = (col >= 0) & ~loose
+        n_keep = int(keep.sum())
+        families["constraints"].extend(np.ones(n_keep), col[keep], np.ones(n_keep), lo[keep], hi[keep])
+        constraint_rows += [ConstraintRow(ci, int(c), int(j), con.sense) for c, j in zip(cc[keep], jj[keep])]
     for g in problem.group_totals:
         members = np.sort(xcol[np.asarray(g.children)].reshape(-1))
         members = members[members >= 0]

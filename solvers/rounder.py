@@ -28,13 +28,7 @@ FLOOR_EPS = 1e-9
 
 def column_values(layout: Layout, hist: np.ndarray) -> np.ndarray:
     """All column values implied by child histograms ``hist[c, cell]`` (aux = answers, slacks = excess)."""
-    z = np.zeros(layout.n_cols)
-    have = layout.xcol >= 0
-    z[layout.xcol[have]] = hist[have]
-    for name, cols in layout.acol.items():
-        ans = layout.queries[name].answer(hist)
-        ok = cols >= 0
-        z[cols[ok]] = ans[ok]
+    z = layout.answers_of_x @ np.asarray(hist, float)[layout.xcol >= 0]
     if layout.relax_parent:
         diff = hist.sum(axis=0) - np.asarray(layout.problem.parent_hist, float)
         cells = np.flatnonzero(layout.spcol >= 0)

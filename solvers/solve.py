@@ -18,15 +18,20 @@ from .backends import DEFAULT_BACKEND, Backend
 from .failsafe import LEVELS, RELAX_EDITS, FailsafeExhausted, relax_rows
 from .l2 import SolveFailure, run_l2
 from .layout import Layout, build_layout
-from .model import compile_pyomo
+from .direct import compile_direct
 from topdown.vocab.problem import FailsafeStep, ParentProblem, ParentSolution, SolveStats
 from .rounder import column_values, run_rounder
-from .split import solve_split, wants_split
+from .split import MapSolve, solve_split, wants_split
 from .standard import StandardForm
 
 CHECK_TOL = 1e-6
 
 Compiler = Callable[[Layout], StandardForm]
+
+#: The compiler of the pipeline's solves: the direct numpy/scipy build of the Pyomo model's rows, equal to
+#: ``model.compile_pyomo`` entry for entry (tests/test_solvers.py, random instances) at a fraction of the
+#: cost (a Pyomo ConcreteModel per parent was about a fifth of a block-level task's CPU; DESIGN.md).
+DEFAULT_COMPILER: Compiler = compile_direct
 
 
 def check_rows(layout: Layout, form: StandardForm, hist: np.ndarray) -> None:
@@ -43,11 +48,14 @@ def check_rows(layout: Layout, form: StandardForm, hist: np.ndarray) -> None:
 
 
 def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
-                 compiler: Compiler = compile_pyomo) -> ParentSolution:
+                 compiler: Compiler | None = None, map_solve: MapSolve | None = None) -> ParentSolution:
     """Estimate the children of one parent (see the ParentProblem contract in problem.py).
 
-    ``compiler`` turns a Layout into a StandardForm: the Pyomo model (default) or ``direct.compile_direct``.
+    ``compiler`` turns a Layout into a StandardForm: ``DEFAULT_COMPILER`` (the direct build) or
+    ``model.compile_pyomo`` (the Pyomo model, the problem's definition). ``map_solve`` solves the
+    independent second-stage groups of a split parent (split.py), e.g. on other workers: same result.
     """
+    compiler = compiler or DEFAULT_COMPILER
     k, ncells = problem.n_children, problem.schema.ncells
     t_start = time.perf_counter()
     if problem.parent_hist is not None:
@@ -59,7 +67,7 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
             build_layout(problem)
             return ParentSolution(parent[None, :].copy(), stats=SolveStats(shortcut="single child"))
     if wants_split(problem):
-        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS)
+        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS, map_solve)
         solution.stats.total_s = round(time.perf_counter() - t_start, 6)
         return solution
     failsafe: list[FailsafeStep] = []

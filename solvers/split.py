@@ -28,6 +28,10 @@ import numpy as np
 from topdown.vocab.problem import Constraint, Measurement, ParentProblem, ParentSolution, SolveStats
 
 Solve = Callable[[ParentProblem], ParentSolution]
+#: Solves independent problems and returns their solutions in order (stage 2's groups): sequentially
+#: here, or spread over a cluster's workers by the caller (tasks.py) so that a huge parent does not run
+#: alone while other workers idle. Each problem is solved the same way wherever it runs.
+MapSolve = Callable[[list[ParentProblem]], list[ParentSolution]]
 
 
 def wants_split(problem: ParentProblem) -> bool:
@@ -80,18 +84,21 @@ def member_problem(problem: ParentProblem, members: np.ndarray, name: str, group
                                 for c in problem.constraints], split_above=0)
 
 
-def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...]) -> ParentSolution:
-    """Both stages with ``solve`` (``solve_parent`` with the caller's back end); the solution's stats sum
-    the stages' sizes and list their L2 and rounder passes; ``level`` is the most relaxed failsafe level
-    any stage needed (``levels`` in order)."""
+def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...], map_solve: MapSolve | None = None
+                ) -> ParentSolution:
+    """Both stages with ``solve`` (``solve_parent`` with the caller's back end; stage 2's groups through
+    ``map_solve`` when given); the solution's stats sum the stages' sizes and list their L2 and rounder
+    passes; ``level`` is the most relaxed failsafe level any stage needed (``levels`` in order)."""
     groups = groups_of(problem)
     stage1 = group_problem(problem, groups)
     top = solve(stage1)
     hist = np.zeros((problem.n_children, problem.schema.ncells), dtype=np.int64)
     failsafe = [step.within("groups") for step in top.failsafe]
     parts = [top.stats]
-    for name, members, group_hist in zip(stage1.children, groups, top.hist):
-        sol = solve(member_problem(problem, members, name, group_hist))
+    members_of = [member_problem(problem, members, name, group_hist)
+                  for name, members, group_hist in zip(stage1.children, groups, top.hist)]
+    solutions = map_solve(members_of) if map_solve is not None else [solve(p) for p in members_of]
+    for name, members, sol in zip(stage1.children, groups, solutions):
         hist[members] = sol.hist
         failsafe += [step.within(name) for step in sol.failsafe]
         parts.append(sol.stats)

@@ -255,10 +255,10 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
 
     cfg = load_config(preset)
     drawn = []
-    monkeypatch.setattr(M, "geometric", lambda src, eps, sens, size: drawn.append(("geometric", eps, sens))
-                        or np.zeros(size, dtype=np.int64))
-    monkeypatch.setattr(M, "discrete_gaussian", lambda src, sigma2, size: drawn.append(("dg", sigma2, None))
-                        or np.zeros(size, dtype=np.int64))
+    monkeypatch.setattr(M, "geometric_many", lambda srcs, eps, sens, size: drawn.append(("geometric", eps, sens))
+                        or np.zeros((len(srcs), size), dtype=np.int64))
+    monkeypatch.setattr(M, "discrete_gaussian_many", lambda srcs, sigma2, size: drawn.append(("dg", sigma2, None))
+                        or np.zeros((len(srcs), size), dtype=np.int64))
     cert = certificate(cfg)
     product = cfg.run.products[0]
     pcfg = cfg.product(product)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -26,3 +28,37 @@ def test_split_accuracy_compares_joint_and_two_stage():
     assert [r["mode"] for r in rows] == ["joint", "3"]
     for r in rows:
         assert r["failsafe_level"] == "exact" and 0 <= r["total"] < 10 and r["detailed"] >= 0
+
+
+def test_accuracy_seeds_compares_means_within_two_standard_errors(tmp_path):
+    def rows(offset: float, digest: str) -> str:
+        return "\n".join(json.dumps({"seed": s, "errors": {"Block": {"total": 1.0 + offset + 0.1 * s,
+                                                                        "detailed": 0.01 * s}},
+                                     "verify_ok": True, "failsafe": 0, "parents_solved": 10,
+                                     "histograms_sha256": digest}) for s in range(1, 6))
+    (tmp_path / "a.jsonl").write_text(rows(0.0, "x"))
+    (tmp_path / "b.jsonl").write_text(rows(0.0, "x"))
+    (tmp_path / "c.jsonl").write_text(rows(1.0, "y"))
+    out = subprocess.run([sys.executable, str(BENCH / "accuracy_seeds.py"), "compare", str(tmp_path / "a.jsonl"),
+                          str(tmp_path / "b.jsonl")], check=True, capture_output=True, text=True).stdout
+    assert "| Block | total | 1.3000 +- 0.0707 | 1.3000 +- 0.0707 | +0.0000 | yes |" in out
+    assert "byte-identical estimates in 5 of 5 seeds" in out
+    out = subprocess.run([sys.executable, str(BENCH / "accuracy_seeds.py"), "compare", str(tmp_path / "a.jsonl"),
+                          str(tmp_path / "c.jsonl")], check=True, capture_output=True, text=True).stdout
+    assert "| +1.0000 | NO |" in out and "in 0 of 5 seeds" in out
+
+
+@pytest.mark.slow
+def test_profile_steps_captures_and_times_every_step(tmp_path, demo_input):
+    cfg = tmp_path / "bench_demo.toml"
+    cfg.write_text(f'include = "demo.toml"\n[run]\ninput = "{demo_input}"\n')
+    _json_lines("profile_steps.py", "capture", str(cfg), "--out", str(tmp_path / "p"), "--every", "1")
+    bg, county, task = _json_lines("profile_steps.py", "profile", str(tmp_path / "p"), "--repeats", "1")
+    assert bg["parent_level"] == "Block_Group -> Block" and county["parent_level"] == "County -> Tract"
+    for row in (bg, county):
+        steps = row["cpu_s"]
+        assert {"layout", "compile", "L2 pass 0", "rounder pass 0", "checks", "total"} <= steps.keys()
+        assert abs(sum(v for k, v in steps.items() if k != "total") - steps["total"]) < 1e-3
+    assert task["solved"] >= 1 and task["steps"]["noise draws"] > 0
+    (blocks,) = _json_lines("profile_steps.py", "blocks", str(tmp_path / "p"))
+    assert blocks["chunks"] >= 1 and blocks["blocks"] > 0 and blocks["cpu_s"] > 0

@@ -205,6 +205,27 @@ def test_pyomo_and_direct_builds_agree():
     np.testing.assert_array_equal(solve_parent(problem).hist, solve_parent(problem, compiler=compile_direct).hist)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 6), n_cells=st.integers(1, 25),
+       relax=st.sampled_from([(False, False), (True, False), (True, True)]))
+def test_direct_build_is_the_pyomo_model(seed, k, n_cells, relax):
+    """The pipeline's compiler (the direct build, ``solve.DEFAULT_COMPILER``) gives the Pyomo model's
+    compiled rows entry for entry, also through Pyomo's own LinearStandardFormCompiler, on random parents
+    and at every failsafe layout (relaxed parent, relaxed inequalities): the same problem."""
+    from topdown.solvers.model import build_model, compile_with_pyomo
+    from topdown.solvers.solve import DEFAULT_COMPILER
+
+    rng = np.random.default_rng(seed)
+    truth = random_truth(rng, k, n_cells, people=int(rng.integers(1, 60)))
+    layout = build_layout(make_problem(truth, rng), relax_parent=relax[0], relax_inequalities=relax[1])
+    fast = DEFAULT_COMPILER(layout)
+    for ref in (compile_pyomo(layout), compile_with_pyomo(layout, *build_model(layout))):
+        assert fast.a.shape == ref.a.shape and (fast.a != ref.a).nnz == 0
+        for name in ("lo", "hi", "lb", "ub"):
+            np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name))
+        assert fast.rows == ref.rows
+
+
 def test_identity_query_uses_counts_and_l2_drops_rounder_only_columns():
     """A query that is the identity on cells gets the x columns; the L2 passes solve a form without the
     rounder-only queries' aux columns, and their solution extends to the full form."""

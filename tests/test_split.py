@@ -85,3 +85,24 @@ def test_split_solves_are_consistent(seed, k, group):
     prob = replace(make_problem(random_truth(rng, k, n_cells=12, people=15), rng, noise=4.0),
                    split_above=2, split_group=group)
     assert_valid(prob, solve_parent(prob).hist)
+
+
+def _solve_on_worker(problem):
+    from topdown.pipeline.execution.tasks import map_on_cluster
+    from topdown.solvers.backends import DEFAULT_BACKEND
+
+    spread = map_on_cluster(DEFAULT_BACKEND)
+    return spread is not None, solve_parent(problem, map_solve=spread).hist
+
+
+def test_split_groups_spread_over_the_workers_give_the_same_solution(dask_client):
+    """Inside a Dask task the second-stage groups of a split parent run as tasks of the cluster; the
+    estimate is byte for byte the one solved in one process."""
+    from topdown.pipeline.execution.tasks import map_on_cluster
+
+    rng = np.random.default_rng(11)
+    problem = replace(make_problem(random_truth(rng, 9, n_cells=15, people=25), rng), split_above=5, split_group=3)
+    assert map_on_cluster(None) is None  # not in a worker: the groups are solved in turn
+    spread, hist = dask_client.submit(_solve_on_worker, problem, pure=False).result()
+    assert spread
+    assert hist.tobytes() == solve_parent(problem).hist.tobytes()

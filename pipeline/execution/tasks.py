@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -78,6 +79,34 @@ def _check(task: ParentTask, hist: np.ndarray, failsafe: list[FailsafeStep]) -> 
         raise EstimationError(f"parent {task.parent!r}: children do not sum to the parent")
 
 
+#: Dask priority of a split parent's second-stage groups: ahead of every chunk still queued, so the
+#: parent that waits for them (the level's largest) finishes first.
+GROUP_PRIORITY = 1 << 40
+
+
+def map_on_cluster(backend) -> Callable | None:
+    """Inside a Dask task: a ``map_solve`` for ``solve_parent`` that runs a split parent's second-stage
+    groups as tasks of the same cluster (the waiting task secedes from its worker's thread), so a huge
+    parent is spread over the workers instead of running alone (issue 20). None outside a worker."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return None
+
+    def map_solve(problems: list) -> list:
+        from distributed import worker_client
+
+        from topdown.solvers import solve_parent
+
+        with worker_client() as client:
+            futures = client.map(solve_parent, problems, backend=backend, pure=False, priority=GROUP_PRIORITY)
+            return client.gather(futures)
+
+    return map_solve
+
+
 def run_chunk(chunk: Chunk) -> ChunkResult:
     """Measure the chunk's children (or read their published measurements) and estimate every parent."""
     from topdown.solvers import solve_parent
@@ -114,7 +143,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
             split_above=cfg.estimation.split_above, split_group=cfg.estimation.split_group,
         )
         t0 = time.perf_counter()
-        solution = solve_parent(problem, backend)
+        spread = map_on_cluster(backend) if backend is DEFAULT_BACKEND else None  # Gurobi: licence per process
+        solution = solve_parent(problem, backend, map_solve=spread)
         result.solve_seconds.append(time.perf_counter() - t0)
         hist = np.asarray(solution.hist, dtype=np.int64)
         _check(task, hist, solution.failsafe)

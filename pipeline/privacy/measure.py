@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from .accounting import Allocation, allocate
 from ..configuration.config import BudgetConfig
-from .mechanisms import discrete_gaussian, geometric
+from .mechanisms import discrete_gaussian_many, geometric_many
 from topdown.vocab.queries import build_query
 from .rng import make_source, noise_key
 from topdown.vocab.schema import Schema
@@ -30,12 +30,14 @@ class NodeMeasurements:
     variance: np.ndarray
 
 
-def _noise(alloc: Allocation, mode: str, seed: int | None, key: tuple[str, ...], size: int) -> np.ndarray:
-    """Noise of one (node, query): the allocation's sigma2 or epsilon and sensitivity (accounting.NEIGHBOURS)."""
-    source = make_source(mode, seed, *key)
+def _noise(alloc: Allocation, mode: str, seed: int | None, keys: list[tuple[str, ...]], size: int) -> np.ndarray:
+    """Noise rows for many (node, query) streams at once (row i from the stream keyed ``keys[i]``; the
+    same draws as one stream at a time), with the allocation's sigma2 or epsilon and sensitivity
+    (accounting.NEIGHBOURS)."""
+    sources = [make_source(mode, seed, *key) for key in keys]
     if alloc.sigma2 is not None:
-        return discrete_gaussian(source, alloc.sigma2, size)
-    return geometric(source, alloc.epsilon, alloc.sensitivity, size)
+        return discrete_gaussian_many(sources, alloc.sigma2, size)
+    return geometric_many(sources, alloc.epsilon, alloc.sensitivity, size)
 
 
 def measure(
@@ -57,17 +59,20 @@ def measure(
         true = np.asarray((hist @ q.matrix().T.tocsc()).todense(), dtype=np.int64).reshape(n, q.n_answers)
         values = np.full((n, q.n_answers), np.nan)
         variance = np.full(n, np.inf)
-        allocations: dict[Fraction, Allocation] = {}
-        for i, (geocode, node_plb) in enumerate(zip(geocodes, plb)):
-            if share == 0 or node_plb == 0:
-                continue
-            alloc = allocations.get(node_plb) or allocations.setdefault(node_plb, allocate(budget, level, query, plb=node_plb))
+        by_plb: dict[Fraction, list[int]] = {}  # nodes of each privacy-loss share, in node order
+        for i, node_plb in enumerate(plb):
+            if share != 0 and node_plb != 0:
+                by_plb.setdefault(node_plb, []).append(i)
+        for node_plb, nodes in by_plb.items():
+            alloc = allocate(budget, level, query, plb=node_plb)
+            idx = np.asarray(nodes, dtype=np.int64)
             if budget.infinite:
-                values[i] = true[i]
-                variance[i] = 0.0
+                values[idx] = true[idx]
+                variance[idx] = 0.0
             else:
-                values[i] = true[i] + _noise(alloc, mode, seed, noise_key(product, level, geocode, query), q.n_answers)
-                variance[i] = alloc.variance
+                keys = [noise_key(product, level, geocodes[i], query) for i in nodes]
+                values[idx] = true[idx] + _noise(alloc, mode, seed, keys, q.n_answers)
+                variance[idx] = alloc.variance
         out.append(NodeMeasurements(query, values, variance))
         measured = np.flatnonzero(np.isfinite(variance))
         if measured.size:

@@ -160,22 +160,26 @@ def _exact_geometric(v: _LazyUniform, lam: Fraction, start: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ fast path
-def _bernoulli_exp(source: RandomSource, words: np.ndarray, g: np.ndarray,
+def _bernoulli_exp(source: RandomSource | Callable[[int], RandomSource], words: np.ndarray, g: np.ndarray,
                    exact_gamma: Callable[[int], Fraction], margin: float) -> np.ndarray:
     """Independent Bernoulli(exp(-gamma_i)) from one fresh word each; ``g`` approximates gamma_i (NaN
-    forces the exact path), which reads further words from ``source``."""
+    forces the exact path), which reads further words from ``source`` (or from ``source(i)``)."""
+    source_of = source if callable(source) else (lambda i: source)
     top = words >> np.uint64(11)
     u = top.astype(np.float64) * _TWO53
     f = np.exp(-g)
     yes = u + (_TWO53 + margin) <= f
     decided = yes | (u >= f + margin)
     for i in np.flatnonzero(~decided):
-        yes[i] = _LazyUniform(source, int(top[i]), 53).below_exp(exact_gamma(int(i)))
+        yes[i] = _LazyUniform(source_of(int(i)), int(top[i]), 53).below_exp(exact_gamma(int(i)))
     return yes
 
 
-def _discrete_laplace(source: RandomSource, words: np.ndarray, lam: Fraction, margin: float) -> np.ndarray:
-    """I.i.d. draws with P(Y = y) ~ exp(-lam |y|), one per fresh word except rejected (-, 0) pairs."""
+def _discrete_laplace(source: RandomSource | Callable[[int], RandomSource], words: np.ndarray, lam: Fraction,
+                      margin: float) -> tuple[np.ndarray, np.ndarray]:
+    """Draws with P(Y = y) ~ exp(-lam |y|), one per fresh word (the values and which words are kept: a
+    rejected (-, 0) pair is not). ``source`` may map a word's index to the source it came from."""
+    source_of = source if callable(source) else (lambda i: source)
     top = words >> np.uint64(11)
     negative = (words & np.uint64(1)).astype(bool)          # bit 0 is disjoint from the 53 bits of V
     u = top.astype(np.float64) * _TWO53
@@ -187,55 +191,113 @@ def _discrete_laplace(source: RandomSource, words: np.ndarray, lam: Fraction, ma
     ok = (u + (_TWO53 + margin) <= f_hi) & (u >= f_lo + margin) & (x < _FAST_LIMIT)
     mags = x.astype(np.int64)
     for i in np.flatnonzero(~ok):
-        mags[i] = _exact_geometric(_LazyUniform(source, int(top[i]), 53), lam, int(mags[i]))
+        mags[i] = _exact_geometric(_LazyUniform(source_of(int(i)), int(top[i]), 53), lam, int(mags[i]))
     keep = ~(negative & (mags == 0))
-    return np.where(negative, -mags, mags)[keep]
+    return np.where(negative, -mags, mags), keep
+
+
+# ------------------------------------------------------------------- many streams, one vectorized round
+def _rank_in_row(rows: np.ndarray) -> np.ndarray:
+    """Position of each entry among the entries of its row (``rows`` sorted, non-decreasing)."""
+    if rows.size == 0:
+        return rows
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    return np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+
+
+def _fresh_words(sources: list[RandomSource], counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``counts[i]`` fresh words from every source i, end to end; their rows and each row's first position."""
+    words = np.concatenate([s.uint64(int(c)) for s, c in zip(sources, counts)])
+    rows = np.repeat(np.arange(len(sources)), counts)
+    return words, rows, np.cumsum(counts) - counts
+
+
+def _first(rows: np.ndarray, values: np.ndarray, mask: np.ndarray, needs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of the entries where ``mask`` holds, the first ``needs[row]`` of every row: (rows, values)."""
+    rows, values = rows[mask], values[mask]
+    take = _rank_in_row(rows) < needs[rows]
+    return rows[take], values[take]
+
+
+def _gaussian_round(sources: list[RandomSource], needs: np.ndarray, sigma2: Fraction, margin: float
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """One round of CKS Algorithm 3 for every source: ``count = need + need // 2 + 64`` Laplace words, then
+    as many acceptance words, all read before any exact-path word; up to ``needs[i]`` draws per source."""
+    n, d = sigma2.numerator, sigma2.denominator
+    t = math.isqrt(n // d) + 1                              # floor(sqrt(sigma2)) + 1
+    c_f, inv2s2 = float(sigma2 / t), float(1 / (2 * sigma2))
+    counts = needs + needs // 2 + 64
+    words, rows, starts = _fresh_words(sources, 2 * counts)
+    first_half = np.arange(words.size) - np.repeat(starts, 2 * counts) < np.repeat(counts, 2 * counts)
+    lap_rows = rows[first_half]
+    y, keep = _discrete_laplace(lambda i: sources[lap_rows[i]], words[first_half], Fraction(1, t), margin)
+    y, y_rows = y[keep], lap_rows[keep]
+    acc = words[starts[y_rows] + counts[y_rows] + _rank_in_row(y_rows)]
+    ay = np.abs(y)
+    g = (ay.astype(np.float64) - c_f) ** 2 * inv2s2
+    g[ay >= _FAST_LIMIT] = np.nan
+    accept = _bernoulli_exp(lambda i: sources[y_rows[i]], acc, g,
+                            lambda i: Fraction((int(ay[i]) * t * d - n) ** 2, 2 * t * t * d * n), margin)
+    return _first(y_rows, y, accept, needs)
+
+
+def _geometric_round(sources: list[RandomSource], needs: np.ndarray, lam: Fraction, margin: float
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """One round of two-sided geometric draws for every source: up to ``needs[i]`` draws per source."""
+    keep_rate = 0.5 + 0.5 * math.exp(-float(lam))          # 1 - P(B = 1, X = 0)
+    counts = (needs / keep_rate * 1.05).astype(np.int64) + 64
+    words, rows, _ = _fresh_words(sources, counts)
+    y, keep = _discrete_laplace(lambda i: sources[rows[i]], words, lam, margin)
+    return _first(rows, y, keep, needs)
+
+
+def _fill(sources: list[RandomSource], size: int, one_round: Callable) -> np.ndarray:
+    """``size`` draws per source (int64[len(sources), size]) by rounds of at most ``_BLOCK`` draws per source;
+    each source reads exactly the words it would read alone."""
+    out = np.empty((len(sources), size), dtype=np.int64)
+    filled = np.zeros(len(sources), dtype=np.int64)
+    active = np.flatnonzero(filled < size)
+    while active.size:
+        needs = np.minimum(size - filled[active], _BLOCK)
+        rows, values = one_round([sources[i] for i in active], needs)
+        dest = active[rows]
+        out[dest, filled[dest] + _rank_in_row(rows)] = values
+        filled[active] += np.bincount(rows, minlength=active.size)
+        active = active[filled[active] < size]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ public API
+def discrete_gaussian_many(sources: list[RandomSource], sigma2: Fraction, size: int, *,
+                           margin: float = FAST_MARGIN) -> np.ndarray:
+    """Row i: ``discrete_gaussian(sources[i], sigma2, size)``, the same draws from the same words, for all
+    sources in one vectorized pass (int64[len(sources), size])."""
+    sigma2 = _as_fraction(sigma2, "sigma2")
+    return _fill(list(sources), _check_size(size), lambda srcs, needs: _gaussian_round(srcs, needs, sigma2, margin))
+
+
 def discrete_gaussian(source: RandomSource, sigma2: Fraction, size: int, *, margin: float = FAST_MARGIN) -> np.ndarray:
     """``size`` i.i.d. exact discrete Gaussian draws N_Z(0, sigma2) (int64), CKS 2020 Algorithm 3."""
-    sigma2 = _as_fraction(sigma2, "sigma2")
-    size = _check_size(size)
-    n, d = sigma2.numerator, sigma2.denominator
-    t = math.isqrt(n // d) + 1                              # floor(sqrt(sigma2)) + 1
-    lam = Fraction(1, t)
-    c_f, inv2s2 = float(sigma2 / t), float(1 / (2 * sigma2))
-    out = np.empty(size, dtype=np.int64)
-    filled = 0
-    while filled < size:
-        need = min(size - filled, _BLOCK)
-        count = need + need // 2 + 64
-        lap_words, acc_words = source.uint64(count), source.uint64(count)   # all fresh words first
-        y = _discrete_laplace(source, lap_words, lam, margin)
-        ay = np.abs(y)
-        g = (ay.astype(np.float64) - c_f) ** 2 * inv2s2
-        g[ay >= _FAST_LIMIT] = np.nan
-        accept = _bernoulli_exp(source, acc_words[:y.size], g,
-                                lambda i: Fraction((int(ay[i]) * t * d - n) ** 2, 2 * t * t * d * n), margin)
-        good = y[accept][:need]
-        out[filled:filled + good.size] = good
-        filled += good.size
-    return out
+    return discrete_gaussian_many([source], sigma2, size, margin=margin)[0]
+
+
+def _check_sensitivity(sensitivity: int) -> int:
+    if isinstance(sensitivity, bool) or not isinstance(sensitivity, int) or sensitivity <= 0:
+        raise ValueError(f"sensitivity must be a positive integer, got {sensitivity!r}")
+    return sensitivity
+
+
+def geometric_many(sources: list[RandomSource], epsilon: Fraction, sensitivity: int, size: int, *,
+                   margin: float = FAST_MARGIN) -> np.ndarray:
+    """Row i: ``geometric(sources[i], epsilon, sensitivity, size)``, all sources in one vectorized pass."""
+    lam = _as_fraction(epsilon, "epsilon") / _check_sensitivity(sensitivity)
+    return _fill(list(sources), _check_size(size), lambda srcs, needs: _geometric_round(srcs, needs, lam, margin))
 
 
 def geometric(source: RandomSource, epsilon: Fraction, sensitivity: int, size: int, *,
               margin: float = FAST_MARGIN) -> np.ndarray:
     """``size`` i.i.d. two-sided geometric draws, P(Y = y) ~ exp(-epsilon |y| / sensitivity) (int64)."""
-    epsilon = _as_fraction(epsilon, "epsilon")
-    if isinstance(sensitivity, bool) or not isinstance(sensitivity, int) or sensitivity <= 0:
-        raise ValueError(f"sensitivity must be a positive integer, got {sensitivity!r}")
-    size = _check_size(size)
-    lam = epsilon / sensitivity
-    keep_rate = 0.5 + 0.5 * math.exp(-float(lam))          # 1 - P(B = 1, X = 0)
-    out = np.empty(size, dtype=np.int64)
-    filled = 0
-    while filled < size:
-        need = min(size - filled, _BLOCK)
-        y = _discrete_laplace(source, source.uint64(int(need / keep_rate * 1.05) + 64), lam, margin)[:need]
-        out[filled:filled + y.size] = y
-        filled += y.size
-    return out
+    return geometric_many([source], epsilon, sensitivity, size, margin=margin)[0]
 
 
 def discrete_gaussian_variance(sigma2: Fraction) -> float:

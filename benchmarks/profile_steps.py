@@ -1,0 +1,251 @@
+"""Where one parent's CPU goes, step by step (issue 20): layout, Pyomo build, compile, each L2 pass,
+each tau LP, each rounder pass, the row check and the Python between them.
+
+Two sub-commands:
+
+``capture CONFIG --out DIR``: runs CONFIG (persons) in this process on a one-thread Dask client and
+pickles the first task (Chunk) of the County -> Tract level and of the Block_Group -> Block level to
+DIR (``chunk-Tract.pkl``, ``chunk-Block.pkl``), then stops the run. The pickles hold the chunk's true
+child histograms (confidential input): keep DIR private; nothing of them is printed.
+
+``capture ... --every N`` also keeps every N-th Block-level chunk (in DIR/block/) and skips solving the
+Block level; ``blocks DIR`` then runs those chunks one after the other in this process and prints their
+CPU seconds per block (run it alternately with the untouched and the changed tree on the Python path: an
+A/B comparison under the same load).
+
+``profile DIR [--repeats 3]``: for the largest County parent of the Tract chunk and for the Block_Group
+parent of median size in the Block chunk, times every step of ``solve_parent`` (CPU seconds of this
+process, the median over the repeats) and prints one JSON object per parent; then the whole Block chunk
+(``run_chunk``: noise draws included) per step, with the CPU per block.
+
+Usage:
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py capture conf/ri2010.toml --out /tmp/prof
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py profile /tmp/prof
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py capture CONFIG --out /tmp/prof --every 1
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py blocks /tmp/prof
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import pickle
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+WANTED = ("Tract", "Block")
+
+
+def capture(config_path: str, out: Path, every: int = 0) -> None:
+    """Pickle the first chunk of the Tract and Block levels; with ``every`` > 0 also every ``every``-th
+    Block-level chunk to ``out/block/`` (the Block level is then not solved: the run stops after it)."""
+    from distributed import Client
+
+    from topdown.pipeline.execution import engine
+    from topdown.pipeline import load_config, run
+    from topdown.pipeline.execution.tasks import ChunkResult
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "block").mkdir(exist_ok=True)
+    original = engine.run_chunk
+    files = [out / f"chunk-{level}.pkl" for level in WANTED]
+
+    def grab(chunk):  # runs on the worker thread (a pickled copy: state goes through the files)
+        import scipy.sparse as sp
+
+        path = out / f"chunk-{chunk.level}.pkl"
+        if chunk.level in WANTED and chunk.index == 0 and not path.exists():
+            path.write_bytes(pickle.dumps(chunk))
+        if chunk.level == "Block" and every > 0:
+            if chunk.index % every == 0:
+                (out / "block" / f"{chunk.index:05d}.pkl").write_bytes(pickle.dumps(chunk))
+            return ChunkResult(chunk.index, chunk.children, sp.csr_matrix((len(chunk.children), 1), dtype="int64"))
+        if all(f.exists() for f in files) and every == 0:
+            raise RuntimeError("captured")
+        return original(chunk)
+
+    engine.run_chunk = grab
+    config = load_config(config_path).with_overrides(products=["persons"])
+    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client:
+        try:
+            run(config, out / "run", client=client)
+        except Exception:
+            if not all(f.exists() for f in files):
+                raise
+    print(json.dumps({"captured": [f.name for f in files if f.exists()],
+                      "block_chunks": len(list((out / "block").glob("*.pkl"))), "dir": str(out)}))
+
+
+def block_chunks(d: Path) -> None:
+    """CPU seconds of run_chunk (noise draws, solves, writing the measurements) over the captured Block
+    chunks, and per block."""
+    import tempfile
+
+    from topdown.pipeline.execution.tasks import run_chunk
+
+    paths = sorted((d / "block").glob("*.pkl"))
+    cpu, blocks = 0.0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in paths:
+            chunk = pickle.loads(path.read_bytes())
+            chunk.measurements_path = f"{tmp}/{path.stem}.parquet"
+            c0 = time.process_time()
+            run_chunk(chunk)
+            cpu += time.process_time() - c0
+            blocks += len(chunk.children)
+    print(json.dumps({"chunks": len(paths), "blocks": blocks, "cpu_s": round(cpu, 3),
+                      "cpu_ms_per_block": round(1000 * cpu / max(blocks, 1), 3)}), flush=True)
+
+
+class StepClock:
+    """CPU seconds by step label; functions are wrapped so that each call adds to its label."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.phase = ""
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def wrap(self, module, name: str, label: str | None = None, phase: str | None = None) -> None:
+        f = getattr(module, name)
+
+        @functools.wraps(f)
+        def timed(*a, **k):
+            outer = self.phase
+            if phase is not None:
+                self.phase = phase
+                self.counts[phase] = 0
+            c0 = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                if label is not None:
+                    self.cpu[label] += time.process_time() - c0
+                self.phase = outer
+        setattr(module, name, timed)
+
+    def wrap_solver(self, backend) -> None:
+        """Label each QP/LP call by the phase it is in (L2 pass k, rounder pass k)."""
+        for kind in ("qp", "lp"):
+            f = getattr(backend, kind)
+
+            def timed(*a, _f=f, _kind=kind, **k):
+                if self.phase == "tau":
+                    label = "tau LP"
+                else:
+                    label = f"{self.phase} pass {self.counts[self.phase]}"
+                    self.counts[self.phase] += 1
+                c0 = time.process_time()
+                try:
+                    return _f(*a, **k)
+                finally:
+                    self.cpu[label] += time.process_time() - c0
+            setattr(backend, kind, timed)
+
+
+def instrument() -> StepClock:
+    from topdown.pipeline.execution import tasks
+    from topdown.solvers import backends, l2, model, rounder, solve
+
+    clock = StepClock()
+    clock.wrap(solve, "build_layout", "layout")
+    clock.wrap(model, "build_model", "Pyomo build")
+    clock.wrap(model, "compile_model", "compile")
+    if getattr(solve, "DEFAULT_COMPILER", None) is not None:  # the direct build of the model's rows
+        clock.wrap(solve, "DEFAULT_COMPILER", "compile")
+    clock.wrap(solve, "check_rows", "checks")
+    clock.wrap(solve, "run_l2", phase="L2")
+    clock.wrap(l2, "tau_lp", phase="tau")
+    clock.wrap(solve, "run_rounder", phase="rounder")
+    clock.wrap_solver(backends.DEFAULT_BACKEND)
+    return clock
+
+
+def _problem(chunk, task):
+    """The ParentProblem run_chunk builds for ``task`` (same measurements and settings)."""
+    import numpy as np
+
+    from topdown.vocab.schema import SCHEMAS
+    from topdown.vocab.problem import Measurement, ParentProblem
+
+    measured = chunk.source.noisy(chunk)
+    rows, cfg = task.child_rows, chunk.cfg
+    return ParentProblem(
+        schema=SCHEMAS[chunk.product], parent=task.parent, children=task.children, parent_hist=task.parent_hist,
+        measurements=[Measurement(m.query, m.values[rows], np.where(m.variance[rows] == 0, 1.0, m.variance[rows]))
+                      for m in measured],
+        constraints=task.constraints, group_totals=task.group_totals,
+        l2_passes=cfg.estimation.l2_passes.get(chunk.level, []),
+        rounder_passes=cfg.estimation.rounder_passes.get(chunk.level, []),
+        tau_slack=cfg.estimation.tau_slack, split_above=cfg.estimation.split_above,
+        split_group=cfg.estimation.split_group)
+
+
+def profile_parent(clock: StepClock, problem, repeats: int) -> dict:
+    from topdown.solvers import solve_parent
+
+    runs = []
+    for _ in range(repeats):
+        clock.cpu.clear()
+        c0 = time.process_time()
+        sol = solve_parent(problem)
+        total = time.process_time() - c0
+        steps = dict(clock.cpu)
+        steps["Python overhead"] = total - sum(steps.values())
+        steps["total"] = total
+        runs.append(steps)
+    keys = runs[0].keys()
+    med = {k: round(statistics.median(r.get(k, 0.0) for r in runs), 4) for k in keys}
+    return {"parent_level": None, "children": problem.n_children,
+            "nonzero_parent_cells": int((problem.parent_hist > 0).sum()), "columns": sol.stats.n_cols,
+            "rows": sol.stats.n_rows, "failsafe": sol.stats.level, "cpu_s": med}
+
+
+def profile(d: Path, repeats: int) -> None:
+    from topdown.pipeline.execution import tasks
+
+    clock = instrument()
+    tract = pickle.loads((d / "chunk-Tract.pkl").read_bytes())
+    block = pickle.loads((d / "chunk-Block.pkl").read_bytes())
+    county = max(tract.parents, key=lambda t: len(t.children))
+    sizes = sorted(block.parents, key=lambda t: (len(t.children), t.parent))
+    bg = sizes[len(sizes) // 2]
+    for name, chunk, task in (("Block_Group -> Block", block, bg), ("County -> Tract", tract, county)):
+        row = profile_parent(clock, _problem(chunk, task), repeats)
+        row["parent_level"] = name
+        print(json.dumps(row), flush=True)
+    clock.wrap(type(block.source), "noisy", "noise draws")
+    clock.cpu.clear()
+    c0 = time.process_time()
+    res = tasks.run_chunk(block)
+    total = time.process_time() - c0
+    steps = {k: round(v, 3) for k, v in clock.cpu.items()}
+    print(json.dumps({"chunk": "Block level task 0", "parents": len(block.parents), "solved": res.solved,
+                      "blocks": len(block.children), "cpu_s": round(total, 3),
+                      "cpu_ms_per_block": round(1000 * total / len(block.children), 3), "steps": steps}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture")
+    c.add_argument("config")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--every", type=int, default=0, help="also keep every N-th Block-level chunk (0: none)")
+    b = sub.add_parser("blocks")
+    b.add_argument("dir", type=Path)
+    p = sub.add_parser("profile")
+    p.add_argument("dir", type=Path)
+    p.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if args.cmd == "capture":
+        capture(args.config, args.out, args.every)
+    elif args.cmd == "blocks":
+        block_chunks(args.dir)
+    else:
+        profile(args.dir, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
