@@ -1,0 +1,124 @@
+"""The partitioned data plane (pipeline/dataplane.py, issue 16): outputs are byte-identical to the pinned
+outputs of the in-memory pipeline before the change (tests/pinned_outputs.json: SHA-256 of every output file
+but the manifest, recorded on the untouched tree), for 1 or 2 workers and for one input file or many
+partitions; input errors in a partitioned input name the file, column, block and value, and nothing is written."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rel_inputs import no_partial_output
+from topdown.pipeline import dataplane, load_config, run
+from topdown.pipeline.synth import write_synthetic
+from topdown.pipeline.validate import InputError
+
+PINNED = json.loads((Path(__file__).parent / "pinned_outputs.json").read_text())
+STATES = ("09", "44")
+
+
+def output_hashes(run_dir: Path) -> dict[str, str]:
+    """SHA-256 of every output file but the manifest (its timings vary)."""
+    return {f.relative_to(run_dir).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(run_dir.rglob("*")) if f.is_file() and f.name != "manifest.json"}
+
+
+def multi_config():
+    """Production settings for persons and units, test mode with a fixed seed, standard spine."""
+    return load_config("pl94_production_2021").with_overrides(mode="test", seed=7, spine="standard", name="multi")
+
+
+@pytest.fixture(scope="module")
+def multi_tables(tmp_path_factory) -> dict[str, pa.Table]:
+    """Two synthetic states of 700 blocks (the pinned multi-state input), one table per kind."""
+    tmp = tmp_path_factory.mktemp("states")
+    for st in STATES:
+        write_synthetic(tmp / st, 700, seed=int(st), state=st)
+    return {kind: pa.concat_tables([pq.read_table(tmp / st / f"{kind}.parquet") for st in STATES])
+            for kind in ("persons", "units")}
+
+
+@pytest.fixture(scope="module")
+def multi_single(tmp_path_factory, multi_tables) -> Path:
+    path = tmp_path_factory.mktemp("multi-single")
+    for kind, table in multi_tables.items():
+        pq.write_table(table, path / f"{kind}.parquet")
+    return path
+
+
+def write_partitioned(path: Path, tables: dict[str, pa.Table], row_group_size: int = 4000) -> Path:
+    """The tables hive-partitioned by state, several small row groups per file."""
+    for kind, table in tables.items():
+        state = pa.compute.utf8_slice_codeunits(table.column("geoid"), 0, 2)
+        for st in STATES:
+            part = table.filter(pa.compute.equal(state, st))
+            (path / kind / f"state={st}").mkdir(parents=True, exist_ok=True)
+            pq.write_table(part, path / kind / f"state={st}" / "part-0.parquet", row_group_size=row_group_size)
+    return path
+
+
+def test_demo_outputs_equal_the_pinned_outputs(demo_run):
+    assert output_hashes(demo_run) == PINNED["demo"]
+
+
+def test_multi_state_single_file_two_workers(multi_single, dask_client, tmp_path):
+    out = run(multi_config(), tmp_path / "run", input_dir=multi_single, client=dask_client)
+    assert output_hashes(out) == PINNED["multi"]
+
+
+def test_multi_state_partitioned_one_worker_many_tasks_and_shards(multi_tables, tmp_path, monkeypatch):
+    """Hive partitions by state, 4,000-record row groups read 4,000 records a task, 300-block shards: the
+    same bytes on one worker."""
+    inp = write_partitioned(tmp_path / "input", multi_tables)
+    assert len(dataplane.find_input(inp).persons) == 2
+    monkeypatch.setattr(dataplane, "ROWS_PER_TASK", 4000)
+    monkeypatch.setattr(dataplane, "SHARD_BLOCKS", 300)
+    assert len(dataplane.read_tasks(dataplane.find_input(inp).persons)) > 4
+    out = run(multi_config(), tmp_path / "run", input_dir=inp, workers=1)
+    assert output_hashes(out) == PINNED["multi"]
+
+
+def _broken(tables: dict[str, pa.Table], kind: str, row: int, column: str, value) -> dict[str, pa.Table]:
+    table = tables[kind]
+    values = table.column(column).to_pylist()
+    values[row] = value
+    return {**tables, kind: table.set_column(table.column_names.index(column), column,
+                                             pa.array(values, type=table.schema.field(column).type))}
+
+
+def test_bad_code_in_a_partition_names_the_file_block_and_value(multi_tables, dask_client, tmp_path):
+    row = multi_tables["persons"].num_rows - 1  # a person of the second state
+    block = multi_tables["persons"].column("geoid")[row].as_py()
+    inp = write_partitioned(tmp_path / "input", _broken(multi_tables, "persons", row, "cenrace", 63))
+    with pytest.raises(InputError) as err:
+        run(multi_config(), tmp_path / "run", input_dir=inp, client=dask_client)
+    text = str(err.value)
+    assert "state=44" in text and "part-0.parquet" in text and "'cenrace'" in text and block in text
+    assert "(value 63)" in text
+    assert no_partial_output(tmp_path / "run") == []
+
+
+def test_person_without_a_unit_across_partitions_names_the_persons_file(multi_tables, dask_client, tmp_path):
+    """A block's persons and units in different files: the structural check runs on the shards."""
+    units = multi_tables["units"]
+    gq = pa.compute.greater(units.column("unit_type"), 0)
+    first_gq = pa.compute.index(gq, True).as_py()
+    block, utype = units.column("geoid")[first_gq].as_py(), units.column("unit_type")[first_gq].as_py()
+    keep = pa.compute.invert(pa.compute.and_(pa.compute.equal(units.column("geoid"), block),
+                                             pa.compute.equal(units.column("unit_type"), utype)))
+    inp = write_partitioned(tmp_path / "input", {**multi_tables, "units": units.filter(keep)})
+    with pytest.raises(InputError) as err:
+        run(multi_config(), tmp_path / "run", input_dir=inp, client=dask_client)
+    text = str(err.value)
+    assert f"state={block[:2]}" in text and "persons" in text and "'hhgq'" in text and block in text
+    assert f"GQ facility of type {utype}" in text and f"(value {utype})" in text
+    assert no_partial_output(tmp_path / "run") == []
+
+
+def test_missing_input_names_both_layouts(tmp_path):
+    with pytest.raises(FileNotFoundError, match="persons.parquet.*directories persons/ and units/"):
+        dataplane.find_input(tmp_path)
