@@ -36,6 +36,8 @@ log = logging.getLogger("topdown")
 #: above either is a task alone. Fixed numbers, so the chunks do not depend on the cluster.
 CHUNK_COST = 60_000
 CHUNK_CHILDREN = 256
+#: Chunks submitted ahead per worker (engine.estimate_level keeps no more in flight).
+WINDOW_PER_WORKER = 4
 
 ProgressFn = Callable[[str, str, int, int], None]
 
@@ -60,11 +62,34 @@ def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
     return [GroupTotal(np.flatnonzero(states == s), int(level.state_total[s])) for s in np.unique(states)]
 
 
+@dataclass
+class ChunkPlan:
+    """A level's chunks, built one at a time when submitted (a national level's chunks would not fit the
+    driver at once): ``order`` the child order (node rows), ``bounds`` each chunk's slice of it."""
+
+    order: np.ndarray
+    bounds: np.ndarray  # chunk i's children are order[bounds[i]:bounds[i + 1]]
+    costs: list[int]
+    build: Callable[[int], Chunk]
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+
 def make_chunks(
     product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
     staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
-    parent_nnz: np.ndarray | None = None,
 ) -> tuple[list[Chunk], np.ndarray]:
+    """Every chunk of :func:`chunk_plan`, built, and the child order they follow."""
+    plan = chunk_plan(product, config, level, parent_level, parent_hist, staging_dir, independent, source)
+    return [plan.build(i) for i in range(len(plan))], plan.order
+
+
+def chunk_plan(
+    product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
+    staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
+    parent_nnz: np.ndarray | None = None,
+) -> ChunkPlan:
     """Chunks of whole parents for ``level``, and the child order (node rows) the chunks follow.
     ``staging_dir`` None: the chunks keep their noisy measurements in memory (the audit's repeated runs).
 
@@ -102,33 +127,32 @@ def make_chunks(
         return ParentTask(label, hist, children, slice(s - lo, e - lo), level.constraints.take(crow),
                           _group_totals(level, crow))
 
-    chunks: list[Chunk] = []
+    specs: list[tuple[list[int], int]] = []  # per chunk: its parent groups and its cost
     pending: list[int] = []
     cost = 0
 
-    def flush() -> None:
-        nonlocal pending, cost
-        if not pending:
-            return
-        lo, hi = int(starts[pending[0]]), int(ends[pending[-1]])
+    def build(idx: int) -> Chunk:
+        groups, cost = specs[idx]
+        lo, hi = int(starts[groups[0]]), int(ends[groups[-1]])
         rows = order[lo:hi]
-        idx = len(chunks)
         children = [str(g) for g in level.nodes[rows]]
-        chunks.append(Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
-                            child_plb=[level.plb[r] for r in rows],
-                            parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in pending],
-                            measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
-                            cost=cost, source=source.for_children(children), **common))
-        pending, cost = [], 0
+        return Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
+                     child_plb=[level.plb[r] for r in rows],
+                     parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in groups],
+                     measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
+                     cost=cost, source=source.for_children(children), **common)
 
     for g, (s, e) in enumerate(zip(starts, ends)):
         c = int(e - s) * max(int(nnz[g]), 1)
         if pending and (cost + c > CHUNK_COST or e - starts[pending[0]] > CHUNK_CHILDREN):
-            flush()
+            specs.append((pending, cost))
+            pending, cost = [], 0
         pending.append(g)
         cost += c
-    flush()
-    return chunks, order
+    if pending:
+        specs.append((pending, cost))
+    bounds = np.array([0] + [int(ends[groups[-1]]) for groups, _ in specs], dtype=np.int64)
+    return ChunkPlan(order, bounds, [c for _, c in specs], build)
 
 
 @dataclass
@@ -156,48 +180,53 @@ def estimate_level(
     start = time.perf_counter()
     mdir = rundir.measurements(product, level.name)
     hdir = rundir.histograms(product, level.name)
-    chunks, order = make_chunks(product, config, level, parent_level, None, str(rundir.staging(mdir)),
-                                independent, source, parent_nnz=None if parent is None else parent.nnz)
+    plan = chunk_plan(product, config, level, parent_level, None, str(rundir.staging(mdir)), independent, source,
+                      parent_nnz=None if parent is None else parent.nnz)
     if source.draws:
         rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
     rundir.staging(hdir).mkdir(parents=True, exist_ok=True)
     records = rundir.chunk_records(product, level.name)
-    bounds = np.cumsum([0] + [len(c.children) for c in chunks])
+    order, bounds = plan.order, plan.bounds
     results: dict[int, ChunkResult] = {}
-    for chunk in chunks:  # chunks an interrupted run finished (chunking is deterministic)
-        if (res := _finished_chunk(rundir, hdir, records, chunk)) is not None:
-            results[chunk.index] = res
+    for i in range(len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
+        if (res := _finished_chunk(rundir, hdir, records, plan.build(i))) is not None:
+            results[i] = res
     if results:
         log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(results),
-                 len(chunks))
+                 len(plan))
         if progress:
-            progress(product, level.name, len(results), len(chunks))
-    futures = {}
+            progress(product, level.name, len(results), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
     digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
-    for i in np.argsort([c.cost for c in chunks], kind="stable")[::-1]:
-        if int(i) in results:
-            continue
+    todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in results]
+
+    def submit(i: int):
         rows = order[bounds[i]:bounds[i + 1]]
         parts = None if level.parts is None else [p.future for p in level.parts
                                                   if p.lo <= rows.max() and p.hi >= rows.min()]
         parent_files = None if parent is None else parent.files(level.parent[rows])
-        fut = client.submit(run_part_chunk, chunks[i], rows, parts, parent_files,
-                            str(rundir.staging(hdir) / f"part-{i:05d}.parquet"),
-                            key=f"{product}-{level.name}-{i}-{digest}", priority=chunks[i].cost, pure=False)
-        futures[fut] = int(i)
+        return client.submit(run_part_chunk, plan.build(i), rows, parts, parent_files,
+                             str(rundir.staging(hdir) / f"part-{i:05d}.parquet"),
+                             key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
+
+    # At most WINDOW_PER_WORKER chunks per worker are submitted and not finished: the driver (and the
+    # scheduler) holds a bounded number of chunks, whatever the level's size.
+    window = WINDOW_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
+    queue = as_completed([submit(i) for i in todo[:window]])
+    todo = todo[window:]
     done = len(results)
-    for fut in as_completed(list(futures)):
+    for fut in queue:
         res: ChunkResult = fut.result()
+        if todo:
+            queue.add(submit(todo.pop(0)))
         _record_chunk(records, res)
         results[res.index] = res
         done += 1
         if progress:
-            progress(product, level.name, done, len(chunks))
-    del futures
+            progress(product, level.name, done, len(plan))
     part_of = np.zeros(len(level), dtype=np.int32)
     nnz = np.zeros(len(level), dtype=np.int32)
-    for i in range(len(chunks)):
+    for i in range(len(plan)):
         rows = order[bounds[i]:bounds[i + 1]]
         part_of[rows] = i
         nnz[rows] = results[i].nnz
@@ -205,9 +234,10 @@ def estimate_level(
         rundir.commit(mdir)
     rundir.commit(hdir)
     report = LevelReport(
-        level=level.name, parents=sum(len(c.parents) for c in chunks), solved=sum(r.solved for r in results.values()),
-        copied=sum(r.copied for r in results.values()), tasks=len(chunks), seconds=time.perf_counter() - start,
-        failsafe=[f for i in range(len(chunks)) for f in results[i].failsafe],
+        level=level.name, parents=sum(r.solved + r.copied for r in results.values()),
+        solved=sum(r.solved for r in results.values()),
+        copied=sum(r.copied for r in results.values()), tasks=len(plan), seconds=time.perf_counter() - start,
+        failsafe=[f for i in range(len(plan)) for f in results[i].failsafe],
         max_parent_seconds=max((s for r in results.values() for s in r.solve_seconds), default=0.0),
     )
     return LevelOutput(hdir, part_of, nnz), report

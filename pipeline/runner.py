@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable, Iterator
 
 import numpy as np
@@ -298,15 +299,37 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     return rundir.root
 
 
-def _path_shares(spine, budget) -> dict[str, dict[str, Fraction]]:
-    """Per block, the budget share of its node at every level (Theorem 2's path condition input)."""
-    shares = {}
-    for level in spine.levels:
-        nodes = spine.table[level].unique()
-        node_share = {g: sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0)) for g in nodes}
-        shares[level] = spine.table[level].map(node_share).to_numpy()
-    blocks = spine.table[spine.levels[-1]].to_numpy()
-    return {b: {lv: shares[lv][i] for lv in spine.levels} for i, b in enumerate(blocks)}
+def _path_shares(spine, budget) -> "PathShares":
+    """Per block, the budget share of its node at every level (Theorem 2's path condition input), made
+    block by block as the certificate reads them (a dict per block of a national spine would not fit)."""
+    return PathShares(spine, budget)
+
+
+class PathShares(Mapping):
+    """Block geocode -> {level: share of the block's node at that level}, computed when read."""
+
+    def __init__(self, spine, budget) -> None:
+        self.levels = spine.levels
+        self.shares = []
+        for level in spine.levels:
+            codes, nodes = pd.factorize(spine.table[level])
+            share = [sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0)) for g in nodes]
+            self.shares.append((codes, share))
+        self.blocks = pd.Index(spine.table[spine.levels[-1]].to_numpy())
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.blocks)
+
+    def __getitem__(self, block: str) -> dict[str, Fraction]:
+        i = self.blocks.get_loc(block)
+        return {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
+
+    def items(self) -> Iterator[tuple[str, dict[str, Fraction]]]:
+        for i, block in enumerate(self.blocks):
+            yield block, {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
 
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from distributed import Security
 
 from rel_inputs import no_partial_output
 from topdown.pipeline import dataplane, load_config, run
@@ -122,3 +129,57 @@ def test_person_without_a_unit_across_partitions_names_the_persons_file(multi_ta
 def test_missing_input_names_both_layouts(tmp_path):
     with pytest.raises(FileNotFoundError, match="persons.parquet.*directories persons/ and units/"):
         dataplane.find_input(tmp_path)
+
+
+@pytest.fixture
+def tls_shell_cluster(tmp_path) -> Iterator[tuple[str, Security]]:
+    """`dask scheduler` and two `dask worker` processes started as from a shell, TLS with credentials of their
+    own (PEM files, as on an HPC or Kubernetes deployment); lifetime bounded, always ended."""
+    creds = Security.temporary()
+    files = {}
+    for name, pem in (("ca", creds.tls_ca_file), ("cert", creds.tls_client_cert), ("key", creds.tls_client_key)):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_text(pem)
+        files[name].chmod(0o600)
+    tls = ["--tls-ca-file", str(files["ca"]), "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"])]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tls://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+    dask = [sys.executable, "-m", "dask"]  # this interpreter: the `dask` on PATH may import another checkout
+    log = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen(["timeout", "300", *dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--protocol", "tls", "--no-dashboard", *tls], stdout=log, stderr=log, env=env,
+                              start_new_session=True)]
+    for i in range(2):
+        procs.append(subprocess.Popen(["timeout", "300", *dask, "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                       "--no-dashboard", "--local-directory", str(tmp_path / f"w{i}"), *tls],
+                                      stdout=log, stderr=log, env=env, start_new_session=True))
+    security = Security(tls_ca_file=str(files["ca"]), tls_client_cert=str(files["cert"]),
+                        tls_client_key=str(files["key"]), require_encryption=True)
+    try:
+        yield address, security
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        log.close()
+
+
+def test_external_tls_cluster_runs_the_partitioned_input_identically(multi_tables, tmp_path, tls_shell_cluster):
+    """Item 7 of issue 16: a cluster started from the shell, the input on storage its workers share."""
+    from distributed import Client
+
+    address, security = tls_shell_cluster
+    inp = write_partitioned(tmp_path / "input", multi_tables)
+    with Client(address, security=security, timeout=60) as client:
+        client.wait_for_workers(2, timeout=60)
+        out = run(multi_config(), tmp_path / "run", input_dir=inp, client=client)
+    assert output_hashes(out) == PINNED["multi"]
