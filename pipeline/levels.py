@@ -126,7 +126,16 @@ def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units
 
 
 def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> list[Fraction]:
-    return [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
+    """Each node's budget share; nodes with the same budget levels share one Fraction (a block level of a
+    national spine has millions of nodes and a handful of distinct shares)."""
+    shares: dict[tuple[str, ...], Fraction] = {}
+    out = []
+    for g in nodes:
+        key = tuple(spine.budget_levels(name, g))
+        if key not in shares:
+            shares[key] = sum((cfg.budget.levels[lv] for lv in key), Fraction(0))
+        out.append(shares[key])
+    return out
 
 
 def build_levels(

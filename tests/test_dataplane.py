@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Security
 
+from conftest import end_process_groups
 from rel_inputs import no_partial_output
 from topdown.pipeline import dataplane, load_config, run
 from topdown.pipeline.synth import write_synthetic
@@ -161,15 +161,7 @@ def tls_shell_cluster(tmp_path) -> Iterator[tuple[str, Security]]:
     try:
         yield address, security
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        end_process_groups(procs)
         log.close()
 
 
