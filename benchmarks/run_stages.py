@@ -1,6 +1,6 @@
 """Wall time and peak memory of every stage of one TopDown run on an embedded LocalCluster.
 
-Stages: ingest (read and validate), spine, <product>.tabulate, <product>.<level> (measure and
+Stages: ingest (read and validate, on the workers), spine, <product>.tabulate, <product>.<level> (measure and
 estimate one level on Dask, including writing it), <product>.mdf, and "other" (everything between:
 certificate, invariants, cluster start and stop). Wall times of the named stages come from the run
 manifest's "timings"; "other" is measured here.
@@ -140,6 +140,12 @@ def wrapped(module, name: str, stage: Callable[..., str], tracker: StageTracker)
         setattr(module, name, original)
 
 
+def _rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
 def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_wall: float) -> list[dict]:
     """Per stage: wall seconds, peak RSS of each worker process and of the driver (MB)."""
     order = list(dict.fromkeys([k for k in timings if k != "total"] + [s["stage"] for s in samples]))
@@ -210,6 +216,7 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     from topdown.pipeline.execution import runner
+    from topdown.pipeline.execution.dataplane import find_input
 
     shutil.rmtree(args.out, ignore_errors=True)
     os.environ.update(runner.SINGLE_THREAD_ENV)
@@ -218,13 +225,15 @@ def main() -> None:
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                       host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         cluster_s = time.perf_counter() - t0
+        driver_start = psutil.Process().memory_info().rss
         sampler = Sampler(client, tracker)
         sampler.start()
         try:
-            with wrapped(runner, "validate_input", lambda *a, **k: "ingest", tracker), \
+            with wrapped(runner, "read_input", lambda *a, **k: "ingest", tracker), \
                  wrapped(runner, "build_spine", lambda *a, **k: "spine", tracker), \
-                 wrapped(runner, "build_levels", lambda product, *a, **k: f"{product}.tabulate", tracker), \
-                 wrapped(runner, "_write_mdf", lambda rundir, product, *a, **k: f"{product}.mdf", tracker):
+                 wrapped(runner, "tabulate_levels", lambda client, config, product, *a, **k: f"{product}.tabulate",
+                         tracker), \
+                 wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product}.mdf", tracker):
                 t1 = time.perf_counter()
                 out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
                                  progress=tracker.progress)
@@ -247,6 +256,10 @@ def main() -> None:
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
         "driver_rss_peak_mb": round(max((s["driver_rss"] for s in sampler.samples), default=0) / MB),
         "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "driver_rss_at_start_mb": round(driver_start / MB),
+        "worker_hwm_mb": sorted({w["pid"]: round(w["hwm"] / MB) for s in sampler.samples
+                                 for w in s["workers"].values()}.values()),
+        "persons": sum(_rows(f) for f in find_input(args.input).persons),
         "nodes": nodes, "parents_solved": manifest.get("parents_solved"), "failsafe": len(manifest.get("failsafe", [])),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

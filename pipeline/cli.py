@@ -135,10 +135,16 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from .inputs.synth import write_synthetic
+    from .inputs.synth import write_partitioned, write_synthetic
 
-    write_synthetic(Path(args.out), blocks=args.blocks, seed=args.seed)
-    print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
+    if args.states is None and args.persons is None:
+        write_synthetic(Path(args.out), blocks=args.blocks, seed=args.seed)
+        print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
+        return EXIT_OK
+    persons, units = write_partitioned(Path(args.out), blocks=args.blocks, seed=args.seed, persons=args.persons,
+                                       states=args.states or 1)
+    print(f"synthetic input ({args.blocks} blocks in {args.states or 1} state(s), {persons} persons, {units} units, "
+          f"seed {args.seed}) written to {args.out}/persons/ and {args.out}/units/ (hive-partitioned by state)")
     return EXIT_OK
 
 
@@ -300,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("synth", help="write synthetic census-like input")
     p.add_argument("--blocks", type=int, required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--persons", type=int, help="about this many persons (the block sizes are scaled); writes the "
+                   "partitioned layout")
+    p.add_argument("--states", type=int, help="spread the blocks over this many states, written hive-partitioned by "
+                   "state (persons/state=SS/, units/state=SS/), streaming, a batch of blocks at a time")
     p.add_argument("out")
     p.set_defaults(fn=cmd_synth)
 

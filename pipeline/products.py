@@ -21,6 +21,7 @@ from .execution.invariants import (PERSON_CONSTRAINTS, PERSON_INVARIANTS, UNIT_C
                          ConstraintDef, LevelConstraints, person_constraints, unit_constraints)
 from .outputs.mdf import person_mdf, unit_mdf
 from .inputs.tabulate import block_histograms, units_histograms
+from .inputs.validate import PERSON_RECORDS, UNIT_RECORDS
 from .outputs.verify import verify_persons, verify_units
 
 #: ``(cfg, levels, level, nodes, child_rhs, child_parent) -> LevelConstraints`` (see invariants.person_constraints).
@@ -39,6 +40,7 @@ class Product:
     #: constraints, ``tot`` and whole-state rows in the invariants file, their verify checks.
     total_invariant: bool
     tabulate: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]  # (persons, units) records -> block histograms
+    records: str  # the input records it counts (validate.PERSON_RECORDS or UNIT_RECORDS): how workers tabulate it
     mdf: Callable[[np.ndarray, sp.csr_matrix, pd.DataFrame], pd.DataFrame]  # (geoids, block hist, block units)
     verify: Callable[..., None]  # (reader, level histograms, invariants, spine, report, totals_invariant)
     nmf_invariants: tuple[tuple[str, tuple[str, ...], str], ...]  # (name, invariants columns, query) in the NMF
@@ -48,6 +50,11 @@ class Product:
     @property
     def name(self) -> str:
         return self.schema.name
+
+    @property
+    def feasibility_queries(self) -> tuple[str, ...]:
+        """Per-node answers the feasibility checks (invariants.check_feasible) and the total invariant need."""
+        return tuple(sorted({"total"} | {d.query for d in self.constraints.values()}))
 
 
 def _unit_level_constraints(cfg, levels, level, nodes, child_rhs, child_parent) -> LevelConstraints:
@@ -66,6 +73,7 @@ PERSONS_PRODUCT = Product(
     level_constraints=person_constraints,
     total_invariant=True,
     tabulate=lambda persons, units: block_histograms(persons),
+    records=PERSON_RECORDS,
     mdf=lambda geoids, hist, units: person_mdf(geoids, hist),
     verify=verify_persons,
     nmf_invariants=(("gqhh_vect", tuple(UNIT_COLUMNS), ""), ("tot", ("tot",), "total")),
@@ -82,6 +90,7 @@ UNITS_PRODUCT = Product(
     level_constraints=_unit_level_constraints,
     total_invariant=False,
     tabulate=lambda persons, units: units_histograms(units),
+    records=UNIT_RECORDS,
     mdf=_unit_mdf,
     verify=verify_units,
     nmf_invariants=(("hu_tot", ("u0",), "total"),),

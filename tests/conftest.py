@@ -65,6 +65,23 @@ def planted_run(tmp_path_factory, planted, dask_client) -> Path:
     return _run_preset(tmp_path_factory, planted, dask_client, "planted")
 
 
+def end_process_groups(procs) -> None:
+    """End subprocesses started with ``start_new_session=True`` (their whole process groups): SIGTERM,
+    then SIGKILL after 10 s."""
+    import signal
+    import subprocess
+
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data"
 """The real census datasets the tests use, bundled gzipped (data/README.md gives their provenance)."""

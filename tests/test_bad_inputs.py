@@ -6,7 +6,8 @@ the row is a cumulative count of persons). Nothing is written or changed (the ru
 output, is byte for byte as before; no histograms, measurements, MDF, invariants, spine, certificate or
 manifest; the lock released), and neither the message nor the log discloses a planted confidential count.
 
-All cases run in process on the small planted input of ``rel_inputs`` and fail before a Dask cluster starts.
+All cases run in process on the small planted input of ``rel_inputs``; the input is read and checked on Dask
+workers (pipeline/execution/dataplane.py), those of the session's cluster (a run's own cluster would cost seconds a case).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import importlib.util
 import logging
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -402,9 +404,16 @@ def test_no_case_is_an_internal_error():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog):
+def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog, dask_client, monkeypatch):
     if case.without_module and importlib.util.find_spec(case.without_module):
         pytest.skip(f"{case.without_module} is installed here")
+    import topdown.pipeline.execution.runner as runner
+
+    @contextmanager
+    def shared(*args, **kwargs):
+        yield dask_client
+
+    monkeypatch.setattr(runner, "dask_client", shared)
     caplog.set_level(logging.DEBUG, logger="topdown")
     code, text, out, before = run_case(case, tmp_path, planted, capsys)
     assert code != EXIT_INTERNAL, text

@@ -25,6 +25,7 @@ from typing import Iterator
 import pandas as pd
 import pytest
 
+from conftest import end_process_groups
 from rel_inputs import differing_outputs, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
@@ -351,15 +352,7 @@ def real_cluster(tmp_path) -> Iterator[str]:
             client.wait_for_workers(2, timeout=60)
         yield addr
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        end_process_groups(procs)
         log.close()
 
 

@@ -39,7 +39,7 @@ def _no_confidential_reads(monkeypatch, tmp_path) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("reprocessing read the confidential input")
 
-    for name in ("validate_input", "build_levels", "_input_dir"):
+    for name in ("read_input", "tabulate_levels", "find_input", "_input_dir"):
         monkeypatch.setattr(runner, name, refuse)
     for name in ("block_histograms", "units_histograms"):  # every product's tabulation
         monkeypatch.setattr(products, name, refuse)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from topdown.pipeline.inputs.synth import write_synthetic
@@ -80,3 +81,28 @@ def test_geography_nesting(synth) -> None:
     per_county = geo.groupby(county).size()
     assert per_county.iloc[:-1].between(500, 4000).all()
     assert np.all(np.diff(geo.str[5:11].astype(int).groupby(county).first().to_numpy()) == 0)
+
+
+def test_partitioned_national_shape(tmp_path, monkeypatch) -> None:
+    """`topdown synth --states`: hive partitions by state, one row group per batch, deterministic in the seed,
+    about the requested persons, every partition a valid input."""
+    from topdown.pipeline.inputs import synth
+    from topdown.pipeline.execution.dataplane import find_input
+
+    monkeypatch.setattr(synth, "BATCH_BLOCKS", 700)
+    counts = synth.write_partitioned(tmp_path / "a", 4000, seed=3, persons=300_000, states=3)
+    assert synth.write_partitioned(tmp_path / "b", 4000, seed=3, persons=300_000, states=3) == counts
+    files = find_input(tmp_path / "a")
+    assert [f.parent.name for f in files.persons] == ["state=01", "state=02", "state=04"]
+    assert [f.parent.name for f in files.units] == ["state=01", "state=02", "state=04"]
+    for p, u in zip(files.persons, files.units):
+        assert p.read_bytes() == (tmp_path / "b" / p.relative_to(tmp_path / "a")).read_bytes()
+        persons, units = validate_input(p, u)
+        state = p.parent.name[-2:]
+        assert persons["geoid"].str.startswith(state).all() and units["geoid"].str.startswith(state).all()
+        assert persons["geoid"].is_monotonic_increasing
+    assert max(pq.ParquetFile(f).metadata.num_row_groups for f in files.persons) > 1  # streamed, a batch at a time
+    assert counts[0] == sum(pq.ParquetFile(f).metadata.num_rows for f in files.persons)
+    assert 0.85 < counts[0] / 300_000 < 1.15
+    blocks = sum(pd.read_parquet(f, columns=["geoid"])["geoid"].nunique() for f in files.units)
+    assert blocks > 0.6 * 4000

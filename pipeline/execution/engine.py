@@ -28,7 +28,8 @@ from .levels import Level
 from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
-from .tasks import Chunk, ChunkResult, ParentTask, run_chunk
+from .dataplane import hist_table, run_part_chunk
+from .tasks import Chunk, ChunkResult, ParentTask
 
 log = logging.getLogger("topdown")
 
@@ -36,6 +37,8 @@ log = logging.getLogger("topdown")
 #: above either is a task alone. Fixed numbers, so the chunks do not depend on the cluster.
 CHUNK_COST = 60_000
 CHUNK_CHILDREN = 256
+#: Chunks submitted ahead per worker (engine.estimate_level keeps no more in flight).
+WINDOW_PER_WORKER = 4
 
 ProgressFn = Callable[[str, str, int, int], None]
 
@@ -60,16 +63,42 @@ def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
     return [GroupTotal(np.flatnonzero(states == s), int(level.state_total[s])) for s in np.unique(states)]
 
 
+@dataclass
+class ChunkPlan:
+    """A level's chunks, built one at a time when submitted (a national level's chunks would not fit the
+    driver at once): ``order`` the child order (node rows), ``bounds`` each chunk's slice of it."""
+
+    order: np.ndarray
+    bounds: np.ndarray  # chunk i's children are order[bounds[i]:bounds[i + 1]]
+    costs: list[int]
+    build: Callable[[int], Chunk]
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+
 def make_chunks(
     product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
     staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
 ) -> tuple[list[Chunk], np.ndarray]:
+    """Every chunk of :func:`chunk_plan`, built, and the child order they follow."""
+    plan = chunk_plan(product, config, level, parent_level, parent_hist, staging_dir, independent, source)
+    return [plan.build(i) for i in range(len(plan))], plan.order
+
+
+def chunk_plan(
+    product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
+    staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
+    parent_nnz: np.ndarray | None = None,
+) -> ChunkPlan:
     """Chunks of whole parents for ``level``, and the child order (node rows) the chunks follow.
     ``staging_dir`` None: the chunks keep their noisy measurements in memory (the audit's repeated runs).
 
     At the root (``parent_level`` None) the level's nodes form one root problem; with ``independent``
     every node is its own root problem (the block-by-block algorithm, seed 003 Appendix A). Each chunk
     carries ``source``'s part for its children (its noisy answers are drawn, or read from a release).
+    Without ``parent_hist`` (the partitioned run: the task reads its parents, dataplane.run_part_chunk),
+    ``parent_nnz`` gives each parent's count of non-zero cells, and the parent tasks' histograms are None.
     """
     cfg = config.product(product)
     common = dict(product=product, level=level.name, cfg=cfg, mode=config.run.mode, seed=config.run.seed)
@@ -81,7 +110,9 @@ def make_chunks(
     else:
         order = np.lexsort((np.arange(n), level.parent))
         bounds = np.flatnonzero(np.diff(level.parent[order])) + 1
-        nnz = np.diff(parent_hist.indptr)[level.parent[order][np.concatenate([[0], bounds])]]
+        if parent_hist is not None:
+            parent_nnz = np.diff(parent_hist.indptr)
+        nnz = parent_nnz[level.parent[order][np.concatenate([[0], bounds])]]
     starts = np.concatenate([[0], bounds]).astype(np.int64)
     ends = np.concatenate([bounds, [n]]).astype(np.int64)
 
@@ -92,119 +123,135 @@ def make_chunks(
             label, hist = (children[0] if independent else ""), None
         else:
             prow = int(level.parent[order[s]])
-            label, hist = str(parent_level.nodes[prow]), np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel()
+            label = str(parent_level.nodes[prow])
+            hist = None if parent_hist is None else np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel()
         return ParentTask(label, hist, children, slice(s - lo, e - lo), level.constraints.take(crow),
                           _group_totals(level, crow))
 
-    chunks: list[Chunk] = []
+    specs: list[tuple[list[int], int]] = []  # per chunk: its parent groups and its cost
     pending: list[int] = []
     cost = 0
 
-    def flush() -> None:
-        nonlocal pending, cost
-        if not pending:
-            return
-        lo, hi = int(starts[pending[0]]), int(ends[pending[-1]])
+    def build(idx: int) -> Chunk:
+        groups, cost = specs[idx]
+        lo, hi = int(starts[groups[0]]), int(ends[groups[-1]])
         rows = order[lo:hi]
-        idx = len(chunks)
         children = [str(g) for g in level.nodes[rows]]
-        chunks.append(Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
-                            child_plb=[level.plb[r] for r in rows],
-                            parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in pending],
-                            measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
-                            cost=cost, source=source.for_children(children), **common))
-        pending, cost = [], 0
+        return Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
+                     child_plb=[level.plb[r] for r in rows],
+                     parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in groups],
+                     measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
+                     cost=cost, source=source.for_children(children), **common)
 
     for g, (s, e) in enumerate(zip(starts, ends)):
         c = int(e - s) * max(int(nnz[g]), 1)
         if pending and (cost + c > CHUNK_COST or e - starts[pending[0]] > CHUNK_CHILDREN):
-            flush()
+            specs.append((pending, cost))
+            pending, cost = [], 0
         pending.append(g)
         cost += c
-    flush()
-    return chunks, order
+    if pending:
+        specs.append((pending, cost))
+    bounds = np.array([0] + [int(ends[groups[-1]]) for groups, _ in specs], dtype=np.int64)
+    return ChunkPlan(order, bounds, [c for _, c in specs], build)
 
 
-def _hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
-    coo = hist.tocoo()
-    keep = coo.data != 0
-    return pd.DataFrame({"geocode": np.asarray(nodes)[coo.row[keep]], "cell": coo.col[keep].astype(np.int32),
-                         "count": coo.data[keep].astype(np.int64)}).sort_values(["geocode", "cell"], kind="stable")
+@dataclass
+class LevelOutput:
+    """Where an estimated level's histograms are: its committed directory of parts, and per node row the
+    part (chunk index) holding it and its count of non-zero cells. The histograms stay in the files."""
+
+    directory: Path
+    part_of: np.ndarray
+    nnz: np.ndarray
+
+    def files(self, rows: np.ndarray) -> list[str]:
+        """The part files holding node ``rows``."""
+        return [str(self.directory / f"part-{i:05d}.parquet") for i in np.unique(self.part_of[rows])]
 
 
 def estimate_level(
     client: Client, rundir: RunDir, product: str, config: Config, level: Level, parent_level: Level | None,
-    parent_hist: sp.csr_matrix | None, progress: ProgressFn | None = None, independent: bool = False,
+    parent: LevelOutput | None, progress: ProgressFn | None = None, independent: bool = False,
     source: MeasurementSource = DRAW,
-) -> tuple[sp.csr_matrix, LevelReport]:
-    """Measure (or read the published measurements of) and estimate one level; write its measurements
-    (when drawn) and histograms atomically."""
+) -> tuple[LevelOutput, LevelReport]:
+    """Measure (or read the published measurements of) and estimate one level; its measurements (when drawn)
+    and histograms are written by the tasks and committed atomically. The true histograms of the children
+    come from ``level.parts`` (on the workers), the parents' estimates from ``parent``'s files."""
     start = time.perf_counter()
     mdir = rundir.measurements(product, level.name)
     hdir = rundir.histograms(product, level.name)
-    chunks, order = make_chunks(product, config, level, parent_level, parent_hist, str(rundir.staging(mdir)),
-                                independent, source)
+    plan = chunk_plan(product, config, level, parent_level, None, str(rundir.staging(mdir)), independent, source,
+                      parent_nnz=None if parent is None else parent.nnz)
     if source.draws:
         rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
+    rundir.staging(hdir).mkdir(parents=True, exist_ok=True)
     records = rundir.chunk_records(product, level.name)
+    order, bounds = plan.order, plan.bounds
     results: dict[int, ChunkResult] = {}
-    for chunk in chunks:  # chunks an interrupted run finished (chunking is deterministic)
-        if (res := _finished_chunk(rundir, hdir, records, chunk)) is not None:
-            results[chunk.index] = res
+    for i in range(len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
+        if (res := _finished_chunk(rundir, hdir, records, plan.build(i))) is not None:
+            results[i] = res
     if results:
         log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(results),
-                 len(chunks))
+                 len(plan))
         if progress:
-            progress(product, level.name, len(results), len(chunks))
-    futures = {}
+            progress(product, level.name, len(results), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
     digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
-    for i in np.argsort([c.cost for c in chunks], kind="stable")[::-1]:
-        if int(i) in results:
-            continue
-        fut = client.submit(run_chunk, chunks[i], key=f"{product}-{level.name}-{i}-{digest}",
-                            priority=chunks[i].cost, pure=False)
-        futures[fut] = int(i)
+    todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in results]
+
+    def submit(i: int):
+        rows = order[bounds[i]:bounds[i + 1]]
+        parts = None if level.parts is None else [p.future for p in level.parts
+                                                  if p.lo <= rows.max() and p.hi >= rows.min()]
+        parent_files = None if parent is None else parent.files(level.parent[rows])
+        return client.submit(run_part_chunk, plan.build(i), rows, parts, parent_files,
+                             str(rundir.staging(hdir) / f"part-{i:05d}.parquet"),
+                             key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
+
+    # At most WINDOW_PER_WORKER chunks per worker are submitted and not finished: the driver (and the
+    # scheduler) holds a bounded number of chunks, whatever the level's size.
+    window = WINDOW_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
+    queue = as_completed([submit(i) for i in todo[:window]])
+    todo = todo[window:]
     done = len(results)
-    for fut in as_completed(list(futures)):
+    for fut in queue:
         res: ChunkResult = fut.result()
-        _record_chunk(rundir, hdir, records, res)
+        if todo:
+            queue.add(submit(todo.pop(0)))
+        _record_chunk(records, res)
         results[res.index] = res
         done += 1
         if progress:
-            progress(product, level.name, done, len(chunks))
-    del futures
-    pos = 0
-    parts = []
-    for i in range(len(chunks)):
-        res = results[i]
-        n = len(res.children)
-        rows = order[pos:pos + n]
-        pos += n
-        parts.append((rows, res.hist))
-    hist = sp.vstack([p[1] for p in parts]).tocsr()[np.argsort(np.concatenate([p[0] for p in parts]))]
+            progress(product, level.name, done, len(plan))
+    part_of = np.zeros(len(level), dtype=np.int32)
+    nnz = np.zeros(len(level), dtype=np.int32)
+    for i in range(len(plan)):
+        rows = order[bounds[i]:bounds[i + 1]]
+        part_of[rows] = i
+        nnz[rows] = results[i].nnz
     if source.draws:
         rundir.commit(mdir)
     rundir.commit(hdir)
     report = LevelReport(
-        level=level.name, parents=sum(len(c.parents) for c in chunks), solved=sum(r.solved for r in results.values()),
-        copied=sum(r.copied for r in results.values()), tasks=len(chunks), seconds=time.perf_counter() - start,
-        failsafe=[f for i in range(len(chunks)) for f in results[i].failsafe],
+        level=level.name, parents=sum(r.solved + r.copied for r in results.values()),
+        solved=sum(r.solved for r in results.values()),
+        copied=sum(r.copied for r in results.values()), tasks=len(plan), seconds=time.perf_counter() - start,
+        failsafe=[f for i in range(len(plan)) for f in results[i].failsafe],
         max_parent_seconds=max((s for r in results.values() for s in r.solve_seconds), default=0.0),
     )
-    return hist.astype(np.int64), report
+    return LevelOutput(hdir, part_of, nnz), report
 
 
-def _record_chunk(rundir: RunDir, hdir, records, res: ChunkResult) -> None:
-    """Stage a finished chunk's histograms, then its record (written last: the mark of a finished chunk),
-    which holds the SHA-256 of the chunk's two staged files."""
-    part = rundir.staging(hdir) / f"part-{res.index:05d}.parquet"
-    write_table(_hist_table(pd.Index(res.children), res.hist), part)
+def _record_chunk(records: Path, res: ChunkResult) -> None:
+    """Record a finished chunk whose histograms its task staged (the record is written last: the mark of a
+    finished chunk), with the SHA-256 of the chunk's two staged files."""
     records.mkdir(parents=True, exist_ok=True)
     write_json_atomic(records / f"part-{res.index:05d}.json",
                       {"failsafe": res.failsafe, "solved": res.solved, "copied": res.copied,
                        "solve_seconds": res.solve_seconds,
-                       "sha256": {"histograms": sha256_file(part), "measurements": res.measurements_sha256}})
+                       "sha256": {"histograms": res.hist_sha256, "measurements": res.measurements_sha256}})
 
 
 def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str | None]:
@@ -249,18 +296,21 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
         distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product} {chunk.level}",
                  f"Delete {record} to recompute that chunk (a new draw of unreleased noise), then --resume")
         return None
-    table = pq.read_table(part).to_pandas()
-    rows = pd.Index(chunk.children).get_indexer(table["geocode"].astype(str))
-    hist = sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
-                         shape=(len(chunk.children), SCHEMAS[chunk.product].ncells), dtype=np.int64)
-    return ChunkResult(chunk.index, chunk.children, hist, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
-                       meta["solve_seconds"], meta["sha256"]["measurements"])
+    return ChunkResult(chunk.index, chunk.children, None, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
+                       meta["solve_seconds"], meta["sha256"]["measurements"], _part_nnz(part, chunk.children),
+                       meta["sha256"]["histograms"])
+
+
+def _part_nnz(path: Path, nodes: list[str]) -> np.ndarray:
+    """Non-zero cells of each node of a histogram part (one row per non-zero cell; only the geocodes are read)."""
+    geocodes = pq.read_table(path, columns=["geocode"]).column("geocode").to_pandas().astype(str)
+    return np.bincount(pd.Index(nodes).get_indexer(geocodes), minlength=len(nodes)).astype(np.int32)
 
 
 def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
     """Write an aggregated (not estimated) level's histograms atomically, in one part."""
     hdir = rundir.histograms(product, level.name)
-    write_table(_hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
+    write_table(hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
     rundir.commit(hdir)
 
 
@@ -282,8 +332,21 @@ def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, 
 
 
 def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:
-    """Estimated histograms of a level already written (for --resume)."""
+    """Estimated histograms of a level already written, in the driver (the block-by-block roll-up)."""
     table = pq.read_table(rundir.histograms(product, level.name)).to_pandas()
     rows = level.nodes.get_indexer(table["geocode"].astype(str))
     return sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
                          shape=(len(level), SCHEMAS[product].ncells), dtype=np.int64)
+
+
+def read_level_output(rundir: RunDir, product: str, level: Level) -> LevelOutput:
+    """Where a level already written (--resume) holds each node, from its parts' geocodes."""
+    hdir = rundir.histograms(product, level.name)
+    part_of = np.zeros(len(level), dtype=np.int32)
+    nnz = np.zeros(len(level), dtype=np.int32)
+    for f in sorted(hdir.glob("part-*.parquet")):
+        geocodes = pq.read_table(f, columns=["geocode"]).column("geocode").to_pandas().astype(str)
+        rows, counts = np.unique(level.nodes.get_indexer(geocodes), return_counts=True)
+        part_of[rows] = int(f.stem.split("-")[1])
+        nnz[rows] = counts
+    return LevelOutput(hdir, part_of, nnz)

@@ -22,6 +22,16 @@ from topdown.vocab.schema import Schema
 
 
 @dataclass
+class LevelPart:
+    """A shard's partial true histograms of one level, on a worker: a Dask future of (node rows, matrix),
+    and the lowest and highest node row it holds."""
+
+    future: object
+    lo: int
+    hi: int
+
+
+@dataclass
 class Level:
     """One level of the spine for one product."""
 
@@ -34,6 +44,7 @@ class Level:
     plb: list[Fraction]  # each node's geolevel budget share (0: not measured, copied from its parent)
     state: np.ndarray  # the (real) state of each node, for the state-total group invariant
     state_total: pd.Series | None = None  # State level with the 'tot' invariant: each real state's total
+    parts: list[LevelPart] | None = None  # true histograms kept on the workers (dataplane.py); None: in ``hist``
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -108,37 +119,65 @@ def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units
 
 
 def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> list[Fraction]:
-    return [sum((cfg.budget.levels[lv] for lv in spine.budget_levels(name, g)), Fraction(0)) for g in nodes]
+    """Each node's budget share; nodes with the same budget levels share one Fraction (a block level of a
+    national spine has millions of nodes and a handful of distinct shares)."""
+    shares: dict[tuple[str, ...], Fraction] = {}
+    out = []
+    for g in nodes:
+        key = tuple(spine.budget_levels(name, g))
+        if key not in shares:
+            shares[key] = sum((cfg.budget.levels[lv] for lv in key), Fraction(0))
+        out.append(shares[key])
+    return out
 
 
 def build_levels(
     product: str, schema: Schema, cfg: ProductConfig, spine: Spine, block_hist: pd.DataFrame, block_units: pd.DataFrame,
 ) -> list[Level]:
-    """True histograms, invariants and constraint right-hand sides at every level, top-down.
+    """True histograms, invariants and constraint right-hand sides at every level, top-down, in memory (the
+    audit's repeated runs; a run keeps the histograms on its workers, dataplane.py).
 
     ``block_units`` is indexed by block geoid with columns u0..u7 and occupied.
     """
     tab_geoid, geo, parents = _geography(spine)
     bhist = block_matrix(block_hist, pd.Index(tab_geoid), schema.ncells)
-    bunits = block_units.reindex(tab_geoid).fillna(0).astype(np.int64)
     hists = [(g.agg @ bhist).tocsr() for g in geo]
+    answers = [node_answers(product, schema, h) for h in hists]
+    levels = levels_from_answers(product, cfg, spine, block_units, answers)
+    for level, hist in zip(levels, hists):
+        level.hist = hist
+    return levels
+
+
+def node_answers(product: str, schema: Schema, hist: sp.csr_matrix) -> dict[str, np.ndarray]:
+    """Per node (rows of ``hist``) the answers of the queries the feasibility checks and total invariants need."""
+    return {q: np.asarray((build_query(schema, q).matrix() @ hist.T).T.todense())
+            for q in PRODUCTS[product].feasibility_queries}
+
+
+def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, block_units: pd.DataFrame,
+                        answers: list[dict[str, np.ndarray]]) -> list[Level]:
+    """Every level's nodes, invariants and constraint right-hand sides, top-down, from the public block unit
+    counts and, per level, the true answers of :func:`node_answers` (checked against the constraints;
+    ``hist`` is left None)."""
+    tab_geoid, geo, parents = _geography(spine)
+    bunits = block_units.reindex(tab_geoid).fillna(0).astype(np.int64)
     units = [pd.DataFrame(g.agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=g.nodes,
                           columns=UNIT_COLUMNS + ["occupied"]) for g in geo]
+    totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
     for i, g in enumerate(geo):
         if (PRODUCTS[product].total_invariant and state_level is not None and i <= state_level
                 and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
-            node_totals = np.asarray(hists[i].sum(axis=1), dtype=float).ravel()
-            units[i] = units[i].assign(tot=_invariant_totals(node_totals, g.state if i == state_level else None))
+            units[i] = units[i].assign(tot=_invariant_totals(totals[i].astype(float), g.state if i == state_level else None))
     cons = level_constraints(product, cfg, spine.levels, units, parents)
-    for g, hist, c in reversed(list(zip(geo, hists, cons))):  # the lowest infeasible level is reported
-        answers = {q: build_query(schema, q).matrix() @ hist.T for q in {con.query for con in c.rhs.values()}}
-        check_feasible(g.name, c, {q: np.asarray(a.T.todense()) for q, a in answers.items()})
+    for g, ans, c in reversed(list(zip(geo, answers, cons))):  # the lowest infeasible level is reported
+        check_feasible(g.name, c, {q: ans[q] for q in {con.query for con in c.rhs.values()}})
     state_total = None
     if state_level is not None and "tot" in units[state_level].columns:
         g = geo[state_level]
-        state_total = pd.Series(np.asarray(hists[state_level].sum(axis=1)).ravel(), index=g.nodes).groupby(g.state).sum()
-    return [Level(g.name, g.nodes, parents[i], hists[i], units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state,
+        state_total = pd.Series(totals[state_level], index=g.nodes).groupby(g.state).sum()
+    return [Level(g.name, g.nodes, parents[i], None, units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state,
                   state_total if i == state_level else None)
             for i, g in enumerate(geo)]
 

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable, Iterator
 
 import numpy as np
@@ -26,18 +27,18 @@ from ..privacy.certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, load_config
+from .dataplane import block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_mdf
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
-                     read_level_histograms, write_level_histograms)
+                     read_level_histograms, read_level_output, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
-from .levels import Level, build_levels
+from .levels import Level
 from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
-from ..products import PRODUCTS
 from ..privacy.release import prior_draws
+from ..products import PRODUCTS
 from .rundir import SCHEMA_VERSION, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
-from ..inputs.tabulate import block_units
-from ..inputs.validate import validate_input
+from ..inputs.validate import UNIT_RECORDS
 
 log = logging.getLogger("topdown")
 
@@ -88,10 +89,7 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
 
         log.info("building the demo input in %s", path)
         write_demo_input(path)
-    for name in ("persons.parquet", "units.parquet"):
-        if not (path / name).exists():
-            raise FileNotFoundError(f"{path / name}: input file not found (the input directory needs persons.parquet "
-                                    "and units.parquet; see `topdown demo-data`, `topdown synth`, `topdown ingest`)")
+    find_input(path)  # FileNotFoundError naming what is missing
     return path
 
 
@@ -198,15 +196,15 @@ def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None
 
 
 def input_hashes(config: Config, inp: Path) -> dict[str, str]:
-    """SHA-256 of every input file a run reads: the person and unit files, and the block assignment
-    files when the spine is built from them."""
-    files = {name: inp / name for name in ("persons.parquet", "units.parquet")}
+    """SHA-256 of every input file a run reads: the person and unit files (by path below the input
+    directory), and the block assignment files when the spine is built from them."""
+    hashes = find_input(inp).hashes()
     if config.run.spine != "standard" and config.run.baf:
         baf = Path(config.run.baf)
         for f in sorted(baf.iterdir()) if baf.is_dir() else [baf]:
             if f.is_file():
-                files[f"baf/{f.name}"] = f
-    return {name: sha256_file(path) for name, path in files.items()}
+                hashes[f"baf/{f.name}"] = sha256_file(f)
+    return hashes
 
 
 def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashes: dict[str, str], client, scheduler,
@@ -215,38 +213,39 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     fresh = not manifest  # {} unless --resume continues a run
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.setdefault("timings", {})
-    persons, units = validate_input(inp / "persons.parquet", inp / "units.parquet")
-    timings["ingest"] = time.perf_counter() - t0
+    files = find_input(inp)
+    # The cluster comes up (or an unreachable scheduler is reported) before anything is written; the workers
+    # read, check and tabulate the input (dataplane.py), and every check runs before the first write.
+    with dask_client(client, scheduler, workers, security) as dclient:
+        data = read_input(dclient, files)
+        timings["ingest"] = time.perf_counter() - t0
 
-    t = time.perf_counter()
-    geoids = pd.Series(np.union1d(units["geoid"].unique(), persons["geoid"].unique()), name="geoid")
-    if baf is not None:
-        check_baf_states(baf, str(config.run.baf), geoids, inp / "units.parquet")
-    spine = build_spine(config.run.spine, geoids, baf_dir=baf, units=units)
-    for product in config.run.products:
-        _level_names(config, product, spine.levels)
-    timings["spine"] = time.perf_counter() - t
-
-    # Every check (configuration against the spine, path condition, feasible invariants) runs before
-    # the first write, so a bad configuration or input leaves the run directory as it was.
-    cert = with_draws(certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}),
-                      prior or [])
-    bunits = block_units(units).set_index("geoid")
-    all_levels: dict[str, list[Level]] = {}
-    for product in config.run.products:
         t = time.perf_counter()
-        hist_long = PRODUCTS[product].tabulate(persons, units)
-        all_levels[product] = build_levels(product, SCHEMAS[product], config.product(product), spine, hist_long, bunits)
-        timings[f"{product}.tabulate"] = time.perf_counter() - t
-
-    def publish(rd: RunDir) -> None:
-        write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
+        geoids = block_geoids(data)
+        if baf is not None:
+            check_baf_states(baf, str(config.run.baf), geoids, files.where(UNIT_RECORDS))
+        spine = build_spine(config.run.spine, geoids, baf_dir=baf, units=gq_presence(data.units))
+        del geoids
         for product in config.run.products:
-            _write_invariants(rd, product, all_levels[product])
+            _level_names(config, product, spine.levels)
+        timings["spine"] = time.perf_counter() - t
 
-    plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
-    return execute(config, rundir, manifest, plan, client, scheduler, workers, progress, t0, security,
-                   fresh=fresh)
+        cert = with_draws(certificate(config, {p: _path_shares(spine, config.product(p).budget)
+                                               for p in config.run.products}), prior or [])
+        all_levels: dict[str, list[Level]] = {}
+        for product in config.run.products:
+            t = time.perf_counter()
+            all_levels[product] = tabulate_levels(dclient, config, product, spine, data, files)
+            timings[f"{product}.tabulate"] = time.perf_counter() - t
+        del data  # the shards hold the true histograms now
+
+        def publish(rd: RunDir) -> None:
+            write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
+            for product in config.run.products:
+                _write_invariants(rd, product, all_levels[product])
+
+        plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
+        return execute(config, rundir, manifest, plan, dclient, None, None, progress, t0, security, fresh=fresh)
 
 
 @dataclass
@@ -289,10 +288,10 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
 
         for product in config.run.products:
             levels = plan.levels[product]
-            block_hist = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
-                                           lambda level: plan.source(rundir, product, level))
+            blocks = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
+                                       lambda level: plan.source(rundir, product, level))
             t = time.perf_counter()
-            _write_mdf(rundir, product, plan.spine, levels[-1], block_hist)
+            write_mdf(dclient, rundir, product, plan.spine, levels[-1], blocks)
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
     shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
@@ -302,15 +301,37 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     return rundir.root
 
 
-def _path_shares(spine, budget) -> dict[str, dict[str, Fraction]]:
-    """Per block, the budget share of its node at every level (Theorem 2's path condition input)."""
-    shares = {}
-    for level in spine.levels:
-        nodes = spine.table[level].unique()
-        node_share = {g: sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0)) for g in nodes}
-        shares[level] = spine.table[level].map(node_share).to_numpy()
-    blocks = spine.table[spine.levels[-1]].to_numpy()
-    return {b: {lv: shares[lv][i] for lv in spine.levels} for i, b in enumerate(blocks)}
+def _path_shares(spine, budget) -> "PathShares":
+    """Per block, the budget share of its node at every level (Theorem 2's path condition input), made
+    block by block as the certificate reads them (a dict per block of a national spine would not fit)."""
+    return PathShares(spine, budget)
+
+
+class PathShares(Mapping):
+    """Block geocode -> {level: share of the block's node at that level}, computed when read."""
+
+    def __init__(self, spine, budget) -> None:
+        self.levels = spine.levels
+        self.shares = []
+        for level in spine.levels:
+            codes, nodes = pd.factorize(spine.table[level])
+            share = [sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0)) for g in nodes]
+            self.shares.append((codes, share))
+        self.blocks = pd.Index(spine.table[spine.levels[-1]].to_numpy())
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.blocks)
+
+    def __getitem__(self, block: str) -> dict[str, Fraction]:
+        i = self.blocks.get_loc(block)
+        return {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
+
+    def items(self) -> Iterator[tuple[str, dict[str, Fraction]]]:
+        for i, block in enumerate(self.blocks):
+            yield block, {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
 
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
@@ -328,7 +349,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
         if level.name in done:
             problem = changed_level(rundir, product, level.name, digests.get(level.name))
             if problem is None:
-                hist = read_level_histograms(rundir, product, level)
+                hist = read_level_output(rundir, product, level)
                 log.info("%s %s: complete in an earlier run, read back", product, level.name)
                 continue
             distrust(problem, config.run.mode, f"{product} {level.name}",
@@ -344,8 +365,8 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
         manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)
         manifest["timings"][f"{product}.{level.name}"] = round(report.seconds, 3)
         rundir.write_manifest(manifest)
-    if by_block:
-        up = hist
+    if by_block:  # the roll-up of the block-by-block algorithm runs in the driver
+        up = read_level_histograms(rundir, product, level)
         for child, level in zip(levels[:0:-1], levels[-2::-1]):
             up = sp.csr_matrix((np.ones(len(child)), (child.parent, np.arange(len(child)))),
                                shape=(len(level), len(child))) @ up
@@ -389,18 +410,3 @@ def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None
     path = rundir.invariants(product)
     write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
     rundir.commit(path)
-
-
-def _write_mdf(rundir: RunDir, product: str, spine, blocks: Level, block_hist) -> None:
-    geoid_of = spine.table.set_index(spine.levels[-1])["geoid"]
-    geoids = geoid_of.reindex(blocks.nodes).to_numpy()
-    final = rundir.mdf(product)
-    staged = rundir.staging(final)
-    order = np.argsort(geoids, kind="stable")
-    names, starts = np.unique(pd.Series(geoids[order]).str[:5].to_numpy(), return_index=True)
-    mdf = PRODUCTS[product].mdf
-    for county, rows in zip(names, np.split(order, starts[1:])):  # geoid order: a county's blocks are adjacent
-        frame = mdf(geoids[rows], block_hist[rows], blocks.units.iloc[rows])
-        write_table(frame, staged / f"county={county}" / "part-00000.parquet")
-    staged.mkdir(parents=True, exist_ok=True)
-    rundir.commit(final)

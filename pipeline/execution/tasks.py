@@ -61,13 +61,15 @@ class Chunk:
 class ChunkResult:
     index: int
     children: list[str]
-    hist: sp.csr_matrix  # estimated child histograms, int64
+    hist: sp.csr_matrix | None  # estimated child histograms, int64 (None once written by dataplane.run_part_chunk)
     failsafe: list[dict] = field(default_factory=list)
     solved: int = 0
     copied: int = 0
     seconds: float = 0.0
     solve_seconds: list[float] = field(default_factory=list)
     measurements_sha256: str = ""  # of the Parquet file the task wrote (checked on --resume)
+    nnz: np.ndarray | None = None  # non-zero cells of each child's estimate (once its histograms are written)
+    hist_sha256: str = ""  # of the histogram part written on the worker
 
 
 def _check(task: ParentTask, hist: np.ndarray, failsafe: list[FailsafeStep]) -> None:

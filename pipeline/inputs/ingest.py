@@ -125,6 +125,19 @@ def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_ce
     out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. Returns (persons, units) written."""
     out = Path(out)
     writable_dir(out, "the output directory")
+    persons, units = cef_tables(geoids, person_block, person_cell, person_count, unit_block, unit_type, unit_occupied,
+                                unit_count)
+    for name, table in (("persons.parquet", persons), ("units.parquet", units)):  # each file appears whole
+        tmp = out / f".{name}.tmp"
+        pq.write_table(table, tmp)
+        os.replace(tmp, out / name)
+    return persons.num_rows, units.num_rows
+
+
+def cef_tables(geoids: np.ndarray, person_block: np.ndarray, person_cell: np.ndarray, person_count: np.ndarray,
+               unit_block: np.ndarray, unit_type: np.ndarray, unit_occupied: np.ndarray,
+               unit_count: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    """The person and unit tables of :func:`write_cef`, in memory."""
     geo = pa.array(np.asarray(geoids, dtype=object), type=pa.string())
     geo_rank = np.argsort(np.argsort(np.asarray(geoids, dtype=object), kind="stable"), kind="stable")
 
@@ -143,11 +156,7 @@ def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_ce
     rows = np.repeat(order, un[order])
     units = pa.table({"geoid": geo.take(pa.array(ub[rows])), "unit_type": pa.array(ut[rows].astype(np.int8)),
                       "occupied": pa.array(uo[rows])})
-    for name, table in (("persons.parquet", persons), ("units.parquet", units)):  # each file appears whole
-        tmp = out / f".{name}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, out / name)
-    return persons.num_rows, units.num_rows
+    return persons, units
 
 
 # --------------------------------------------------------------------------------------------- P.L. 94-171

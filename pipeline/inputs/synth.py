@@ -18,15 +18,21 @@ Shape, chosen to look like Rhode Island 2010 (data README, section 2) and nation
   nursing (3), adult correctional (1), military (6), other noninstitutional (7), the rest drawn from
   ``GQ_TYPE_SHARES``; lognormal residents around a per-type median; nursing residents are all 18+.
 
-The output passes :func:`topdown.pipeline.inputs.validate.validate_input`.
+The output passes :func:`topdown.pipeline.inputs.validate.validate_input`. :func:`write_partitioned` writes
+national-shaped input (many states, hive-partitioned by state) batch by batch, never holding it whole.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
-from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, write_cef
+from topdown.geo.states import STATE_FIPS
+
+from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
+from ..execution.rundir import writable_dir
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
 
 #: Groups: Hispanic, then not-Hispanic White, Black, AIAN, Asian, NHPI, SOR, two or more races.
@@ -56,11 +62,13 @@ def _multi_race_weights() -> tuple[np.ndarray, np.ndarray]:
     return races, weights[races] / weights[races].sum()
 
 
-def _geography(rng: np.random.Generator, blocks: int, state: str) -> tuple[np.ndarray, np.ndarray]:
-    """15-digit GEOIDs (sorted) and each block's tract number."""
+def _geography(rng: np.random.Generator, blocks: int, state: str, first_county: int = 0
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """15-digit GEOIDs (sorted), each block's tract number, and the next free county number (counties are
+    numbered from ``first_county``; county k has FIPS code 2k + 1)."""
     geoids: list[str] = []
     tract_of: list[np.ndarray] = []
-    county, tract_id, left = 0, 0, blocks
+    county, tract_id, left = first_county, 0, blocks
     while left > 0:
         in_county = min(left, int(rng.integers(1000, 4001)))
         left -= in_county
@@ -78,7 +86,9 @@ def _geography(rng: np.random.Generator, blocks: int, state: str) -> tuple[np.nd
             tract += 1
             tract_id += 1
         county += 1
-    return np.array(geoids, dtype=object), np.concatenate(tract_of)
+    if 2 * county - 1 > 999:
+        raise ValueError(f"synthetic state {state}: more than 500 counties; give it fewer blocks")
+    return np.array(geoids, dtype=object), np.concatenate(tract_of), county
 
 
 def _races(rng: np.random.Generator, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -99,13 +109,19 @@ def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> Non
     """Write out/persons.parquet and out/units.parquet: ``blocks`` synthetic blocks, deterministic in ``seed``."""
     if blocks < 1 or not (len(state) == 2 and state.isdigit()):
         raise ValueError(f"write_synthetic: need blocks >= 1 and a 2-digit state code (blocks={blocks}, state={state!r})")
-    rng = np.random.default_rng(seed)
-    geoids, tract = _geography(rng, blocks, state)
+    write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0])
+
+
+def _synthetic_state(rng: np.random.Generator, blocks: int, state: str, first_county: int = 0,
+                     pop_median: float = POP_MEDIAN) -> tuple[tuple, int]:
+    """The arrays :func:`ingest.write_cef` takes for ``blocks`` synthetic blocks of ``state``, counties
+    numbered from ``first_county``, and the next free county number."""
+    geoids, tract, next_county = _geography(rng, blocks, state, first_county)
     tract_mix = rng.dirichlet(TRACT_CONCENTRATION * GROUP_SHARES, size=int(tract.max()) + 1)
 
     # household persons per block, by group and voting age
     pop = np.where(rng.random(blocks) < EMPTY_SHARE, 0,
-                   np.maximum(1, np.rint(rng.lognormal(np.log(POP_MEDIAN), POP_SIGMA, blocks)))).astype(np.int64)
+                   np.maximum(1, np.rint(rng.lognormal(np.log(pop_median), POP_SIGMA, blocks)))).astype(np.int64)
     by_group = rng.multinomial(pop, tract_mix[tract])
     adult_share = rng.beta(30, 9, size=blocks)
     adults = rng.binomial(by_group, adult_share[:, None])
@@ -147,5 +163,60 @@ def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> Non
     unit_type = np.concatenate([np.zeros(2 * blocks, np.int64), fac_type])
     unit_occ = np.concatenate([np.ones(blocks, bool), np.zeros(blocks, bool), np.ones(n_fac, bool)])
     unit_count = np.concatenate([occupied, vacant, np.ones(n_fac, np.int64)])
-    write_cef(Path(out), geoids, keys // PERSONS.ncells, keys % PERSONS.ncells, n,
-              unit_block, unit_type, unit_occ, unit_count)
+    return (geoids, keys // PERSONS.ncells, keys % PERSONS.ncells, n, unit_block, unit_type, unit_occ,
+            unit_count), next_county
+
+
+#: Blocks generated at a time by :func:`write_partitioned` (written as one row group of each file).
+BATCH_BLOCKS = 20_000
+
+
+def household_median(persons_per_block: float) -> float:
+    """The block population median that gives ``persons_per_block`` on average: household persons
+    (1 - EMPTY_SHARE) * median * exp(sigma^2 / 2) per block, plus the group-quarters residents (about 0.012
+    facilities per block of the ``GQ_SIZE`` medians, lognormal with sigma 0.7)."""
+    gq = 0.012 * sum(share * GQ_SIZE[k][0] for k, share in enumerate(GQ_TYPE_SHARES, start=1)) * np.exp(0.7 ** 2 / 2)
+    household = (1 - EMPTY_SHARE) * np.exp(POP_SIGMA ** 2 / 2)
+    return max(persons_per_block - gq, 1.0) / household
+
+
+def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = None, states: int = 1) -> tuple[int, int]:
+    """Write ``blocks`` synthetic blocks over ``states`` states (the first FIPS codes, block shares drawn
+    from the seed) as out/persons/state=SS/part-00000.parquet and out/units/state=SS/part-00000.parquet,
+    streaming: one batch of at most :data:`BATCH_BLOCKS` blocks (whole or cut counties, each with its own
+    tracts and group quarters) in memory at a time, one row group per batch, rows sorted by GEOID. With
+    ``persons``, the block population median is set so that about that many persons are drawn. Each file
+    appears whole (written under a temporary name, then renamed). Returns (persons, units) written."""
+    codes = sorted(set(STATE_FIPS.values()))
+    if blocks < states or not 1 <= states <= len(codes):
+        raise ValueError(f"write_partitioned: need 1 <= states <= {len(codes)} and at least one block per state "
+                         f"(blocks={blocks}, states={states})")
+    out = Path(out)
+    writable_dir(out, "the output directory")
+    rng = np.random.default_rng(seed)
+    shares = rng.dirichlet(np.full(states, 4.0)) if states > 1 else np.ones(1)
+    per_state = 1 + np.floor(shares * (blocks - states)).astype(np.int64)
+    per_state[0] += blocks - per_state.sum()
+    median = POP_MEDIAN if persons is None else household_median(persons / blocks)
+    written = [0, 0]
+    for i, (state, n) in enumerate(zip(codes, per_state)):
+        paths = [out / kind / f"state={state}" / "part-00000.parquet" for kind in ("persons", "units")]
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        tmps = [p.with_name(f".{p.name}.tmp") for p in paths]
+        writers: list[pq.ParquetWriter] = []
+        county, left, batch = 0, int(n), 0
+        while left > 0:
+            size = min(left, BATCH_BLOCKS)
+            arrays, county = _synthetic_state(np.random.default_rng([seed, i, batch]), size, state, county, median)
+            for k, table in enumerate(cef_tables(*arrays)):
+                if len(writers) <= k:
+                    writers.append(pq.ParquetWriter(tmps[k], table.schema))
+                writers[k].write_table(table, row_group_size=max(1, table.num_rows))
+                written[k] += table.num_rows
+            left -= size
+            batch += 1
+        for writer, tmp, path in zip(writers, tmps, paths):
+            writer.close()
+            os.replace(tmp, path)
+    return written[0], written[1]

@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+#: The input's two record files (kinds): persons.parquet (or persons/) and units.parquet (or units/).
+PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
 GEOID_LEN = 15
 NURSING = 3
 
@@ -53,9 +55,13 @@ def _block_of(table: pa.Table, row: int) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _read(path: Path, columns: tuple[str, ...]) -> pa.Table:
+def _read(path: Path, columns: tuple[str, ...], row_groups: list[int] | None = None) -> pa.Table:
+    """The ``columns`` of a Parquet file (only ``row_groups`` when given: one task's share of a big file)."""
     try:
-        table = pq.read_table(path)
+        if row_groups is None:
+            table = pq.read_table(path)
+        else:
+            table = pq.ParquetFile(path).read_row_groups(row_groups)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
     missing = [c for c in columns if c not in table.column_names]
@@ -114,48 +120,75 @@ def _flags(path: Path, table: pa.Table, name: str) -> np.ndarray:
     raise _fail(path, name, None, f"wrong type {col.type}, expected bool", value)
 
 
-def _block_codes(person_geoids: pa.Array, unit_geoids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Shared integer codes of the GEOIDs of both files."""
-    both = pa.concat_arrays([person_geoids, unit_geoids]).dictionary_encode()
-    idx = both.indices.to_numpy().astype(np.int64)
-    return idx[: len(person_geoids)], idx[len(person_geoids):]
-
-
-def _check_blocks(persons_path: Path, units_path: Path, persons: pd.DataFrame, units: pd.DataFrame,
-                  pblock: np.ndarray, ublock: np.ndarray) -> None:
-    utype = units["unit_type"].to_numpy(np.int64)
-    gq = utype > 0
-    unoccupied_gq = gq & ~units["occupied"].to_numpy()
-    if unoccupied_gq.any():
-        row = _first(unoccupied_gq)
-        raise _fail(units_path, "occupied", units['geoid'].iat[row], f"GQ facility of type {utype[row]} "
-                    "is marked unoccupied (GQ facilities are always occupied)", False)
-
-    hhgq = persons["hhgq"].to_numpy(np.int64)
-    nursing_minor = (hhgq == NURSING) & (persons["votingage"].to_numpy() == 0)
+def check_persons(path: Path, row_groups: list[int] | None = None) -> tuple[pa.Array, pd.DataFrame]:
+    """Read and check person records (of ``row_groups`` only, when given): nulls, GEOIDs, codes, and no
+    person under 18 in a nursing facility. Returns the GEOIDs and a frame of codes in file order."""
+    table = _read(path, PERSON_COLUMNS, row_groups)
+    _check_nulls(path, table)
+    geo = _geoids(path, table)
+    persons = pd.DataFrame({"geoid": pd.Series(geo.to_pandas(), dtype="str")})
+    for name, (lo, hi) in PERSON_CODES.items():
+        persons[name] = _codes(path, table, name, lo, hi)
+    nursing_minor = (persons["hhgq"].to_numpy() == NURSING) & (persons["votingage"].to_numpy() == 0)
     if nursing_minor.any():
         row = _first(nursing_minor)
-        raise _fail(persons_path, "votingage", persons['geoid'].iat[row], f"person under 18 in a nursing facility "
+        raise _fail(path, "votingage", persons['geoid'].iat[row], f"person under 18 in a nursing facility "
                     f"(hhgq {NURSING}; structural zero nurse_nva_0)", 0)
+    return geo, persons
 
-    pkey = pblock * 8 + hhgq
-    ukey = ublock * 8 + utype
-    unit_keys, first_unit_row, n_units = np.unique(ukey, return_index=True, return_counts=True)
-    homeless = ~np.isin(pkey, unit_keys)
+
+def check_units(path: Path, row_groups: list[int] | None = None) -> tuple[pa.Array, pd.DataFrame]:
+    """Read and check unit records (of ``row_groups`` only, when given): nulls, GEOIDs, codes, and GQ
+    facilities occupied. Returns the GEOIDs and a frame in file order."""
+    table = _read(path, UNIT_COLUMNS, row_groups)
+    _check_nulls(path, table)
+    geo = _geoids(path, table)
+    units = pd.DataFrame({"geoid": pd.Series(geo.to_pandas(), dtype="str")})
+    units["unit_type"] = _codes(path, table, "unit_type", *UNIT_CODES["unit_type"])
+    units["occupied"] = _flags(path, table, "occupied")
+    utype = units["unit_type"].to_numpy(np.int64)
+    unoccupied_gq = (utype > 0) & ~units["occupied"].to_numpy()
+    if unoccupied_gq.any():
+        row = _first(unoccupied_gq)
+        raise _fail(path, "occupied", units['geoid'].iat[row], f"GQ facility of type {utype[row]} "
+                    "is marked unoccupied (GQ facilities are always occupied)", False)
+    return geo, units
+
+
+def block_problem(geoids: np.ndarray, persons_by_type: np.ndarray, units_by_type: np.ndarray
+                  ) -> tuple[str, str, int, str] | None:
+    """The first structural problem of blocks (``geoids`` sorted; per block persons and units of each type
+    0..7) as (file kind "persons" or "units", block GEOID, type, message), or None:
+
+    a person of type k needs a unit of type k in the block; a GQ facility needs a resident of its type."""
+    homeless = (persons_by_type > 0) & (units_by_type == 0)
     if homeless.any():
-        row = _first(homeless)
-        kind = "housing unit" if hhgq[row] == 0 else f"GQ facility of type {hhgq[row]}"
-        raise _fail(persons_path, "hhgq", persons['geoid'].iat[row], f"the block has no {kind} for this person",
-                    int(hhgq[row]))
-
-    residents = np.bincount(np.searchsorted(unit_keys, pkey), minlength=len(unit_keys))
-    gq_keys = unit_keys % 8 > 0
-    short = gq_keys & (residents < n_units)
+        b, k = np.argwhere(homeless)[0]
+        return PERSON_RECORDS, str(geoids[b]), int(k), \
+            f"the block has no {'housing unit' if k == 0 else f'GQ facility of type {k}'} for this person"
+    short = (persons_by_type < units_by_type)
+    short[:, 0] = False
     if short.any():
-        rows = first_unit_row[short]
-        row = int(rows.min())
-        raise _fail(units_path, "unit_type", units['geoid'].iat[row], "the block has more GQ facilities of this type "
-                    "than residents of that type (each facility needs a resident: hhgq_total_lb)", int(utype[row]))
+        b, k = np.argwhere(short)[0]
+        return UNIT_RECORDS, str(geoids[b]), int(k), ("the block has more GQ facilities of this type than residents "
+                                                 "of that type (each facility needs a resident: hhgq_total_lb)")
+    return None
+
+
+def raise_block_problem(problem: tuple[str, str, int, str] | None, persons_path: object, units_path: object) -> None:
+    """Raise the :class:`InputError` of :func:`block_problem`'s finding, naming the file it is in."""
+    if problem is None:
+        return
+    kind, block, k, text = problem
+    if kind == PERSON_RECORDS:
+        raise _fail(persons_path, "hhgq", block, text, k)
+    raise _fail(units_path, "unit_type", block, text, k)
+
+
+def by_type(geoids: pd.Series, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Records per (block, type 0..7), rows in the order of ``blocks`` (sorted unique GEOIDs)."""
+    rows = np.searchsorted(blocks, geoids.to_numpy())
+    return np.bincount(rows * 8 + codes.astype(np.int64), minlength=len(blocks) * 8).reshape(len(blocks), 8)
 
 
 def validate_input(persons_path: Path | str, units_path: Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -164,20 +197,10 @@ def validate_input(persons_path: Path | str, units_path: Path | str) -> tuple[pd
     Returned dtypes: ``geoid`` str, codes int8, ``occupied`` bool. Raises :class:`InputError`.
     """
     persons_path, units_path = Path(persons_path), Path(units_path)
-    ptable = _read(persons_path, PERSON_COLUMNS)
-    utable = _read(units_path, UNIT_COLUMNS)
-    _check_nulls(persons_path, ptable)
-    _check_nulls(units_path, utable)
-
-    pgeo = _geoids(persons_path, ptable)
-    ugeo = _geoids(units_path, utable)
-    persons = pd.DataFrame({"geoid": pd.Series(pgeo.to_pandas(), dtype="str")})
-    for name, (lo, hi) in PERSON_CODES.items():
-        persons[name] = _codes(persons_path, ptable, name, lo, hi)
-    units = pd.DataFrame({"geoid": pd.Series(ugeo.to_pandas(), dtype="str")})
-    units["unit_type"] = _codes(units_path, utable, "unit_type", *UNIT_CODES["unit_type"])
-    units["occupied"] = _flags(units_path, utable, "occupied")
-
-    pblock, ublock = _block_codes(pgeo, ugeo)
-    _check_blocks(persons_path, units_path, persons, units, pblock, ublock)
+    pgeo, persons = check_persons(persons_path)
+    ugeo, units = check_units(units_path)
+    blocks = np.union1d(pgeo.unique().to_numpy(zero_copy_only=False), ugeo.unique().to_numpy(zero_copy_only=False))
+    raise_block_problem(block_problem(blocks, by_type(persons["geoid"], persons["hhgq"].to_numpy(), blocks),
+                                      by_type(units["geoid"], units["unit_type"].to_numpy(), blocks)),
+                        persons_path, units_path)
     return persons, units

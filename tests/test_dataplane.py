@@ -1,0 +1,175 @@
+"""The partitioned data plane (pipeline/execution/dataplane.py, issue 16): outputs are byte-identical to the pinned
+outputs of the in-memory pipeline before the change (tests/pinned_outputs.json: SHA-256 of every output file
+but the manifest, of a two-state synthetic input, recorded on the untouched tree; the demo's are pinned in
+test_output_hashes), for 1 or 2 workers and for one input file or many
+partitions; input errors in a partitioned input name the file, column, block and value, and nothing is written."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from distributed import Security
+
+from conftest import end_process_groups
+from test_output_hashes import output_hashes as pinned_hashes
+from rel_inputs import no_partial_output
+from topdown.pipeline.execution import dataplane
+from topdown.pipeline import load_config, run
+from topdown.pipeline.inputs.synth import write_synthetic
+from topdown.pipeline.inputs.validate import InputError
+
+PINNED = json.loads((Path(__file__).parent / "pinned_outputs.json").read_text())
+STATES = ("09", "44")
+
+
+def output_hashes(run_dir: Path) -> dict[str, str]:
+    """SHA-256 of every output file but the manifest (its other fields are pinned for the demo in
+    test_output_hashes), the certificate in the canonical form of test_output_hashes."""
+    return {k: v for k, v in pinned_hashes(run_dir).items() if k != "manifest.json"}
+
+
+def multi_config():
+    """Production settings for persons and units, test mode with a fixed seed, standard spine."""
+    return load_config("pl94_production_2021").with_overrides(mode="test", seed=7, spine="standard", name="multi")
+
+
+@pytest.fixture(scope="module")
+def multi_tables(tmp_path_factory) -> dict[str, pa.Table]:
+    """Two synthetic states of 700 blocks (the pinned multi-state input), one table per kind."""
+    tmp = tmp_path_factory.mktemp("states")
+    for st in STATES:
+        write_synthetic(tmp / st, 700, seed=int(st), state=st)
+    return {kind: pa.concat_tables([pq.read_table(tmp / st / f"{kind}.parquet") for st in STATES])
+            for kind in ("persons", "units")}
+
+
+@pytest.fixture(scope="module")
+def multi_single(tmp_path_factory, multi_tables) -> Path:
+    path = tmp_path_factory.mktemp("multi-single")
+    for kind, table in multi_tables.items():
+        pq.write_table(table, path / f"{kind}.parquet")
+    return path
+
+
+def write_partitioned(path: Path, tables: dict[str, pa.Table], row_group_size: int = 4000) -> Path:
+    """The tables hive-partitioned by state, several small row groups per file."""
+    for kind, table in tables.items():
+        state = pa.compute.utf8_slice_codeunits(table.column("geoid"), 0, 2)
+        for st in STATES:
+            part = table.filter(pa.compute.equal(state, st))
+            (path / kind / f"state={st}").mkdir(parents=True, exist_ok=True)
+            pq.write_table(part, path / kind / f"state={st}" / "part-0.parquet", row_group_size=row_group_size)
+    return path
+
+
+def test_multi_state_single_file_two_workers(multi_single, dask_client, tmp_path):
+    out = run(multi_config(), tmp_path / "run", input_dir=multi_single, client=dask_client)
+    assert output_hashes(out) == PINNED["multi"]
+
+
+def test_multi_state_partitioned_one_worker_many_tasks_and_shards(multi_tables, tmp_path, monkeypatch):
+    """Hive partitions by state, 4,000-record row groups read 4,000 records a task, 300-block shards: the
+    same bytes on one worker."""
+    inp = write_partitioned(tmp_path / "input", multi_tables)
+    assert len(dataplane.find_input(inp).persons) == 2
+    monkeypatch.setattr(dataplane, "ROWS_PER_TASK", 4000)
+    monkeypatch.setattr(dataplane, "SHARD_BLOCKS", 300)
+    assert len(dataplane.read_tasks(dataplane.find_input(inp).persons)) > 4
+    out = run(multi_config(), tmp_path / "run", input_dir=inp, workers=1)
+    assert output_hashes(out) == PINNED["multi"]
+
+
+def _broken(tables: dict[str, pa.Table], kind: str, row: int, column: str, value) -> dict[str, pa.Table]:
+    table = tables[kind]
+    values = table.column(column).to_pylist()
+    values[row] = value
+    return {**tables, kind: table.set_column(table.column_names.index(column), column,
+                                             pa.array(values, type=table.schema.field(column).type))}
+
+
+def test_bad_code_in_a_partition_names_the_file_block_and_value(multi_tables, dask_client, tmp_path):
+    row = multi_tables["persons"].num_rows - 1  # a person of the second state
+    block = multi_tables["persons"].column("geoid")[row].as_py()
+    inp = write_partitioned(tmp_path / "input", _broken(multi_tables, "persons", row, "cenrace", 63))
+    with pytest.raises(InputError) as err:
+        run(multi_config(), tmp_path / "run", input_dir=inp, client=dask_client)
+    text = str(err.value)
+    assert "state=44" in text and "part-0.parquet" in text and "'cenrace'" in text and block in text
+    assert "(value 63)" in text
+    assert no_partial_output(tmp_path / "run") == []
+
+
+def test_person_without_a_unit_across_partitions_names_the_persons_file(multi_tables, dask_client, tmp_path):
+    """A block's persons and units in different files: the structural check runs on the shards."""
+    units = multi_tables["units"]
+    gq = pa.compute.greater(units.column("unit_type"), 0)
+    first_gq = pa.compute.index(gq, True).as_py()
+    block, utype = units.column("geoid")[first_gq].as_py(), units.column("unit_type")[first_gq].as_py()
+    keep = pa.compute.invert(pa.compute.and_(pa.compute.equal(units.column("geoid"), block),
+                                             pa.compute.equal(units.column("unit_type"), utype)))
+    inp = write_partitioned(tmp_path / "input", {**multi_tables, "units": units.filter(keep)})
+    with pytest.raises(InputError) as err:
+        run(multi_config(), tmp_path / "run", input_dir=inp, client=dask_client)
+    text = str(err.value)
+    assert f"state={block[:2]}" in text and "persons" in text and "'hhgq'" in text and block in text
+    assert f"GQ facility of type {utype}" in text and f"(value {utype})" in text
+    assert no_partial_output(tmp_path / "run") == []
+
+
+def test_missing_input_names_both_layouts(tmp_path):
+    with pytest.raises(FileNotFoundError, match="persons.parquet.*directories persons/ and units/"):
+        dataplane.find_input(tmp_path)
+
+
+@pytest.fixture
+def tls_shell_cluster(tmp_path) -> Iterator[tuple[str, Security]]:
+    """`dask scheduler` and two `dask worker` processes started as from a shell, TLS with credentials of their
+    own (PEM files, as on an HPC or Kubernetes deployment); lifetime bounded, always ended."""
+    creds = Security.temporary()
+    files = {}
+    for name, pem in (("ca", creds.tls_ca_file), ("cert", creds.tls_client_cert), ("key", creds.tls_client_key)):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_text(pem)
+        files[name].chmod(0o600)
+    tls = ["--tls-ca-file", str(files["ca"]), "--tls-cert", str(files["cert"]), "--tls-key", str(files["key"])]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tls://127.0.0.1:{port}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
+    dask = [sys.executable, "-m", "dask"]  # this interpreter: the `dask` on PATH may import another checkout
+    log = open(tmp_path / "cluster.log", "w")
+    procs = [subprocess.Popen(["timeout", "300", *dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--protocol", "tls", "--no-dashboard", *tls], stdout=log, stderr=log, env=env,
+                              start_new_session=True)]
+    for i in range(2):
+        procs.append(subprocess.Popen(["timeout", "300", *dask, "worker", address, "--nthreads", "1", "--nworkers", "1",
+                                       "--no-dashboard", "--local-directory", str(tmp_path / f"w{i}"), *tls],
+                                      stdout=log, stderr=log, env=env, start_new_session=True))
+    security = Security(tls_ca_file=str(files["ca"]), tls_client_cert=str(files["cert"]),
+                        tls_client_key=str(files["key"]), require_encryption=True)
+    try:
+        yield address, security
+    finally:
+        end_process_groups(procs)
+        log.close()
+
+
+def test_external_tls_cluster_runs_the_partitioned_input_identically(multi_tables, tmp_path, tls_shell_cluster):
+    """Item 7 of issue 16: a cluster started from the shell, the input on storage its workers share."""
+    from distributed import Client
+
+    address, security = tls_shell_cluster
+    inp = write_partitioned(tmp_path / "input", multi_tables)
+    with Client(address, security=security, timeout=60) as client:
+        client.wait_for_workers(2, timeout=60)
+        out = run(multi_config(), tmp_path / "run", input_dir=inp, client=client)
+    assert output_hashes(out) == PINNED["multi"]
