@@ -15,7 +15,8 @@ CPU: the same polls read each process's CPU seconds (user + system); the CPU use
 to the later poll's stage. On a shared machine worker CPU seconds, unlike wall time, do not grow with
 the load, so they are the figures to project from (benchmarks/projection.py reads this output).
 
-Prints one JSON object per stage, then one summary object (``"stage": "summary"``).
+Prints one JSON object per stage, then one summary object (``"stage": "summary"``); a run stopped with
+SIGTERM or Ctrl-C prints the stages so far (``"interrupted": true``; the stage in progress has no wall time).
 Usage: python benchmarks/run_stages.py CONFIG --input DIR --workers N --out DIR
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import os
 import resource
 import shutil
+import signal
 import threading
 import time
 from contextlib import contextmanager
@@ -140,6 +142,10 @@ def wrapped(module, name: str, stage: Callable[..., str], tracker: StageTracker)
         setattr(module, name, original)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def _rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
@@ -221,6 +227,7 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     os.environ.update(runner.SINGLE_THREAD_ENV)
     tracker = StageTracker()
+    interrupted = False
     t0 = time.perf_counter()
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                       host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
@@ -235,8 +242,12 @@ def main() -> None:
                          tracker), \
                  wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product}.mdf", tracker):
                 t1 = time.perf_counter()
-                out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
-                                 progress=tracker.progress)
+                signal.signal(signal.SIGTERM, _interrupt)
+                try:
+                    out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
+                                     progress=tracker.progress)
+                except KeyboardInterrupt:  # SIGTERM or Ctrl-C: report the stages so far
+                    out, interrupted = Path(args.out), True
                 run_wall = time.perf_counter() - t1
         finally:
             sampler.stop()
@@ -251,6 +262,7 @@ def main() -> None:
     worker_rss = max((w["rss"] for s in sampler.samples for w in s["workers"].values()), default=0)
     print(json.dumps({
         "stage": "summary", "config": args.config, "input": args.input, "workers": args.workers,
+        "interrupted": interrupted,
         "total_wall_s": round(run_wall, 2), "cluster_start_s": round(cluster_s, 2),
         "worker_cpu_s": round(sum(r["worker_cpu_s"] for r in rows), 1),
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
