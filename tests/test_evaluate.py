@@ -241,3 +241,22 @@ def test_epl_table_shows_both_estimators_beside_theory():
     assert table.loc[("persons", "State", "total"), "residual EPL, r"] == "invariant"
     assert table.loc[("persons", "State", "total"), "epsilon (query)"] == "not measured"
     assert "lower confidence bound" in EPL_CAPTION and "theoretical epsilon" in EPL_CAPTION
+
+
+def test_truth_from_a_partitioned_input_equals_the_single_file_truth(demo_input: Path, tmp_path: Path) -> None:
+    """The truth may be a partitioned input (directories persons/ and units/, hive by state or any split,
+    a block even spread over two files), as a run's input may: the same block tables as one file each."""
+    from topdown.pipeline.evaluation.evaluate import load_truth
+
+    for kind in ("persons", "units"):
+        frame = pd.read_parquet(demo_input / f"{kind}.parquet")
+        half = len(frame) // 2  # cuts through a block: its records lie in two files
+        for i, part in enumerate((frame.iloc[:half], frame.iloc[half:])):
+            write_table(part.reset_index(drop=True), tmp_path / kind / f"part={i}" / "part-00000.parquet")
+    single, split = load_truth(demo_input), load_truth(tmp_path)
+    assert single.blocks.keys() == split.blocks.keys()
+    for name in single.blocks:
+        pd.testing.assert_frame_equal(single.blocks[name].reset_index(drop=True), split.blocks[name].reset_index(drop=True))
+    assert len(split.persons) == len(single.persons)
+    with pytest.raises(FileNotFoundError, match="persons"):
+        load_truth(tmp_path / "nowhere")

@@ -37,6 +37,7 @@ import pandas as pd
 from . import metrics as M
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
+from ..execution.dataplane import find_input
 from ..execution.rundir import RunDirError, RunReader, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
@@ -94,15 +95,14 @@ class Truth:
 
 
 def load_truth(truth: Path) -> Truth:
-    """Read ``persons.parquet`` and ``units.parquet`` of an input directory and tabulate them by block."""
-    truth = Path(truth)
-    paths = {name: truth / f"{name}.parquet" for name in ("persons", "units")}
-    for path in paths.values():
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: truth file not found (the truth is a run's input directory)")
-    persons = pd.read_parquet(paths["persons"], columns=["geoid", *PERSONS.dim_names])
+    """Read the person and unit files of a run's input directory (one file each, or directories of
+    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies)."""
+    files = find_input(truth)  # FileNotFoundError naming what is missing
+    persons = pd.concat([pd.read_parquet(f, columns=["geoid", *PERSONS.dim_names]) for f in files.persons],
+                        ignore_index=True)
     persons["geoid"] = persons["geoid"].astype(str)
-    units = pd.read_parquet(paths["units"])
+    units = pd.concat([pd.read_parquet(f, columns=["geoid", "unit_type", "occupied"]) for f in files.units],
+                      ignore_index=True)
     units["geoid"] = units["geoid"].astype(str)
     return Truth({name: p.tabulate(persons, units) for name, p in PRODUCTS.items()}, persons)
 

@@ -33,6 +33,7 @@ from topdown.geo.states import STATE_FIPS
 
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
 from ..execution.rundir import writable_dir
+from .validate import PERSON_RECORDS, UNIT_RECORDS
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
 
 #: Groups: Hispanic, then not-Hispanic White, Black, AIAN, Asian, NHPI, SOR, two or more races.
@@ -200,7 +201,7 @@ def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = N
     median = POP_MEDIAN if persons is None else household_median(persons / blocks)
     written = [0, 0]
     for i, (state, n) in enumerate(zip(codes, per_state)):
-        paths = [out / kind / f"state={state}" / "part-00000.parquet" for kind in ("persons", "units")]
+        paths = [out / kind / f"state={state}" / "part-00000.parquet" for kind in (PERSON_RECORDS, UNIT_RECORDS)]
         for path in paths:
             path.parent.mkdir(parents=True, exist_ok=True)
         tmps = [p.with_name(f".{p.name}.tmp") for p in paths]
