@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run TopDown end to end")
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. demo)")
     p.add_argument("--out", required=True, help="run directory to write")
-    p.add_argument("--input", help="input directory with persons.parquet and units.parquet (overrides [run] input)")
+    p.add_argument("--input", help="input directory: persons.parquet and units.parquet, or directories persons/ and units/ of Parquet files (overrides [run] input)")
     _cluster_args(p)
     p.add_argument("--seed", type=int, help="override the configured seed (test mode)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run after its last complete level")
