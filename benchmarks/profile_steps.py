@@ -43,13 +43,13 @@ def capture(config_path: str, out: Path, every: int = 0) -> None:
     Block-level chunk to ``out/block/`` (the Block level is then not solved: the run stops after it)."""
     from distributed import Client
 
-    from topdown.pipeline.execution import engine
     from topdown.pipeline import load_config, run
+    from topdown.pipeline.execution import dataplane
     from topdown.pipeline.execution.tasks import ChunkResult
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "block").mkdir(exist_ok=True)
-    original = engine.run_chunk
+    original = dataplane.run_chunk  # the workers' chunk runner (dataplane.run_part_chunk calls it)
     files = [out / f"chunk-{level}.pkl" for level in WANTED]
 
     def grab(chunk):  # runs on the worker thread (a pickled copy: state goes through the files)
@@ -66,7 +66,7 @@ def capture(config_path: str, out: Path, every: int = 0) -> None:
             raise RuntimeError("captured")
         return original(chunk)
 
-    engine.run_chunk = grab
+    dataplane.run_chunk = grab
     config = load_config(config_path).with_overrides(products=["persons"])
     with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client:
         try:
@@ -78,18 +78,46 @@ def capture(config_path: str, out: Path, every: int = 0) -> None:
                       "block_chunks": len(list((out / "block").glob("*.pkl"))), "dir": str(out)}))
 
 
+class _MovedModules(pickle.Unpickler):
+    """Loads chunks captured by a tree with another package layout (``topdown.pipeline.tasks`` before the
+    regrouping, ``topdown.pipeline.execution.tasks`` after): a module that is not found is looked up by
+    its last name among the pipeline's subpackages, ``vocab`` and ``pipeline`` itself."""
+
+    def find_class(self, module: str, name: str):
+        import importlib
+
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError:
+            leaf = module.rsplit(".", 1)[-1]
+            groups = ("configuration", "privacy", "inputs", "execution", "outputs", "evaluation")
+            for cand in [f"topdown.pipeline.{g}.{leaf}" for g in groups] + [f"topdown.vocab.{leaf}",
+                                                                          f"topdown.pipeline.{leaf}"]:
+                try:
+                    importlib.import_module(cand)
+                except ModuleNotFoundError:
+                    continue
+                module = cand
+                break
+        return super().find_class(module, name)
+
+
 def block_chunks(d: Path) -> None:
     """CPU seconds of run_chunk (noise draws, solves, writing the measurements) over the captured Block
-    chunks, and per block."""
+    chunks, and per block (with this tree or, through PYTHONPATH, an older one of either package layout)."""
+    import io
     import tempfile
 
-    from topdown.pipeline.execution.tasks import run_chunk
+    try:  # a tree from before pipeline/ was regrouped (the editable install maps the new subpackages)
+        from topdown.pipeline.tasks import run_chunk
+    except ModuleNotFoundError:
+        from topdown.pipeline.execution.tasks import run_chunk
 
     paths = sorted((d / "block").glob("*.pkl"))
     cpu, blocks = 0.0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for path in paths:
-            chunk = pickle.loads(path.read_bytes())
+            chunk = _MovedModules(io.BytesIO(path.read_bytes())).load()
             chunk.measurements_path = f"{tmp}/{path.stem}.parquet"
             c0 = time.process_time()
             run_chunk(chunk)

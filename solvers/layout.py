@@ -11,7 +11,7 @@ problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, dire
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,8 +127,10 @@ def parse_query(problem: ParentProblem, name: str, where: str) -> tuple[str, Que
     return q.name, q
 
 
+@lru_cache(maxsize=4096)
 def _refinement(fine: Query, coarse: Query) -> np.ndarray | None:
-    """Map fine answer -> coarse answer (-1: outside) if ``fine`` refines ``coarse``, else None."""
+    """Map fine answer -> coarse answer (-1: outside) if ``fine`` refines ``coarse``, else None (read-only;
+    cached: queries are built once per schema and name, and every parent asks about the same pairs)."""
     gf, gc = fine.groups, coarse.groups
     if ((gc >= 0) & (gf < 0)).any():
         return None
@@ -138,6 +140,7 @@ def _refinement(fine: Query, coarse: Query) -> np.ndarray | None:
     if (mapping[gf[inside]] != gc[inside]).any():
         return None
     mapping[mapping == -2] = -1
+    mapping.flags.writeable = False
     return mapping
 
 

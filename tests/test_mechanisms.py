@@ -313,3 +313,19 @@ def test_many_streams_equal_one_stream_at_a_time(n: int, size: int, num: int, de
     geo = mech.geometric_many([SeededSource(4, *k) for k in keys], epsilon, 2, size, margin=margin)
     for i, k in enumerate(keys):
         np.testing.assert_array_equal(geo[i], geometric(SeededSource(4, *k), epsilon, 2, size, margin=margin))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 1, 2, 3, 4, 5, 7, 130, 1000])), min_size=1, max_size=12))
+def test_seeded_source_is_a_fresh_philox_stream_under_interleaved_reads(reads) -> None:
+    """The shared first-read generator (rng.SeededSource) gives every stream exactly the words of its own
+    ``Philox(key=SHA-256(...)[:16])``, whatever the order in which streams are read."""
+    import hashlib
+    import json
+
+    keys = [(7, "p", "Block", str(i)) for i in range(4)]
+    streams = [SeededSource(*k) for k in keys]
+    own = [np.random.Philox(key=np.frombuffer(hashlib.sha256(json.dumps(["census-topdown/rng/v2", *k]).encode())
+                                              .digest()[:16], dtype="<u8").astype(np.uint64)) for k in keys]
+    for i, n in reads:
+        assert np.array_equal(streams[i].uint64(n), own[i].random_raw(n))

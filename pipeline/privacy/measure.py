@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import scipy.sparse as sp
 
 from .accounting import Allocation, allocate
@@ -76,17 +77,29 @@ def measure(
         out.append(NodeMeasurements(query, values, variance))
         measured = np.flatnonzero(np.isfinite(variance))
         if measured.size:
-            frames.append(pd.DataFrame({
-                "geocode": np.repeat(np.asarray(geocodes, dtype=object)[measured], q.n_answers),
-                "query": query,
-                "answer": np.tile(np.arange(q.n_answers, dtype=np.int32), measured.size),
-                "value": values[measured].ravel().astype(np.int64),
-                "variance": np.repeat(variance[measured], q.n_answers),
-            }))
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        {"geocode": pd.Series(dtype=object), "query": pd.Series(dtype=object), "answer": pd.Series(dtype=np.int32),
-         "value": pd.Series(dtype=np.int64), "variance": pd.Series(dtype=float)})
-    return out, table
+            frames.append((query, measured, q.n_answers, values[measured], variance[measured]))
+    return out, _long_table(geocodes, frames)
+
+
+def _long_table(geocodes: list[str], frames: list[tuple]) -> pd.DataFrame:
+    """The published long table (geocode, query, answer, value, variance) of the measured nodes, one
+    ``(query, measured node rows, answers, values, variances)`` per query. The string columns are taken
+    from Arrow arrays of the distinct names (a Python string per row was a tenth of the noise step)."""
+    if not frames:
+        return pd.DataFrame({"geocode": pd.Series(dtype=object), "query": pd.Series(dtype=object),
+                             "answer": pd.Series(dtype=np.int32), "value": pd.Series(dtype=np.int64),
+                             "variance": pd.Series(dtype=float)})
+    strings = pd.Series(["x"]).dtype  # pandas' default string dtype, as for a column of Python strings
+    node = np.concatenate([np.repeat(measured, k) for _, measured, k, _, _ in frames])
+    which = np.concatenate([np.full(measured.size * k, i) for i, (_, measured, k, _, _) in enumerate(frames)])
+    return pd.DataFrame({
+        "geocode": pd.array(pa.array(geocodes, type=pa.large_string()).take(node), dtype=strings),
+        "query": pd.array(pa.array([f[0] for f in frames], type=pa.large_string()).take(which), dtype=strings),
+        "answer": np.concatenate([np.tile(np.arange(k, dtype=np.int32), measured.size)
+                                  for _, measured, k, _, _ in frames]),
+        "value": np.concatenate([vals.ravel().astype(np.int64) for *_, vals, _ in frames]),
+        "variance": np.concatenate([np.repeat(var, k) for _, _, k, _, var in frames]),
+    })
 
 
 def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str], table: pd.DataFrame,

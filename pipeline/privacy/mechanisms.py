@@ -205,11 +205,13 @@ def _rank_in_row(rows: np.ndarray) -> np.ndarray:
     return np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
 
 
-def _fresh_words(sources: list[RandomSource], counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``counts[i]`` fresh words from every source i, end to end; their rows and each row's first position."""
-    words = np.concatenate([s.uint64(int(c)) for s, c in zip(sources, counts)])
-    rows = np.repeat(np.arange(len(sources)), counts)
-    return words, rows, np.cumsum(counts) - counts
+def _fresh_words(sources: list[RandomSource], counts: np.ndarray, parts: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
+    """``parts * counts[i]`` fresh words from every source i, read in one call per source and cut into
+    ``parts`` runs of ``counts[i]`` words; returns, per part, the runs of all sources end to end, and the
+    rows (source index) of a part's words."""
+    draws = [s.uint64(parts * int(c)) for s, c in zip(sources, counts)]
+    cuts = [np.concatenate([w[j * c:(j + 1) * c] for w, c in zip(draws, counts.tolist())]) for j in range(parts)]
+    return cuts, np.repeat(np.arange(len(sources)), counts)
 
 
 def _first(rows: np.ndarray, values: np.ndarray, mask: np.ndarray, needs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,12 +229,10 @@ def _gaussian_round(sources: list[RandomSource], needs: np.ndarray, sigma2: Frac
     t = math.isqrt(n // d) + 1                              # floor(sqrt(sigma2)) + 1
     c_f, inv2s2 = float(sigma2 / t), float(1 / (2 * sigma2))
     counts = needs + needs // 2 + 64
-    words, rows, starts = _fresh_words(sources, 2 * counts)
-    first_half = np.arange(words.size) - np.repeat(starts, 2 * counts) < np.repeat(counts, 2 * counts)
-    lap_rows = rows[first_half]
-    y, keep = _discrete_laplace(lambda i: sources[lap_rows[i]], words[first_half], Fraction(1, t), margin)
+    (lap_words, acc_words), lap_rows = _fresh_words(sources, counts, parts=2)
+    y, keep = _discrete_laplace(lambda i: sources[lap_rows[i]], lap_words, Fraction(1, t), margin)
     y, y_rows = y[keep], lap_rows[keep]
-    acc = words[starts[y_rows] + counts[y_rows] + _rank_in_row(y_rows)]
+    acc = acc_words[(np.cumsum(counts) - counts)[y_rows] + _rank_in_row(y_rows)]
     ay = np.abs(y)
     g = (ay.astype(np.float64) - c_f) ** 2 * inv2s2
     g[ay >= _FAST_LIMIT] = np.nan
@@ -246,7 +246,7 @@ def _geometric_round(sources: list[RandomSource], needs: np.ndarray, lam: Fracti
     """One round of two-sided geometric draws for every source: up to ``needs[i]`` draws per source."""
     keep_rate = 0.5 + 0.5 * math.exp(-float(lam))          # 1 - P(B = 1, X = 0)
     counts = (needs / keep_rate * 1.05).astype(np.int64) + 64
-    words, rows, _ = _fresh_words(sources, counts)
+    (words,), rows = _fresh_words(sources, counts)
     y, keep = _discrete_laplace(lambda i: sources[rows[i]], words, lam, margin)
     return _first(rows, y, keep, needs)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -72,7 +73,13 @@ def noise_key(product: str, level: str, geocode: str, query: str) -> tuple[str, 
 class SeededSource(RandomSource):
     """Philox4x64 stream keyed by SHA-256 of ``(seed, *parts)``; for tests and reproducible runs.
 
-    The parts are JSON-encoded as a list, so no two different tuples of parts share a key."""
+    The parts are JSON-encoded as a list, so no two different tuples of parts share a key.
+
+    Constructing a numpy Philox costs about 20 microseconds, more than the few hundred words most
+    streams ever read (one stream per node and query: tens of thousands per task). So a stream's first
+    read comes from this thread's shared generator set to the stream's key and counter 0 (the same words
+    as a fresh ``Philox(key=...)``); only a stream read again (the samplers' exact path, a second round)
+    gets a generator of its own, advanced past the words already read."""
 
     def __init__(self, seed: int, *parts: str) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -82,14 +89,37 @@ class SeededSource(RandomSource):
         self.seed, self.parts = seed, tuple(str(p) for p in parts)
         material = json.dumps(["census-topdown/rng/v2", seed, *self.parts]).encode()
         digest = hashlib.sha256(material).digest()
-        key = np.frombuffer(digest[:16], dtype="<u8").astype(np.uint64)
-        self._gen = np.random.Philox(key=key)
+        self._key = np.frombuffer(digest[:16], dtype="<u8").astype(np.uint64)
+        self._gen: np.random.Philox | None = None
+        self._read = 0  # words read through the shared generator (before this stream had its own)
 
     def uint64(self, n: int) -> np.ndarray:
-        return np.asarray(self._gen.random_raw(int(n)), dtype=np.uint64)
+        n = int(n)
+        if self._gen is None and self._read == 0:
+            shared = _shared_philox()
+            shared.state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": self._key},
+                            "buffer": _ZERO4, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+            self._read = n
+            return np.asarray(shared.random_raw(n), dtype=np.uint64)
+        if self._gen is None:
+            self._gen = np.random.Philox(key=self._key)
+            self._gen.random_raw(self._read)
+        return np.asarray(self._gen.random_raw(n), dtype=np.uint64)
 
     def __repr__(self) -> str:
         return f"SeededSource(seed={self.seed}, parts={self.parts!r})"
+
+
+_ZERO4 = np.zeros(4, dtype=np.uint64)
+_LOCAL = threading.local()
+
+
+def _shared_philox() -> np.random.Philox:
+    """This thread's generator for first reads (Dask runs tasks on several threads of one process)."""
+    gen = getattr(_LOCAL, "philox", None)
+    if gen is None:
+        gen = _LOCAL.philox = np.random.Philox(key=0)
+    return gen
 
 
 class OSSource(RandomSource):
