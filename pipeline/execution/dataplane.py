@@ -316,7 +316,8 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
 
     from .levels import LevelPart, _geography, levels_from_answers
 
-    tab_geoid, geo, _ = _geography(spine)
+    geography = _geography(spine)
+    tab_geoid, geo, _ = geography
     index = pd.Index(tab_geoid)
     expected = block_geoids(inp)
     if len(index) != len(expected) or not expected.isin(index).all():
@@ -353,7 +354,7 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
         if problem is not None:
             problems.append(problem)
     _raise_first(problems, files, inp)
-    levels = levels_from_answers(product, config.product(product), spine, inp.units, answers)
+    levels = levels_from_answers(product, config.product(product), spine, geography, inp.units, answers)
     del answers
     for i, level in enumerate(levels):
         level.parts = [LevelPart(client.submit(level_partial, fut, i, pure=False), lo, hi)

@@ -139,11 +139,12 @@ def build_levels(
 
     ``block_units`` is indexed by block geoid with columns u0..u7 and occupied.
     """
-    tab_geoid, geo, parents = _geography(spine)
+    geography = _geography(spine)
+    tab_geoid, geo, _ = geography
     bhist = block_matrix(block_hist, pd.Index(tab_geoid), schema.ncells)
     hists = [(g.agg @ bhist).tocsr() for g in geo]
     answers = [node_answers(product, schema, h) for h in hists]
-    levels = levels_from_answers(product, cfg, spine, block_units, answers)
+    levels = levels_from_answers(product, cfg, spine, geography, block_units, answers)
     for level, hist in zip(levels, hists):
         level.hist = hist
     return levels
@@ -155,12 +156,12 @@ def node_answers(product: str, schema: Schema, hist: sp.csr_matrix) -> dict[str,
             for q in PRODUCTS[product].feasibility_queries}
 
 
-def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, block_units: pd.DataFrame,
+def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, geography: tuple, block_units: pd.DataFrame,
                         answers: list[dict[str, np.ndarray]]) -> list[Level]:
-    """Every level's nodes, invariants and constraint right-hand sides, top-down, from the public block unit
-    counts and, per level, the true answers of :func:`node_answers` (checked against the constraints;
-    ``hist`` is left None)."""
-    tab_geoid, geo, parents = _geography(spine)
+    """Every level's nodes, invariants and constraint right-hand sides, top-down, from the spine's
+    ``geography`` (:func:`_geography`, computed once by the caller), the public block unit counts and, per
+    level, the true answers of :func:`node_answers` (checked against the constraints; ``hist`` is left None)."""
+    tab_geoid, geo, parents = geography
     bunits = block_units.reindex(tab_geoid).fillna(0).astype(np.int64)
     units = [pd.DataFrame(g.agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=g.nodes,
                           columns=UNIT_COLUMNS + ["occupied"]) for g in geo]
