@@ -6,6 +6,7 @@ submitted first, and the level is written completely (staging, then rename) befo
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -221,7 +222,7 @@ def estimate_level(
         if todo:
             queue.add(submit(todo.pop(0)))
         _record_chunk(records, res)
-        results[res.index] = res
+        results[res.index] = dataclasses.replace(res, children=[])  # the driver keeps no per-child names
         done += 1
         if progress:
             progress(product, level.name, done, len(plan))
