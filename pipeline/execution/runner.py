@@ -339,6 +339,17 @@ class PathShares(Mapping):
         for i, block in enumerate(self.blocks):
             yield block, {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
 
+    def distinct(self) -> dict[str, dict[str, Fraction]]:
+        """Each distinct path of shares once, at its first block, in block order (a national spine has
+        millions of blocks and a handful of distinct paths)."""
+        columns = []
+        for codes, share in self.shares:
+            ids: dict[Fraction, int] = {}
+            columns.append(np.array([ids.setdefault(f, len(ids)) for f in share], dtype=np.int64)[codes])
+        _, first = np.unique(np.stack(columns, axis=1), axis=0, return_index=True)
+        return {self.blocks[i]: {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
+                for i in np.sort(first)}
+
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
                       progress: ProgressFn | None, source: Callable[[Level], MeasurementSource]):
