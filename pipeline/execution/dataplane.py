@@ -33,7 +33,7 @@ from .levels import node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
-from .tasks import Chunk, ChunkResult, run_chunk
+from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
 from ..products import PRODUCTS
 from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_units, raise_block_problem
@@ -391,20 +391,20 @@ def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:
 def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
     """Write the MDF of ``product`` on the workers, one task per county, from the committed block level
     (``estimated``: engine.LevelOutput), atomically (staging, then rename)."""
-    from distributed import wait
-
     geoids = spine.table.set_index(spine.levels[-1])["geoid"].reindex(blocks.nodes).to_numpy()
     final = rundir.mdf(product)
     staged = rundir.staging(final)
     order = np.argsort(geoids, kind="stable")
     names, starts = np.unique(pd.Series(geoids[order]).str[:5].to_numpy(), return_index=True)
-    futures = []
-    for county, rows in zip(names, np.split(order, starts[1:])):  # geoid order: a county's blocks are adjacent
-        futures.append(client.submit(write_county_mdf, product, estimated.files(rows), list(blocks.nodes[rows]),
-                                     geoids[rows], blocks.units.iloc[rows],
-                                     str(staged / f"county={county}" / "part-00000.parquet"), pure=False))
-    wait(futures)
-    for fut in futures:
+    counties = np.split(order, starts[1:])  # geoid order: a county's blocks are adjacent
+
+    def submit(i: int):
+        rows = counties[i]
+        return client.submit(write_county_mdf, product, estimated.files(rows), list(blocks.nodes[rows]), geoids[rows],
+                             blocks.units.iloc[rows], str(staged / f"county={names[i]}" / "part-00000.parquet"),
+                             pure=False)
+
+    for fut in windowed(client, submit, list(range(len(names)))):
         fut.result()
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)
