@@ -275,3 +275,27 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
             assert (Fraction(row["epsilon"]), row["sensitivity"]) == (scale, sens) == (scale, NEIGHBOURS.l1_sensitivity)
         else:
             assert scale == Fraction(row["sigma2"]) == Fraction(NEIGHBOURS.l2_sensitivity_squared) / (2 * Fraction(row["rho"]))
+
+
+def test_path_condition_of_a_spine_checks_each_distinct_path_once_at_its_first_block() -> None:
+    """runner.PathShares: the check over distinct paths gives the summary of the check over every block."""
+    import pandas as pd
+
+    from topdown.geo.spine import build_spine, bypass
+    from topdown.pipeline.execution.runner import PathShares
+
+    # Single-child chains (bypassed: budget moves) beside ordinary branches, in two states.
+    geoids = ["440010001001000", "440010001001001", "440010002001000", "440030001001000",
+              "250010001001000", "250010001002000", "250010001002001", "250010002001000"]
+    spine = bypass(build_spine("standard", pd.Series(geoids, name="geoid")))
+    budget = load_config("pl94_production_2021").product("persons").budget
+    shares = PathShares(spine, budget)
+    distinct = shares.distinct()
+    every = dict(shares.items())
+    assert 1 < len(distinct) < len(every)
+    vectors = [tuple(s[lv] for lv in spine.levels) for s in every.values()]
+    assert {tuple(s[lv] for lv in spine.levels) for s in distinct.values()} == set(vectors)
+    for block, s in distinct.items():  # each at the first block holding its path
+        assert next(b for b, v in zip(every, vectors) if v == tuple(s[lv] for lv in spine.levels)) == block
+    assert list(distinct) == [b for b in every if b in distinct]
+    assert check_path_condition(shares, spine.levels) == check_path_condition(every, spine.levels)

@@ -124,6 +124,24 @@ def test_person_without_a_unit_across_partitions_names_the_persons_file(multi_ta
     assert no_partial_output(tmp_path / "run") == []
 
 
+def test_facility_without_residents_across_partitions_names_the_units_file(multi_tables, dask_client, tmp_path):
+    """The units frames stay on the workers: the file holding the facility is found by asking them."""
+    units, persons = multi_tables["units"], multi_tables["persons"]
+    gq = pa.compute.greater(units.column("unit_type"), 0)
+    last_gq = units.num_rows - 1 - pa.compute.index(gq[::-1], True).as_py()  # a facility of the second state
+    block, utype = units.column("geoid")[last_gq].as_py(), units.column("unit_type")[last_gq].as_py()
+    hhgq = pa.compute.cast(persons.column("hhgq"), pa.int64())
+    keep = pa.compute.invert(pa.compute.and_(pa.compute.equal(persons.column("geoid"), block),
+                                             pa.compute.equal(hhgq, utype)))
+    inp = write_partitioned(tmp_path / "input", {**multi_tables, "persons": persons.filter(keep)})
+    with pytest.raises(InputError) as err:
+        run(multi_config(), tmp_path / "run", input_dir=inp, client=dask_client)
+    text = str(err.value)
+    assert f"state={block[:2]}" in text and "units" in text and "'unit_type'" in text and block in text
+    assert "more GQ facilities" in text or "hhgq_total_lb" in text
+    assert no_partial_output(tmp_path / "run") == []
+
+
 def test_missing_input_names_both_layouts(tmp_path):
     with pytest.raises(FileNotFoundError, match="persons.parquet.*directories persons/ and units/"):
         dataplane.find_input(tmp_path)

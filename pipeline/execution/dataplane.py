@@ -30,9 +30,10 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .levels import node_answers
+from .memory import release_memory
 from .rundir import sha256_file, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
-from .tasks import Chunk, ChunkResult, run_chunk
+from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
 from ..products import PRODUCTS
 from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_units, raise_block_problem
@@ -112,7 +113,7 @@ class BlockPart:
     """One read task's person histograms (confidential: stays on its worker)."""
 
     path: str
-    geoids: np.ndarray  # sorted unique block GEOIDs
+    geoids: pd.Index  # sorted unique block GEOIDs (Arrow strings: no Python object per block)
     hist: sp.csr_matrix  # blocks x person cells, int64
 
 
@@ -124,10 +125,10 @@ def read_persons(path: str, row_groups: list[int]) -> BlockPart:
     hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, np.asarray(cells, np.int64))),
                          shape=(len(blocks), PERSONS.ncells), dtype=np.int64)
     hist.sum_duplicates()
-    return BlockPart(path, np.asarray(blocks, dtype=object), hist)
+    return BlockPart(path, pd.Index(blocks, dtype="str"), hist)
 
 
-def part_geoids(part: BlockPart) -> np.ndarray:
+def part_geoids(part: BlockPart) -> pd.Index:
     return part.geoids
 
 
@@ -173,7 +174,7 @@ def _persons_problem(parts: list[BlockPart], blocks: np.ndarray, hist: sp.csr_ma
         return None if problem is None else (problem, None)
     block, k = problem[1], problem[2]
     for part in parts:
-        i = np.searchsorted(part.geoids, block)
+        i = int(part.geoids.searchsorted(block))
         if i < len(part.geoids) and part.geoids[i] == block and part.hist[i, k * CELLS_PER_HHGQ:(k + 1) * CELLS_PER_HHGQ].sum():
             return problem, part.path
     return problem, None
@@ -273,12 +274,13 @@ def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | Non
 @dataclass
 class ReadInput:
     """What the driver holds after the read tasks: futures of the person parts (on the workers), each part's
-    block GEOIDs, and the public per-block unit counts with the file of each read task."""
+    block GEOIDs, the public per-block unit counts, and each unit read task's file and future (its frame
+    stays on the workers: an error message asks them which file holds a block)."""
 
     persons: list  # futures of BlockPart
-    person_geoids: list[np.ndarray]
+    person_geoids: list[pd.Index]
     units: pd.DataFrame  # per block (index geoid, sorted): u0..u7, occupied, vacant
-    unit_parts: list[tuple[str, pd.DataFrame]]
+    unit_parts: list[tuple[str, object]]  # (file, future of its read_units frame)
 
 
 def read_input(client, files: InputFiles) -> ReadInput:
@@ -289,17 +291,17 @@ def read_input(client, files: InputFiles) -> ReadInput:
     ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
     gfuts = [client.submit(part_geoids, p, pure=False) for p in pfuts]
     geoids = [f.result() for f in gfuts]
-    uparts = [(f, fut.result()) for (f, _), fut in zip(utasks, ufuts)]
-    frames = [frame for _, frame in uparts]
+    frames = client.gather(ufuts)
     units = (pd.concat(frames, ignore_index=True).groupby("geoid", sort=True).sum() if len(frames) > 1
              else frames[0].set_index("geoid"))
-    return ReadInput(pfuts, geoids, units, uparts)
+    del frames
+    return ReadInput(pfuts, geoids, units, [(f, fut) for (f, _), fut in zip(utasks, ufuts)])
 
 
 def block_geoids(inp: ReadInput) -> pd.Series:
     """Every block of the input (with persons or units), sorted."""
-    return pd.Series(np.union1d(inp.units.index.to_numpy(dtype=object),
-                                np.concatenate([np.zeros(0, object), *inp.person_geoids])), name="geoid")
+    found = inp.units.index.append(inp.person_geoids) if inp.person_geoids else inp.units.index
+    return pd.Series(found.unique().sort_values(), name="geoid").reset_index(drop=True)
 
 
 def gq_presence(units: pd.DataFrame) -> pd.DataFrame:
@@ -317,10 +319,10 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     from .levels import LevelPart, _geography, levels_from_answers
 
     geography = _geography(spine)
+    release_memory()
     tab_geoid, geo, _ = geography
-    index = pd.Index(tab_geoid)
-    expected = block_geoids(inp)
-    if len(index) != len(expected) or not expected.isin(index).all():
+    index = tab_geoid
+    if (index.get_indexer(inp.units.index) < 0).any():
         raise ValueError("the spine's blocks are not the input's blocks")
     units = inp.units.reindex(tab_geoid).fillna(0).astype(np.int64)
     n = len(tab_geoid)
@@ -329,7 +331,10 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     persons = PRODUCTS[product].records == PERSON_RECORDS
     if persons:
         for fut, g in zip(inp.persons, inp.person_geoids):
-            for s in np.unique(index.get_indexer(g) // SHARD_BLOCKS):
+            pos = index.get_indexer(g)
+            if (pos < 0).any():
+                raise ValueError("the spine's blocks are not the input's blocks")
+            for s in np.unique(pos // SHARD_BLOCKS):
                 shard_parts[s].append(fut)
         by_type = units[[f"u{k}" for k in range(8)]].to_numpy()
     else:
@@ -354,6 +359,7 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
         if problem is not None:
             problems.append(problem)
     _raise_first(problems, files, inp)
+    release_memory()
     levels = levels_from_answers(product, config.product(product), spine, geography, inp.units, answers)
     del answers
     for i, level in enumerate(levels):
@@ -372,28 +378,33 @@ def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput) -> No
     problem, path = min(kinds, key=lambda p: p[0][1])
     _, block, k, _ = problem
     if problem[0] == UNIT_RECORDS:
-        path = next((f for f, frame in inp.unit_parts
-                     if ((frame["geoid"] == block) & (frame[f"u{k}"] > 0)).any()), files.where(UNIT_RECORDS))
+        path = next((f for f, fut in inp.unit_parts if fut.client.submit(_has_units, fut, block, k, pure=False).result()),
+                    files.where(UNIT_RECORDS))
     raise_block_problem(problem, path or files.where(PERSON_RECORDS), path or files.where(UNIT_RECORDS))
+
+
+def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:
+    """Whether a read task's units frame has units of type ``k`` in ``block``."""
+    return bool(((frame["geoid"] == block) & (frame[f"u{k}"] > 0)).any())
 
 
 def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
     """Write the MDF of ``product`` on the workers, one task per county, from the committed block level
     (``estimated``: engine.LevelOutput), atomically (staging, then rename)."""
-    from distributed import wait
-
     geoids = spine.table.set_index(spine.levels[-1])["geoid"].reindex(blocks.nodes).to_numpy()
     final = rundir.mdf(product)
     staged = rundir.staging(final)
     order = np.argsort(geoids, kind="stable")
     names, starts = np.unique(pd.Series(geoids[order]).str[:5].to_numpy(), return_index=True)
-    futures = []
-    for county, rows in zip(names, np.split(order, starts[1:])):  # geoid order: a county's blocks are adjacent
-        futures.append(client.submit(write_county_mdf, product, estimated.files(rows), list(blocks.nodes[rows]),
-                                     geoids[rows], blocks.units.iloc[rows],
-                                     str(staged / f"county={county}" / "part-00000.parquet"), pure=False))
-    wait(futures)
-    for fut in futures:
+    counties = np.split(order, starts[1:])  # geoid order: a county's blocks are adjacent
+
+    def submit(i: int):
+        rows = counties[i]
+        return client.submit(write_county_mdf, product, estimated.files(rows), list(blocks.nodes[rows]), geoids[rows],
+                             blocks.units.iloc[rows], str(staged / f"county={names[i]}" / "part-00000.parquet"),
+                             pure=False)
+
+    for fut in windowed(client, submit, list(range(len(names)))):
         fut.result()
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)

@@ -6,6 +6,7 @@ submitted first, and the level is written completely (staging, then rename) befo
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -18,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import scipy.sparse as sp
-from distributed import Client, as_completed
+from distributed import Client
 
 from topdown.geo.spine import STATE
 from topdown.vocab.problem import GroupTotal
@@ -29,7 +30,7 @@ from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_t
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunk
-from .tasks import Chunk, ChunkResult, ParentTask
+from .tasks import Chunk, ChunkResult, ParentTask, windowed
 
 log = logging.getLogger("topdown")
 
@@ -37,8 +38,6 @@ log = logging.getLogger("topdown")
 #: above either is a task alone. Fixed numbers, so the chunks do not depend on the cluster.
 CHUNK_COST = 60_000
 CHUNK_CHILDREN = 256
-#: Chunks submitted ahead per worker (engine.estimate_level keeps no more in flight).
-WINDOW_PER_WORKER = 4
 
 ProgressFn = Callable[[str, str, int, int], None]
 
@@ -210,18 +209,11 @@ def estimate_level(
                              str(rundir.staging(hdir) / f"part-{i:05d}.parquet"),
                              key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
 
-    # At most WINDOW_PER_WORKER chunks per worker are submitted and not finished: the driver (and the
-    # scheduler) holds a bounded number of chunks, whatever the level's size.
-    window = WINDOW_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
-    queue = as_completed([submit(i) for i in todo[:window]])
-    todo = todo[window:]
     done = len(results)
-    for fut in queue:
+    for fut in windowed(client, submit, todo):  # a bounded number of chunks in the driver and the scheduler
         res: ChunkResult = fut.result()
-        if todo:
-            queue.add(submit(todo.pop(0)))
         _record_chunk(records, res)
-        results[res.index] = res
+        results[res.index] = dataclasses.replace(res, children=[])  # the driver keeps no per-child names
         done += 1
         if progress:
             progress(product, level.name, done, len(plan))

@@ -114,6 +114,20 @@ def _hhgq_bounds(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, n
     return lb.astype(float), ub.astype(float)
 
 
+#: Rows of a level's bounds computed at a time (a block level of millions of nodes would make about ten
+#: temporaries of its size at once).
+BOUND_ROWS = 50_000
+
+
+def _hhgq_bounds_by_rows(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_hhgq_bounds` of :data:`BOUND_ROWS` rows at a time (the same values)."""
+    lb, ub = np.empty(u.shape), np.empty(u.shape)
+    for lo in range(0, len(u), BOUND_ROWS):
+        rows = slice(lo, lo + BOUND_ROWS)
+        lb[rows], ub[rows] = _hhgq_bounds(u[rows], None if total is None else total[rows])
+    return lb, ub
+
+
 def person_constraints(
     cfg: ProductConfig, levels: list[str], level: str, nodes: pd.DataFrame, child_rhs: LevelConstraints | None,
     child_parent: np.ndarray | None,
@@ -142,7 +156,7 @@ def person_constraints(
 
     if {"hhgq_total_lb", "hhgq_total_ub"} & active:
         above_state = level in levels[: levels.index(STATE)] if STATE in levels else False
-        lb, ub = _hhgq_bounds(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None)
+        lb, ub = _hhgq_bounds_by_rows(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None)
         slb, sub = summed("hhgq_total_lb"), summed("hhgq_total_ub")
         if above_state and slb is not None:
             lb, ub = slb, sub

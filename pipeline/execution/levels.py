@@ -64,12 +64,13 @@ def block_matrix(block_hist: pd.DataFrame, geoids: pd.Index, ncells: int) -> sp.
     return m
 
 
-def _rollup(codes: np.ndarray) -> tuple[pd.Index, sp.csr_matrix, np.ndarray]:
-    """Sorted unique node codes, the node x block aggregation matrix, and each block's node row."""
-    nodes, inverse = np.unique(codes, return_inverse=True)
-    agg = sp.csr_matrix((np.ones(codes.size, dtype=np.int64), (inverse, np.arange(codes.size))),
-                        shape=(nodes.size, codes.size))
-    return pd.Index(nodes), agg, inverse
+def _rollup(codes: pd.Series) -> tuple[pd.Index, sp.csr_matrix, np.ndarray]:
+    """Sorted unique node codes, the node x block aggregation matrix, and each block's node row (factorized
+    on the Arrow strings: no Python object per block)."""
+    inverse, nodes = pd.factorize(codes, sort=True)
+    agg = sp.csr_matrix((np.ones(inverse.size, dtype=np.int64), (inverse, np.arange(inverse.size))),
+                        shape=(nodes.size, inverse.size))
+    return pd.Index(nodes), agg, inverse.astype(np.int64)
 
 
 @dataclass
@@ -83,14 +84,14 @@ class _Geography:
     state: np.ndarray
 
 
-def _geography(spine: Spine) -> tuple[np.ndarray, list[_Geography], list[np.ndarray | None]]:
+def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarray | None]]:
     """Block geoids in block-geocode order, every level's nodes, and every level's parent rows."""
     table = spine.table.sort_values(spine.levels[-1]).reset_index(drop=True)
-    tab_geoid = table["geoid"].to_numpy()
-    state_of_block = np.array([g[:2] for g in tab_geoid])
+    tab_geoid = pd.Index(table["geoid"], dtype="str")
+    state_of_block = np.asarray(tab_geoid.str.slice(0, 2), dtype="U2")
     geo = []
     for name in spine.levels:
-        nodes, agg, inverse = _rollup(table[name].to_numpy())
+        nodes, agg, inverse = _rollup(table[name])
         first_block = np.zeros(len(nodes), dtype=np.int64)
         first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
         geo.append(_Geography(name, nodes, agg, inverse, state_of_block[first_block]))
@@ -141,7 +142,7 @@ def build_levels(
     """
     geography = _geography(spine)
     tab_geoid, geo, _ = geography
-    bhist = block_matrix(block_hist, pd.Index(tab_geoid), schema.ncells)
+    bhist = block_matrix(block_hist, tab_geoid, schema.ncells)
     hists = [(g.agg @ bhist).tocsr() for g in geo]
     answers = [node_answers(product, schema, h) for h in hists]
     levels = levels_from_answers(product, cfg, spine, geography, block_units, answers)
@@ -162,9 +163,12 @@ def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, geograph
     ``geography`` (:func:`_geography`, computed once by the caller), the public block unit counts and, per
     level, the true answers of :func:`node_answers` (checked against the constraints; ``hist`` is left None)."""
     tab_geoid, geo, parents = geography
-    bunits = block_units.reindex(tab_geoid).fillna(0).astype(np.int64)
-    units = [pd.DataFrame(g.agg @ bunits[UNIT_COLUMNS + ["occupied"]].to_numpy(), index=g.nodes,
-                          columns=UNIT_COLUMNS + ["occupied"]) for g in geo]
+    columns = UNIT_COLUMNS + ["occupied"]
+    pos = block_units.index.get_indexer(tab_geoid)  # blocks without units (-1) have none
+    bunits = np.zeros((len(tab_geoid), len(columns)), dtype=np.int64)
+    bunits[pos >= 0] = block_units[columns].to_numpy(dtype=np.int64)[pos[pos >= 0]]
+    units = [pd.DataFrame(g.agg @ bunits, index=g.nodes, columns=columns) for g in geo]
+    del bunits
     totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
     for i, g in enumerate(geo):

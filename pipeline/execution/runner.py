@@ -32,6 +32,7 @@ from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_
                      read_level_histograms, read_level_output, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
 from .levels import Level
+from .memory import limit_heaps, release_memory
 from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from ..products import PRODUCTS
@@ -59,6 +60,7 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     that only holders of its temporary TLS credentials can join (cluster.py)."""
     from distributed import Client, LocalCluster
 
+    limit_heaps()
     if client is not None:
         yield client
         return
@@ -218,6 +220,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     # read, check and tabulate the input (dataplane.py), and every check runs before the first write.
     with dask_client(client, scheduler, workers, security) as dclient:
         data = read_input(dclient, files)
+        release_memory()
         timings["ingest"] = time.perf_counter() - t0
 
         t = time.perf_counter()
@@ -226,6 +229,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
             check_baf_states(baf, str(config.run.baf), geoids, files.where(UNIT_RECORDS))
         spine = build_spine(config.run.spine, geoids, baf_dir=baf, units=gq_presence(data.units))
         del geoids
+        release_memory()
         for product in config.run.products:
             _level_names(config, product, spine.levels)
         timings["spine"] = time.perf_counter() - t
@@ -236,8 +240,10 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         for product in config.run.products:
             t = time.perf_counter()
             all_levels[product] = tabulate_levels(dclient, config, product, spine, data, files)
+            release_memory()
             timings[f"{product}.tabulate"] = time.perf_counter() - t
         del data  # the shards hold the true histograms now
+        release_memory()
 
         def publish(rd: RunDir) -> None:
             write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
@@ -333,6 +339,17 @@ class PathShares(Mapping):
         for i, block in enumerate(self.blocks):
             yield block, {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
 
+    def distinct(self) -> dict[str, dict[str, Fraction]]:
+        """Each distinct path of shares once, at its first block, in block order (a national spine has
+        millions of blocks and a handful of distinct paths)."""
+        columns = []
+        for codes, share in self.shares:
+            ids: dict[Fraction, int] = {}
+            columns.append(np.array([ids.setdefault(f, len(ids)) for f in share], dtype=np.int64)[codes])
+        _, first = np.unique(np.stack(columns, axis=1), axis=0, return_index=True)
+        return {self.blocks[i]: {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
+                for i in np.sort(first)}
+
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
                       progress: ProgressFn | None, source: Callable[[Level], MeasurementSource]):
@@ -358,6 +375,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
         hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
                                       independent=by_block, source=source(level))
         _log_report(product, report)
+        release_memory()
         done.append(level.name)
         digests[level.name] = level_digests(rundir, product, level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,

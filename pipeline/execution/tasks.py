@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -159,3 +159,23 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
     result.hist = sp.csr_matrix(out)
     result.seconds = time.perf_counter() - start
     return result
+
+
+#: Tasks submitted ahead per worker by :func:`windowed` (the driver and the scheduler hold the arguments
+#: of a bounded number of tasks, whatever the size of a level or of the MDF).
+WINDOW_PER_WORKER = 4
+
+
+def windowed(client, submit: Callable[[int], object], order: list[int]) -> Iterator:
+    """The futures of ``submit(i)`` for every ``i`` of ``order``, as they finish, with at most
+    :data:`WINDOW_PER_WORKER` per worker submitted and not yet finished (submitted in ``order``)."""
+    from distributed import as_completed
+
+    window = WINDOW_PER_WORKER * max(1, len(client.scheduler_info().get("workers", {})))
+    todo = list(order)
+    queue = as_completed([submit(i) for i in todo[:window]])
+    todo = todo[window:]
+    for fut in queue:
+        if todo:
+            queue.add(submit(todo.pop(0)))
+        yield fut

@@ -36,7 +36,8 @@ def check_path_condition(path_shares: PathShares, levels: list[str] | None = Non
     """
     lo: dict[str, Fraction] = {}
     hi: dict[str, Fraction] = {}
-    for block, shares in path_shares.items():
+    distinct = getattr(path_shares, "distinct", None)  # each distinct path once, at its first block
+    for block, shares in (distinct() if distinct is not None else path_shares).items():
         if levels is not None and set(shares) != set(levels):
             raise ConfigError(f"path condition: block {block} has shares for levels {sorted(shares)}, expected {levels}")
         for level, share in shares.items():
