@@ -5,10 +5,11 @@ Prints one JSON object per line: level, children, people, variables, ours_s, flo
 seconds), ours_cpu_s (median CPU seconds: the figure to use on a shared, loaded machine), ratio,
 where our time goes (model build and compile, L2 QPs, tau LPs, rounder LPs) and the process's peak RSS.
 Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60 (default)]
-       [--repeats 3] [--no-floor] [--steps] [--split-above N] [--split-group G]
+       [--repeats 3] [--no-floor] [--steps] [--split-above N] [--split-cost C] [--split-group G]
 Cases at the 2020 national averages of children per parent (seed 003 Table 2; benchmarks/projection.py):
 bg14, tract5, county24, state40, us88; the largest parents: state250 (a state of 250 counties, Texas-like)
-and county2000 (a county of 2,000 tracts, Los Angeles-like).
+and county2000 (a county of 2,000 tracts, Los Angeles-like); state215 (the California-sized synthetic state:
+215 counties, 39.5 M persons).
 Set OPENBLAS_NUM_THREADS=1 for single-threaded figures (solver_notes pitfall 3).
 """
 from __future__ import annotations
@@ -45,10 +46,12 @@ CASES = {"bg15": ("Block_Group -> Block", 15, 830, False), "bg80": ("Block_Group
          "bg14": ("Block_Group -> Block", 14, 810, False), "county24": ("County -> Tract", 24, 95_000, True),
          "state40": ("State -> County", 40, 3_760_000, True), "us88": ("US -> State", 88, 331_000_000, True),
          "state250": ("State -> County", 250, 29_000_000, True),
-         "county2000": ("County -> Tract", 2000, 10_000_000, True)}
+         "county2000": ("County -> Tract", 2000, 10_000_000, True),
+         "state215": ("State -> County", 215, 39_500_000, True)}
 #: The pipeline's defaults for two-stage solves of huge parents (solvers/split.py).
 SPLIT_ABOVE = EstimationConfig.model_fields["split_above"].default
 SPLIT_GROUP = EstimationConfig.model_fields["split_group"].default
+SPLIT_COST = EstimationConfig.model_fields["split_cost"].default
 NATIONAL = np.array([0.616, 0.124, 0.011, 0.060, 0.002, 0.084])  # White, Black, AIAN, Asian, NHPI, SOR
 
 
@@ -150,7 +153,11 @@ def main() -> None:
     ap.add_argument("--no-floor", dest="floor", action="store_false", help="skip the direct-build floor")
     ap.add_argument("--steps", action="store_true", help="print every solve step's time to stderr")
     ap.add_argument("--split-above", type=int, default=SPLIT_ABOVE,
-                    help=f"two-stage solve above this many children (default: the pipeline's, {SPLIT_ABOVE}; 0: joint)")
+                    help=f"two-stage solve above this many children (default: the pipeline's, {SPLIT_ABOVE}; 0: no "
+                         f"children-count rule; with --split-cost 0: always joint)")
+    ap.add_argument("--split-cost", type=int, default=SPLIT_COST,
+                    help=f"two-stage solve above this many children x non-zero parent cells (default: the "
+                         f"pipeline's, {SPLIT_COST}; 0: children count only)")
     ap.add_argument("--split-group", type=int, default=SPLIT_GROUP, help=f"children per group (default {SPLIT_GROUP})")
     args = ap.parse_args()
     if args.steps:
@@ -160,7 +167,7 @@ def main() -> None:
         level, k, people, dense = CASES[name]
         t0 = time.perf_counter()
         problem = replace(synthetic_parent(np.random.default_rng(args.seed), k, people, dense),
-                          split_above=args.split_above, split_group=args.split_group)
+                          split_above=args.split_above, split_cost=args.split_cost, split_group=args.split_group)
         gen_s = time.perf_counter() - t0
         ours, ours_cpu, floor = [], [], []
         for _ in range(args.repeats):

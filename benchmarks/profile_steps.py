@@ -207,7 +207,7 @@ def _problem(chunk, task):
         l2_passes=cfg.estimation.l2_passes.get(chunk.level, []),
         rounder_passes=cfg.estimation.rounder_passes.get(chunk.level, []),
         tau_slack=cfg.estimation.tau_slack, split_above=cfg.estimation.split_above,
-        split_group=cfg.estimation.split_group)
+        split_cost=cfg.estimation.split_cost, split_group=cfg.estimation.split_group)
 
 
 def profile_parent(clock: StepClock, problem, repeats: int) -> dict:

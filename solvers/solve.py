@@ -4,7 +4,8 @@ Sequence per failsafe level (failsafe.py): layout (layout.py) -> Pyomo model com
 -> multi-pass L2 with tau bands (l2.py, eqs. 7.5-7.6) -> multi-pass rounder (rounder.py, eq. 7.7) ->
 check of every row on the integer result. Shortcuts (facts 4.1): an all-zero parent gives zeros, a
 single child (not at the root) gets the parent's histogram. A parent with more than
-``problem.split_above`` children is solved in two stages through groups of children (split.py).
+``problem.split_above`` children, or children x non-zero parent cells above ``problem.split_cost``, is
+solved in two stages through groups of children (split.py).
 """
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
             build_layout(problem)
             return ParentSolution(parent[None, :].copy(), stats=SolveStats(shortcut="single child"))
     if wants_split(problem):
-        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler), LEVELS, map_solve)
+        # map_solve reaches stage 1 too: a stage 1 still too large is split again, its groups spread alike.
+        solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler, map_solve), LEVELS,
+                               map_solve)
         solution.stats.total_s = round(time.perf_counter() - t_start, 6)
         return solution
     failsafe: list[FailsafeStep] = []

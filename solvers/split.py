@@ -2,11 +2,13 @@
 
 One joint solve costs, per interior-point iteration, about children x r x cells^2 (every child's
 update to the dense block of parent cells; r ~ 20 aggregate rows per child) and its memory grows the
-same way, so a 2,000-tract county does not finish in minutes. Such a parent (more than
-``problem.split_above`` children, no group totals) is solved through an intermediate level that
-costs no privacy budget:
+same way, so a 2,000-tract county does not finish in minutes, and a State -> County parent of 215
+counties (1,500 non-zero parent cells) needs 2.3 GB on one worker while the others idle. Such a parent
+(more than ``problem.split_above`` children, or a :func:`split_cost` above ``problem.split_cost``; no
+group totals) is solved through an intermediate level that costs no privacy budget:
 
-1. Stage 1: consecutive children (in the given geocode order) are grouped ``split_group`` at a time.
+1. Stage 1: consecutive children (in the given geocode order) are grouped ``split_group`` at a time
+   (fewer where the cost rule asks: :func:`group_size`).
    Each group is a pseudo-child whose measurement of a query is the sum of its children's noisy
    answers (variance: the sum of theirs; unmeasured if any child is unmeasured), and whose constraint
    right-hand sides are the sums of its children's (``==`` / ``<=``: only where every child has one;
@@ -34,15 +36,37 @@ Solve = Callable[[ParentProblem], ParentSolution]
 MapSolve = Callable[[list[ParentProblem]], list[ParentSolution]]
 
 
+def split_cost(problem: ParentProblem) -> int:
+    """Children x non-zero cells of the parent: the number of count variables of the joint solve (a
+    child has a variable only where its parent is non-zero), which its memory and per-iteration time
+    grow with. Public: the parent's histogram is already estimated. 0 at the root (no parent)."""
+    if problem.parent_hist is None:
+        return 0
+    return problem.n_children * int(np.count_nonzero(problem.parent_hist))
+
+
 def wants_split(problem: ParentProblem) -> bool:
-    """Whether ``solve_parent`` goes through groups (see the module docstring)."""
-    return (problem.split_above > 0 and problem.n_children > problem.split_above
-            and problem.parent_hist is not None and not problem.group_totals)
+    """Whether ``solve_parent`` goes through groups: more than ``split_above`` children or a
+    :func:`split_cost` above ``split_cost`` (each rule off at 0), a parent, no group totals."""
+    if problem.parent_hist is None or problem.group_totals or problem.n_children < 2:
+        return False
+    return ((problem.split_above > 0 and problem.n_children > problem.split_above)
+            or (problem.split_cost > 0 and split_cost(problem) > problem.split_cost))
+
+
+def group_size(problem: ParentProblem) -> int:
+    """Children per group: ``split_group``, fewer if needed so that a group's solve (at most its size x
+    the parent's non-zero cells variables) stays within ``split_cost``; at least 2."""
+    size = max(1, problem.split_group)
+    nonzero = int(np.count_nonzero(problem.parent_hist)) if problem.parent_hist is not None else 0
+    if problem.split_cost > 0 and nonzero > 0:
+        size = min(size, max(2, problem.split_cost // nonzero))
+    return size
 
 
 def groups_of(problem: ParentProblem) -> list[np.ndarray]:
-    """Consecutive runs of children, ``split_group`` each (the last one may be shorter)."""
-    size = max(1, problem.split_group)
+    """Consecutive runs of children, :func:`group_size` each (the last one may be shorter)."""
+    size = group_size(problem)
     return [np.arange(s, min(s + size, problem.n_children)) for s in range(0, problem.n_children, size)]
 
 
@@ -81,7 +105,7 @@ def member_problem(problem: ParentProblem, members: np.ndarray, name: str, group
                    measurements=[Measurement(m.query, np.asarray(m.values)[members], np.asarray(m.variance)[members])
                                  for m in problem.measurements],
                    constraints=[Constraint(c.name, c.query, c.sense, np.asarray(c.rhs)[members])
-                                for c in problem.constraints], split_above=0)
+                                for c in problem.constraints], split_above=0, split_cost=0)
 
 
 def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...], map_solve: MapSolve | None = None

@@ -24,10 +24,17 @@ def test_parents_prints_ours_and_floor_per_case():
 
 
 def test_split_accuracy_compares_joint_and_two_stage():
-    rows = _json_lines("split_accuracy.py", "8", "4000", "0", "--modes", "joint,3")
-    assert [r["mode"] for r in rows] == ["joint", "3"]
+    rows = _json_lines("split_accuracy.py", "8", "4000", "0", "--modes", "joint,3,default")
+    assert [r["mode"] for r in rows] == ["joint", "3", "default"]
+    assert [r["split"] for r in rows] == [None, {"groups": 3, "group_size": 3}, None]  # 8 x 2016 < 100,000
     for r in rows:
         assert r["failsafe_level"] == "exact" and 0 <= r["total"] < 10 and r["detailed"] >= 0
+
+
+def test_split_spread_solves_one_parent_in_a_task_of_the_cluster():
+    (row,) = _json_lines("split_spread.py", "--case", "tract5", "--split-cost", "1", "--workers", "2")
+    assert row["split"] == {"groups": 3, "group_size": 2} and row["worker_cpu_s"] > 0
+    assert len(row["worker_peak_rss_mb"]) == len(row["worker_cpu_each_s"]) == 2 and row["cpu_ratio"] > 0
 
 
 def test_accuracy_seeds_compares_means_within_two_standard_errors(tmp_path):

@@ -93,16 +93,22 @@ def test_complete_run_is_not_recomputed_without_force(zero_noise_run, demo_input
 
 
 def test_two_stage_solves_through_the_pipeline_verify(tmp_path, demo_input, dask_client):
-    """With split_above = 2 every Block_Group -> Block parent (four blocks) is solved in two stages;
-    the run is complete and passes verify (exact sums, invariants, constraints at every level)."""
+    """With split_above = 2 (units) every Block_Group -> Block parent (four blocks) is solved in two
+    stages, and with split_cost = 1 (persons) every parent of two or more children, each level's single
+    parent included, its groups run as tasks of the cluster; the run is complete and passes verify
+    (exact sums, invariants, constraints at every level)."""
+    from distributed import get_task_stream
+
     from topdown.pipeline.configuration.config import config_from_dict
 
     data = load_config("demo").model_dump(mode="json")
-    for product in ("persons", "units"):
-        data[product]["estimation"].update(split_above=2, split_group=2)
+    data["units"]["estimation"].update(split_above=2, split_group=2)
+    data["persons"]["estimation"].update(split_above=0, split_cost=1, split_group=2)
     cfg = config_from_dict(data, source="demo with two-stage solves")
     out = tmp_path / "split"
-    run(cfg, out, input_dir=demo_input, client=dask_client)
+    with get_task_stream(dask_client) as stream:
+        run(cfg, out, input_dir=demo_input, client=dask_client)
+    assert any(str(t["key"]).startswith("solve_parent") for t in stream.data)  # groups spread as tasks
     report = verify_run(out)
     assert report.ok, report.failures
     manifest = json.loads((out / "manifest.json").read_text())

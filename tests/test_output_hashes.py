@@ -20,8 +20,8 @@ from pathlib import Path
 from topdown.pipeline.execution.rundir import SCHEMA_VERSION
 
 PINNED = {
-    'certificate.json': '99ce3958945d53b1a926e4076f2c3e689d81ff9368221439cc89d896e3e36797',
-    'config.json': 'f159fa05039535ac203b70426e54c754e491f9df29d81b96030313627d743ae3',
+    'certificate.json': 'bf825ef2194019d88f2c7ecd388c76673cfd4b3262f7dda180ff7406a22128f7',
+    'config.json': '3bb35ad28c08ca0fcf531880cd471ef5ce572f4649258b7410b03bad9590b257',
     'histograms/persons/level=Block/part-00000.parquet': 'dbf4dc72e3995b8772b8a6c65f701607fda6607410d4c2d8fc326b5414104265',
     'histograms/persons/level=Block/part-00001.parquet': '559b6a883caf0103324fad39d5fa8daa1e243845373dc5a8f4c47d057b897764',
     'histograms/persons/level=Block_Group/part-00000.parquet': 'e6245e99b1f4314b7d9c821410ac8d3e923ed6c03337b700b0be3ddcf4dd819e',
@@ -38,7 +38,7 @@ PINNED = {
     'histograms/units/level=US/part-00000.parquet': '77278fca9381ce840b02be3bb6551f238055f60112c7fc461deda327d4159f96',
     'invariants/persons.parquet': 'dd05ff564c7faf721f09325c29672e266def3784f771eefec72ef28e085bcd36',
     'invariants/units.parquet': '98e087cc352ee9a912b5ef452ca1432b4abfe4637755b9a1e74635c6a1c1ab45',
-    'manifest.json': '5aa64f7db25023c7c01106accd0842ae5a3d3c0807baea5ffb004e18e7102466',
+    'manifest.json': '87019880354b1c541427b4f91ecc3c964885f82eda5386c9459fffcd0dff7d48',
     'mdf/persons/county=44007/part-00000.parquet': 'e03163b1209ac6c41a2cfb4098957177bfcda44b529dae608f6bb4a905875c94',
     'mdf/units/county=44007/part-00000.parquet': 'ede274877cfd3bfdc39334aa2c0b7cee1d122fb4e5dde3ccd93ef6c9bb5e0136',
     'noisy_measurements/persons/level=Block/part-00000.parquet': 'b6212f2baba5bc6a2401fde20e1e7249bb0283bdb8fdc36435f96322e1a82f63',

@@ -70,6 +70,8 @@ class ParentProblem:
     tau_slack: float = 0.1
     #: More children than this (0: never) -> two-stage solve through groups of ``split_group`` (split.py).
     split_above: int = 0
+    #: Children x non-zero parent cells above this (0: never) -> two-stage solve too (split.py).
+    split_cost: int = 0
     split_group: int = 25
 
     @property

@@ -7,7 +7,7 @@ Layout of a configuration file (see ``conf/demo.toml``)::
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
     [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack,
-                               split_above, split_group, backend
+                               split_above, split_cost, split_group, backend
     [persons.invariants]       <Level> = [invariant names]
     [persons.constraints]      <Level> = [constraint names]
     [units.*]                  the same for the housing-unit product
@@ -110,6 +110,14 @@ class BudgetConfig(_Strict):
         return self
 
 
+#: Default ``split_cost``: a joint solve of more count variables (children x non-zero parent cells) than
+#: this goes through groups (solvers/split.py). Measured (benchmarks/RESULTS.md, "Split by cost"): a joint
+#: solve takes about 200 MB + 7 KB per variable; a State -> County parent of 215 counties (357,000) 2.7 GB
+#: and 305 CPU s on one worker, split 0.4 GB and 64 CPU s; a 60-county state (71,000) 0.7 GB jointly.
+#: Rhode Island 2010's largest parent has 9,870, the demo's and the pinned inputs' fewer: never split.
+SPLIT_COST = 100_000
+
+
 class EstimationConfig(_Strict):
     """Query orderings of the multi-pass L2 estimation and rounder, per child level."""
 
@@ -119,7 +127,10 @@ class EstimationConfig(_Strict):
                              description="relative slack of the L2 passes' tau constraints (finite, >= 0)")
     split_above: int = Field(default=300, ge=0, description=(
         "parents with more children than this are solved in two stages through groups of split_group "
-        "consecutive children (solvers/split.py); 0 = always one joint solve"))
+        "consecutive children (solvers/split.py); 0 = no limit on the number of children"))
+    split_cost: int = Field(default=SPLIT_COST, ge=0, description=(
+        "parents whose children x non-zero parent cells (the joint solve's count variables) exceed this "
+        "are also solved in two stages, with groups small enough to stay within it; 0 = children count only"))
     split_group: int = Field(default=25, ge=2, description="children per group of a two-stage solve")
     backend: Literal["clarabel-highs", "gurobi"] = Field(
         default="clarabel-highs", description="solvers: Clarabel (QP) + HiGHS (LP), or Gurobi where licensed")

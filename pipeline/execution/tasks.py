@@ -142,7 +142,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
                                       np.where(m.variance[rows] == 0, 1.0, m.variance[rows])) for m in measured],
             constraints=task.constraints, group_totals=task.group_totals,
             l2_passes=l2, rounder_passes=rounder, tau_slack=cfg.estimation.tau_slack,
-            split_above=cfg.estimation.split_above, split_group=cfg.estimation.split_group,
+            split_above=cfg.estimation.split_above, split_cost=cfg.estimation.split_cost,
+            split_group=cfg.estimation.split_group,
         )
         t0 = time.perf_counter()
         spread = map_on_cluster(backend) if backend is DEFAULT_BACKEND else None  # Gurobi: licence per process
