@@ -20,8 +20,8 @@ from pathlib import Path
 from topdown.pipeline.execution.rundir import SCHEMA_VERSION
 
 PINNED = {
-    'certificate.json': 'bf825ef2194019d88f2c7ecd388c76673cfd4b3262f7dda180ff7406a22128f7',
-    'config.json': '3bb35ad28c08ca0fcf531880cd471ef5ce572f4649258b7410b03bad9590b257',
+    'certificate.json': '0929e43999d3b0d9f6f4e52922ec703d1828fe4f2b9cb202a0ef1d929599d987',
+    'config.json': 'd5a5927d4acab98ba754bf9940f8c23e6fe12cc592ff33ab37f7d5ac7c4e4c00',
     'histograms/persons/level=Block/part-00000.parquet': 'dbf4dc72e3995b8772b8a6c65f701607fda6607410d4c2d8fc326b5414104265',
     'histograms/persons/level=Block/part-00001.parquet': '559b6a883caf0103324fad39d5fa8daa1e243845373dc5a8f4c47d057b897764',
     'histograms/persons/level=Block_Group/part-00000.parquet': 'e6245e99b1f4314b7d9c821410ac8d3e923ed6c03337b700b0be3ddcf4dd819e',
@@ -38,7 +38,7 @@ PINNED = {
     'histograms/units/level=US/part-00000.parquet': '77278fca9381ce840b02be3bb6551f238055f60112c7fc461deda327d4159f96',
     'invariants/persons.parquet': 'dd05ff564c7faf721f09325c29672e266def3784f771eefec72ef28e085bcd36',
     'invariants/units.parquet': '98e087cc352ee9a912b5ef452ca1432b4abfe4637755b9a1e74635c6a1c1ab45',
-    'manifest.json': '87019880354b1c541427b4f91ecc3c964885f82eda5386c9459fffcd0dff7d48',
+    'manifest.json': 'cb87d1cec918bc84a671786c859a03bee50dba6e17efa62948b31b72e39387c8',
     'mdf/persons/county=44007/part-00000.parquet': 'e03163b1209ac6c41a2cfb4098957177bfcda44b529dae608f6bb4a905875c94',
     'mdf/units/county=44007/part-00000.parquet': 'ede274877cfd3bfdc39334aa2c0b7cee1d122fb4e5dde3ccd93ef6c9bb5e0136',
     'noisy_measurements/persons/level=Block/part-00000.parquet': 'b6212f2baba5bc6a2401fde20e1e7249bb0283bdb8fdc36435f96322e1a82f63',

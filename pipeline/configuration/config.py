@@ -114,8 +114,10 @@ class BudgetConfig(_Strict):
 #: this goes through groups (solvers/split.py). Measured (benchmarks/RESULTS.md, "Split by cost"): a joint
 #: solve takes about 200 MB + 7 KB per variable; a State -> County parent of 215 counties (357,000) 2.7 GB
 #: and 305 CPU s on one worker, split 0.4 GB and 64 CPU s; a 60-county state (71,000) 0.7 GB jointly.
-#: Rhode Island 2010's largest parent has 9,870, the demo's and the pinned inputs' fewer: never split.
-SPLIT_COST = 100_000
+#: Rhode Island 2010's largest parent has 9,870, the demo's and the pinned inputs' fewer: never split. The
+#: limit keeps the nation's US -> State parent (88 state parts x about 1,775 cells: 156,200 on the synthetic
+#: us88) joint, as in production, at about 1.3 GB, and splits a state of 100+ counties.
+SPLIT_COST = 160_000
 
 
 class EstimationConfig(_Strict):
