@@ -36,9 +36,9 @@ What differs (on purpose, or because the peer cannot do it):
 * measurements: the peer spends each level's rho on the detailed histogram alone (discrete Gaussian,
   sigma^2 = 1 / (2 rho_level), its only query); ours on the production workload of about ten queries per
   level with their shares;
-* invariants and constraints: ours keeps the production ones (state total; block counts of occupied
-  group-quarters facilities and their structural zeros); the peer gets the state total
-  (``SumEqualRealTotal`` at the State level) only;
+* invariants and constraints: ours keeps the production ones (state total; each block's group-quarters
+  facility counts by type and the person bounds they imply; no under-18 persons in nursing facilities);
+  the peer gets the state total (``SumEqualRealTotal`` at the State level) only;
 * nodes: the peer's tree has only the blocks with persons (354 of the demo's 569); ours every block on
   the spine;
 * estimation: ours runs the production multi-pass L2 and rounder; the peer one L2 pass (Pyomo, HiGHS with
