@@ -69,3 +69,22 @@ def test_profile_steps_captures_and_times_every_step(tmp_path, demo_input):
     assert task["solved"] >= 1 and task["steps"]["noise draws"] > 0
     (blocks,) = _json_lines("profile_steps.py", "blocks", str(tmp_path / "p"))
     assert blocks["chunks"] >= 1 and blocks["blocks"] > 0 and blocks["cpu_s"] > 0
+
+
+def test_peer_censusdp_converts_demo_persons_and_spends_each_level_rho(demo_input):
+    import importlib.util
+    from fractions import Fraction
+
+    import pandas as pd
+
+    spec = importlib.util.spec_from_file_location("peer_censusdp", BENCH / "peer_censusdp.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    persons = pd.read_parquet(Path(demo_input) / "persons.parquet")
+    records = peer.peer_records(persons)
+    assert list(records.columns) == ["State", "County", "Tract", "Block_Group", "Block",
+                                     "hhgq", "votingage", "hispanic", "cenrace"]
+    assert len(records) == len(persons) and (records["Block"] == persons["geoid"]).all()
+    assert (records["Block_Group"] == persons["geoid"].str[:12]).all() and records["State"].nunique() == 1
+    sigma2 = peer.peer_sigma2(BENCH.parent / "conf" / "demo.toml")
+    assert len(sigma2) == 6 and sum(1 / (2 * s) for s in sigma2) == Fraction(293764, 114921)
