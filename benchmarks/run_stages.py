@@ -14,6 +14,11 @@ between samples are not missed; per stage it is reported only where the high-wat
 CPU: the same polls read each process's CPU seconds (user + system); the CPU used between two polls goes
 to the later poll's stage. On a shared machine worker CPU seconds, unlike wall time, do not grow with
 the load, so they are the figures to project from (benchmarks/projection.py reads this output).
+Tasks: Dask's task stream gives every task's compute interval. Per level: ``task_busy_s`` (the summed
+compute seconds of the level's chunk tasks and of the split groups' tasks they started), ``task_span_s``
+(first start to last stop) and ``span_over_busy_per_worker`` = span / (busy / workers), the measure of
+issue 20 item 3 (1.0: the workers never idle; 2.0 on 2 workers: one task ran alone). The polls' CPU split
+at stage boundaries is approximate (a sample's CPU goes to one stage); the task stream is exact per task.
 
 Prints one JSON object per stage, then one summary object (``"stage": "summary"``); a run stopped with
 SIGTERM or Ctrl-C prints the stages so far (``"interrupted": true``; the stage in progress has no wall time).
@@ -210,6 +215,37 @@ def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_
     return rows
 
 
+def task_levels(stream: list[dict], workers: int) -> dict[str, dict]:
+    """Per ``product.level``: its tasks (keys ``product-level-i-digest``, and ``solve_parent`` tasks of split
+    groups, given to the level whose chunks were running when they started), summed compute seconds, span."""
+    spans: dict[str, list[float]] = {}
+    busy: dict[str, list[float]] = {}
+    groups = []
+    for d in stream:
+        key = d["key"] if isinstance(d["key"], str) else str(d["key"])
+        for ss in d["startstops"]:
+            if ss["action"] != "compute":
+                continue
+            parts = key.split("-")
+            if parts[0] in ("persons", "units") and len(parts) >= 4:
+                name = f"{parts[0]}.{parts[1]}"
+                busy.setdefault(name, []).append(ss["stop"] - ss["start"])
+                span = spans.setdefault(name, [ss["start"], ss["stop"]])
+                span[0], span[1] = min(span[0], ss["start"]), max(span[1], ss["stop"])
+            elif parts[0] == "solve_parent":
+                groups.append((ss["start"], ss["stop"]))
+    for start, stop in groups:
+        name = next((n for n, (a, b) in spans.items() if a <= start <= b), None)
+        if name is not None:
+            busy[name].append(stop - start)
+    out = {}
+    for name, (a, b) in spans.items():
+        total = sum(busy[name])
+        out[name] = {"tasks": len(busy[name]), "task_busy_s": round(total, 2), "task_span_s": round(b - a, 2),
+                     "span_over_busy_per_worker": round((b - a) / (total / workers), 2) if total else None}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
@@ -219,7 +255,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
     args = ap.parse_args()
 
-    from distributed import Client, LocalCluster
+    from distributed import Client, LocalCluster, get_task_stream
 
     from topdown.pipeline.execution import runner
     from topdown.pipeline.execution.dataplane import find_input
@@ -235,25 +271,29 @@ def main() -> None:
         driver_start = psutil.Process().memory_info().rss
         sampler = Sampler(client, tracker)
         sampler.start()
-        try:
-            with wrapped(runner, "read_input", lambda *a, **k: "ingest", tracker), \
-                 wrapped(runner, "build_spine", lambda *a, **k: "spine", tracker), \
-                 wrapped(runner, "tabulate_levels", lambda client, config, product, *a, **k: f"{product}.tabulate",
-                         tracker), \
-                 wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product}.mdf", tracker):
-                t1 = time.perf_counter()
-                signal.signal(signal.SIGTERM, _interrupt)
-                try:
-                    out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
-                                     progress=tracker.progress)
-                except KeyboardInterrupt:  # SIGTERM or Ctrl-C: report the stages so far
-                    out, interrupted = Path(args.out), True
-                run_wall = time.perf_counter() - t1
-        finally:
-            sampler.stop()
+        with get_task_stream(client) as stream:
+            try:
+                with wrapped(runner, "read_input", lambda *a, **k: "ingest", tracker), \
+                     wrapped(runner, "build_spine", lambda *a, **k: "spine", tracker), \
+                     wrapped(runner, "tabulate_levels", lambda client, config, product, *a, **k: f"{product}.tabulate",
+                             tracker), \
+                     wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product}.mdf", tracker):
+                    t1 = time.perf_counter()
+                    signal.signal(signal.SIGTERM, _interrupt)
+                    try:
+                        out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
+                                         progress=tracker.progress)
+                    except KeyboardInterrupt:  # SIGTERM or Ctrl-C: report the stages so far
+                        out, interrupted = Path(args.out), True
+                    run_wall = time.perf_counter() - t1
+            finally:
+                sampler.stop()
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     timings = dict(manifest["timings"])
     rows = stage_rows(sampler.samples, timings, tracker, run_wall)
+    per_level = task_levels(stream.data, args.workers)
+    for row in rows:
+        row.update(per_level.get(row["stage"], {}))
     spine = pd.read_parquet(Path(out) / "spine.parquet")
     nodes = {level: int(spine[level].nunique()) for level in manifest["levels"]}
     for row in rows:
