@@ -298,6 +298,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
                                        lambda level: plan.source(rundir, product, level))
             t = time.perf_counter()
             write_mdf(dclient, rundir, product, plan.spine, levels[-1], blocks)
+            release_memory()
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
     shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
