@@ -3,7 +3,7 @@
 The driver's stages (reading the shards' summaries, building a level's invariants and constraints) make
 large short-lived arrays; glibc's allocator keeps much of what they free in its heap, so the process's
 resident size would be set by the largest transient of any stage rather than by what it holds. After a
-stage the driver collects garbage, returns the Arrow memory pool's unused pages and asks glibc to trim
+stage the driver collects young garbage, returns the Arrow memory pool's unused pages and asks glibc to trim
 its heap (``malloc_trim``; elsewhere a no-op).
 """
 from __future__ import annotations
@@ -42,8 +42,9 @@ def limit_heaps() -> None:
 
 
 def release_memory() -> None:
-    """Collect garbage and return the freed heap to the operating system where the C library can."""
-    gc.collect()
+    """Collect young garbage and return the freed heap to the operating system where the C library can
+    (about a millisecond: it runs after every stage, also of small runs)."""
+    gc.collect(1)  # the young generations, where a stage's garbage is; a full collection costs 0.1 s or more
     pa.default_memory_pool().release_unused()
     libc = _libc()
     if libc is not None:
