@@ -321,9 +321,7 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     geography = _geography(spine)
     release_memory()
     tab_geoid, geo, _ = geography
-    index = tab_geoid
-    if (index.get_indexer(inp.units.index) < 0).any():
-        raise ValueError("the spine's blocks are not the input's blocks")
+    _spine_rows(tab_geoid, inp.units.index)
     units = inp.units.reindex(tab_geoid).fillna(0).astype(np.int64)
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
@@ -331,10 +329,7 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     persons = PRODUCTS[product].records == PERSON_RECORDS
     if persons:
         for fut, g in zip(inp.persons, inp.person_geoids):
-            pos = index.get_indexer(g)
-            if (pos < 0).any():
-                raise ValueError("the spine's blocks are not the input's blocks")
-            for s in np.unique(pos // SHARD_BLOCKS):
+            for s in np.unique(_spine_rows(tab_geoid, g) // SHARD_BLOCKS):
                 shard_parts[s].append(fut)
         by_type = units[[f"u{k}" for k in range(8)]].to_numpy()
     else:
@@ -367,6 +362,14 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
                        for fut, (lo, hi) in zip(shards, ranges[i]) if hi >= lo]
     wait([p.future for level in levels for p in level.parts])
     return levels
+
+
+def _spine_rows(tab_geoid: pd.Index, geoids: pd.Index) -> np.ndarray:
+    """Each input block's row on the spine; every block of the input must be on it."""
+    rows = tab_geoid.get_indexer(geoids)
+    if (rows < 0).any():
+        raise ValueError("the spine's blocks are not the input's blocks")
+    return rows
 
 
 def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput) -> None:
