@@ -196,7 +196,10 @@ def bypass(spine: Spine) -> Spine:
 
 def _block_geoids(geoids: pd.Series | pd.Index | list[str]) -> pd.Series:
     """Validated, sorted 15-digit block GEOIDs."""
-    values = pd.Series(np.asarray(geoids, dtype=object)).astype(str)
+    if isinstance(geoids, (pd.Series, pd.Index)) and geoids.dtype == "str":
+        values = pd.Series(geoids.array)  # Arrow strings stay so: no Python object per block
+    else:
+        values = pd.Series(np.asarray(geoids, dtype=object)).astype(str)
     bad = values[~values.str.fullmatch(r"\d{15}")]
     if len(bad):
         raise ValueError(f"block GEOID {bad.iloc[0]!r} (row {bad.index[0]}) is not 15 digits")

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from .invariants import UNIT_COLUMNS, LevelConstraints, infeasible, infeasible_error, invariant_rows
 from .levels import node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
@@ -139,12 +140,50 @@ def read_units(path: str, row_groups: list[int]) -> pd.DataFrame:
 
 
 @dataclass
+class BlockMeta:
+    """The public metadata of a range of the block level's rows (stays on its worker): the blocks' GEOIDs, unit
+    counts (u0..u7, occupied; indexed by block geocode) and constraint right-hand sides, rows in node order
+    from row ``lo``."""
+
+    lo: int
+    geoids: pd.Index
+    units: pd.DataFrame
+    constraints: LevelConstraints | None
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+
+def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
+    """The metadata of block ``rows`` (in that order) from the parts holding them."""
+    picked, local = [], []
+    for m in metas:
+        sel = np.flatnonzero((rows >= m.lo) & (rows < m.lo + len(m)))
+        picked.append(sel)
+        local.append(rows[sel] - m.lo)
+    back = np.argsort(np.concatenate(picked), kind="stable")
+    units = pd.concat([m.units.iloc[i] for m, i in zip(metas, local)]).iloc[back]
+    geoids = metas[0].geoids[:0].append([m.geoids[i] for m, i in zip(metas, local)])[back]
+    cons = None
+    if metas[0].constraints is not None:
+        cons = LevelConstraints(units.index, {name: dataclasses.replace(c, rhs=np.concatenate(
+            [m.constraints.rhs[name].rhs[i] for m, i in zip(metas, local)])[back])
+            for name, c in metas[0].constraints.rhs.items()})
+    return BlockMeta(0, geoids, units, cons)
+
+
+@dataclass
 class Shard:
-    """True histograms of a range of blocks and their partial sums at every level (stays on its worker)."""
+    """True histograms of a range of blocks and their partial sums at every level, and the blocks' public
+    metadata (stays on its worker)."""
 
     partials: list[tuple[np.ndarray, sp.csr_matrix]]  # per level: node rows touched, their partial histograms
-    answers: list[dict[str, np.ndarray]]  # per level: Product.feasibility_queries answers of those rows
+    answers: list[dict[str, np.ndarray]]  # per level above the blocks: feasibility_queries answers of those rows
+    units: list[np.ndarray]  # per level above the blocks: those rows' summed u0..u7 and occupied
+    below: dict[str, np.ndarray]  # the blocks' constraint right-hand sides summed per row of the level above
+    infeasible: dict[str, tuple[str, int]]  # block constraints the true data violate: first block, how many
     problem: tuple | None  # a structural input problem (validate.block_problem) and the persons file holding it
+    meta: BlockMeta
 
 
 def _stack(parts: list[BlockPart], blocks: np.ndarray, ncells: int) -> sp.csr_matrix:
@@ -185,28 +224,47 @@ def _hhgq_matrix() -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(cells.size, np.int64), (cells, cells // CELLS_PER_HHGQ)), shape=(cells.size, 8))
 
 
-def tabulate_shard(product: str, blocks: np.ndarray, parts: list[BlockPart] | None, hist: sp.csr_matrix | None,
-                   units_by_type: np.ndarray | None, inverses: list[np.ndarray]) -> Shard:
-    """The shard of ``blocks`` (spine node order): their histograms from the read tasks' ``parts`` (persons)
-    or ``hist`` (units, from the public unit counts' occupancy), and partial sums per level, where
-    ``inverses[i]`` is each block's node row at level i."""
-    schema = SCHEMAS[product]
-    if hist is None:
+def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index, names: pd.Index,
+                   parts: list[BlockPart] | None, units: np.ndarray, inverses: list[np.ndarray]) -> Shard:
+    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` and geocodes ``names``, unit counts
+    ``units`` (u0..u7, occupied), histograms from the read tasks' ``parts`` (persons) or from the units'
+    occupancy; partial sums per level above the blocks (``inverses[i]``: each block's node row at level i);
+    the blocks' constraints, checked against their true answers and summed per node of the level above."""
+    schema, spec = SCHEMAS[product], PRODUCTS[product]
+    frame = pd.DataFrame(units, index=names, columns=UNIT_COLUMNS + ["occupied"])
+    if parts is not None:
         hist = _stack(parts, blocks, schema.ncells)
-    problem = _persons_problem(parts, blocks, hist, units_by_type) if parts is not None else None
-    partials, answers = [], []
-    for inverse in inverses:
+        problem = _persons_problem(parts, blocks, hist, units[:, :8])
+    else:
+        hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
+    cons = spec.level_constraints(cfg, levels, levels[-1], frame, None, None)
+    bad = infeasible(cons, node_answers(product, schema, hist))
+    partials, answers, sums, below = [], [], [], {}
+    for i, inverse in enumerate(inverses):
         rows, local = np.unique(inverse, return_inverse=True)
         agg = sp.csr_matrix((np.ones(len(local), np.int64), (local, np.arange(len(local)))), shape=(len(rows), len(local)))
         partial = (agg @ hist).tocsr()
         partials.append((rows, partial))
         answers.append(node_answers(product, schema, partial))
-    return Shard(partials, answers, problem)
+        sums.append(agg @ units)
+        if i == len(inverses) - 1:  # the level above the blocks: their right-hand sides summed per node
+            for name, c in cons.rhs.items():
+                below[name] = np.zeros((len(rows), c.rhs.shape[1]))
+                np.add.at(below[name], local, c.rhs)
+    partials.append((lo + np.arange(len(blocks)), hist))
+    return Shard(partials, answers, sums, below, {name: (str(names[row]), n) for name, (row, n) in bad.items()},
+                 problem, BlockMeta(lo, blocks, frame, cons))
 
 
-def shard_summary(shard: Shard) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]], tuple | None]:
-    """What the driver takes from a shard: node rows and query answers per level, and any input problem."""
-    return [rows for rows, _ in shard.partials], shard.answers, shard.problem
+def shard_summary(shard: Shard) -> tuple:
+    """What the driver takes from a shard: node rows, query answers and unit sums per level above the blocks,
+    the blocks' summed right-hand sides and infeasible constraints, and any input problem."""
+    return ([rows for rows, _ in shard.partials], shard.answers, shard.units, shard.below, shard.infeasible,
+            shard.problem)
+
+
+def shard_meta(shard: Shard) -> BlockMeta:
+    return shard.meta
 
 
 def level_partial(shard: Shard, level: int) -> tuple[np.ndarray, sp.csr_matrix]:
@@ -241,24 +299,29 @@ def hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
                          "count": coo.data[keep].astype(np.int64)}).sort_values(["geocode", "cell"], kind="stable")
 
 
-def write_county_mdf(product: str, files: list[str], nodes: list[str], geoids: np.ndarray, units: pd.DataFrame,
-                     path: str) -> None:
-    """Write one county's MDF part from the committed block-level parts (``nodes``: the county's block
-    geocodes, in GEOID order; ``units``: their invariant unit counts)."""
-    hist = read_rows(files, nodes, SCHEMAS[product].ncells)
-    frame = PRODUCTS[product].mdf(geoids, hist, units)
+def write_county_mdf(product: str, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str) -> None:
+    """Write one county's MDF part from the committed block-level parts (``rows``: the county's block rows in
+    GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``)."""
+    meta = meta_rows(metas, rows)
+    hist = read_rows(files, list(meta.units.index), SCHEMAS[product].ncells)
+    frame = PRODUCTS[product].mdf(np.asarray(meta.geoids), hist, meta.units)
     write_table(frame, Path(path))
 
 
 def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
-                   hist_path: str) -> ChunkResult:
+                   hist_path: str, child_meta: list[BlockMeta] | None = None) -> ChunkResult:
     """Run a chunk on a worker: its children's true histograms from the shards' partials (``child_parts``,
-    None: the chunk carries them, or none is needed), its parents' from the committed parts of the level
+    None: the chunk carries them, or none is needed), their constraints from the shards' block metadata
+    (``child_meta``, None: the chunk carries them), its parents' from the committed parts of the level
     above (``parent_files``, None at the root); its estimate is written to ``hist_path`` and the driver gets
     back each child's count of non-zero cells and the part's SHA-256 instead of the histograms."""
     ncells = SCHEMAS[chunk.product].ncells
     if child_parts is not None:
         chunk.child_hist = rows_of(child_parts, child_rows, ncells)
+    if child_meta is not None:
+        cons = meta_rows(child_meta, child_rows).constraints
+        for task in chunk.parents:
+            task.constraints = cons.take(task.child_rows)
     if parent_files is not None:
         hists = read_rows(parent_files, [t.parent for t in chunk.parents], ncells).toarray()
         for task, hist in zip(chunk.parents, hists):
@@ -313,54 +376,77 @@ def gq_presence(units: pd.DataFrame) -> pd.DataFrame:
 
 def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: InputFiles) -> list:
     """Every level of ``product`` with its invariants and constraints (checked) in the driver and its true
-    histograms on the workers (``Level.parts``): one shard task per :data:`SHARD_BLOCKS` blocks."""
+    histograms on the workers (``Level.parts``): one shard task per :data:`SHARD_BLOCKS` blocks. The block
+    level's unit counts and constraints stay on the shards too (``Level.meta``): the driver holds per block
+    its geocode, parent row and budget share only."""
     from distributed import wait
 
-    from .levels import LevelPart, _geography, levels_from_answers
+    from .levels import Level, LevelPart, _geography, _plb, levels_from_units
 
-    geography = _geography(spine)
+    cfg = config.product(product)
+    tab_geoid, geo, parents = _geography(spine)
     release_memory()
-    tab_geoid, geo, _ = geography
-    _spine_rows(tab_geoid, inp.units.index)
-    units = inp.units.reindex(tab_geoid).fillna(0).astype(np.int64)
+    names = geo[-1].nodes  # the block level's geocodes, in the spine's block order (that of tab_geoid)
+    columns = UNIT_COLUMNS + ["occupied"]
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
-    shard_parts: list[list] = [[] for _ in starts]
+    unit_rows = _spine_rows(tab_geoid, inp.units.index)  # each block with units: its row on the spine
+    by_row = np.argsort(unit_rows, kind="stable")
+    cuts = np.searchsorted(unit_rows[by_row], starts + [n])
     persons = PRODUCTS[product].records == PERSON_RECORDS
+    shard_parts: list[list] = [[] for _ in starts]
     if persons:
         for fut, g in zip(inp.persons, inp.person_geoids):
             for s in np.unique(_spine_rows(tab_geoid, g) // SHARD_BLOCKS):
                 shard_parts[s].append(fut)
-        by_type = units[[f"u{k}" for k in range(8)]].to_numpy()
-    else:
-        occupied = units["occupied"].to_numpy()
-        hist = sp.csr_matrix(np.stack([occupied, units["u0"].to_numpy() - occupied], axis=1))
     shards = []
     for s, lo in enumerate(starts):
         hi = min(lo + SHARD_BLOCKS, n)
-        args = ((shard_parts[s], None, by_type[lo:hi]) if persons else (None, hist[lo:hi], None))
-        shards.append(client.submit(tabulate_shard, product, tab_geoid[lo:hi], *args,
-                                    [g.inverse[lo:hi] for g in geo], pure=False))
-    answers = [{} for _ in geo]
+        units = np.zeros((hi - lo, len(columns)), dtype=np.int64)  # a block without unit records has none
+        take = by_row[cuts[s]:cuts[s + 1]]
+        units[unit_rows[take] - lo] = inp.units.iloc[take][columns].to_numpy(dtype=np.int64)
+        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, tab_geoid[lo:hi], names[lo:hi],
+                                    shard_parts[s] if persons else None, units, [g.inverse[lo:hi] for g in geo[:-1]],
+                                    pure=False))
+    del unit_rows, by_row
+    above = geo[:-1]
+    answers: list[dict[str, np.ndarray]] = [{} for _ in above]
+    sums = [np.zeros((len(g.nodes), len(columns)), dtype=np.int64) for g in above]
+    below: dict[str, np.ndarray] = {}
+    bad: dict[str, list] = {}
     ranges: list[list[tuple[int, int]]] = [[] for _ in geo]
     problems = []
     for fut in shards:
-        rows, ans, problem = client.submit(shard_summary, fut, pure=False).result()
-        for i, (r, a) in enumerate(zip(rows, ans)):
+        rows, ans, units, summed, infeasible_here, problem = client.submit(shard_summary, fut, pure=False).result()
+        for i, (a, u) in enumerate(zip(ans, units)):
             for q, values in a.items():
-                full = answers[i].setdefault(q, np.zeros((len(geo[i].nodes), values.shape[1]), values.dtype))
-                full[r] += values
+                answers[i].setdefault(q, np.zeros((len(geo[i].nodes), values.shape[1]), values.dtype))[rows[i]] += values
+            sums[i][rows[i]] += u
+        for name, values in summed.items():
+            below.setdefault(name, np.zeros((len(above[-1].nodes), values.shape[1])))[rows[-2]] += values
+        for name, (block, count) in infeasible_here.items():
+            bad.setdefault(name, [block, 0])[1] += count
+        for i, r in enumerate(rows):
             ranges[i].append((int(r.min()), int(r.max())) if len(r) else (0, -1))
         if problem is not None:
             problems.append(problem)
     _raise_first(problems, files, inp)
+    for name in below:  # the lowest infeasible level is reported: the blocks first, constraints in order
+        if name in bad:
+            raise infeasible_error(geo[-1].name, name, *bad[name])
     release_memory()
-    levels = levels_from_answers(product, config.product(product), spine, geography, inp.units, answers)
-    del answers
+    spec = PRODUCTS[product]
+    levels = levels_from_units(product, cfg, spine, geo, parents,
+                               [pd.DataFrame(u, index=g.nodes, columns=columns) for g, u in zip(above, sums)], answers,
+                               LevelConstraints(above[-1].nodes, {k: spec.constraints[k].bind(v) for k, v in below.items()}))
+    del answers, sums, below
+    levels.append(Level(geo[-1].name, names, parents[-1], None, None, None, _plb(cfg, spine, geo[-1].name, names), None))
+    levels[-1].meta = [LevelPart(client.submit(shard_meta, fut, pure=False), lo, hi)
+                       for fut, (lo, hi) in zip(shards, ranges[-1])]
     for i, level in enumerate(levels):
         level.parts = [LevelPart(client.submit(level_partial, fut, i, pure=False), lo, hi)
                        for fut, (lo, hi) in zip(shards, ranges[i]) if hi >= lo]
-    wait([p.future for level in levels for p in level.parts])
+    wait([p.future for level in levels for p in (*level.parts, *(level.meta or []))])
     return levels
 
 
@@ -393,21 +479,44 @@ def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:
 
 def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
     """Write the MDF of ``product`` on the workers, one task per county, from the committed block level
-    (``estimated``: engine.LevelOutput), atomically (staging, then rename)."""
-    geoids = spine.table.set_index(spine.levels[-1])["geoid"].reindex(blocks.nodes).to_numpy()
+    (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit counts are
+    on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
+    geoids = block_geoids_in_order(spine)  # node order
+    order = geoids.argsort()  # GEOIDs are unique
+    county = pc.utf8_slice_codeunits(pa.array(geoids).take(pa.array(order)), 0, 5)
+    starts = np.r_[0, np.flatnonzero(pc.not_equal(county[1:], county[:-1]).to_numpy(zero_copy_only=False)) + 1]
+    names = county.take(pa.array(starts)).to_pylist()
+    counties = np.split(order, starts[1:])  # geoid order: a county's blocks are adjacent
     final = rundir.mdf(product)
     staged = rundir.staging(final)
-    order = np.argsort(geoids, kind="stable")
-    names, starts = np.unique(pd.Series(geoids[order]).str[:5].to_numpy(), return_index=True)
-    counties = np.split(order, starts[1:])  # geoid order: a county's blocks are adjacent
 
     def submit(i: int):
         rows = counties[i]
-        return client.submit(write_county_mdf, product, estimated.files(rows), list(blocks.nodes[rows]), geoids[rows],
-                             blocks.units.iloc[rows], str(staged / f"county={names[i]}" / "part-00000.parquet"),
-                             pure=False)
+        if blocks.meta is not None:
+            metas, local = [p.future for p in blocks.meta if p.lo <= rows.max() and p.hi >= rows.min()], rows
+        else:
+            metas, local = [BlockMeta(0, geoids[rows], blocks.units.iloc[rows], None)], np.arange(len(rows))
+        return client.submit(write_county_mdf, product, estimated.files(rows), metas, local,
+                             str(staged / f"county={names[i]}" / "part-00000.parquet"), pure=False)
 
     for fut in windowed(client, submit, list(range(len(names)))):
         fut.result()
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)
+
+
+def block_geoids_in_order(spine) -> pd.Index:
+    """Each block's GEOID in the block level's node order (the spine's rows sorted by block geocode)."""
+    table = spine.table
+    block = spine.levels[-1]
+    if table[block].is_monotonic_increasing:
+        return pd.Index(table["geoid"], dtype="str")
+    return pd.Index(table["geoid"], dtype="str")[pd.Index(table[block]).argsort()]
+
+
+def write_invariants_table(frames: list[pd.DataFrame], metas: list[BlockMeta], level: str, with_tot: bool,
+                           path: str) -> None:
+    """Write a product's invariants file on a worker: the rows of the levels above the blocks (``frames``)
+    then the blocks' rows from the shards' metadata (invariants.invariant_rows)."""
+    blocks = [invariant_rows(m.units, level, np.nan if with_tot else None) for m in metas]
+    write_table(pd.concat(frames + blocks, ignore_index=True), Path(path))

@@ -124,8 +124,8 @@ def chunk_plan(
             prow = int(level.parent[order[s]])
             label = str(parent_level.nodes[prow])
             hist = None if parent_hist is None else np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel()
-        return ParentTask(label, hist, children, slice(s - lo, e - lo), level.constraints.take(crow),
-                          _group_totals(level, crow))
+        cons = None if level.constraints is None else level.constraints.take(crow)  # None: the task reads them
+        return ParentTask(label, hist, children, slice(s - lo, e - lo), cons, _group_totals(level, crow))
 
     specs: list[tuple[list[int], int]] = []  # per chunk: its parent groups and its cost
     pending: list[int] = []
@@ -205,8 +205,9 @@ def estimate_level(
         parts = None if level.parts is None else [p.future for p in level.parts
                                                   if p.lo <= rows.max() and p.hi >= rows.min()]
         parent_files = None if parent is None else parent.files(level.parent[rows])
+        meta = None if level.meta is None else [p.future for p in level.meta if p.lo <= rows.max() and p.hi >= rows.min()]
         return client.submit(run_part_chunk, plan.build(i), rows, parts, parent_files,
-                             str(rundir.staging(hdir) / f"part-{i:05d}.parquet"),
+                             str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta,
                              key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
 
     done = len(results)

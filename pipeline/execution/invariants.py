@@ -77,6 +77,15 @@ class LevelConstraints:
         return [replace(c, rhs=c.rhs[idx]) for c in self.rhs.values()]
 
 
+def invariant_rows(units: pd.DataFrame, level: str, tot: np.ndarray | float | None) -> pd.DataFrame:
+    """One level's rows of the invariants file: geocode, the unit and GQ-facility counts, the level, and
+    (``tot`` not None: a product with the person total invariant) the total, NaN where not invariant."""
+    rows = units[UNIT_COLUMNS].reset_index(names="geocode").assign(level=level)
+    if tot is not None:
+        rows["tot"] = tot
+    return rows
+
+
 def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: str) -> set[str]:
     """Names configured at ``level`` or any level below it (they propagate upward as sums)."""
     return {name for lv in levels[levels.index(level):] for name in cfg_map.get(lv, [])}
@@ -185,17 +194,28 @@ def unit_constraints(nodes: pd.DataFrame) -> LevelConstraints:
     return LevelConstraints(nodes.index, {"total": UNIT_CONSTRAINTS["total"].bind(nodes[["u0"]].to_numpy(dtype=float))})
 
 
-def check_feasible(level: str, cons: LevelConstraints, true_answers: dict[str, np.ndarray]) -> None:
-    """The true data must satisfy every constraint; otherwise the invariants are contradictory.
-
-    The message names the level, constraint and node but no count.
-    """
+def infeasible(cons: LevelConstraints, true_answers: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:
+    """Per constraint (in order) that the true data violate: its first offending row and how many rows do."""
+    found = {}
     for name, c in cons.rhs.items():
         val, rhs, sense = true_answers[c.query], c.rhs, c.sense
         ok = np.isnan(rhs) | {"==": np.isclose(val, rhs), "<=": val <= rhs + 1e-9, ">=": val >= rhs - 1e-9}[sense]
         bad = np.flatnonzero(~ok.all(axis=1))
         if bad.size:
-            raise InvariantError(
-                f"input data violate constraint {name!r} at level {level} for node {cons.nodes[bad[0]]!r} "
-                f"({bad.size} node(s) in all): the declared invariants are infeasible"
-            )
+            found[name] = (int(bad[0]), int(bad.size))
+    return found
+
+
+def infeasible_error(level: str, name: str, node: str, count: int) -> InvariantError:
+    """The error of :func:`check_feasible`: it names the level, constraint and node but no count of persons."""
+    return InvariantError(f"input data violate constraint {name!r} at level {level} for node {node!r} "
+                          f"({count} node(s) in all): the declared invariants are infeasible")
+
+
+def check_feasible(level: str, cons: LevelConstraints, true_answers: dict[str, np.ndarray]) -> None:
+    """The true data must satisfy every constraint; otherwise the invariants are contradictory.
+
+    The message names the level, constraint and node but no count.
+    """
+    for name, (row, count) in infeasible(cons, true_answers).items():
+        raise infeasible_error(level, name, cons.nodes[row], count)

@@ -5,6 +5,7 @@ parent's children are a row slice. Node rows are sorted by geocode at every leve
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -31,20 +32,37 @@ class LevelPart:
     hi: int
 
 
+class Shares(Sequence):
+    """Each node's budget share, stored as a code per node into the few distinct shares (a block level of a
+    national spine has millions of nodes and a handful of distinct shares)."""
+
+    def __init__(self, codes: np.ndarray, values: list[Fraction]) -> None:
+        self.codes, self.values = codes, values
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, i: int) -> Fraction:
+        return self.values[self.codes[i]]
+
+
 @dataclass
 class Level:
-    """One level of the spine for one product."""
+    """One level of the spine for one product. The block level of a partitioned run keeps its public unit
+    counts and constraints on the workers, with its true histograms (``units`` and ``constraints`` None,
+    ``meta``: dataplane.BlockMeta futures)."""
 
     name: str
     nodes: pd.Index  # node geocodes, sorted
     parent: np.ndarray | None  # row of each node's parent in the level above (None at the root)
     hist: sp.csr_matrix | None  # true histograms, int64, nodes x cells (confidential: never written); None: reprocessing
-    units: pd.DataFrame  # u0..u7, occupied (+ tot where invariant, NaN for a part of a state), by node geocode
-    constraints: LevelConstraints
-    plb: list[Fraction]  # each node's geolevel budget share (0: not measured, copied from its parent)
-    state: np.ndarray  # the (real) state of each node, for the state-total group invariant
+    units: pd.DataFrame | None  # u0..u7, occupied (+ tot where invariant, NaN for a part of a state), by node geocode
+    constraints: LevelConstraints | None
+    plb: Sequence[Fraction]  # each node's geolevel budget share (0: not measured, copied from its parent)
+    state: np.ndarray | None  # the (real) state of each node, for the state-total group invariant
     state_total: pd.Series | None = None  # State level with the 'tot' invariant: each real state's total
     parts: list[LevelPart] | None = None  # true histograms kept on the workers (dataplane.py); None: in ``hist``
+    meta: list[LevelPart] | None = None  # the block level's unit counts and constraints on the workers
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -64,37 +82,45 @@ def block_matrix(block_hist: pd.DataFrame, geoids: pd.Index, ncells: int) -> sp.
     return m
 
 
-def _rollup(codes: pd.Series) -> tuple[pd.Index, sp.csr_matrix, np.ndarray]:
-    """Sorted unique node codes, the node x block aggregation matrix, and each block's node row (factorized
-    on the Arrow strings: no Python object per block)."""
+def _rollup(codes: pd.Series) -> tuple[pd.Index, np.ndarray]:
+    """Sorted unique node codes and each block's node row (factorized on the Arrow strings: no Python object
+    per block)."""
     inverse, nodes = pd.factorize(codes, sort=True)
-    agg = sp.csr_matrix((np.ones(inverse.size, dtype=np.int64), (inverse, np.arange(inverse.size))),
-                        shape=(nodes.size, inverse.size))
-    return pd.Index(nodes), agg, inverse.astype(np.int64)
+    return pd.Index(nodes), inverse.astype(np.int64)
 
 
 @dataclass
 class _Geography:
-    """One level's nodes, its node x block aggregation matrix, each block's node row, each node's state."""
+    """One level's nodes, each block's node row, each node's state."""
 
     name: str
     nodes: pd.Index
-    agg: sp.csr_matrix
     inverse: np.ndarray
     state: np.ndarray
+
+    @property
+    def agg(self) -> sp.csr_matrix:
+        """The node x block aggregation matrix."""
+        return sp.csr_matrix((np.ones(self.inverse.size, dtype=np.int64), (self.inverse, np.arange(self.inverse.size))),
+                             shape=(self.nodes.size, self.inverse.size))
 
 
 def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarray | None]]:
     """Block geoids in block-geocode order, every level's nodes, and every level's parent rows."""
-    table = spine.table.sort_values(spine.levels[-1]).reset_index(drop=True)
+    table = spine.table
+    if not table[spine.levels[-1]].is_monotonic_increasing:  # a spine built here is sorted: no copy
+        table = table.sort_values(spine.levels[-1]).reset_index(drop=True)
     tab_geoid = pd.Index(table["geoid"], dtype="str")
     state_of_block = np.asarray(tab_geoid.str.slice(0, 2), dtype="U2")
     geo = []
     for name in spine.levels:
-        nodes, agg, inverse = _rollup(table[name])
+        nodes, inverse = _rollup(table[name])
+        if len(nodes) == len(inverse):  # the block level: one node per block, in block order
+            geo.append(_Geography(name, nodes, inverse, state_of_block))
+            continue
         first_block = np.zeros(len(nodes), dtype=np.int64)
         first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
-        geo.append(_Geography(name, nodes, agg, inverse, state_of_block[first_block]))
+        geo.append(_Geography(name, nodes, inverse, state_of_block[first_block]))
     # Parent rows: the node of the level above that holds the node's first block.
     parents: list[np.ndarray | None] = [None]
     for up, g in zip(geo[:-1], geo[1:]):
@@ -105,31 +131,37 @@ def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarra
 
 
 def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
-                      parents: list[np.ndarray | None]) -> list[LevelConstraints]:
+                      parents: list[np.ndarray | None], below: LevelConstraints | None = None) -> list[LevelConstraints]:
     """Constraint right-hand sides of every level, bottom-up (they propagate as sums), from the public
     invariants only: ``units[i]`` is level i's node frame (u0..u7, occupied, and tot where invariant) and
     ``parents[i]`` each node's row in level i - 1 (the noisy measurement file and reprocessing recompute
-    them from a run's invariants file)."""
+    them from a run's invariants file). ``units`` may stop above the block level: ``below`` then holds the
+    block level's right-hand sides summed per node of the last level given (a partitioned run's shards sum
+    them), which gives the same sums."""
     cons: list[LevelConstraints | None] = [None] * len(units)
     rhs_of = PRODUCTS[product].level_constraints
     for i in range(len(units) - 1, -1, -1):
-        below = i + 1 < len(units)
-        cons[i] = rhs_of(cfg, levels, levels[i], units[i], cons[i + 1] if below else None,
-                         parents[i + 1] if below else None)
+        if i + 1 < len(units):
+            child, child_parent = cons[i + 1], parents[i + 1]
+        else:
+            child, child_parent = below, None if below is None else np.arange(len(units[i]))
+        cons[i] = rhs_of(cfg, levels, levels[i], units[i], child, child_parent)
     return cons
 
 
-def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> list[Fraction]:
-    """Each node's budget share; nodes with the same budget levels share one Fraction (a block level of a
-    national spine has millions of nodes and a handful of distinct shares)."""
-    shares: dict[tuple[str, ...], Fraction] = {}
-    out = []
-    for g in nodes:
-        key = tuple(spine.budget_levels(name, g))
-        if key not in shares:
-            shares[key] = sum((cfg.budget.levels[lv] for lv in key), Fraction(0))
-        out.append(shares[key])
-    return out
+def shares(spine: Spine, budget_levels: dict[str, Fraction], name: str, nodes: pd.Index | np.ndarray) -> Shares:
+    """Each node's geolevel budget share (the sum of the budget proportions of the levels it carries)."""
+    values: dict[tuple[str, ...], int] = {}
+    if spine.moves.get(name):  # only a level with budget moves needs each node's levels
+        codes = np.array([values.setdefault(spine.budget_levels(name, g), len(values)) for g in nodes], dtype=np.int32)
+    else:
+        codes = np.zeros(len(nodes), dtype=np.int32)
+        values[(name,)] = 0
+    return Shares(codes, [sum((budget_levels[lv] for lv in key), Fraction(0)) for key in values])
+
+
+def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> Shares:
+    return shares(spine, cfg.budget.levels, name, nodes)
 
 
 def build_levels(
@@ -169,22 +201,31 @@ def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, geograph
     bunits[pos >= 0] = block_units[columns].to_numpy(dtype=np.int64)[pos[pos >= 0]]
     units = [pd.DataFrame(g.agg @ bunits, index=g.nodes, columns=columns) for g in geo]
     del bunits
+    return levels_from_units(product, cfg, spine, geo, parents, units, answers)
+
+
+def levels_from_units(product: str, cfg: ProductConfig, spine: Spine, geo: list, parents: list[np.ndarray | None],
+                      units: list[pd.DataFrame], answers: list[dict[str, np.ndarray]],
+                      below: LevelConstraints | None = None) -> list[Level]:
+    """The levels ``geo[:len(units)]`` from their node frames (u0..u7, occupied) and true answers: invariant
+    totals added, constraints (``below``: see :func:`level_constraints`) built and checked, lowest level
+    first."""
     totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
-    for i, g in enumerate(geo):
+    for i, g in enumerate(geo[:len(units)]):
         if (PRODUCTS[product].total_invariant and state_level is not None and i <= state_level
                 and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
             units[i] = units[i].assign(tot=_invariant_totals(totals[i].astype(float), g.state if i == state_level else None))
-    cons = level_constraints(product, cfg, spine.levels, units, parents)
+    cons = level_constraints(product, cfg, spine.levels, units, parents, below)
     for g, ans, c in reversed(list(zip(geo, answers, cons))):  # the lowest infeasible level is reported
         check_feasible(g.name, c, {q: ans[q] for q in {con.query for con in c.rhs.values()}})
     state_total = None
-    if state_level is not None and "tot" in units[state_level].columns:
+    if state_level is not None and state_level < len(units) and "tot" in units[state_level].columns:
         g = geo[state_level]
         state_total = pd.Series(totals[state_level], index=g.nodes).groupby(g.state).sum()
     return [Level(g.name, g.nodes, parents[i], None, units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state,
                   state_total if i == state_level else None)
-            for i, g in enumerate(geo)]
+            for i, g in enumerate(geo[:len(units)])]
 
 
 def _invariant_totals(node_totals: np.ndarray, state: np.ndarray | None) -> np.ndarray:

@@ -27,11 +27,12 @@ from ..privacy.certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, load_config
-from .dataplane import block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_mdf
+from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
+                        write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, read_level_output, write_level_histograms)
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names
-from .levels import Level
+from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names, invariant_rows
+from .levels import Level, shares
 from .memory import limit_heaps, release_memory
 from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
@@ -227,7 +228,8 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         geoids = block_geoids(data)
         if baf is not None:
             check_baf_states(baf, str(config.run.baf), geoids, files.where(UNIT_RECORDS))
-        spine = build_spine(config.run.spine, geoids, baf_dir=baf, units=gq_presence(data.units))
+        spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
+                            units=gq_presence(data.units) if config.run.spine == "optimized" else None)
         del geoids
         release_memory()
         for product in config.run.products:
@@ -248,7 +250,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         def publish(rd: RunDir) -> None:
             write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
             for product in config.run.products:
-                _write_invariants(rd, product, all_levels[product])
+                _write_invariants(dclient, rd, product, all_levels[product])
 
         plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
         return execute(config, rundir, manifest, plan, dclient, None, None, progress, t0, security, fresh=fresh)
@@ -319,12 +321,11 @@ class PathShares(Mapping):
 
     def __init__(self, spine, budget) -> None:
         self.levels = spine.levels
-        self.shares = []
+        self.shares = []  # per level: each block's node code, and each node's share (levels.Shares)
         for level in spine.levels:
             codes, nodes = pd.factorize(spine.table[level])
-            share = [sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0)) for g in nodes]
-            self.shares.append((codes, share))
-        self.blocks = pd.Index(spine.table[spine.levels[-1]].to_numpy())
+            self.shares.append((codes.astype(np.int32), shares(spine, budget.levels, level, nodes)))
+        self.blocks = pd.Index(spine.table[spine.levels[-1]], dtype="str")
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -333,12 +334,14 @@ class PathShares(Mapping):
         return iter(self.blocks)
 
     def __getitem__(self, block: str) -> dict[str, Fraction]:
-        i = self.blocks.get_loc(block)
+        return self._path(self.blocks.get_loc(block))
+
+    def _path(self, i: int) -> dict[str, Fraction]:
         return {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
 
     def items(self) -> Iterator[tuple[str, dict[str, Fraction]]]:
         for i, block in enumerate(self.blocks):
-            yield block, {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
+            yield block, self._path(i)
 
     def distinct(self) -> dict[str, dict[str, Fraction]]:
         """Each distinct path of shares once, at its first block, in block order (a national spine has
@@ -346,10 +349,10 @@ class PathShares(Mapping):
         columns = []
         for codes, share in self.shares:
             ids: dict[Fraction, int] = {}
-            columns.append(np.array([ids.setdefault(f, len(ids)) for f in share], dtype=np.int64)[codes])
+            value_ids = np.array([ids.setdefault(f, len(ids)) for f in share.values], dtype=np.int64)
+            columns.append(value_ids[share.codes][codes])
         _, first = np.unique(np.stack(columns, axis=1), axis=0, return_index=True)
-        return {self.blocks[i]: {lv: share[codes[i]] for lv, (codes, share) in zip(self.levels, self.shares)}
-                for i in np.sort(first)}
+        return {self.blocks[i]: self._path(i) for i in np.sort(first)}
 
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
@@ -410,22 +413,26 @@ def _log_report(product: str, r: LevelReport) -> None:
              r.copied, r.tasks, r.seconds, f", failsafe for {len(r.failsafe)} parent(s)" if r.failsafe else "")
 
 
-def _write_invariants(rundir: RunDir, product: str, levels: list[Level]) -> None:
+def _write_invariants(client, rundir: RunDir, product: str, levels: list[Level]) -> None:
     """The declared-public invariants (facts 2.8): the unit and GQ-facility counts of every node (sums of
     block invariants) and, for persons, the US total (``tot`` of the US row) and each whole state's total
     (rows of level ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
-    no total: only declared invariants are written."""
+    no total: only declared invariants are written. A partitioned run's block rows are on the shards
+    (``Level.meta``): a worker adds them and writes the file."""
     frames = []
-    for level in levels:
-        cols = UNIT_COLUMNS  # the units MDF of a reprocessing needs the GQ-facility counts
-        f = level.units[cols].reset_index(names="geocode").assign(level=level.name)
-        if PRODUCTS[product].total_invariant:
-            f["tot"] = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
-        frames.append(f)
-        if PRODUCTS[product].total_invariant and level.state_total is not None:
-            whole = level.units[cols].groupby(level.state).sum()
+    total = PRODUCTS[product].total_invariant
+    blocks = levels[-1] if levels[-1].units is None else None
+    for level in levels[:-1] if blocks is not None else levels:
+        tot = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
+        frames.append(invariant_rows(level.units, level.name, tot if total else None))
+        if total and level.state_total is not None:
+            whole = level.units[UNIT_COLUMNS].groupby(level.state).sum()
             frames.append(whole.assign(tot=level.state_total.reindex(whole.index).to_numpy(dtype=float))
                           .reset_index(names="geocode").assign(level=WHOLE_STATE))
     path = rundir.invariants(product)
-    write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
+    if blocks is None:
+        write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
+    else:
+        client.submit(write_invariants_table, frames, [p.future for p in blocks.meta], blocks.name, total,
+                      str(rundir.staging(path)), pure=False).result()
     rundir.commit(path)

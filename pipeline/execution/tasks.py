@@ -34,7 +34,7 @@ class ParentTask:
     parent_hist: np.ndarray | None  # int64[ncells]; None at the root
     children: list[str]
     child_rows: slice  # rows of this parent's children in the chunk's child arrays
-    constraints: list[Constraint]
+    constraints: list[Constraint] | None  # None until the task reads them (dataplane.run_part_chunk)
     group_totals: list[GroupTotal] = field(default_factory=list)
 
 
