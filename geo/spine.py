@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .baf import aian_flags, read_baf_dir, target_entities
@@ -54,12 +55,12 @@ class Spine:
         missing = [c for c in ["geoid", *self.levels] if c not in self.table.columns]
         if missing:
             raise ValueError(f"spine table lacks columns {missing}")
-        if self.table["geoid"].duplicated().any():
+        if _has_duplicates(self.table["geoid"]):
             raise ValueError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
                              f"appears twice")
         if self.table[self.levels[0]].nunique() != 1:
             raise ValueError(f"spine table: the root level {self.levels[0]} must hold one node")
-        if self.table[self.levels[-1]].duplicated().any():
+        if _has_duplicates(self.table[self.levels[-1]]):
             raise ValueError(f"spine table: the {self.levels[-1]} column must be unique per block")
         for level, codes in self.moves.items():
             if level not in self.levels:
@@ -73,6 +74,8 @@ class Spine:
     def check_nesting(self) -> None:
         """Every node has exactly one parent at the level above; raises naming the first offender."""
         for parent, child in zip(self.levels, self.levels[1:]):
+            if _nests_sorted(self.table[parent], self.table[child]):
+                continue
             parents = self.table.groupby(child, sort=False)[parent].nunique()
             bad = parents[parents > 1]
             if len(bad):
@@ -203,10 +206,43 @@ def _block_geoids(geoids: pd.Series | pd.Index | list[str]) -> pd.Series:
     bad = values[~values.str.fullmatch(r"\d{15}")]
     if len(bad):
         raise ValueError(f"block GEOID {bad.iloc[0]!r} (row {bad.index[0]}) is not 15 digits")
-    dup = values[values.duplicated()]
-    if len(dup):
-        raise ValueError(f"block GEOID {dup.iloc[0]} appears twice")
-    return values.sort_values(ignore_index=True)
+    ordered = values.sort_values(ignore_index=True)
+    if _has_duplicates(ordered):
+        raise ValueError(f"block GEOID {values[values.duplicated()].iloc[0]} appears twice")
+    return ordered
+
+
+def sorted_factorize(values: pd.Series | pd.Index) -> tuple[np.ndarray, pd.Index] | None:
+    """Each value's code and the unique values, of a string column sorted in increasing order, by comparing
+    neighbours (a hash table over a national column costs about 200 bytes a row); None when the column is not
+    sorted strings (then use ``pd.factorize``)."""
+    if values.dtype != "str" or len(values) < 2:
+        return None
+    arr = pa.array(values.array)
+    if arr.null_count or pc.any(pc.less(arr[1:], arr[:-1])).as_py():
+        return None
+    change = pc.not_equal(arr[1:], arr[:-1]).to_numpy(zero_copy_only=False)
+    codes = np.zeros(len(arr), dtype=np.int64)
+    np.cumsum(change, out=codes[1:])
+    if change.all():  # unique: the values are their own nodes
+        return codes, pd.Index(values.array)
+    return codes, pd.Index(values.array.take(np.r_[0, np.flatnonzero(change) + 1]))
+
+
+def _has_duplicates(values: pd.Series) -> bool:
+    """Whether a column holds a value twice (without a hash table when it is sorted)."""
+    codes = sorted_factorize(values)
+    return bool(values.duplicated().any()) if codes is None else len(codes[1]) < len(values)
+
+
+def _nests_sorted(parent: pd.Series, child: pd.Series) -> bool:
+    """True when both columns are sorted and no child value has two parent values (without a hash table);
+    False also when it cannot tell (then ``check_nesting`` groups)."""
+    child_codes, parent_codes = sorted_factorize(child), sorted_factorize(parent)
+    if child_codes is None or parent_codes is None:
+        return False
+    same_child = np.diff(child_codes[0]) == 0
+    return not (same_child & (np.diff(parent_codes[0]) != 0)).any()
 
 
 def _prefixed_table(geoids: pd.Series, flag: pd.Series | None) -> pd.DataFrame:

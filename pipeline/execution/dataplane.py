@@ -30,6 +30,8 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .invariants import UNIT_COLUMNS, LevelConstraints, infeasible, infeasible_error, invariant_rows
+from topdown.geo.spine import sorted_factorize
+
 from .levels import node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
@@ -225,12 +227,13 @@ def _hhgq_matrix() -> sp.csr_matrix:
 
 
 def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index, names: pd.Index,
-                   parts: list[BlockPart] | None, units: np.ndarray, inverses: list[np.ndarray]) -> Shard:
+                   parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame], inverses: list[np.ndarray]) -> Shard:
     """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` and geocodes ``names``, unit counts
-    ``units`` (u0..u7, occupied), histograms from the read tasks' ``parts`` (persons) or from the units'
-    occupancy; partial sums per level above the blocks (``inverses[i]``: each block's node row at level i);
+    from the unit read tasks' frames, histograms from the person read tasks' ``parts`` (persons) or from the
+    units' occupancy; partial sums per level above the blocks (``inverses[i]``: each block's node row at level i);
     the blocks' constraints, checked against their true answers and summed per node of the level above."""
     schema, spec = SCHEMAS[product], PRODUCTS[product]
+    units = _block_units(unit_frames, blocks)
     frame = pd.DataFrame(units, index=names, columns=UNIT_COLUMNS + ["occupied"])
     if parts is not None:
         hist = _stack(parts, blocks, schema.ncells)
@@ -336,14 +339,14 @@ def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | Non
 
 @dataclass
 class ReadInput:
-    """What the driver holds after the read tasks: futures of the person parts (on the workers), each part's
-    block GEOIDs, the public per-block unit counts, and each unit read task's file and future (its frame
-    stays on the workers: an error message asks them which file holds a block)."""
+    """What the driver holds after the read tasks: futures of the person parts and of the unit frames (on the
+    workers; an error message asks them which file holds a block), and each part's block GEOIDs."""
 
     persons: list  # futures of BlockPart
     person_geoids: list[pd.Index]
-    units: pd.DataFrame  # per block (index geoid, sorted): u0..u7, occupied, vacant
-    unit_parts: list[tuple[str, object]]  # (file, future of its read_units frame)
+    units: list  # futures of read_units frames (per block, sorted by geoid: u0..u7, occupied, vacant)
+    unit_geoids: list[pd.Index]
+    unit_files: list[str]  # the file of each unit frame
 
 
 def read_input(client, files: InputFiles) -> ReadInput:
@@ -353,25 +356,44 @@ def read_input(client, files: InputFiles) -> ReadInput:
     utasks = read_tasks(files.units)
     ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
     gfuts = [client.submit(part_geoids, p, pure=False) for p in pfuts]
-    geoids = [f.result() for f in gfuts]
-    frames = client.gather(ufuts)
-    units = (pd.concat(frames, ignore_index=True).groupby("geoid", sort=True).sum() if len(frames) > 1
-             else frames[0].set_index("geoid"))
-    del frames
-    return ReadInput(pfuts, geoids, units, [(f, fut) for (f, _), fut in zip(utasks, ufuts)])
+    ugfuts = [client.submit(frame_geoids, u, pure=False) for u in ufuts]
+    person_geoids = [f.result() for f in gfuts]
+    return ReadInput(pfuts, person_geoids, ufuts, [f.result() for f in ugfuts], [f for f, _ in utasks])
+
+
+def frame_geoids(frame: pd.DataFrame) -> pd.Index:
+    return pd.Index(frame["geoid"], dtype="str")
 
 
 def block_geoids(inp: ReadInput) -> pd.Series:
     """Every block of the input (with persons or units), sorted."""
-    found = inp.units.index.append(inp.person_geoids) if inp.person_geoids else inp.units.index
-    return pd.Series(found.unique().sort_values(), name="geoid").reset_index(drop=True)
+    found = inp.unit_geoids[0].append(inp.unit_geoids[1:] + inp.person_geoids).sort_values()
+    unique = sorted_factorize(found)  # sorted: neighbours compared, no hash table
+    return pd.Series(found.unique() if unique is None else unique[1], name="geoid").reset_index(drop=True)
 
 
-def gq_presence(units: pd.DataFrame) -> pd.DataFrame:
-    """(geoid, unit_type) of every GQ type present in a block: all the optimized spine takes from the units."""
-    types = units[[f"u{k}" for k in range(1, 8)]].to_numpy()
-    rows, cols = np.nonzero(types)
-    return pd.DataFrame({"geoid": units.index.to_numpy()[rows], "unit_type": cols + 1})
+def gq_presence(client, inp: ReadInput) -> pd.DataFrame:
+    """(geoid, unit_type) of every GQ type present in a block, in that order: all the optimized spine takes
+    from the units (computed on the workers)."""
+    found = pd.concat(client.gather([client.submit(_gq_rows, u, pure=False) for u in inp.units]), ignore_index=True)
+    return found.drop_duplicates().sort_values(["geoid", "unit_type"], ignore_index=True)
+
+
+def _gq_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    rows, cols = np.nonzero(frame[[f"u{k}" for k in range(1, 8)]].to_numpy())
+    return pd.DataFrame({"geoid": frame["geoid"].to_numpy()[rows], "unit_type": cols + 1})
+
+
+def _block_units(frames: list[pd.DataFrame], blocks: pd.Index) -> np.ndarray:
+    """u0..u7 and occupied of ``blocks`` (rows in that order) summed over the unit read tasks' frames (a block
+    without unit records has none)."""
+    columns = UNIT_COLUMNS + ["occupied"]
+    units = np.zeros((len(blocks), len(columns)), dtype=np.int64)
+    for frame in frames:
+        pos = blocks.get_indexer(frame["geoid"])
+        keep = pos >= 0
+        np.add.at(units, pos[keep], frame[columns].to_numpy(dtype=np.int64)[keep])
+    return units
 
 
 def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: InputFiles) -> list:
@@ -387,28 +409,27 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     tab_geoid, geo, parents = _geography(spine)
     release_memory()
     names = geo[-1].nodes  # the block level's geocodes, in the spine's block order (that of tab_geoid)
-    columns = UNIT_COLUMNS + ["occupied"]
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
-    unit_rows = _spine_rows(tab_geoid, inp.units.index)  # each block with units: its row on the spine
-    by_row = np.argsort(unit_rows, kind="stable")
-    cuts = np.searchsorted(unit_rows[by_row], starts + [n])
     persons = PRODUCTS[product].records == PERSON_RECORDS
+    unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
-    if persons:
-        for fut, g in zip(inp.persons, inp.person_geoids):
-            for s in np.unique(_spine_rows(tab_geoid, g) // SHARD_BLOCKS):
-                shard_parts[s].append(fut)
-    shards = []
+    sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(inp.persons, inp.person_geoids, shard_parts)]
+                                                           if persons else [])
+    spine_numbers = _spine_numbers(tab_geoid)
+    for futs, geoids, into in sources:  # the read tasks holding each shard's blocks
+        for fut, g in zip(futs, geoids):
+            for s in np.unique(_spine_rows(spine_numbers, g) // SHARD_BLOCKS):
+                into[s].append(fut)
+    shards, scattered = [], []
     for s, lo in enumerate(starts):
         hi = min(lo + SHARD_BLOCKS, n)
-        units = np.zeros((hi - lo, len(columns)), dtype=np.int64)  # a block without unit records has none
-        take = by_row[cuts[s]:cuts[s + 1]]
-        units[unit_rows[take] - lo] = inp.units.iloc[take][columns].to_numpy(dtype=np.int64)
-        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, tab_geoid[lo:hi], names[lo:hi],
-                                    shard_parts[s] if persons else None, units, [g.inverse[lo:hi] for g in geo[:-1]],
-                                    pure=False))
-    del unit_rows, by_row
+        # Scattered: a task's arguments stay in the scheduler (in the driver) as long as its result does.
+        args = client.scatter([tab_geoid[lo:hi], names[lo:hi], [g.inverse[lo:hi] for g in geo[:-1]]], hash=False)
+        scattered.append(args)
+        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, args[0], args[1],
+                                    shard_parts[s] if persons else None, unit_parts[s], args[2], pure=False))
+    columns = UNIT_COLUMNS + ["occupied"]
     above = geo[:-1]
     answers: list[dict[str, np.ndarray]] = [{} for _ in above]
     sums = [np.zeros((len(g.nodes), len(columns)), dtype=np.int64) for g in above]
@@ -430,6 +451,7 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
             ranges[i].append((int(r.min()), int(r.max())) if len(r) else (0, -1))
         if problem is not None:
             problems.append(problem)
+    del scattered
     _raise_first(problems, files, inp)
     for name in below:  # the lowest infeasible level is reported: the blocks first, constraints in order
         if name in bad:
@@ -450,12 +472,38 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     return levels
 
 
-def _spine_rows(tab_geoid: pd.Index, geoids: pd.Index) -> np.ndarray:
-    """Each input block's row on the spine; every block of the input must be on it."""
-    rows = tab_geoid.get_indexer(geoids)
+def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index) -> np.ndarray:
+    """Each input block's row on the spine (``spine_numbers``: :func:`_geoid_numbers` of the spine's GEOIDs in
+    block order, or the GEOIDs when they are not sorted 15-digit numbers); every block of the input must be on
+    it. Sorted numbers are searched, not hashed: a hash table over a national spine's GEOIDs costs about
+    200 bytes a block."""
+    if isinstance(spine_numbers, np.ndarray):
+        numbers = _geoid_numbers(geoids)
+        rows = np.full(len(geoids), -1) if numbers is None else np.searchsorted(spine_numbers, numbers)
+        if numbers is not None:
+            found = rows < len(spine_numbers)
+            found[found] = spine_numbers[rows[found]] == numbers[found]
+            rows[~found] = -1
+    else:
+        rows = spine_numbers.get_indexer(geoids)
     if (rows < 0).any():
         raise ValueError("the spine's blocks are not the input's blocks")
     return rows
+
+
+def _geoid_numbers(geoids: pd.Index) -> np.ndarray | None:
+    """15-digit GEOIDs as int64 numbers (their order is the strings' order); None for any other string."""
+    arr = pa.array(geoids.array)
+    if len(arr) and (arr.null_count or pc.any(pc.not_equal(pc.utf8_length(arr), 15)).as_py()
+                     or not pc.all(pc.utf8_is_digit(arr)).as_py()):
+        return None
+    return pc.cast(arr, pa.int64()).to_numpy()
+
+
+def _spine_numbers(tab_geoid: pd.Index) -> np.ndarray | pd.Index:
+    """What :func:`_spine_rows` searches: the spine's GEOIDs as sorted numbers, or as they are."""
+    numbers = _geoid_numbers(tab_geoid)
+    return numbers if numbers is not None and (np.diff(numbers) > 0).all() else tab_geoid
 
 
 def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput) -> None:
@@ -467,7 +515,8 @@ def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput) -> No
     problem, path = min(kinds, key=lambda p: p[0][1])
     _, block, k, _ = problem
     if problem[0] == UNIT_RECORDS:
-        path = next((f for f, fut in inp.unit_parts if fut.client.submit(_has_units, fut, block, k, pure=False).result()),
+        path = next((f for f, fut in zip(inp.unit_files, inp.units)
+                     if fut.client.submit(_has_units, fut, block, k, pure=False).result()),
                     files.where(UNIT_RECORDS))
     raise_block_problem(problem, path or files.where(PERSON_RECORDS), path or files.where(UNIT_RECORDS))
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from topdown.geo.spine import Spine
+from topdown.geo.spine import Spine, sorted_factorize
 
 from ..configuration.config import ProductConfig
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below
@@ -82,27 +83,36 @@ def block_matrix(block_hist: pd.DataFrame, geoids: pd.Index, ncells: int) -> sp.
     return m
 
 
-def _rollup(codes: pd.Series) -> tuple[pd.Index, np.ndarray]:
+def rollup(codes: pd.Series) -> tuple[pd.Index, np.ndarray]:
     """Sorted unique node codes and each block's node row (factorized on the Arrow strings: no Python object
     per block)."""
-    inverse, nodes = pd.factorize(codes, sort=True)
-    return pd.Index(nodes), inverse.astype(np.int64)
+    found = sorted_factorize(codes)  # a sorted column (a standard spine's) needs no hash table
+    inverse, nodes = found if found is not None else pd.factorize(codes, sort=True)
+    return pd.Index(nodes), inverse.astype(np.int64, copy=False)
 
 
 @dataclass
 class _Geography:
-    """One level's nodes, each block's node row, each node's state."""
+    """One level's nodes, each block's node row, and each node's first block (None: one node per block)."""
 
     name: str
     nodes: pd.Index
     inverse: np.ndarray
-    state: np.ndarray
+    first_block: np.ndarray | None
+    block_geoids: pd.Index
 
     @property
     def agg(self) -> sp.csr_matrix:
         """The node x block aggregation matrix."""
         return sp.csr_matrix((np.ones(self.inverse.size, dtype=np.int64), (self.inverse, np.arange(self.inverse.size))),
                              shape=(self.nodes.size, self.inverse.size))
+
+    @cached_property
+    def state(self) -> np.ndarray:
+        """The (real) state of each node: that of its first block (computed when asked: a block level's would
+        cost a string per block)."""
+        first = self.block_geoids if self.first_block is None else self.block_geoids[self.first_block]
+        return np.asarray(first.str.slice(0, 2), dtype="U2")
 
 
 def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarray | None]]:
@@ -111,16 +121,14 @@ def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarra
     if not table[spine.levels[-1]].is_monotonic_increasing:  # a spine built here is sorted: no copy
         table = table.sort_values(spine.levels[-1]).reset_index(drop=True)
     tab_geoid = pd.Index(table["geoid"], dtype="str")
-    state_of_block = np.asarray(tab_geoid.str.slice(0, 2), dtype="U2")
     geo = []
     for name in spine.levels:
-        nodes, inverse = _rollup(table[name])
-        if len(nodes) == len(inverse):  # the block level: one node per block, in block order
-            geo.append(_Geography(name, nodes, inverse, state_of_block))
-            continue
-        first_block = np.zeros(len(nodes), dtype=np.int64)
-        first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
-        geo.append(_Geography(name, nodes, inverse, state_of_block[first_block]))
+        nodes, inverse = rollup(table[name])
+        first_block = None
+        if len(nodes) < len(inverse):
+            first_block = np.zeros(len(nodes), dtype=np.int64)
+            first_block[inverse[::-1]] = np.arange(len(inverse))[::-1]
+        geo.append(_Geography(name, nodes, inverse, first_block, tab_geoid))
     # Parent rows: the node of the level above that holds the node's first block.
     parents: list[np.ndarray | None] = [None]
     for up, g in zip(geo[:-1], geo[1:]):

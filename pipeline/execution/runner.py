@@ -32,7 +32,7 @@ from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabul
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, read_level_output, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names, invariant_rows
-from .levels import Level, shares
+from .levels import Level, rollup, shares
 from .memory import limit_heaps, release_memory
 from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
@@ -229,7 +229,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         if baf is not None:
             check_baf_states(baf, str(config.run.baf), geoids, files.where(UNIT_RECORDS))
         spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
-                            units=gq_presence(data.units) if config.run.spine == "optimized" else None)
+                            units=gq_presence(dclient, data) if config.run.spine == "optimized" else None)
         del geoids
         release_memory()
         for product in config.run.products:
@@ -323,7 +323,7 @@ class PathShares(Mapping):
         self.levels = spine.levels
         self.shares = []  # per level: each block's node code, and each node's share (levels.Shares)
         for level in spine.levels:
-            codes, nodes = pd.factorize(spine.table[level])
+            nodes, codes = rollup(spine.table[level])
             self.shares.append((codes.astype(np.int32), shares(spine, budget.levels, level, nodes)))
         self.blocks = pd.Index(spine.table[spine.levels[-1]], dtype="str")
 
@@ -346,12 +346,14 @@ class PathShares(Mapping):
     def distinct(self) -> dict[str, dict[str, Fraction]]:
         """Each distinct path of shares once, at its first block, in block order (a national spine has
         millions of blocks and a handful of distinct paths)."""
-        columns = []
+        path = np.zeros(len(self.blocks), dtype=np.int64)  # each block's path of distinct shares, as one number
         for codes, share in self.shares:
             ids: dict[Fraction, int] = {}
             value_ids = np.array([ids.setdefault(f, len(ids)) for f in share.values], dtype=np.int64)
-            columns.append(value_ids[share.codes][codes])
-        _, first = np.unique(np.stack(columns, axis=1), axis=0, return_index=True)
+            if path.max(initial=0) >= np.iinfo(np.int64).max // max(len(ids), 1):
+                _, path = np.unique(path, return_inverse=True)  # renumber: the number stays small
+            path = path * len(ids) + value_ids[share.codes][codes]
+        _, first = np.unique(path, return_index=True)
         return {self.blocks[i]: self._path(i) for i in np.sort(first)}
 
 
