@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -191,3 +193,46 @@ def test_external_tls_cluster_runs_the_partitioned_input_identically(multi_table
         client.wait_for_workers(2, timeout=60)
         out = run(multi_config(), tmp_path / "run", input_dir=inp, client=client)
     assert output_hashes(out) == PINNED["multi"]
+
+
+def test_block_metadata_on_the_shards_equals_the_in_memory_levels(multi_single, multi_tables, dask_client, monkeypatch):
+    """The partitioned run keeps the block level's unit counts and constraints on the shards (the driver holds
+    neither); gathered from several shards they equal the in-memory path's, and so do every level's constraints
+    above (built from the block right-hand sides the shards summed)."""
+    from topdown.geo.spine import build_spine
+    from topdown.pipeline.execution.levels import build_levels
+    from topdown.pipeline.inputs.tabulate import block_histograms, block_units
+    from topdown.vocab.schema import PERSONS
+
+    monkeypatch.setattr(dataplane, "SHARD_BLOCKS", 300)
+    config = multi_config()
+    files = dataplane.find_input(multi_single)
+    data = dataplane.read_input(dask_client, files)
+    spine = build_spine("standard", dataplane.block_geoids(data))
+    levels = dataplane.tabulate_levels(dask_client, config, "persons", spine, data, files)
+    persons, units = (multi_tables[k].to_pandas() for k in ("persons", "units"))
+    memory = build_levels("persons", PERSONS, config.product("persons"), spine, block_histograms(persons),
+                          block_units(units).set_index("geoid"))
+    blocks = levels[-1]
+    assert blocks.units is None and blocks.constraints is None and len(blocks.meta) > 2
+    meta = dataplane.meta_rows(dask_client.gather([p.future for p in blocks.meta]), np.arange(len(blocks)))
+    pd.testing.assert_frame_equal(meta.units, memory[-1].units, check_names=False)
+    assert list(meta.geoids) == list(meta.units.index)  # a standard spine's block geocode is its GEOID
+    for got, expected in [(meta.constraints, memory[-1].constraints)] + [
+            (a.constraints, b.constraints) for a, b in zip(levels[:-1], memory[:-1])]:
+        assert list(got.rhs) == list(expected.rhs)
+        for name in got.rhs:
+            np.testing.assert_array_equal(got.rhs[name].rhs, expected.rhs[name].rhs)
+
+
+def test_spine_rows_searches_numbers_as_pandas_finds_strings():
+    """Input blocks are found on the spine by searching their GEOIDs as numbers: the rows pandas' hash lookup
+    gives, and a block not on the spine is an error."""
+    rng = np.random.default_rng(3)
+    spine = pd.Index(sorted({f"{x:015d}" for x in rng.integers(0, 10**15, 500)}), dtype="str")
+    some = spine[rng.choice(len(spine), 80, replace=False)]
+    numbers = dataplane._spine_numbers(spine)
+    assert isinstance(numbers, np.ndarray)
+    assert dataplane._spine_rows(numbers, some).tolist() == spine.get_indexer(some).tolist()
+    with pytest.raises(ValueError, match="not the input's blocks"):
+        dataplane._spine_rows(numbers, some.append(pd.Index(["999999999999999"], dtype="str")))

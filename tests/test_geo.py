@@ -17,7 +17,7 @@ from topdown.geo.blockgroups import custom_block_groups, gq_signatures
 from topdown.geo.distance import off_spine_distances
 from topdown.geo.report import spine_command
 from topdown.geo.spine import (BLOCK, LEVELS, ROOT, STATE, Spine, aian_spine, build_spine, bypass, check_path_condition,
-                               optimized_spine, standard_spine)
+                               optimized_spine, sorted_factorize, standard_spine)
 from conftest import DATA
 
 RI_BAF = DATA / "ri_baf2020"
@@ -332,3 +332,17 @@ def test_spine_command_writes_report(tmp_path: Path) -> None:
     for entity in ("place", "mcd"):
         d = report["off_spine_distance"][entity]
         assert d["optimized"]["mean"] < d["standard"]["mean"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(alphabet="0123", min_size=1, max_size=3), min_size=2, max_size=40))
+def test_sorted_factorize_equals_pandas_on_sorted_columns_and_declines_unsorted_ones(values):
+    """Neighbour comparison gives pd.factorize(sort=True)'s codes and uniques on a sorted column and
+    declines (None) an unsorted one, where callers fall back to hashing."""
+    column = pd.Series(sorted(values), dtype="str")
+    codes, uniques = sorted_factorize(column)
+    expected_codes, expected_uniques = pd.factorize(column, sort=True)
+    assert codes.tolist() == expected_codes.tolist()
+    assert list(uniques) == list(expected_uniques)
+    shuffled = pd.Series(values, dtype="str")
+    assert (sorted_factorize(shuffled) is None) == (values != sorted(values))

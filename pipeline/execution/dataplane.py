@@ -429,6 +429,8 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
         scattered.append(args)
         shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, args[0], args[1],
                                     shard_parts[s] if persons else None, unit_parts[s], args[2], pure=False))
+    for g in geo:  # each shard has its blocks' node rows now
+        g.inverse = None
     columns = UNIT_COLUMNS + ["occupied"]
     above = geo[:-1]
     answers: list[dict[str, np.ndarray]] = [{} for _ in above]

@@ -97,7 +97,7 @@ class _Geography:
 
     name: str
     nodes: pd.Index
-    inverse: np.ndarray
+    inverse: np.ndarray | None  # None once given to the shards (dataplane.tabulate_levels)
     first_block: np.ndarray | None
     block_geoids: pd.Index
 
