@@ -16,7 +16,8 @@ A/B comparison under the same load).
 ``ab DIR --tree PATH --tree '' [--rounds R]``: the same chunks under several trees at once, interleaved
 chunk by chunk (one warm process per tree: ``''`` this tree, else a PYTHONPATH such as a shim of an
 older tree), so that a machine load that changes during the comparison falls on every tree alike;
-prints each tree's CPU per block and whether the estimates and measurement files are byte-identical.
+prints each tree's CPU per block, the median over chunk runs of its CPU over the first tree's, and
+whether the estimates and measurement files are byte-identical.
 
 ``profile DIR [--repeats 3]``: for the largest County parent of the Tract chunk and for the Block_Group
 parent of median size in the Block chunk, times every step of ``solve_parent`` (CPU seconds of this
@@ -182,7 +183,8 @@ def ab(d: Path, trees: list[str], rounds: int) -> None:
     """The captured Block chunks under several trees, interleaved: one warm process per tree (``""`` =
     this tree, else a PYTHONPATH such as a shim of an older tree), each chunk run by every tree in turn
     (the order alternating), so a changing machine load falls on all trees alike. Prints one JSON line
-    per tree (CPU, per block, digests of the estimates and measurements) and whether they agree."""
+    per tree (CPU, per block, the median per-chunk CPU ratio to the first tree, digests of the estimates
+    and measurements) and whether they agree."""
     import os
     import subprocess
     import sys
@@ -211,8 +213,11 @@ def ab(d: Path, trees: list[str], rounds: int) -> None:
             p.stdin.close()
             p.wait()
     sums = [_summary(r) for r in rows]
-    for tree, row in zip(trees, sums):
-        print(json.dumps({"tree": tree or "this tree", "rounds": rounds, **row}), flush=True)
+    for tree, row, mine in zip(trees, sums, rows):
+        # Robust to load spikes: the median over chunk runs of this tree's CPU over the first tree's.
+        ratio = statistics.median(a["cpu_s"] / b["cpu_s"] for a, b in zip(mine, rows[0]))
+        print(json.dumps({"tree": tree or "this tree", "rounds": rounds, **row,
+                          "median_chunk_cpu_ratio_to_first": round(ratio, 4)}), flush=True)
     same = all(s["estimates_sha256"] == sums[0]["estimates_sha256"]
                and s["measurements_sha256"] == sums[0]["measurements_sha256"] for s in sums)
     print(json.dumps({"identical_outputs": same}), flush=True)
