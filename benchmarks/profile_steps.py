@@ -1,7 +1,7 @@
 """Where one parent's CPU goes, step by step (issue 20): layout, Pyomo build, compile, each L2 pass,
 each tau LP, each rounder pass, the row check and the Python between them.
 
-Two sub-commands:
+Sub-commands:
 
 ``capture CONFIG --out DIR``: runs CONFIG (persons) in this process on a one-thread Dask client and
 pickles the first task (Chunk) of the County -> Tract level and of the Block_Group -> Block level to
@@ -13,6 +13,12 @@ Block level; ``blocks DIR`` then runs those chunks one after the other in this p
 CPU seconds per block (run it alternately with the untouched and the changed tree on the Python path: an
 A/B comparison under the same load).
 
+``ab DIR --tree PATH --tree '' [--rounds R]``: the same chunks under several trees at once, interleaved
+chunk by chunk (one warm process per tree: ``''`` this tree, else a PYTHONPATH such as a shim of an
+older tree), so that a machine load that changes during the comparison falls on every tree alike;
+prints each tree's CPU per block, the median over chunk runs of its CPU over the first tree's, and
+whether the estimates and measurement files are byte-identical.
+
 ``profile DIR [--repeats 3]``: for the largest County parent of the Tract chunk and for the Block_Group
 parent of median size in the Block chunk, times every step of ``solve_parent`` (CPU seconds of this
 process, the median over the repeats) and prints one JSON object per parent; then the whole Block chunk
@@ -23,6 +29,7 @@ Usage:
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py profile /tmp/prof
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py capture CONFIG --out /tmp/prof --every 1
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py blocks /tmp/prof
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py ab /tmp/prof --tree /tmp/shim-old --tree ''
 """
 from __future__ import annotations
 
@@ -85,46 +92,135 @@ class _MovedModules(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         import importlib
+        import os
 
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError:
+        import topdown
+
+        shim = getattr(topdown, "__file__", None)  # a shim's package (PYTHONPATH), not the editable install
+        root = os.path.dirname(shim) if shim else ""
+
+        def found(name: str) -> bool:
+            if root and name.startswith("topdown."):  # in the shim's tree, not where the install maps it
+                path = os.path.join(root, *name.split(".")[1:])
+                return os.path.exists(path + ".py") or os.path.exists(os.path.join(path, "__init__.py"))
+            try:
+                importlib.import_module(name)
+            except ModuleNotFoundError:
+                return False
+            return True
+
+        if not found(module):
             leaf = module.rsplit(".", 1)[-1]
             groups = ("configuration", "privacy", "inputs", "execution", "outputs", "evaluation")
             for cand in [f"topdown.pipeline.{g}.{leaf}" for g in groups] + [f"topdown.vocab.{leaf}",
                                                                           f"topdown.pipeline.{leaf}"]:
-                try:
-                    importlib.import_module(cand)
-                except ModuleNotFoundError:
-                    continue
-                module = cand
-                break
+                if found(cand):
+                    module = cand
+                    break
         return super().find_class(module, name)
 
 
-def block_chunks(d: Path) -> None:
-    """CPU seconds of run_chunk (noise draws, solves, writing the measurements) over the captured Block
-    chunks, and per block (with this tree or, through PYTHONPATH, an older one of either package layout)."""
+def _chunk_runner(tmp: str):
+    """A function that runs one captured Block chunk (a pickle path) with the tree on the path and returns
+    its CPU seconds, blocks, and the SHA-256 of its estimates and of its measurement file."""
+    import hashlib
     import io
-    import tempfile
 
     try:  # a tree from before pipeline/ was regrouped (the editable install maps the new subpackages)
         from topdown.pipeline.tasks import run_chunk
     except ModuleNotFoundError:
         from topdown.pipeline.execution.tasks import run_chunk
 
-    paths = sorted((d / "block").glob("*.pkl"))
-    cpu, blocks = 0.0, 0
+    import distributed  # noqa: F401  (imported on every worker; not the chunks' cost)
+    import numpy as np
+
+    def one(path: Path) -> dict:
+        chunk = _MovedModules(io.BytesIO(path.read_bytes())).load()
+        chunk.measurements_path = f"{tmp}/{path.stem}.parquet"
+        c0 = time.process_time()
+        res = run_chunk(chunk)
+        cpu = time.process_time() - c0
+        hist = np.ascontiguousarray(res.hist.toarray(), dtype=np.int64)
+        return {"chunk": path.stem, "cpu_s": cpu, "blocks": len(chunk.children),
+                "estimates_sha256": hashlib.sha256(hist.tobytes()).hexdigest(),
+                "measurements_sha256": hashlib.sha256(Path(chunk.measurements_path).read_bytes()).hexdigest()}
+    return one
+
+
+def _summary(rows: list[dict]) -> dict:
+    import hashlib
+
+    cpu, blocks = sum(r["cpu_s"] for r in rows), sum(r["blocks"] for r in rows)
+    digest = {k: hashlib.sha256("".join(r[k] for r in rows).encode()).hexdigest()[:16]
+              for k in ("estimates_sha256", "measurements_sha256")}
+    return {"chunks": len(rows), "blocks": blocks, "cpu_s": round(cpu, 3),
+            "cpu_ms_per_block": round(1000 * cpu / max(blocks, 1), 3), **digest}
+
+
+def block_chunks(d: Path) -> None:
+    """CPU seconds of run_chunk (noise draws, solves, writing the measurements) over the captured Block
+    chunks, and per block (with this tree or, through PYTHONPATH, an older one of either package layout)."""
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
-        for path in paths:
-            chunk = _MovedModules(io.BytesIO(path.read_bytes())).load()
-            chunk.measurements_path = f"{tmp}/{path.stem}.parquet"
-            c0 = time.process_time()
-            run_chunk(chunk)
-            cpu += time.process_time() - c0
-            blocks += len(chunk.children)
-    print(json.dumps({"chunks": len(paths), "blocks": blocks, "cpu_s": round(cpu, 3),
-                      "cpu_ms_per_block": round(1000 * cpu / max(blocks, 1), 3)}), flush=True)
+        one = _chunk_runner(tmp)
+        rows = [one(path) for path in sorted((d / "block").glob("*.pkl"))]
+    print(json.dumps(_summary(rows)), flush=True)
+
+
+def serve(d: Path) -> None:
+    """Run the captured chunk named on each line of standard input; one JSON line per chunk (for ``ab``)."""
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one = _chunk_runner(tmp)
+        for line in sys.stdin:
+            print(json.dumps(one(d / "block" / f"{line.strip()}.pkl")), flush=True)
+
+
+def ab(d: Path, trees: list[str], rounds: int) -> None:
+    """The captured Block chunks under several trees, interleaved: one warm process per tree (``""`` =
+    this tree, else a PYTHONPATH such as a shim of an older tree), each chunk run by every tree in turn
+    (the order alternating), so a changing machine load falls on all trees alike. Prints one JSON line
+    per tree (CPU, per block, the median per-chunk CPU ratio to the first tree, digests of the estimates
+    and measurements) and whether they agree."""
+    import os
+    import subprocess
+    import sys
+
+    procs = []
+    for tree in trees:
+        env = dict(os.environ)
+        if tree:
+            env["PYTHONPATH"] = tree
+        procs.append(subprocess.Popen([sys.executable, __file__, "serve", str(d)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env))
+    rows: list[list[dict]] = [[] for _ in trees]
+    stems = [p.stem for p in sorted((d / "block").glob("*.pkl"))]
+    try:
+        for r in range(rounds):
+            for i, stem in enumerate(stems):
+                order = list(range(len(trees)))
+                if (r * len(stems) + i) % 2:
+                    order.reverse()
+                for t in order:
+                    procs[t].stdin.write(stem + "\n")
+                    procs[t].stdin.flush()
+                    rows[t].append(json.loads(procs[t].stdout.readline()))
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait()
+    sums = [_summary(r) for r in rows]
+    for tree, row, mine in zip(trees, sums, rows):
+        # Robust to load spikes: the median over chunk runs of this tree's CPU over the first tree's.
+        ratio = statistics.median(a["cpu_s"] / b["cpu_s"] for a, b in zip(mine, rows[0]))
+        print(json.dumps({"tree": tree or "this tree", "rounds": rounds, **row,
+                          "median_chunk_cpu_ratio_to_first": round(ratio, 4)}), flush=True)
+    same = all(s["estimates_sha256"] == sums[0]["estimates_sha256"]
+               and s["measurements_sha256"] == sums[0]["measurements_sha256"] for s in sums)
+    print(json.dumps({"identical_outputs": same}), flush=True)
 
 
 class StepClock:
@@ -263,6 +359,13 @@ def main() -> None:
     c.add_argument("--every", type=int, default=0, help="also keep every N-th Block-level chunk (0: none)")
     b = sub.add_parser("blocks")
     b.add_argument("dir", type=Path)
+    v = sub.add_parser("serve")
+    v.add_argument("dir", type=Path)
+    x = sub.add_parser("ab")
+    x.add_argument("dir", type=Path)
+    x.add_argument("--tree", action="append", required=True,
+                   help="a PYTHONPATH to run the chunks with (repeat; '' = this tree)")
+    x.add_argument("--rounds", type=int, default=1)
     p = sub.add_parser("profile")
     p.add_argument("dir", type=Path)
     p.add_argument("--repeats", type=int, default=3)
@@ -271,6 +374,10 @@ def main() -> None:
         capture(args.config, args.out, args.every)
     elif args.cmd == "blocks":
         block_chunks(args.dir)
+    elif args.cmd == "serve":
+        serve(args.dir)
+    elif args.cmd == "ab":
+        ab(args.dir, args.tree, args.rounds)
     else:
         profile(args.dir, args.repeats)
 

@@ -57,19 +57,45 @@ def l2_histograms(layout: Layout, z: np.ndarray) -> np.ndarray:
     return hist
 
 
-def _flow_block(cols: np.ndarray, target: np.ndarray, n: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray,
-                                                                        np.ndarray, np.ndarray]:
-    """Rows ``z[cols] - u1 - u2 + v = floor(target)`` over n structural columns + 3 per row."""
-    g = cols.size
-    r = np.floor(target + FLOOR_EPS)
-    f = np.clip(target - r, 0.0, 1.0)
-    rows = np.arange(g)
-    data = np.concatenate([np.ones(g), -np.ones(g), -np.ones(g), np.ones(g)])
-    ij = (np.tile(rows, 4), np.concatenate([cols, n + rows, n + g + rows, n + 2 * g + rows]))
-    block = sp.csr_matrix((data, ij), shape=(g, n + 3 * g))
-    cost = np.concatenate([1.0 - 2.0 * f, np.ones(g), np.ones(g)])
-    ub = np.concatenate([np.ones(g), np.full(2 * g, np.inf)])
-    return block, r, cost, np.zeros(3 * g), ub
+def flow_rows(blocks: list[tuple[np.ndarray, np.ndarray]], n: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The flow rows of a pass's queries, ``(cols, target)`` each: per query of g answer rows, row g'
+    reads ``z[cols[g']] - u1 - u2 + v = floor(target[g'])`` over the n structural columns, then its own
+    3g columns (u1, u2, v, each in answer order) after those of the earlier queries. Returns the rows'
+    column indices ``int64[rows, 4]`` (coefficients +1, -1, -1, +1), their right-hand sides, and the
+    cost, lower and upper bound of the 3g extra columns per query, end to end."""
+    idx, rhs, cost, ub = [], [], [], []
+    width = n
+    for cols, target in blocks:
+        g = cols.size
+        r = np.floor(target + FLOOR_EPS)
+        f = np.clip(target - r, 0.0, 1.0)
+        own = width + np.arange(g)
+        idx.append(np.column_stack([cols, own, own + g, own + 2 * g]))
+        rhs.append(r)
+        cost += [1.0 - 2.0 * f, np.ones(2 * g)]
+        ub += [np.ones(g), np.full(2 * g, np.inf)]
+        width += 3 * g
+    idx_all = np.concatenate(idx).astype(np.int64, copy=False) if idx else np.zeros((0, 4), np.int64)
+    extra_cost = np.concatenate(cost) if cost else np.zeros(0)
+    return (idx_all, np.concatenate(rhs) if rhs else np.zeros(0), extra_cost, np.zeros(extra_cost.size),
+            np.concatenate(ub) if ub else np.zeros(0))
+
+
+#: Coefficients of a flow row on its four columns (z, u1, u2, v).
+_FLOW_COEFS = np.array([1.0, -1.0, -1.0, 1.0])
+
+
+def with_flow_rows(a: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
+    """``[[A, 0], [flow rows]]``: the structural rows widened by the flow columns, then the flow rows (the
+    matrix scipy's hstack/vstack of the blocks gives, entry for entry, built from the CSR arrays)."""
+    a = sp.csr_matrix(a)
+    m, n = a.shape
+    rows = idx.shape[0]
+    indptr = np.concatenate([a.indptr.astype(np.int64), a.nnz + 4 * np.arange(1, rows + 1, dtype=np.int64)])
+    indices = np.concatenate([a.indices.astype(np.int64), idx.reshape(-1)])
+    data = np.concatenate([a.data.astype(float), np.tile(_FLOW_COEFS, rows)])
+    return sp.csr_matrix((data, indices, indptr), shape=(m + rows, n + 3 * rows))
 
 
 def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: Backend
@@ -110,30 +136,23 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
     stats = []
     z = np.zeros(n)
     for k, names in enumerate(passes):
-        blocks, rhs, costs, flb, fub = [], [], [], [], []
         base_cost = np.zeros(n)
         if DETAILED in names:
             base_cost[play_cols] = 1.0 - 2.0 * frac_hist[play]
         base_cost[slacks] = 1.0
-        width = 0
+        blocks = []
         for name in names:
             if name == DETAILED:
                 continue
             cols = layout.acol[name][layout.acol[name] >= 0]
-            block, r, cost, l_, u_ = _flow_block(pos[cols], target_all[cols], n)
-            blocks.append((block, width))
-            width += block.shape[1] - n
-            rhs.append(r), costs.append(cost), flb.append(l_), fub.append(u_)
-        extra = [sp.hstack([b[:, :n], sp.csr_matrix((b.shape[0], off)), b[:, n:],
-                            sp.csr_matrix((b.shape[0], width - off - (b.shape[1] - n)))], format="csr")
-                 for b, off in blocks]
-        a = sp.vstack([sp.hstack([form.a, sp.csr_matrix((form.a.shape[0], width))], format="csr")] + extra,
-                      format="csr")
-        c = np.concatenate([base_cost] + costs)
-        row_lo = np.concatenate([lo] + rhs)
-        row_hi = np.concatenate([hi] + rhs)
-        col_lb = np.concatenate([lb] + flb)
-        col_ub = np.concatenate([ub] + fub)
+            blocks.append((pos[cols], target_all[cols]))
+        idx, rhs, cost, flb, fub = flow_rows(blocks, n)
+        a = with_flow_rows(form.a, idx)
+        c = np.concatenate([base_cost, cost])
+        row_lo = np.concatenate([lo, rhs])
+        row_hi = np.concatenate([hi, rhs])
+        col_lb = np.concatenate([lb, flb])
+        col_ub = np.concatenate([ub, fub])
         res = backend.lp(c, a, row_lo, row_hi, col_lb, col_ub)
         stat = {"pass": k, "status": res.status, "lp_s": round(res.seconds, 6), "milp": False,
                 "columns": a.shape[1], "rows": a.shape[0]}

@@ -69,6 +69,13 @@ def test_profile_steps_captures_and_times_every_step(tmp_path, demo_input):
     assert task["solved"] >= 1 and task["steps"]["noise draws"] > 0
     (blocks,) = _json_lines("profile_steps.py", "blocks", str(tmp_path / "p"))
     assert blocks["chunks"] >= 1 and blocks["blocks"] > 0 and blocks["cpu_s"] > 0
+    # The same chunks interleaved under two trees (here this tree twice): same digests as ``blocks``.
+    first, second, verdict = _json_lines("profile_steps.py", "ab", str(tmp_path / "p"), "--tree", "", "--tree", "")
+    assert verdict == {"identical_outputs": True}
+    assert first["median_chunk_cpu_ratio_to_first"] == 1.0 and second["median_chunk_cpu_ratio_to_first"] > 0
+    for row in (first, second):
+        assert {k: row[k] for k in ("chunks", "blocks", "estimates_sha256", "measurements_sha256")} == \
+            {k: blocks[k] for k in ("chunks", "blocks", "estimates_sha256", "measurements_sha256")}
 
 
 def test_peer_censusdp_converts_demo_persons_and_spends_each_level_rho(demo_input):

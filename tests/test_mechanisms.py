@@ -318,8 +318,9 @@ def test_many_streams_equal_one_stream_at_a_time(n: int, size: int, num: int, de
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 1, 2, 3, 4, 5, 7, 130, 1000])), min_size=1, max_size=12))
 def test_seeded_source_is_a_fresh_philox_stream_under_interleaved_reads(reads) -> None:
-    """The shared first-read generator (rng.SeededSource) gives every stream exactly the words of its own
-    ``Philox(key=SHA-256(...)[:16])``, whatever the order in which streams are read."""
+    """The shared generator (rng.SeededSource: set to a stream's key and position) gives every stream
+    exactly the words of its own ``Philox(key=SHA-256(...)[:16])``, whatever the order in which streams
+    are read and however many words each read takes."""
     import hashlib
     import json
 

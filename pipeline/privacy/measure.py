@@ -55,16 +55,16 @@ def measure(
     n = len(geocodes)
     out: list[NodeMeasurements] = []
     frames: list[pd.DataFrame] = []
+    by_plb: dict[Fraction, list[int]] = {}  # nodes of each non-zero privacy-loss share, in node order
+    for i, node_plb in enumerate(plb):  # once per call: hashing a Fraction takes a modular inverse
+        if node_plb != 0:
+            by_plb.setdefault(node_plb, []).append(i)
     for query, share in budget.queries.get(level, {}).items():
         q = build_query(schema, query)
         true = np.asarray((hist @ q.matrix().T.tocsc()).todense(), dtype=np.int64).reshape(n, q.n_answers)
         values = np.full((n, q.n_answers), np.nan)
         variance = np.full(n, np.inf)
-        by_plb: dict[Fraction, list[int]] = {}  # nodes of each privacy-loss share, in node order
-        for i, node_plb in enumerate(plb):
-            if share != 0 and node_plb != 0:
-                by_plb.setdefault(node_plb, []).append(i)
-        for node_plb, nodes in by_plb.items():
+        for node_plb, nodes in (by_plb.items() if share != 0 else ()):
             alloc = allocate(budget, level, query, plb=node_plb)
             idx = np.asarray(nodes, dtype=np.int64)
             if budget.infinite:

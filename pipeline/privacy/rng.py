@@ -76,10 +76,13 @@ class SeededSource(RandomSource):
     The parts are JSON-encoded as a list, so no two different tuples of parts share a key.
 
     Constructing a numpy Philox costs about 20 microseconds, more than the few hundred words most
-    streams ever read (one stream per node and query: tens of thousands per task). So a stream's first
-    read comes from this thread's shared generator set to the stream's key and counter 0 (the same words
-    as a fresh ``Philox(key=...)``); only a stream read again (the samplers' exact path, a second round)
-    gets a generator of its own, advanced past the words already read."""
+    streams ever read (one stream per node and query: tens of thousands per task). So every read comes
+    from this thread's shared generator set to the stream's key and to the position after the words the
+    stream has read: Philox is counter-based (block i of four words is the cipher of counter i + 1; numpy
+    increments the counter before it enciphers), so counter ``r // 4`` with an empty buffer, then
+    ``r % 4`` words skipped, gives word r onward: the same words as one fresh ``Philox(key=...)`` read
+    in turn, without replaying the words already read (the discrete Gaussian's second round re-reads
+    every detailed-query stream)."""
 
     def __init__(self, seed: int, *parts: str) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -90,21 +93,18 @@ class SeededSource(RandomSource):
         material = json.dumps(["census-topdown/rng/v2", seed, *self.parts]).encode()
         digest = hashlib.sha256(material).digest()
         self._key = np.frombuffer(digest[:16], dtype="<u8").astype(np.uint64)
-        self._gen: np.random.Philox | None = None
-        self._read = 0  # words read through the shared generator (before this stream had its own)
+        self._read = 0  # words of the stream read so far
 
     def uint64(self, n: int) -> np.ndarray:
         n = int(n)
-        if self._gen is None and self._read == 0:
-            shared = _shared_philox()
-            shared.state = {"bit_generator": "Philox", "state": {"counter": _ZERO4, "key": self._key},
-                            "buffer": _ZERO4, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
-            self._read = n
-            return np.asarray(shared.random_raw(n), dtype=np.uint64)
-        if self._gen is None:
-            self._gen = np.random.Philox(key=self._key)
-            self._gen.random_raw(self._read)
-        return np.asarray(self._gen.random_raw(n), dtype=np.uint64)
+        shared = _shared_philox()
+        counter = _ZERO4 if self._read < 4 else np.array([self._read >> 2, 0, 0, 0], dtype=np.uint64)
+        shared.state = {"bit_generator": "Philox", "state": {"counter": counter, "key": self._key},
+                        "buffer": _ZERO4, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+        if self._read & 3:
+            shared.random_raw(self._read & 3)
+        self._read += n
+        return np.asarray(shared.random_raw(n), dtype=np.uint64)
 
     def __repr__(self) -> str:
         return f"SeededSource(seed={self.seed}, parts={self.parts!r})"
