@@ -10,7 +10,9 @@ every 0.25 s; each sample is attributed to the stage in progress. Driver stages 
 the runner's stage functions; levels are identified by the ``progress(product, level, done, total)``
 callback of :func:`topdown.pipeline.execution.runner.run` (a sample taken before a level's first progress call is
 given to that level). Peaks also use each process's high-water mark (``ru_maxrss``), so short spikes
-between samples are not missed; per stage it is reported only where the high-water mark rose.
+between samples are not missed; per stage it is reported only where the high-water mark rose. The summary's
+``driver_hwm_run_mb`` is the driver's high-water mark when the run returns, ``driver_hwm_mb`` at the end
+(it includes this script's own reading of the task stream and samples).
 CPU: the same polls read each process's CPU seconds (user + system); the CPU used between two polls goes
 to the later poll's stage. On a shared machine worker CPU seconds, unlike wall time, do not grow with
 the load, so they are the figures to project from (benchmarks/projection.py reads this output).
@@ -39,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+import dask
 import pandas as pd
 import psutil
 
@@ -265,8 +268,10 @@ def main() -> None:
     tracker = StageTracker()
     interrupted = False
     t0 = time.perf_counter()
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    # The scheduler's debugging logs as short as the runner's own embedded cluster keeps them.
+    with dask.config.set({"distributed.admin.low-level-log-length": runner.SCHEDULER_LOG_LENGTH}), \
+            LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                         host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         cluster_s = time.perf_counter() - t0
         driver_start = psutil.Process().memory_info().rss
         sampler = Sampler(client, tracker)
@@ -286,6 +291,7 @@ def main() -> None:
                     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: report the stages so far
                         out, interrupted = Path(args.out), True
                     run_wall = time.perf_counter() - t1
+                    run_hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # before this script's own summing up
             finally:
                 sampler.stop()
     manifest = json.loads((Path(out) / "manifest.json").read_text())
@@ -308,6 +314,7 @@ def main() -> None:
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
         "driver_rss_peak_mb": round(max((s["driver_rss"] for s in sampler.samples), default=0) / MB),
         "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "driver_hwm_run_mb": round(run_hwm / 1024),
         "driver_rss_at_start_mb": round(driver_start / MB),
         "worker_hwm_mb": sorted({w["pid"]: round(w["hwm"] / MB) for s in sampler.samples
                                  for w in s["workers"].values()}.values()),

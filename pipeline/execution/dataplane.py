@@ -19,6 +19,7 @@ in-memory path (tests/test_dataplane.py).
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,13 +312,16 @@ def write_county_mdf(product: str, files: list[str], metas: list[BlockMeta], row
     write_table(frame, Path(path))
 
 
-def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
+def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
                    hist_path: str, child_meta: list[BlockMeta] | None = None) -> ChunkResult:
     """Run a chunk on a worker: its children's true histograms from the shards' partials (``child_parts``,
     None: the chunk carries them, or none is needed), their constraints from the shards' block metadata
     (``child_meta``, None: the chunk carries them), its parents' from the committed parts of the level
     above (``parent_files``, None at the root); its estimate is written to ``hist_path`` and the driver gets
-    back each child's count of non-zero cells and the part's SHA-256 instead of the histograms."""
+    back each child's count of non-zero cells and the part's SHA-256 instead of the histograms. ``chunk`` may
+    come pickled (engine.estimate_level)."""
+    if isinstance(chunk, bytes):
+        chunk = pickle.loads(chunk)
     ncells = SCHEMAS[chunk.product].ncells
     if child_parts is not None:
         chunk.child_hist = rows_of(child_parts, child_rows, ncells)

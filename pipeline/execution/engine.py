@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,7 +207,9 @@ def estimate_level(
                                                   if p.lo <= rows.max() and p.hi >= rows.min()]
         parent_files = None if parent is None else parent.files(level.parent[rows])
         meta = None if level.meta is None else [p.future for p in level.meta if p.lo <= rows.max() and p.hi >= rows.min()]
-        return client.submit(run_part_chunk, plan.build(i), rows, parts, parent_files,
+        # Pickled here: the driver's scheduler keeps arguments of finished tasks for a while, and bytes cost a
+        # third of the objects a chunk unpickles to (benchmarks/RESULTS.md, "Driver memory, third round").
+        return client.submit(run_part_chunk, pickle.dumps(plan.build(i), protocol=5), rows, parts, parent_files,
                              str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta,
                              key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
 

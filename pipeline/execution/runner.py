@@ -16,6 +16,7 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Callable, Iterator
 
+import dask
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
@@ -53,6 +54,11 @@ class AlreadyComplete(RunDirError):
     """The run directory holds a complete run; use force to recompute."""
 
 
+#: Messages the driver's client and embedded scheduler keep per connection, and transitions, for debugging.
+#: Dask's 1,000 keep the arguments of the last 1,000 tasks sent over each connection in the driver.
+SCHEDULER_LOG_LENGTH = 50
+
+
 @contextmanager
 def dask_client(client=None, scheduler: str | None = None, workers: int | None = None,
                 security: Security | None = None) -> Iterator:
@@ -68,7 +74,8 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     if scheduler:
         security = check_scheduler(scheduler, security)
         try:
-            c = Client(scheduler, timeout="20s", security=security)
+            with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH}):
+                c = Client(scheduler, timeout="20s", security=security)
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} ({exc})") from None
         with c:
@@ -77,7 +84,7 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     check_workers(workers)
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+    with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH}), LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                       host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
             Client(cluster) as c:
         log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
