@@ -35,10 +35,13 @@ def _libc():
 
 
 def limit_heaps() -> None:
-    """Cap the driver's glibc heaps at :data:`DRIVER_ARENAS` (call before the cluster's threads start)."""
+    """Cap the driver's glibc heaps at :data:`DRIVER_ARENAS` (call before the cluster's threads start) and let
+    Arrow allocate from them, so that :func:`release_memory` returns what Arrow freed too (mimalloc, Arrow's
+    default pool, kept about 20 MB more of a 500 k-block state's driver)."""
     libc = _libc()
     if libc is not None:
         libc.mallopt(M_ARENA_MAX, DRIVER_ARENAS)
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def release_memory() -> None:
