@@ -227,13 +227,17 @@ def _hhgq_matrix() -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(cells.size, np.int64), (cells, cells // CELLS_PER_HHGQ)), shape=(cells.size, 8))
 
 
-def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index, names: pd.Index,
-                   parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame], inverses: list[np.ndarray]) -> Shard:
-    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` and geocodes ``names``, unit counts
-    from the unit read tasks' frames, histograms from the person read tasks' ``parts`` (persons) or from the
-    units' occupancy; partial sums per level above the blocks (``inverses[i]``: each block's node row at level i);
-    the blocks' constraints, checked against their true answers and summed per node of the level above."""
+def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index, names: pd.Index | None,
+                   parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
+                   runs: list[tuple[np.ndarray, np.ndarray]]) -> Shard:
+    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` and geocodes ``names`` (None: the
+    GEOIDs), unit counts from the unit read tasks' frames, histograms from the person read tasks' ``parts``
+    (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
+    node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
+    summed per node of the level above."""
     schema, spec = SCHEMAS[product], PRODUCTS[product]
+    names = blocks if names is None else names
+    inverses = [np.repeat(values, lengths) for values, lengths in runs]
     units = _block_units(unit_frames, blocks)
     frame = pd.DataFrame(units, index=names, columns=UNIT_COLUMNS + ["occupied"])
     if parts is not None:
@@ -258,6 +262,12 @@ def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Ind
     partials.append((lo + np.arange(len(blocks)), hist))
     return Shard(partials, answers, sums, below, {name: (str(names[row]), n) for name, (row, n) in bad.items()},
                  problem, BlockMeta(lo, blocks, frame, cons))
+
+
+def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Node rows as runs (each run's row and length; ``np.repeat`` undoes it): a shard's blocks lie in few nodes."""
+    starts = np.r_[0, np.flatnonzero(np.diff(rows)) + 1]
+    return rows[starts], np.diff(np.r_[starts, len(rows)])
 
 
 def shard_summary(shard: Shard) -> tuple:
@@ -425,14 +435,16 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
         for fut, g in zip(futs, geoids):
             for s in np.unique(_spine_rows(spine_numbers, g) // SHARD_BLOCKS):
                 into[s].append(fut)
-    shards, scattered = [], []
+    # A task's arguments stay in the scheduler, in the driver, as long as its result (so that a lost worker's
+    # shards can be computed again): each shard gets its GEOIDs, its geocodes only where they differ, and its
+    # blocks' node rows as runs.
+    same_names = bool(pc.all(pc.equal(pa.array(names.array), pa.array(tab_geoid.array))).as_py())
+    shards = []
     for s, lo in enumerate(starts):
         hi = min(lo + SHARD_BLOCKS, n)
-        # Scattered: a task's arguments stay in the scheduler (in the driver) as long as its result does.
-        args = client.scatter([tab_geoid[lo:hi], names[lo:hi], [g.inverse[lo:hi] for g in geo[:-1]]], hash=False)
-        scattered.append(args)
-        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, args[0], args[1],
-                                    shard_parts[s] if persons else None, unit_parts[s], args[2], pure=False))
+        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, tab_geoid[lo:hi],
+                                    None if same_names else names[lo:hi], shard_parts[s] if persons else None,
+                                    unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     columns = UNIT_COLUMNS + ["occupied"]
@@ -457,7 +469,6 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
             ranges[i].append((int(r.min()), int(r.max())) if len(r) else (0, -1))
         if problem is not None:
             problems.append(problem)
-    del scattered
     _raise_first(problems, files, inp)
     for name in below:  # the lowest infeasible level is reported: the blocks first, constraints in order
         if name in bad:
