@@ -548,9 +548,8 @@ def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
     (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit counts are
     on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
     geoids = block_geoids_in_order(spine)  # node order
-    ordered = geoids.is_monotonic_increasing  # a spine built here: no sorted copy
-    order = np.arange(len(geoids)) if ordered else geoids.argsort()  # GEOIDs are unique
-    county = pc.utf8_slice_codeunits(pa.array(geoids.array) if ordered else pa.array(geoids).take(pa.array(order)), 0, 5)
+    order = geoids.argsort()  # GEOIDs are unique
+    county = pc.utf8_slice_codeunits(pa.array(geoids).take(pa.array(order)), 0, 5)
     starts = np.r_[0, np.flatnonzero(pc.not_equal(county[1:], county[:-1]).to_numpy(zero_copy_only=False)) + 1]
     names = county.take(pa.array(starts)).to_pylist()
     counties = np.split(order, starts[1:])  # geoid order: a county's blocks are adjacent
