@@ -157,21 +157,33 @@ class BlockMeta:
         return len(self.units)
 
 
-def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
-    """The metadata of block ``rows`` (in that order) from the parts holding them."""
+def _locate(metas: list[BlockMeta], rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Each part's local positions of block ``rows``, and the order that puts their concatenation back in
+    ``rows`` order."""
     picked, local = [], []
     for m in metas:
         sel = np.flatnonzero((rows >= m.lo) & (rows < m.lo + len(m)))
         picked.append(sel)
         local.append(rows[sel] - m.lo)
-    back = np.argsort(np.concatenate(picked), kind="stable")
+    return local, np.argsort(np.concatenate(picked), kind="stable")
+
+
+def meta_constraints(metas: list[BlockMeta], rows: np.ndarray) -> LevelConstraints:
+    """The constraints of block ``rows`` (in that order) from the parts holding them (a Block chunk's: no
+    unit frames gathered)."""
+    local, back = _locate(metas, rows)
+    nodes = metas[0].units.index[:0].append([m.units.index[i] for m, i in zip(metas, local)])[back]
+    return LevelConstraints(nodes, {name: dataclasses.replace(c, rhs=np.concatenate(
+        [m.constraints.rhs[name].rhs[i] for m, i in zip(metas, local)])[back])
+        for name, c in metas[0].constraints.rhs.items()})
+
+
+def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
+    """The metadata of block ``rows`` (in that order) from the parts holding them."""
+    local, back = _locate(metas, rows)
     units = pd.concat([m.units.iloc[i] for m, i in zip(metas, local)]).iloc[back]
     geoids = metas[0].geoids[:0].append([m.geoids[i] for m, i in zip(metas, local)])[back]
-    cons = None
-    if metas[0].constraints is not None:
-        cons = LevelConstraints(units.index, {name: dataclasses.replace(c, rhs=np.concatenate(
-            [m.constraints.rhs[name].rhs[i] for m, i in zip(metas, local)])[back])
-            for name, c in metas[0].constraints.rhs.items()})
+    cons = None if metas[0].constraints is None else meta_constraints(metas, rows)
     return BlockMeta(0, geoids, units, cons)
 
 
@@ -336,7 +348,7 @@ def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: li
     if child_parts is not None:
         chunk.child_hist = rows_of(child_parts, child_rows, ncells)
     if child_meta is not None:
-        cons = meta_rows(child_meta, child_rows).constraints
+        cons = meta_constraints(child_meta, child_rows)
         for task in chunk.parents:
             task.constraints = cons.take(task.child_rows)
     if parent_files is not None:
