@@ -37,6 +37,7 @@ import shutil
 import signal
 import threading
 import time
+from array import array
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
@@ -62,7 +63,8 @@ class StageTracker:
 
     def __init__(self) -> None:
         self.stage = "other"
-        self.pending: list[dict] = []  # samples taken while a level had not reported yet
+        self.stages: list[str] = []  # each sample's stage
+        self.pending: list[int] = []  # samples taken while a level had not reported yet
         self.awaiting_level = False
         self.levels: dict[str, dict] = {}
         self.lock = threading.Lock()
@@ -85,8 +87,8 @@ class StageTracker:
             info = self.levels.setdefault(name, {"first_chunk_s": now, "chunks": total})
             info["last_chunk_s"] = now
             if self.stage != name:
-                for s in self.pending:
-                    s["stage"] = name
+                for i in self.pending:
+                    self.stages[i] = name
                 self.pending.clear()
                 self.stage = name
             if done == total:  # the level's writes follow; then a level not known until it reports
@@ -106,14 +108,33 @@ class Worker(NamedTuple):
 
 
 class Sampler(threading.Thread):
-    """Polls worker and driver memory until stopped."""
+    """Polls worker and driver memory until stopped. The samples live in the driver whose memory they measure,
+    so they are kept as numbers in one array (a dict per worker and sample was 1.9 kB a sample, 12 MB over a
+    30-minute run; a dict per sample still about 1 kB) and become records (``samples``) after the run."""
+
+    FIELDS = ("t", "driver_rss", "driver_hwm", "driver_cpu")
 
     def __init__(self, client, tracker: StageTracker) -> None:
         super().__init__(daemon=True)
         self.client, self.tracker = client, tracker
-        self.samples: list[dict] = []
+        self.numbers = array("d")  # per sample: FIELDS, the number of workers, then each one's Worker fields
+        self.starts = array("q")
         self.stop_event = threading.Event()
         self.driver = psutil.Process()
+
+    @property
+    def samples(self) -> list[dict]:
+        """The samples as records: FIELDS, "stage" and "workers" (position -> Worker)."""
+        out = []
+        for i, (start, stage) in enumerate(zip(self.starts, self.tracker.stages)):
+            values = self.numbers[start:start + len(self.FIELDS) + 1]
+            s = dict(zip(self.FIELDS, values), stage=stage)
+            first = start + len(self.FIELDS) + 1
+            s["workers"] = {w: Worker(int(self.numbers[first + 4 * w]), int(self.numbers[first + 4 * w + 1]),
+                                      int(self.numbers[first + 4 * w + 2]), self.numbers[first + 4 * w + 3])
+                            for w in range(int(values[-1]))}
+            out.append(s)
+        return out
 
     def sample(self) -> None:
         try:
@@ -122,16 +143,15 @@ class Sampler(threading.Thread):
             logging.getLogger("topdown").warning("memory poll failed: %s", exc)
             workers = {}
         with self.tracker.lock:
-            # Lean records: they live in the driver whose memory is measured (a dict per worker and sample
-            # was 1.9 kB a sample, 12 MB over a 30-minute run).
-            s = {"t": time.perf_counter(), "stage": self.tracker.stage,
-                 "driver_rss": self.driver.memory_info().rss,
-                 "driver_hwm": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                 "driver_cpu": sum(self.driver.cpu_times()[:2]),
-                 "workers": {i: Worker(*v) for i, v in enumerate(workers.values())}}
-            self.samples.append(s)
+            self.starts.append(len(self.numbers))
+            self.numbers.extend([time.perf_counter(), self.driver.memory_info().rss,
+                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                                 sum(self.driver.cpu_times()[:2]), len(workers)])
+            for v in workers.values():
+                self.numbers.extend(v)
+            self.tracker.stages.append(self.tracker.stage)
             if self.tracker.awaiting_level:
-                self.tracker.pending.append(s)
+                self.tracker.pending.append(len(self.tracker.stages) - 1)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -307,9 +327,10 @@ def main() -> None:
                     run_hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # before this script's own summing up
             finally:
                 sampler.stop()
+    samples = sampler.samples
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     timings = dict(manifest["timings"])
-    rows = stage_rows(sampler.samples, timings, tracker, run_wall)
+    rows = stage_rows(samples, timings, tracker, run_wall)
     per_level = task_levels(stream.data, args.workers)
     for row in rows:
         row.update(per_level.get(row["stage"], {}))
@@ -317,19 +338,19 @@ def main() -> None:
     nodes = {level: int(spine[level].nunique()) for level in manifest["levels"]}
     for row in rows:
         print(json.dumps(row), flush=True)
-    worker_peak = max((w["hwm"] for s in sampler.samples for w in s["workers"].values()), default=0)
-    worker_rss = max((w["rss"] for s in sampler.samples for w in s["workers"].values()), default=0)
+    worker_peak = max((w["hwm"] for s in samples for w in s["workers"].values()), default=0)
+    worker_rss = max((w["rss"] for s in samples for w in s["workers"].values()), default=0)
     print(json.dumps({
         "stage": "summary", "config": args.config, "input": args.input, "workers": args.workers,
         "interrupted": interrupted,
         "total_wall_s": round(run_wall, 2), "cluster_start_s": round(cluster_s, 2),
         "worker_cpu_s": round(sum(r["worker_cpu_s"] for r in rows), 1),
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
-        "driver_rss_peak_mb": round(max((s["driver_rss"] for s in sampler.samples), default=0) / MB),
+        "driver_rss_peak_mb": round(max((s["driver_rss"] for s in samples), default=0) / MB),
         "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "driver_hwm_run_mb": round(run_hwm / 1024),
         "driver_rss_at_start_mb": round(driver_start / MB),
-        "worker_hwm_mb": sorted({w["pid"]: round(w["hwm"] / MB) for s in sampler.samples
+        "worker_hwm_mb": sorted({w["pid"]: round(w["hwm"] / MB) for s in samples
                                  for w in s["workers"].values()}.values()),
         "persons": sum(_rows(f) for f in find_input(args.input).persons),
         "nodes": nodes, "parents_solved": manifest.get("parents_solved"), "failsafe": len(manifest.get("failsafe", [])),

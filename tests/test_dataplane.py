@@ -18,6 +18,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from distributed import Security
 
 from conftest import end_process_groups
@@ -236,3 +238,19 @@ def test_spine_rows_searches_numbers_as_pandas_finds_strings():
     assert dataplane._spine_rows(numbers, some).tolist() == spine.get_indexer(some).tolist()
     with pytest.raises(ValueError, match="not the input's blocks"):
         dataplane._spine_rows(numbers, some.append(pd.Index(["999999999999999"], dtype="str")))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.integers(0, 10**6 - 1), min_size=1, max_size=60), st.booleans(), st.integers(1, 7))
+def test_counties_are_the_groups_of_the_geoids_five_character_prefixes(numbers, shuffle, step):
+    """The MDF's counties (compared ``step`` GEOIDs at a time, sorted GEOIDs not copied) are the sorted
+    five-character prefixes, each with its blocks' node rows in GEOID order, whatever the node order."""
+    geoids = [f"4400{x // 10**5}{x:010d}" for x in sorted(numbers)]
+    if shuffle:
+        geoids = list(np.random.default_rng(len(geoids)).permutation(geoids))
+    got = dataplane.counties(pd.Index(geoids, dtype="str"), step=step)
+    frame = pd.DataFrame({"geoid": geoids}).sort_values("geoid")
+    expected = {name: rows.tolist() for name, rows in frame.groupby(frame["geoid"].str[:5]).groups.items()}
+    assert got.names == sorted(expected)
+    assert {name: got.rows(i).tolist() for i, name in enumerate(got.names)} == expected
+    assert (got.order is None) == (geoids == sorted(geoids))

@@ -17,7 +17,7 @@ from topdown.geo.blockgroups import custom_block_groups, gq_signatures
 from topdown.geo.distance import off_spine_distances
 from topdown.geo.report import spine_command
 from topdown.geo.spine import (BLOCK, LEVELS, ROOT, STATE, Spine, aian_spine, build_spine, bypass, check_path_condition,
-                               optimized_spine, sorted_factorize, standard_spine)
+                               is_sorted, optimized_spine, sorted_factorize, standard_spine)
 from conftest import DATA
 
 RI_BAF = DATA / "ri_baf2020"
@@ -346,3 +346,4 @@ def test_sorted_factorize_equals_pandas_on_sorted_columns_and_declines_unsorted_
     assert list(uniques) == list(expected_uniques)
     shuffled = pd.Series(values, dtype="str")
     assert (sorted_factorize(shuffled) is None) == (values != sorted(values))
+    assert is_sorted(column) and is_sorted(shuffled) == (values == sorted(values))

@@ -22,6 +22,7 @@ import dataclasses
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .invariants import UNIT_COLUMNS, LevelConstraints, infeasible, infeasible_error, invariant_rows
-from topdown.geo.spine import sorted_factorize
+from topdown.geo.spine import is_sorted, sorted_factorize
 
 from .levels import node_answers
 from .memory import release_memory
@@ -560,34 +561,60 @@ def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
     (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit counts are
     on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
     geoids = block_geoids_in_order(spine)  # node order
-    order = geoids.argsort()  # GEOIDs are unique
-    county = pc.utf8_slice_codeunits(pa.array(geoids).take(pa.array(order)), 0, 5)
-    starts = np.r_[0, np.flatnonzero(pc.not_equal(county[1:], county[:-1]).to_numpy(zero_copy_only=False)) + 1]
-    names = county.take(pa.array(starts)).to_pylist()
-    counties = np.split(order, starts[1:])  # geoid order: a county's blocks are adjacent
+    county = counties(geoids)
     final = rundir.mdf(product)
     staged = rundir.staging(final)
 
     def submit(i: int):
-        rows = counties[i]
+        rows = county.rows(i)
         if blocks.meta is not None:
             metas, local = [p.future for p in blocks.meta if p.lo <= rows.max() and p.hi >= rows.min()], rows
         else:
             metas, local = [BlockMeta(0, geoids[rows], blocks.units.iloc[rows], None)], np.arange(len(rows))
         return client.submit(write_county_mdf, product, estimated.files(rows), metas, local,
-                             str(staged / f"county={names[i]}" / "part-00000.parquet"), pure=False)
+                             str(staged / f"county={county.names[i]}" / "part-00000.parquet"), pure=False)
 
-    for fut in windowed(client, submit, list(range(len(names)))):
+    for fut in windowed(client, submit, list(range(len(county.names)))):
         fut.result()
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)
+
+
+class Counties(NamedTuple):
+    """The counties (a GEOID's first five characters) of a level's blocks in GEOID order: their names, where
+    each one's blocks start in GEOID order, and the node rows in GEOID order (None: node order is GEOID
+    order)."""
+
+    names: list[str]
+    starts: np.ndarray
+    order: np.ndarray | None
+
+    def rows(self, i: int) -> np.ndarray:
+        """The node rows of county ``i``'s blocks, in GEOID order."""
+        lo, hi = self.starts[i], self.starts[i + 1]
+        return np.arange(lo, hi) if self.order is None else self.order[lo:hi]
+
+
+def counties(geoids: pd.Index, step: int = 1 << 16) -> Counties:
+    """The counties of the blocks whose (unique) GEOIDs are ``geoids``, in node order. GEOIDs already in
+    order (a spine built here) are neither sorted nor copied; their prefixes are compared ``step`` at a
+    time."""
+    order = None if is_sorted(geoids) else np.argsort(geoids)
+    arr = pa.array(geoids.array if order is None else geoids.array.take(order))
+    starts = [np.zeros(1, dtype=np.int64)]
+    for lo in range(0, len(arr) - 1, step):  # the pairs (i - 1, i) for i in lo + 1 .. lo + step
+        county = pc.utf8_slice_codeunits(arr[lo:lo + step + 1], 0, 5)
+        starts.append(np.flatnonzero(pc.not_equal(county[1:], county[:-1]).to_numpy(zero_copy_only=False)) + lo + 1)
+    first = np.concatenate(starts)
+    names = [geoids[i if order is None else order[i]][:5] for i in first]  # Arrow's take would concatenate arr
+    return Counties(names, np.r_[first, len(arr)], order)
 
 
 def block_geoids_in_order(spine) -> pd.Index:
     """Each block's GEOID in the block level's node order (the spine's rows sorted by block geocode)."""
     table = spine.table
     block = spine.levels[-1]
-    if table[block].is_monotonic_increasing:
+    if is_sorted(table[block]):
         return pd.Index(table["geoid"], dtype="str")
     return pd.Index(table["geoid"], dtype="str")[pd.Index(table[block]).argsort()]
 

@@ -188,18 +188,20 @@ def estimate_level(
     rundir.staging(hdir).mkdir(parents=True, exist_ok=True)
     records = rundir.chunk_records(product, level.name)
     order, bounds = plan.order, plan.bounds
-    results: dict[int, ChunkResult] = {}
+    tally = _Tally(len(level))  # the driver keeps no chunk result, only the level's arrays and sums
+    finished = set()
     for i in range(len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
         if (res := _finished_chunk(rundir, hdir, records, plan.build(i))) is not None:
-            results[i] = res
-    if results:
-        log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(results),
+            tally.add(res, order[bounds[i]:bounds[i + 1]])
+            finished.add(i)
+    if finished:
+        log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(finished),
                  len(plan))
         if progress:
-            progress(product, level.name, len(results), len(plan))
+            progress(product, level.name, len(finished), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
     digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
-    todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in results]
+    todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in finished]
 
     def submit(i: int):
         rows = order[bounds[i]:bounds[i + 1]]
@@ -213,31 +215,46 @@ def estimate_level(
                              str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta,
                              key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
 
-    done = len(results)
+    done = len(finished)
     for fut in windowed(client, submit, todo):  # a bounded number of chunks in the driver and the scheduler
         res: ChunkResult = fut.result()
         _record_chunk(records, res)
-        results[res.index] = dataclasses.replace(res, children=[])  # the driver keeps no per-child names
+        tally.add(res, order[bounds[res.index]:bounds[res.index + 1]])
         done += 1
         if progress:
             progress(product, level.name, done, len(plan))
-    part_of = np.zeros(len(level), dtype=np.int32)
-    nnz = np.zeros(len(level), dtype=np.int32)
-    for i in range(len(plan)):
-        rows = order[bounds[i]:bounds[i + 1]]
-        part_of[rows] = i
-        nnz[rows] = results[i].nnz
     if source.draws:
         rundir.commit(mdir)
     rundir.commit(hdir)
     report = LevelReport(
-        level=level.name, parents=sum(r.solved + r.copied for r in results.values()),
-        solved=sum(r.solved for r in results.values()),
-        copied=sum(r.copied for r in results.values()), tasks=len(plan), seconds=time.perf_counter() - start,
-        failsafe=[f for i in range(len(plan)) for f in results[i].failsafe],
-        max_parent_seconds=max((s for r in results.values() for s in r.solve_seconds), default=0.0),
+        level=level.name, parents=tally.solved + tally.copied, solved=tally.solved, copied=tally.copied,
+        tasks=len(plan), seconds=time.perf_counter() - start,
+        failsafe=[f for i in sorted(tally.failsafe) for f in tally.failsafe[i]],
+        max_parent_seconds=tally.max_parent_seconds,
     )
-    return LevelOutput(hdir, part_of, nnz), report
+    return LevelOutput(hdir, tally.part_of, tally.nnz), report
+
+
+class _Tally:
+    """What the driver keeps of a level's chunk results: each node's part file and non-zero cells, and the
+    report's sums (a national level has tens of thousands of chunks)."""
+
+    def __init__(self, nodes: int) -> None:
+        self.part_of = np.zeros(nodes, dtype=np.int32)
+        self.nnz = np.zeros(nodes, dtype=np.int32)
+        self.solved = self.copied = 0
+        self.max_parent_seconds = 0.0
+        self.failsafe: dict[int, list[dict]] = {}
+
+    def add(self, res: ChunkResult, rows: np.ndarray) -> None:
+        """Take chunk ``res``, whose children are the level's nodes ``rows``."""
+        self.part_of[rows] = res.index
+        self.nnz[rows] = res.nnz
+        self.solved += res.solved
+        self.copied += res.copied
+        self.max_parent_seconds = max([self.max_parent_seconds, *res.solve_seconds])
+        if res.failsafe:
+            self.failsafe[res.index] = res.failsafe
 
 
 def _record_chunk(records: Path, res: ChunkResult) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from topdown.geo.spine import Spine, sorted_factorize
+from topdown.geo.spine import Spine, is_sorted, sorted_factorize
 
 from ..configuration.config import ProductConfig
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below
@@ -84,11 +84,11 @@ def block_matrix(block_hist: pd.DataFrame, geoids: pd.Index, ncells: int) -> sp.
 
 
 def rollup(codes: pd.Series) -> tuple[pd.Index, np.ndarray]:
-    """Sorted unique node codes and each block's node row (factorized on the Arrow strings: no Python object
-    per block)."""
+    """Sorted unique node codes and each block's node row, int32 (factorized on the Arrow strings: no Python
+    object per block)."""
     found = sorted_factorize(codes)  # a sorted column (a standard spine's) needs no hash table
     inverse, nodes = found if found is not None else pd.factorize(codes, sort=True)
-    return pd.Index(nodes), inverse.astype(np.int64, copy=False)
+    return pd.Index(nodes), inverse.astype(np.int32, copy=False)
 
 
 @dataclass
@@ -118,7 +118,7 @@ class _Geography:
 def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarray | None]]:
     """Block geoids in block-geocode order, every level's nodes, and every level's parent rows."""
     table = spine.table
-    if not table[spine.levels[-1]].is_monotonic_increasing:  # a spine built here is sorted: no copy
+    if not is_sorted(table[spine.levels[-1]]):  # a spine built here is sorted: no copy
         table = table.sort_values(spine.levels[-1]).reset_index(drop=True)
     tab_geoid = pd.Index(table["geoid"], dtype="str")
     geo = []

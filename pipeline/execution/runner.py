@@ -331,7 +331,7 @@ class PathShares(Mapping):
         self.shares = []  # per level: each block's node code, and each node's share (levels.Shares)
         for level in spine.levels:
             nodes, codes = rollup(spine.table[level])
-            self.shares.append((codes.astype(np.int32), shares(spine, budget.levels, level, nodes)))
+            self.shares.append((codes, shares(spine, budget.levels, level, nodes)))
         self.blocks = pd.Index(spine.table[spine.levels[-1]], dtype="str")
 
     def __len__(self) -> int:
