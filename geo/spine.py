@@ -206,7 +206,7 @@ def _block_geoids(geoids: pd.Series | pd.Index | list[str]) -> pd.Series:
     bad = values[~values.str.fullmatch(r"\d{15}")]
     if len(bad):
         raise ValueError(f"block GEOID {bad.iloc[0]!r} (row {bad.index[0]}) is not 15 digits")
-    ordered = values.sort_values(ignore_index=True)
+    ordered = values if is_sorted(values) else values.sort_values(ignore_index=True)  # an input's are sorted
     if _has_duplicates(ordered):
         raise ValueError(f"block GEOID {values[values.duplicated()].iloc[0]} appears twice")
     return ordered

@@ -240,15 +240,16 @@ def _hhgq_matrix() -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(cells.size, np.int64), (cells, cells // CELLS_PER_HHGQ)), shape=(cells.size, 8))
 
 
-def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index, names: pd.Index | None,
-                   parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
+def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray,
+                   names: pd.Index | None, parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
                    runs: list[tuple[np.ndarray, np.ndarray]]) -> Shard:
-    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` and geocodes ``names`` (None: the
-    GEOIDs), unit counts from the unit read tasks' frames, histograms from the person read tasks' ``parts``
+    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers`) and
+    geocodes ``names`` (None: the GEOIDs), unit counts from the unit read tasks' frames, histograms from the person read tasks' ``parts``
     (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
     node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
     summed per node of the level above."""
     schema, spec = SCHEMAS[product], PRODUCTS[product]
+    blocks = _geoid_strings(blocks) if isinstance(blocks, np.ndarray) else blocks
     names = blocks if names is None else names
     inverses = [np.repeat(values, lengths) for values, lengths in runs]
     units = _block_units(unit_frames, blocks)
@@ -449,13 +450,14 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
             for s in np.unique(_spine_rows(spine_numbers, g) // SHARD_BLOCKS):
                 into[s].append(fut)
     # A task's arguments stay in the scheduler, in the driver, as long as its result (so that a lost worker's
-    # shards can be computed again): each shard gets its GEOIDs, its geocodes only where they differ, and its
-    # blocks' node rows as runs.
+    # shards can be computed again): each shard gets its GEOIDs (as numbers where they are: 8 bytes a block
+    # instead of 23), its geocodes only where they differ, and its blocks' node rows as runs.
     same_names = bool(pc.all(pc.equal(pa.array(names.array), pa.array(tab_geoid.array))).as_py())
     shards = []
     for s, lo in enumerate(starts):
         hi = min(lo + SHARD_BLOCKS, n)
-        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, tab_geoid[lo:hi],
+        geoids = spine_numbers[lo:hi] if isinstance(spine_numbers, np.ndarray) else tab_geoid[lo:hi]
+        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, geoids,
                                     None if same_names else names[lo:hi], shard_parts[s] if persons else None,
                                     unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], pure=False))
     for g in geo:  # each shard has its blocks' node rows now
@@ -528,6 +530,11 @@ def _geoid_numbers(geoids: pd.Index) -> np.ndarray | None:
                      or not pc.all(pc.utf8_is_digit(arr)).as_py()):
         return None
     return pc.cast(arr, pa.int64()).to_numpy()
+
+
+def _geoid_strings(numbers: np.ndarray) -> pd.Index:
+    """The 15-digit GEOIDs of :func:`_geoid_numbers`."""
+    return pd.Index(pd.array(pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 15, "0"), dtype="str"))
 
 
 def _spine_numbers(tab_geoid: pd.Index) -> np.ndarray | pd.Index:
