@@ -108,11 +108,16 @@ def chunk_plan(
         bounds = np.arange(1, n) if independent else np.zeros(0, dtype=np.int64)
         nnz = np.ones(n, dtype=np.int64)  # chunk sizes must not depend on confidential counts
     else:
-        order = np.lexsort((np.arange(n), level.parent))
-        bounds = np.flatnonzero(np.diff(level.parent[order])) + 1
+        parent = level.parent
+        if (np.diff(parent) >= 0).all():  # a spine built here: the nodes are already grouped by parent
+            order = np.arange(n)
+        else:
+            order = np.argsort(parent, kind="stable")  # by parent, then node
+            parent = parent[order]
+        bounds = np.flatnonzero(np.diff(parent)) + 1
         if parent_hist is not None:
             parent_nnz = np.diff(parent_hist.indptr)
-        nnz = parent_nnz[level.parent[order][np.concatenate([[0], bounds])]]
+        nnz = parent_nnz[parent[np.concatenate([[0], bounds])]]
     starts = np.concatenate([[0], bounds]).astype(np.int64)
     ends = np.concatenate([bounds, [n]]).astype(np.int64)
 
