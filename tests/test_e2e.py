@@ -85,6 +85,105 @@ def test_verify_detects_tampering(tmp_path, zero_noise_run):
     assert main(["verify", str(copy)]) == 1
 
 
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _verify_cli(run_dir: Path, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["verify", str(run_dir)])
+    return code, capsys.readouterr().out
+
+
+def test_verify_passes_an_untouched_copy_and_checks_every_file(tmp_path, demo_run, capsys):
+    """A copied run directory verifies, every one of its files (but the manifest) checked by its SHA-256."""
+    copy = _copy(demo_run, tmp_path)
+    code, out = _verify_cli(copy, capsys)
+    assert code == 0, out
+    outputs = [f for f in copy.rglob("*") if f.is_file() and f.name != "manifest.json"]
+    assert f"SHA-256: {len(outputs)} files checked against the manifest" in out
+    assert "not checked" not in out
+
+
+@pytest.mark.parametrize("target, kind", [
+    ("histograms/persons/level=Block/part-00001.parquet", "persons Block histograms"),
+    ("mdf/persons/*/part-00000.parquet", "persons MDF"),
+    ("noisy_measurements/units/level=County/part-00000.parquet", "units County noisy measurements"),
+    ("invariants/units.parquet", "units invariants"),
+    ("certificate.json", "privacy certificate"),
+])
+@pytest.mark.parametrize("damage", ["flip", "delete"])
+def test_verify_names_a_changed_or_missing_file(tmp_path, demo_run, capsys, target, kind, damage):
+    copy = _copy(demo_run, tmp_path)
+    (path,) = copy.glob(target)
+    _flip_byte(path) if damage == "flip" else path.unlink()
+    code, out = _verify_cli(copy, capsys)
+    assert code == 1
+    problem = "SHA-256 differs from the manifest" if damage == "flip" else "missing"
+    assert f"  - {path.relative_to(copy)} ({kind}): {problem}" in out.splitlines()
+
+
+def test_verify_detects_swapped_and_added_files(tmp_path, demo_run, capsys):
+    """Two histogram parts swapped hold the same rows: every other check passes, their SHA-256 sums fail."""
+    copy = _copy(demo_run, tmp_path)
+    level = copy / "histograms" / "persons" / "level=Block"
+    a, b = level / "part-00000.parquet", level / "part-00001.parquet"
+    a.rename(level / "swap")
+    b.rename(a)
+    (level / "swap").rename(b)
+    code, out = _verify_cli(copy, capsys)
+    assert code == 1
+    assert [line for line in out.splitlines() if line.startswith("  - ")] == [
+        f"  - {f.relative_to(copy)} (persons Block histograms): SHA-256 differs from the manifest" for f in (a, b)]
+    extra = level / "part-00002.parquet"
+    extra.write_bytes(a.read_bytes())
+    code, out = _verify_cli(copy, capsys)
+    assert code == 1
+    assert f"  - {extra.relative_to(copy)} (persons Block histograms): not recorded in the manifest (added since " \
+           "the run)" in out.splitlines()
+
+
+def test_verify_of_a_run_without_recorded_sums_notes_what_it_did_not_check(tmp_path, demo_run, capsys):
+    """A run of an older version recorded no SHA-256 of its run-wide outputs (or of its levels): it still
+    verifies, and a note names what no sum covers."""
+    copy = _copy(demo_run, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["output_sha256"], manifest["sha256"]["units"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    code, out = _verify_cli(copy, capsys)
+    assert code == 0, out
+    (note,) = [line for line in out.splitlines() if "not checked" in line]
+    for group in ("config.json", "certificate.json", "spine.parquet", "invariants/persons.parquet", "mdf/persons",
+                  "mdf/units", "histograms/units", "noisy_measurements/units"):
+        assert group in note
+    assert "histograms/persons" not in note
+
+
+def test_block_by_block_run_records_the_sums_of_its_rolled_up_levels(tmp_path, demo_input, dask_client, capsys):
+    """The levels above the blocks, summed up in the driver, are recorded too: verify checks every file."""
+    from topdown.pipeline.configuration.config import config_from_dict
+
+    data = load_config("demo").model_dump(mode="json")
+    data["run"].update(algorithm="block_by_block", products=["units"])
+    out = run(config_from_dict(data, source="demo, block by block, units"), tmp_path / "bbb", input_dir=demo_input,
+              client=dask_client)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["sha256"]["units"]) == set(manifest["levels"])
+    code, text = _verify_cli(out, capsys)
+    assert code == 0, text
+    assert "not checked" not in text
+
+
 def test_complete_run_is_not_recomputed_without_force(zero_noise_run, demo_input, dask_client):
     from topdown.pipeline.execution.runner import AlreadyComplete
 

@@ -38,7 +38,7 @@ PINNED = {
     'histograms/units/level=US/part-00000.parquet': '77278fca9381ce840b02be3bb6551f238055f60112c7fc461deda327d4159f96',
     'invariants/persons.parquet': 'dd05ff564c7faf721f09325c29672e266def3784f771eefec72ef28e085bcd36',
     'invariants/units.parquet': '98e087cc352ee9a912b5ef452ca1432b4abfe4637755b9a1e74635c6a1c1ab45',
-    'manifest.json': 'cb87d1cec918bc84a671786c859a03bee50dba6e17efa62948b31b72e39387c8',
+    'manifest.json': '06432e06500f9fedb784edfb6ae534cd555be7a2fb559ff02d497c75b4974326',
     'mdf/persons/county=44007/part-00000.parquet': 'e03163b1209ac6c41a2cfb4098957177bfcda44b529dae608f6bb4a905875c94',
     'mdf/units/county=44007/part-00000.parquet': 'ede274877cfd3bfdc39334aa2c0b7cee1d122fb4e5dde3ccd93ef6c9bb5e0136',
     'noisy_measurements/persons/level=Block/part-00000.parquet': 'b6212f2baba5bc6a2401fde20e1e7249bb0283bdb8fdc36435f96322e1a82f63',

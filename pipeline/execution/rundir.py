@@ -75,6 +75,15 @@ class RunDir:
     def invariants(self, product: str) -> Path:
         return self.root / "invariants" / f"{product}.parquet"
 
+    def output_digests(self, products: list[str]) -> dict[str, str]:
+        """SHA-256 of every run-wide output, by path in the run directory (the manifest's ``output_sha256``):
+        configuration, certificate, spine, and per product its invariants and MDF. The files of each level
+        are recorded per level (``engine.level_digests``, the manifest's ``sha256``)."""
+        files = [self.config_path, self.root / "certificate.json", self.root / "spine.parquet"]
+        for product in products:
+            files += [self.invariants(product), *sorted(self.mdf(product).rglob("*"))]
+        return {str(f.relative_to(self.root)): sha256_file(f) for f in files if f.is_file()}
+
     def chunk_records(self, product: str, level: str) -> Path:
         """Where a level's finished chunks are recorded while it runs (for --resume inside a level)."""
         return self.root / STAGING / "chunks" / product / f"level={level}"
@@ -201,7 +210,7 @@ class RunDir:
 #: Manifest keys and the JSON types they must have (those the code reads back).
 MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
     "status": str, "config_hash": str, "name": str, "algorithm": str, "spine": str, "levels": list, "products": list,
-    "completed": dict, "parents_solved": dict, "failsafe": list, "timings": dict,
+    "completed": dict, "parents_solved": dict, "failsafe": list, "timings": dict, "sha256": dict, "output_sha256": dict,
 }
 
 
@@ -274,6 +283,17 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def changed_files(recorded: dict[str, str], found: dict[str, str]) -> dict[str, str]:
+    """Per path, how a file differs from the SHA-256 sums ``recorded`` for it (``found``: the sums now): missing,
+    changed, or not recorded (added since); {} when every file matches."""
+    problems = {}
+    for path in sorted(recorded.keys() | found.keys()):
+        if recorded.get(path) != found.get(path):
+            problems[path] = ("missing" if path not in found else "not recorded in the manifest (added since the run)"
+                              if path not in recorded else "SHA-256 differs from the manifest")
+    return problems
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -311,6 +311,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
     shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
+    manifest["output_sha256"] = rundir.output_digests(list(config.run.products))  # verify re-checks them
     manifest["status"] = "complete"
     timings["total"] = time.perf_counter() - t0
     rundir.write_manifest(manifest)
@@ -402,6 +403,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
             up = sp.csr_matrix((np.ones(len(child)), (child.parent, np.arange(len(child)))),
                                shape=(len(level), len(child))) @ up
             write_level_histograms(rundir, product, level, up.astype(np.int64).tocsr())
+            digests[level.name] = level_digests(rundir, product, level.name)
             if level.name not in done:
                 done.append(level.name)
         rundir.write_manifest(manifest)

@@ -4,7 +4,10 @@ Checks, for every product and level: histograms are non-negative integers on val
 sum to their parent cell by cell (parents from ``spine.parquet``); invariants hold (US and state
 totals, block housing-unit and GQ-facility bounds, no minors in nursing facilities, housing-unit
 counts); the MDF tabulates back to the block histograms. A state's total is checked as the sum over its
-parts (the AIAN spine splits a state; only the whole state's total is invariant, facts 2.6).
+parts (the AIAN spine splits a state; only the whole state's total is invariant, facts 2.6). Every file the
+manifest records a SHA-256 for (each level's files, and the run-wide outputs: configuration, certificate,
+spine, invariants, MDF) still has it: one check per file, so a changed, truncated, swapped, lost or added
+file fails by name.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
 from ..execution.invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf
-from ..execution.rundir import Manifest, RunReader
+from ..execution.rundir import Manifest, RunReader, changed_files
 
 
 @dataclass
@@ -51,10 +54,68 @@ def verify_run(root: str | Path) -> VerifyReport:
     manifest = reader.complete_manifest()
     rep = VerifyReport()
     try:
+        _verify_sums(reader, manifest, rep)
+    except OSError as exc:
+        rep.check(False, f"unreadable output: {exc}")
+    changed = not rep.ok
+    try:
         _verify(reader, manifest, rep)
     except (OSError, pa.ArrowException) as exc:  # a deleted or damaged output of a complete run
         rep.check(False, f"missing or unreadable output: {exc}")
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        if not changed:  # the files are as the run wrote them: a bug
+            raise
+        rep.check(False, f"the checks of the contents stopped on the changed files ({type(exc).__name__}: {exc})")
     return rep
+
+
+#: What each top-level entry of a run directory holds, as a failure names it.
+_KINDS = {"histograms": "histograms", "noisy_measurements": "noisy measurements", "mdf": "MDF",
+          "invariants": "invariants", "spine.parquet": "spine", "certificate.json": "privacy certificate",
+          "config.json": "configuration"}
+
+
+def _output_kind(path: str) -> str:
+    """What the file at ``path`` (relative to the run directory) is: e.g. ``persons Block histograms``."""
+    parts = Path(path).parts
+    kind = _KINDS.get(parts[0], "output")
+    if len(parts) < 2:
+        return kind
+    level = parts[2].removeprefix("level=") + " " if len(parts) > 3 and parts[2].startswith("level=") else ""
+    return f"{Path(parts[1]).stem} {level}{kind}"
+
+
+def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
+    """One check per file the manifest records a SHA-256 for (and per file added beside them); a note says
+    how many were checked, and which outputs no recorded sum covers (a run of an older version)."""
+    from ..execution.engine import level_digests  # engine imports the products, which import this module
+
+    recorded: dict[str, str] = {}
+    found: dict[str, str] = {}
+    per_level = manifest.data.get("sha256", {})
+    for product in manifest.products:
+        for level in manifest.levels:
+            sums = per_level[product].get(level) if isinstance(per_level.get(product), dict) else None
+            if isinstance(sums, dict):
+                recorded.update(sums)
+                found.update(level_digests(reader, product, level))
+    run_wide = manifest.data.get("output_sha256")
+    if run_wide is not None:
+        recorded.update(run_wide)
+        found.update(reader.output_digests(manifest.products))
+    problems = changed_files(recorded, found)
+    for path in sorted(recorded.keys() | found.keys()):
+        rep.check(path not in problems, f"{path} ({_output_kind(path)}): {problems.get(path)}")
+    rep.notes.append(f"SHA-256: {len(recorded.keys() | found.keys())} files checked against the manifest")
+    uncovered: dict[str, int] = {}
+    for f in sorted(reader.root.rglob("*")):
+        rel = f.relative_to(reader.root)
+        if f.is_file() and str(rel) not in found and rel.parts[0] not in ("manifest.json", ".lock"):
+            group = "/".join(rel.parts[:3 if rel.parts[2:3] and rel.parts[2].startswith("level=") else 2])
+            uncovered[group] = uncovered.get(group, 0) + 1
+    if uncovered:
+        rep.notes.append("no SHA-256 recorded in the manifest, not checked: " + ", ".join(
+            g if (reader.root / g).is_file() else f"{g}/ ({n} file{'s' * (n > 1)})" for g, n in uncovered.items()))
 
 
 def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
