@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import GeographyError
+
 FANOUT_CUTOFF = 12  # production default (facts 6.4)
 GQ_TYPES = 7        # unit types 1..7 are the major GQ types (DESIGN.md section 2)
 
@@ -22,11 +24,11 @@ def gq_signatures(units: pd.DataFrame, geoids: pd.Series) -> pd.Series:
     """
     for column in ("geoid", "unit_type"):
         if column not in units.columns:
-            raise ValueError(f"units table has no column {column!r} (columns: {list(units.columns)})")
+            raise GeographyError(f"units table has no column {column!r} (columns: {list(units.columns)})")
     types = pd.to_numeric(units["unit_type"])
     bad = types[(types < 0) | (types > GQ_TYPES)]
     if len(bad):
-        raise ValueError(f"units row {bad.index[0]}: unit_type {bad.iloc[0]} is not in 0..{GQ_TYPES}")
+        raise GeographyError(f"units row {bad.index[0]}: unit_type {bad.iloc[0]} is not in 0..{GQ_TYPES}")
     gq = pd.DataFrame({"geoid": units["geoid"].to_numpy(), "t": types.to_numpy()})
     gq = gq[gq["t"] > 0].drop_duplicates()
     present = pd.crosstab(gq["geoid"], gq["t"]).reindex(columns=range(1, GQ_TYPES + 1), fill_value=0) > 0

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import GeographyError
 from .baf import aian_flags, read_baf_dir, target_entities
 from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures
 
@@ -54,21 +55,21 @@ class Spine:
         self.levels = list(self.levels)
         missing = [c for c in ["geoid", *self.levels] if c not in self.table.columns]
         if missing:
-            raise ValueError(f"spine table lacks columns {missing}")
+            raise GeographyError(f"spine table lacks columns {missing}")
         if _has_duplicates(self.table["geoid"]):
-            raise ValueError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
-                             f"appears twice")
+            raise GeographyError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
+                                 f"appears twice")
         if self.table[self.levels[0]].nunique() != 1:
-            raise ValueError(f"spine table: the root level {self.levels[0]} must hold one node")
+            raise GeographyError(f"spine table: the root level {self.levels[0]} must hold one node")
         if _has_duplicates(self.table[self.levels[-1]]):
-            raise ValueError(f"spine table: the {self.levels[-1]} column must be unique per block")
+            raise GeographyError(f"spine table: the {self.levels[-1]} column must be unique per block")
         for level, codes in self.moves.items():
             if level not in self.levels:
-                raise ValueError(f"budget moves name unknown level {level!r}")
+                raise GeographyError(f"budget moves name unknown level {level!r}")
             for geocode, carried in codes.items():
                 unknown = [c for c in carried if c not in self.levels]
                 if unknown:
-                    raise ValueError(f"budget moves of {level} node {geocode!r} name unknown levels {unknown}")
+                    raise GeographyError(f"budget moves of {level} node {geocode!r} name unknown levels {unknown}")
         self.check_nesting()
 
     def check_nesting(self) -> None:
@@ -79,7 +80,7 @@ class Spine:
             parents = self.table.groupby(child, sort=False)[parent].nunique()
             bad = parents[parents > 1]
             if len(bad):
-                raise ValueError(f"{child} node {bad.index[0]!r} has {bad.iloc[0]} parents at level {parent}")
+                raise GeographyError(f"{child} node {bad.index[0]!r} has {bad.iloc[0]} parents at level {parent}")
 
     @property
     def root(self) -> str:
@@ -146,7 +147,7 @@ class Spine:
         table = pq.read_table(path)
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
         if raw is None:
-            raise ValueError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
+            raise GeographyError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
         meta = json.loads(raw)
         moves = {lvl: {g: tuple(c) for g, c in codes.items()} for lvl, codes in meta["moves"].items()}
         return cls(levels=meta["levels"], table=table.to_pandas(), moves=moves, kind=meta["kind"])
@@ -319,11 +320,11 @@ def optimized_spine(geoids: pd.Series, entities: pd.DataFrame, gq_signature: pd.
 def _baf_for(geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None, kind: str) -> pd.DataFrame:
     """BAF rows for ``geoids``; blocks missing from the BAF are "not in any area" (with a warning)."""
     if baf_dir is None:
-        raise ValueError(f"spine kind {kind!r} needs a block assignment file directory (--baf DIR)")
+        raise GeographyError(f"spine kind {kind!r} needs a block assignment file directory (--baf DIR)")
     baf = baf_dir if isinstance(baf_dir, pd.DataFrame) else read_baf_dir(baf_dir)
     source = "the given BAF table" if isinstance(baf_dir, pd.DataFrame) else str(baf_dir)
     if "aiannhce" not in baf.columns:
-        raise ValueError(f"{source}: no AIANNH block assignment file; spine kind {kind!r} needs it")
+        raise GeographyError(f"{source}: no AIANNH block assignment file; spine kind {kind!r} needs it")
     index = pd.Index(_block_geoids(geoids), name="geoid")
     missing = int((~index.isin(baf.index)).sum())
     if missing:
