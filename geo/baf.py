@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import GeographyError
+from . import GeographyError, one_line
 
 BAF_NAME = re.compile(r"^BlockAssign_ST(\d{2})_([A-Z]{2})_(.+)\.txt(?:\.gz)?$")
 
@@ -36,7 +36,10 @@ NOT_AIAN = "9999"
 
 def _read_one(path: Path, entity: str) -> pd.DataFrame:
     """One BAF as a frame indexed by geoid with our column names."""
-    frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False, na_values=[])
+    try:
+        frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False, na_values=[])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise GeographyError(f"{path}: not a readable block assignment file ({one_line(exc)})") from None
     if "BLOCKID" not in frame.columns:
         raise GeographyError(f"{path}: no BLOCKID column in the header {list(frame.columns)}")
     bad = frame.loc[~frame["BLOCKID"].str.fullmatch(r"\d{15}"), "BLOCKID"]

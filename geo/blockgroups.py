@@ -7,13 +7,25 @@ group never mixes two places/MCDs, two AIAN areas, or two GQ-type combinations.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from . import GeographyError
+from . import GeographyError, one_line
 
 FANOUT_CUTOFF = 12  # production default (facts 6.4)
 GQ_TYPES = 7        # unit types 1..7 are the major GQ types (DESIGN.md section 2)
+
+
+def read_units(path: Path | str) -> pd.DataFrame:
+    """The columns geoid and unit_type of a units Parquet file (what :func:`gq_signatures` reads)."""
+    try:
+        return pd.read_parquet(path, columns=["geoid", "unit_type"])
+    except pa.ArrowException as exc:
+        raise GeographyError(f"{path}: not a readable units table with columns geoid and unit_type "
+                             f"({one_line(exc)})") from None
 
 
 def gq_signatures(units: pd.DataFrame, geoids: pd.Series) -> pd.Series:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from . import GeographyError
 from .baf import aian_flags, read_baf_dir, target_entities
-from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures
+from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures, read_units
 
 #: The level roles every spine's levels are read by: the root (one node), the state level (state totals are
 #: invariant there; the AIAN spine splits a state into parts at it) and the block level (one node per block).
@@ -349,7 +349,7 @@ def build_spine(kind: str, geoids: pd.Series, baf_dir: Path | str | pd.DataFrame
     if kind == "aian":
         return aian_spine(baf.index.to_series(), aian)
     if isinstance(units, (str, Path)):
-        units = pd.read_parquet(units, columns=["geoid", "unit_type"])
+        units = read_units(units)
     signature = None
     if units is not None:
         outside = int((~pd.Index(units["geoid"].unique()).isin(baf.index)).sum())

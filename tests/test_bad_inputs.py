@@ -156,13 +156,26 @@ def _two_states(tmp: Path) -> None:
 B1 = "440070001001001"
 
 
-def _spine(aiannh_rows: str) -> Callable[[Path, Path], tuple[list[str], Path]]:
-    """``topdown spine`` on a BAF directory holding an AIANNH file of ``aiannh_rows`` (BLOCKID|AIANNHCE|COMPTYP)."""
+def _spine(aiannh_rows: str, units: bytes | None = None) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown spine`` on a BAF directory holding an AIANNH file of ``aiannh_rows`` (BLOCKID|AIANNHCE|COMPTYP),
+    with ``--units`` a file of the bytes ``units`` when given."""
     def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
         baf = tmp / "baf"
         baf.mkdir()
         (baf / "BlockAssign_ST44_RI_AIANNH.txt").write_text("BLOCKID|AIANNHCE|COMPTYP\n" + aiannh_rows)
-        return ["spine", "--baf", str(baf), "--out", str(tmp / "spine")], tmp / "spine"
+        more = [] if units is None else ["--units", str(tmp / "units.parquet")]
+        if units is not None:
+            (tmp / "units.parquet").write_bytes(units)
+        return ["spine", "--baf", str(baf), *more, "--out", str(tmp / "spine")], tmp / "spine"
+    return argv
+
+
+def _uncertainty_entities(data: bytes) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown uncertainty`` with ``--entities`` a Parquet file of the bytes ``data`` (read before the run)."""
+    def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
+        (tmp / "entities.parquet").write_bytes(data)
+        return (["uncertainty", str(tmp / "run"), "--out", str(tmp / "u.parquet"), "--entities",
+                 str(tmp / "entities.parquet")], tmp / "u.parquet")
     return argv
 
 
@@ -374,6 +387,13 @@ CASES = [
          argv=_spine(f"{B1}|0001|\n4400100|0001|\n")),
     Case("spine_baf_forbidden_aiannhce", EXIT_INPUT, ("AIANNHCE 4995", B1, "forbidden range 4990-4999"),
          argv=_spine(f"{B1}|4995|\n")),
+    Case("spine_baf_ragged_row", EXIT_INPUT, ("BlockAssign_ST44_RI_AIANNH.txt", "not a readable block assignment file",
+                                               "Expected 3 fields in line 3, saw 5"),
+         argv=_spine(f"{B1}|0001|\n440070001001002|0001|a|b|c\n")),
+    Case("spine_units_not_parquet", EXIT_INPUT, ("units.parquet", "not a readable units table", "ArrowInvalid"),
+         argv=_spine(f"{B1}|0001|\n", units=b"not a Parquet file")),
+    Case("entities_not_parquet", EXIT_INPUT, ("entities.parquet", "not a readable entities table", "ArrowInvalid"),
+         argv=_uncertainty_entities(b"not a Parquet file")),
     Case("synth_zero_blocks", EXIT_CONFIG, ("write_synthetic", "blocks >= 1", "blocks=0"),
          argv=lambda tmp, _inp: (["synth", "--blocks", "0", str(tmp / "synth")], tmp / "synth")),
     Case("delta_outside_0_1", EXIT_CONFIG, ("persons.budget", "delta must be in (0, 1)", "got 2"),
