@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import GeographyError
+from . import GeographyError, one_line
 from .baf import aian_flags, read_baf_dir, target_entities
 from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures, read_units
 
@@ -142,10 +142,16 @@ class Spine:
         pq.write_table(self.to_arrow(), path)
 
     @classmethod
-    def read_parquet(cls, path: Path | str) -> Spine:
-        """Read a spine written by ``to_parquet``."""
-        table = pq.read_table(path)
+    def read_parquet(cls, path: Path | str, standard_levels: list[str] | None = None) -> Spine:
+        """Read a spine written by ``to_parquet``; a file without its metadata (a run's spine of an older
+        version: the table only) is read as a standard spine of ``standard_levels`` when they are given."""
+        try:
+            table = pq.read_table(path)
+        except pa.ArrowException as exc:
+            raise GeographyError(f"{path}: not a readable spine file ({one_line(exc)})") from None
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
+        if raw is None and standard_levels is not None:
+            return cls(levels=list(standard_levels), table=table.to_pandas().astype(str), kind="standard")
         if raw is None:
             raise GeographyError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
         meta = json.loads(raw)

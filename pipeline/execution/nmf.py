@@ -201,7 +201,10 @@ def read_nmf(nmf_dir: str | Path) -> NoisyMeasurementFile:
     meta_path = nmf_dir / "nmf.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path}: not a noisy measurement file (no nmf.json)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{meta_path}: not a readable noisy measurement file ({exc})") from None
     if meta.get("format") != FORMAT:
         raise InputError(f"{meta_path}: format {meta.get('format')!r}; this reader reads {FORMAT}")
     out = NoisyMeasurementFile(meta)

@@ -246,10 +246,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
     config = load_config(config_path)
     check_nmf_measured(config, nmf.meta, str(config.source))
     spine_path = Path(spine_path)
-    try:
-        spine = Spine.read_parquet(spine_path)
-    except ValueError:  # a run's spine file of an older version: the table only (a standard spine)
-        spine = Spine(nmf.meta["levels"], pd.read_parquet(spine_path).astype(str), kind="standard")
+    spine = Spine.read_parquet(spine_path, standard_levels=nmf.meta["levels"])
     if spine.levels != nmf.meta["levels"]:
         raise InputError(f"{spine_path}: levels {spine.levels} are not the measurement file's {nmf.meta['levels']}")
     for product in config.run.products:
