@@ -1,1 +1,12 @@
 """Geography: spines (standard, AIAN, optimized), bypassing, custom block groups, block assignment files."""
+
+
+class GeographyError(ValueError):
+    """A block assignment file, spine file or units table that breaks the geography's contract (the message
+    names the file or table, the block and the value). A ValueError, as before it was declared."""
+
+
+def one_line(exc: BaseException) -> str:
+    """A library error that a declared error wraps, in one line: its type and its message's first line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"

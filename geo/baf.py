@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import GeographyError, one_line
+
 BAF_NAME = re.compile(r"^BlockAssign_ST(\d{2})_([A-Z]{2})_(.+)\.txt(?:\.gz)?$")
 
 # Known files: entity name -> {BAF column: our column}. Files not listed here keep every column,
@@ -34,17 +36,20 @@ NOT_AIAN = "9999"
 
 def _read_one(path: Path, entity: str) -> pd.DataFrame:
     """One BAF as a frame indexed by geoid with our column names."""
-    frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False, na_values=[])
+    try:
+        frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False, na_values=[])
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise GeographyError(f"{path}: not a readable block assignment file ({one_line(exc)})") from None
     if "BLOCKID" not in frame.columns:
-        raise ValueError(f"{path}: no BLOCKID column in the header {list(frame.columns)}")
+        raise GeographyError(f"{path}: no BLOCKID column in the header {list(frame.columns)}")
     bad = frame.loc[~frame["BLOCKID"].str.fullmatch(r"\d{15}"), "BLOCKID"]
     if len(bad):
-        raise ValueError(f"{path}: row {bad.index[0] + 2} has BLOCKID {bad.iloc[0]!r}, not 15 digits")
+        raise GeographyError(f"{path}: row {bad.index[0] + 2} has BLOCKID {bad.iloc[0]!r}, not 15 digits")
     known = KNOWN_COLUMNS.get(entity)
     if known is not None:
         missing = [c for c in known if c not in frame.columns]
         if missing:
-            raise ValueError(f"{path}: expected columns {missing} for a {entity} file")
+            raise GeographyError(f"{path}: expected columns {missing} for a {entity} file")
         frame = frame.rename(columns=known)[["BLOCKID", *known.values()]]
     else:
         frame = frame.rename(columns={c: f"{entity}_{c}".lower() for c in frame.columns if c != "BLOCKID"})
@@ -73,7 +78,7 @@ def read_baf_dir(directory: Path | str) -> pd.DataFrame:
         frame = pd.concat(parts)
         dup = frame.index[frame.index.duplicated()]
         if len(dup):
-            raise ValueError(f"{directory}: block {dup[0]} appears twice in the {entity} files")
+            raise GeographyError(f"{directory}: block {dup[0]} appears twice in the {entity} files")
         frames.append(frame)
     baf = pd.concat(frames, axis=1, join="outer").fillna("").sort_index()
     if "vtd_district" in baf.columns:
@@ -93,12 +98,12 @@ def aian_flags(aiannhce: pd.Series) -> pd.Series:
     present = codes != ""
     bad = codes[present & ~codes.str.fullmatch(r"\d{4}")]
     if len(bad):
-        raise ValueError(f"AIANNHCE {bad.iloc[0]!r} (block {bad.index[0]}) is not a 4-digit code")
+        raise GeographyError(f"AIANNHCE {bad.iloc[0]!r} (block {bad.index[0]}) is not a 4-digit code")
     numbers = pd.to_numeric(codes.where(present, NOT_AIAN)).astype("int64")
     forbidden = numbers[(numbers >= FORBIDDEN_AIAN[0]) & (numbers <= FORBIDDEN_AIAN[1])]
     if len(forbidden):
-        raise ValueError(f"AIANNHCE {forbidden.iloc[0]:04d} (block {forbidden.index[0]}) is in the "
-                         f"forbidden range 4990-4999")
+        raise GeographyError(f"AIANNHCE {forbidden.iloc[0]:04d} (block {forbidden.index[0]}) is in the "
+                             f"forbidden range 4990-4999")
     flag = pd.Series(False, index=codes.index)
     for low, high in AIAN_RANGES:
         flag |= (numbers >= low) & (numbers <= high)
@@ -133,7 +138,7 @@ def place_mcd_entity(baf: pd.DataFrame, state: str | pd.Series | None = None,
     """
     missing = [c for c in ("placefp", "countyfp", "cousubfp", "aiannhce") if c not in baf.columns]
     if missing:
-        raise ValueError(f"place_mcd_entity needs BAF columns {missing} (INCPLACE_CDP, MCD, AIANNH files)")
+        raise GeographyError(f"place_mcd_entity needs BAF columns {missing} (INCPLACE_CDP, MCD, AIANNH files)")
     if state is None:
         state = pd.Series(baf.index.str[:2], index=baf.index)
     elif isinstance(state, str):

@@ -7,11 +7,25 @@ group never mixes two places/MCDs, two AIAN areas, or two GQ-type combinations.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+
+from . import GeographyError, one_line
 
 FANOUT_CUTOFF = 12  # production default (facts 6.4)
 GQ_TYPES = 7        # unit types 1..7 are the major GQ types (DESIGN.md section 2)
+
+
+def read_units(path: Path | str) -> pd.DataFrame:
+    """The columns geoid and unit_type of a units Parquet file (what :func:`gq_signatures` reads)."""
+    try:
+        return pd.read_parquet(path, columns=["geoid", "unit_type"])
+    except pa.ArrowException as exc:
+        raise GeographyError(f"{path}: not a readable units table with columns geoid and unit_type "
+                             f"({one_line(exc)})") from None
 
 
 def gq_signatures(units: pd.DataFrame, geoids: pd.Series) -> pd.Series:
@@ -22,11 +36,11 @@ def gq_signatures(units: pd.DataFrame, geoids: pd.Series) -> pd.Series:
     """
     for column in ("geoid", "unit_type"):
         if column not in units.columns:
-            raise ValueError(f"units table has no column {column!r} (columns: {list(units.columns)})")
+            raise GeographyError(f"units table has no column {column!r} (columns: {list(units.columns)})")
     types = pd.to_numeric(units["unit_type"])
     bad = types[(types < 0) | (types > GQ_TYPES)]
     if len(bad):
-        raise ValueError(f"units row {bad.index[0]}: unit_type {bad.iloc[0]} is not in 0..{GQ_TYPES}")
+        raise GeographyError(f"units row {bad.index[0]}: unit_type {bad.iloc[0]} is not in 0..{GQ_TYPES}")
     gq = pd.DataFrame({"geoid": units["geoid"].to_numpy(), "t": types.to_numpy()})
     gq = gq[gq["t"] > 0].drop_duplicates()
     present = pd.crosstab(gq["geoid"], gq["t"]).reindex(columns=range(1, GQ_TYPES + 1), fill_value=0) > 0

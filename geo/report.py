@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .baf import mcds, places, read_baf_dir
+from .blockgroups import read_units
 from .distance import off_spine_distances
 from .spine import Spine, build_spine, check_path_condition
 
@@ -79,7 +80,7 @@ def spine_command(baf_dir: Path, units_path: Path | None, out: Path) -> dict:
     baf_dir, out = Path(baf_dir), Path(out)
     baf = read_baf_dir(baf_dir)
     geoids = baf.index.to_series()
-    units = None if units_path is None else pd.read_parquet(units_path, columns=["geoid", "unit_type"])
+    units = None if units_path is None else read_units(units_path)
     spines: dict[str, Spine] = {}
     seconds: dict[str, float] = {}
     for kind in ("standard", "optimized"):

@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import GeographyError, one_line
 from .baf import aian_flags, read_baf_dir, target_entities
-from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures
+from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures, read_units
 
 #: The level roles every spine's levels are read by: the root (one node), the state level (state totals are
 #: invariant there; the AIAN spine splits a state into parts at it) and the block level (one node per block).
@@ -54,21 +55,21 @@ class Spine:
         self.levels = list(self.levels)
         missing = [c for c in ["geoid", *self.levels] if c not in self.table.columns]
         if missing:
-            raise ValueError(f"spine table lacks columns {missing}")
+            raise GeographyError(f"spine table lacks columns {missing}")
         if _has_duplicates(self.table["geoid"]):
-            raise ValueError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
-                             f"appears twice")
+            raise GeographyError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
+                                 f"appears twice")
         if self.table[self.levels[0]].nunique() != 1:
-            raise ValueError(f"spine table: the root level {self.levels[0]} must hold one node")
+            raise GeographyError(f"spine table: the root level {self.levels[0]} must hold one node")
         if _has_duplicates(self.table[self.levels[-1]]):
-            raise ValueError(f"spine table: the {self.levels[-1]} column must be unique per block")
+            raise GeographyError(f"spine table: the {self.levels[-1]} column must be unique per block")
         for level, codes in self.moves.items():
             if level not in self.levels:
-                raise ValueError(f"budget moves name unknown level {level!r}")
+                raise GeographyError(f"budget moves name unknown level {level!r}")
             for geocode, carried in codes.items():
                 unknown = [c for c in carried if c not in self.levels]
                 if unknown:
-                    raise ValueError(f"budget moves of {level} node {geocode!r} name unknown levels {unknown}")
+                    raise GeographyError(f"budget moves of {level} node {geocode!r} name unknown levels {unknown}")
         self.check_nesting()
 
     def check_nesting(self) -> None:
@@ -79,7 +80,7 @@ class Spine:
             parents = self.table.groupby(child, sort=False)[parent].nunique()
             bad = parents[parents > 1]
             if len(bad):
-                raise ValueError(f"{child} node {bad.index[0]!r} has {bad.iloc[0]} parents at level {parent}")
+                raise GeographyError(f"{child} node {bad.index[0]!r} has {bad.iloc[0]} parents at level {parent}")
 
     @property
     def root(self) -> str:
@@ -141,12 +142,18 @@ class Spine:
         pq.write_table(self.to_arrow(), path)
 
     @classmethod
-    def read_parquet(cls, path: Path | str) -> Spine:
-        """Read a spine written by ``to_parquet``."""
-        table = pq.read_table(path)
+    def read_parquet(cls, path: Path | str, standard_levels: list[str] | None = None) -> Spine:
+        """Read a spine written by ``to_parquet``; a file without its metadata (a run's spine of an older
+        version: the table only) is read as a standard spine of ``standard_levels`` when they are given."""
+        try:
+            table = pq.read_table(path)
+        except pa.ArrowException as exc:
+            raise GeographyError(f"{path}: not a readable spine file ({one_line(exc)})") from None
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
+        if raw is None and standard_levels is not None:
+            return cls(levels=list(standard_levels), table=table.to_pandas().astype(str), kind="standard")
         if raw is None:
-            raise ValueError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
+            raise GeographyError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
         meta = json.loads(raw)
         moves = {lvl: {g: tuple(c) for g, c in codes.items()} for lvl, codes in meta["moves"].items()}
         return cls(levels=meta["levels"], table=table.to_pandas(), moves=moves, kind=meta["kind"])
@@ -319,11 +326,11 @@ def optimized_spine(geoids: pd.Series, entities: pd.DataFrame, gq_signature: pd.
 def _baf_for(geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None, kind: str) -> pd.DataFrame:
     """BAF rows for ``geoids``; blocks missing from the BAF are "not in any area" (with a warning)."""
     if baf_dir is None:
-        raise ValueError(f"spine kind {kind!r} needs a block assignment file directory (--baf DIR)")
+        raise GeographyError(f"spine kind {kind!r} needs a block assignment file directory (--baf DIR)")
     baf = baf_dir if isinstance(baf_dir, pd.DataFrame) else read_baf_dir(baf_dir)
     source = "the given BAF table" if isinstance(baf_dir, pd.DataFrame) else str(baf_dir)
     if "aiannhce" not in baf.columns:
-        raise ValueError(f"{source}: no AIANNH block assignment file; spine kind {kind!r} needs it")
+        raise GeographyError(f"{source}: no AIANNH block assignment file; spine kind {kind!r} needs it")
     index = pd.Index(_block_geoids(geoids), name="geoid")
     missing = int((~index.isin(baf.index)).sum())
     if missing:
@@ -348,7 +355,7 @@ def build_spine(kind: str, geoids: pd.Series, baf_dir: Path | str | pd.DataFrame
     if kind == "aian":
         return aian_spine(baf.index.to_series(), aian)
     if isinstance(units, (str, Path)):
-        units = pd.read_parquet(units, columns=["geoid", "unit_type"])
+        units = read_units(units)
     signature = None
     if units is not None:
         outside = int((~pd.Index(units["geoid"].unique()).isin(baf.index)).sum())

@@ -2,9 +2,11 @@
 
 Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configuration or usage
 (including an unreachable --scheduler, one with an unknown
-scheme, or tls:// without credentials); 3 bad input data; 4 run directory unusable (locked, not
+scheme, or tls:// without credentials); 3 bad input data (one of the declared errors of
+:func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
-chunk that fails its SHA-256 check in production); 5 estimation failed; 6 internal error; 130 interrupted.
+chunk that fails its SHA-256 check in production); 5 estimation failed; 6 internal error (any other
+exception, a plain ValueError included, with its traceback); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -374,6 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def input_errors() -> tuple[type[ValueError], ...]:
+    """The declared errors of bad input data (exit 3). Any other exception, a plain ValueError included (a
+    NumPy shape mismatch, a broken assumption in our code), is a bug: exit 6 with its traceback."""
+    from topdown.geo import GeographyError
+
+    from .evaluation.evaluate import EvaluationError
+    from .evaluation.gls import GLSError
+    from .execution.invariants import InvariantError
+    from .inputs.ingest import IngestError
+    from .inputs.validate import InputError
+
+    return InputError, IngestError, InvariantError, GeographyError, EvaluationError, GLSError
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -389,10 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     from topdown.solvers.failsafe import FailsafeExhausted
 
     from .configuration.config import ConfigError
-    from .execution.invariants import InvariantError
     from .execution.rundir import RunDirError
     from .execution.tasks import EstimationError
 
+    bad_input = (*input_errors(), FileNotFoundError)
     try:
         with _tls_config(args):
             return args.fn(args)
@@ -405,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     except (EstimationError, FailsafeExhausted) as exc:
         print(f"topdown: estimation failed: {exc}", file=sys.stderr)
         return EXIT_ESTIMATION
-    except (InvariantError, FileNotFoundError, ValueError) as exc:
+    except bad_input as exc:  # declared input errors only: a bare ValueError is a bug (exit 6 below)
         print(f"topdown: input error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:

@@ -27,7 +27,8 @@ import pytest
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
-from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, EXIT_VERIFY, main
+from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, EXIT_VERIFY, input_errors, main
+from topdown.pipeline.inputs.validate import InputError
 from topdown.pipeline.inputs.ingest import BLOCK_GROUPS
 from topdown.pipeline.configuration.config import ConfigError, load_config
 
@@ -150,6 +151,32 @@ def _two_states(tmp: Path) -> None:
     """The planted input plus a block of vacant housing units in Massachusetts (state 25)."""
     extra = pd.DataFrame({"geoid": ["250010001001001"] * 2, "unit_type": [0, 0], "occupied": [False, False]})
     write_planted_input(tmp / "two-states", None, pd.concat([units_frame(), extra], ignore_index=True))
+
+
+B1 = "440070001001001"
+
+
+def _spine(aiannh_rows: str, units: bytes | None = None) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown spine`` on a BAF directory holding an AIANNH file of ``aiannh_rows`` (BLOCKID|AIANNHCE|COMPTYP),
+    with ``--units`` a file of the bytes ``units`` when given."""
+    def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
+        baf = tmp / "baf"
+        baf.mkdir()
+        (baf / "BlockAssign_ST44_RI_AIANNH.txt").write_text("BLOCKID|AIANNHCE|COMPTYP\n" + aiannh_rows)
+        more = [] if units is None else ["--units", str(tmp / "units.parquet")]
+        if units is not None:
+            (tmp / "units.parquet").write_bytes(units)
+        return ["spine", "--baf", str(baf), *more, "--out", str(tmp / "spine")], tmp / "spine"
+    return argv
+
+
+def _uncertainty_entities(data: bytes) -> Callable[[Path, Path], tuple[list[str], Path]]:
+    """``topdown uncertainty`` with ``--entities`` a Parquet file of the bytes ``data`` (read before the run)."""
+    def argv(tmp: Path, _input: Path) -> tuple[list[str], Path]:
+        (tmp / "entities.parquet").write_bytes(data)
+        return (["uncertainty", str(tmp / "run"), "--out", str(tmp / "u.parquet"), "--entities",
+                 str(tmp / "entities.parquet")], tmp / "u.parquet")
+    return argv
 
 
 def _snapshot(path: Path) -> dict[str, bytes]:
@@ -355,6 +382,22 @@ CASES = [
          argv=lambda tmp, _inp: (["spine", "--baf", str(tmp / "no-such-baf"), "--out", str(tmp / "spine")], tmp / "spine")),
     Case("pl94_unknown_stusab", EXIT_INPUT, (PL_GEO, "column STUSAB", "unknown state abbreviation", "'XX'"),
          argv=_ingest_pl94(_set_field(PL_GEO, 1, "XX"))),
+    # ---- geography and command-line values (exit 3 and 2) --------------------------------------
+    Case("spine_baf_short_blockid", EXIT_INPUT, ("BlockAssign_ST44_RI_AIANNH.txt", "row 3", "'4400100'", "not 15 digits"),
+         argv=_spine(f"{B1}|0001|\n4400100|0001|\n")),
+    Case("spine_baf_forbidden_aiannhce", EXIT_INPUT, ("AIANNHCE 4995", B1, "forbidden range 4990-4999"),
+         argv=_spine(f"{B1}|4995|\n")),
+    Case("spine_baf_ragged_row", EXIT_INPUT, ("BlockAssign_ST44_RI_AIANNH.txt", "not a readable block assignment file",
+                                               "Expected 3 fields in line 3, saw 5"),
+         argv=_spine(f"{B1}|0001|\n440070001001002|0001|a|b|c\n")),
+    Case("spine_units_not_parquet", EXIT_INPUT, ("units.parquet", "not a readable units table", "ArrowInvalid"),
+         argv=_spine(f"{B1}|0001|\n", units=b"not a Parquet file")),
+    Case("entities_not_parquet", EXIT_INPUT, ("entities.parquet", "not a readable entities table", "ArrowInvalid"),
+         argv=_uncertainty_entities(b"not a Parquet file")),
+    Case("synth_zero_blocks", EXIT_CONFIG, ("write_synthetic", "blocks >= 1", "blocks=0"),
+         argv=lambda tmp, _inp: (["synth", "--blocks", "0", str(tmp / "synth")], tmp / "synth")),
+    Case("delta_outside_0_1", EXIT_CONFIG, ("persons.budget", "delta must be in (0, 1)", "got 2"),
+         toml=DEMO + '[persons.budget]\ndelta = "2"\n'),
 ]
 
 
@@ -435,6 +478,38 @@ def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog, das
     assert "leaked-4321" not in text  # an included non-TOML file is not echoed
     assert leaked_secrets(text) == [], text
     assert leaked_secrets(caplog.text) == [], caplog.text
+
+
+def test_declared_input_errors_are_value_errors():
+    """Library callers that catch ValueError keep catching every declared input error."""
+    assert input_errors() and all(issubclass(c, ValueError) and c is not ValueError for c in input_errors())
+
+
+@pytest.mark.parametrize("error, code", [(ValueError, EXIT_INTERNAL), (InputError, EXIT_INPUT)])
+def test_only_declared_input_errors_exit_3(error, code, tmp_path: Path, capsys, monkeypatch):
+    """A plain ValueError raised inside a command is a bug, not bad input: exit 6 with its traceback and the
+    "internal error" line. An InputError raised at the same place is bad input: exit 3, one line, no traceback."""
+    import topdown.pipeline.inputs.ingest as ingest
+
+    def broken(*args, **kwargs):
+        raise error("operands could not be broadcast together with shapes (3,) (4,)")
+
+    monkeypatch.setattr(ingest, "cef_tables", broken)  # called by write_cef, inside `topdown ingest blocks`
+    argv, out = _ingest_blocks(lambda: [_block_row(B1, 5)])(tmp_path, tmp_path)
+    capsys.readouterr()
+    got = main(argv)
+    err = capsys.readouterr().err
+    assert got == code, err
+    assert "shapes (3,) (4,)" in err
+    if code == EXIT_INTERNAL:
+        assert "Traceback (most recent call last)" in err and "in broken" in err
+        assert "topdown: internal error (ValueError); please report it with the traceback above" in err
+        assert "input error" not in err
+    else:
+        assert "Traceback" not in err and "internal error" not in err
+        assert err.strip().splitlines() == ["topdown: input error: operands could not be broadcast together with "
+                                            "shapes (3,) (4,)"]
+    assert _snapshot(out) == {}  # nothing written
 
 
 def test_test_mode_without_seed_is_a_config_error():

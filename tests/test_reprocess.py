@@ -17,7 +17,7 @@ import pytest
 
 from rel_inputs import leaked_secrets
 from topdown.pipeline import load_config
-from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
+from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, main
 from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.privacy.measure import from_table, measure
 from topdown.pipeline.execution.reprocess import changed_keys, reprocess
@@ -176,6 +176,40 @@ def test_a_noisy_measurement_file_with_its_spine_reproduces_the_run(demo_run, da
     assert cert["reprocessing_of"]["noisy_measurement_file"] == str(nmf.resolve())
     assert cert["reprocessing_of"]["config_sha256"] == json.loads((demo_run / "manifest.json").read_text())["config_hash"]
     assert cert["added_privacy_loss"]["rho"] == "0"
+
+
+def test_a_bad_spine_or_measurement_file_is_an_input_error(demo_run, tmp_path, capsys):
+    """Reprocessing a noisy measurement file: a --spine that is not a Parquet file or holds other blocks, and an
+    unreadable nmf.json, exit 3 with one line naming the file (no traceback). A run's spine of an older version (the
+    table only, no metadata) is still read, as a standard spine."""
+    import pyarrow.parquet as pq
+
+    from topdown.geo.spine import Spine
+    from topdown.pipeline.execution.nmf import write_nmf
+
+    nmf = write_nmf(demo_run, tmp_path / "nmf")
+    table_only = tmp_path / "table-only.parquet"
+    pq.write_table(pq.read_table(demo_run / "spine.parquet").replace_schema_metadata(None), table_only)
+    levels = Spine.read_parquet(demo_run / "spine.parquet").levels
+    old = Spine.read_parquet(table_only, standard_levels=levels)
+    assert old.kind == "standard" and old.levels == levels and len(old.table) == len(pd.read_parquet(table_only))
+    junk, fewer = tmp_path / "junk.parquet", tmp_path / "fewer.parquet"
+    junk.write_bytes(b"not a Parquet file")
+    pq.write_table(pq.read_table(table_only).slice(1), fewer)
+
+    def reprocess_with(spine: Path) -> str:
+        capsys.readouterr()
+        code = main(["reprocess", str(nmf), "--out", str(tmp_path / "x"), "--config", "demo", "--spine", str(spine)])
+        err = capsys.readouterr().err
+        assert code == EXIT_INPUT and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "x").exists()
+        return err
+
+    assert "junk.parquet: not a readable spine file (ArrowInvalid" in reprocess_with(junk)
+    assert "fewer.parquet: the " in reprocess_with(fewer) and "nodes differ from those of the measurement file" in \
+        reprocess_with(fewer)
+    (nmf / "nmf.json").write_text("{not json")
+    assert "nmf.json: not a readable noisy measurement file" in reprocess_with(table_only)
 
 
 @pytest.mark.parametrize("toml, key", [

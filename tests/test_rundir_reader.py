@@ -47,3 +47,25 @@ def test_schema_versions(demo_run, tmp_path):
         _copy_with_manifest(demo_run, tmp_path / "b", schema_version=99).manifest()
     with pytest.raises(RunDirError, match="holds no complete run"):
         _copy_with_manifest(demo_run, tmp_path / "c", status="running").complete_manifest()
+
+
+def test_a_runs_spine_of_an_older_version_or_damaged(demo_run, tmp_path):
+    """A standard spine written without metadata (an older version) is read back as the table; without metadata
+    a spine that moves budget cannot be, and a spine.parquet that is not Parquet makes the run directory
+    unusable (RunDirError, exit 4), naming the file."""
+    import pyarrow.parquet as pq
+
+    reader = _copy_with_manifest(demo_run, tmp_path / "a")
+    assert reader.manifest().spine == "standard"
+    table_only = pq.read_table(reader.spine_path).replace_schema_metadata(None)
+    pq.write_table(table_only, reader.spine_path)
+    spine = reader.spine()
+    assert spine.kind == "standard" and spine.levels == reader.manifest().levels
+    assert spine.table.equals(reader.spine_table())
+    aian = _copy_with_manifest(demo_run, tmp_path / "b", spine="aian")
+    pq.write_table(table_only, aian.spine_path)
+    with pytest.raises(RunDirError, match=r"spine.parquet: not a spine file .*no budget moves for the 'aian' spine"):
+        aian.spine()
+    reader.spine_path.write_bytes(b"not a Parquet file")
+    with pytest.raises(RunDirError, match=r"spine.parquet: not a readable spine file \(ArrowInvalid"):
+        reader.spine()

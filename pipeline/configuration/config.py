@@ -107,6 +107,8 @@ class BudgetConfig(_Strict):
                 raise ValueError("geometric needs 'epsilon' (an exact fraction, or \"inf\" for a zero-noise test run)")
             if self.epsilon is not None and self.epsilon <= 0:
                 raise ValueError(f"epsilon must be positive, got {self.epsilon}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         return self
 
 

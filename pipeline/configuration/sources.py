@@ -19,6 +19,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ..inputs.validate import InputError
 from ..privacy.measure import NodeMeasurements, from_table, measure
 from ..execution.rundir import write_table
 from topdown.vocab.schema import SCHEMAS
@@ -102,7 +103,7 @@ def _geocode_range(path: Path) -> tuple[str | None, str | None]:
         return "\uffff", ""  # an empty part overlaps nothing
     col = meta.schema.names.index("geocode") if "geocode" in meta.schema.names else None
     if col is None:
-        raise ValueError(f"{path}: no 'geocode' column; not a noisy-measurement file")
+        raise InputError(f"{path}: no 'geocode' column; not a noisy-measurement file")
     lows, highs = [], []
     for g in range(meta.num_row_groups):
         stats = meta.row_group(g).column(col).statistics

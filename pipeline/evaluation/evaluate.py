@@ -33,8 +33,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from . import metrics as M
+from topdown.geo import one_line
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
 from ..execution.dataplane import find_input
@@ -126,10 +128,12 @@ def load_entities(path: Path) -> pd.DataFrame:
             raise EvaluationError(f"{path}: no INCPLACE_CDP or MCD block assignment file")
         table = pd.concat([pd.DataFrame({"geoid": s.index.astype(str), "entity_type": kind,
                                          "entity": s.to_numpy().astype(str)}) for kind, s in series])
-    elif path.suffix == ".parquet":
-        table = pd.read_parquet(path)
-    elif path.suffix in (".csv", ".txt"):
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    elif path.suffix in (".parquet", ".csv", ".txt"):
+        try:
+            table = (pd.read_parquet(path) if path.suffix == ".parquet"
+                     else pd.read_csv(path, dtype=str, keep_default_na=False))
+        except (pa.ArrowException, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise EvaluationError(f"{path}: not a readable entities table ({one_line(exc)})") from None
     else:
         raise EvaluationError(f"{path}: entities must be a .csv/.parquet table or a BAF directory")
     missing = {"geoid", "entity_type", "entity"} - set(table.columns)

@@ -71,6 +71,7 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
                scheduler: str | None = None, workers: int | None = None) -> dict:
     """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
+    from ..configuration.config import ConfigError
     from ..execution.rundir import RunReader
     from ..execution.runner import dask_client, run as run_topdown
 
@@ -78,7 +79,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     config = RunReader(run).config()
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
     if len(seeds) != n:
-        raise ValueError(f"--n {n} but {len(seeds)} seeds")
+        raise ConfigError(f"--n {n} but {len(seeds)} seeds")
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "replicates": []}
@@ -140,10 +141,12 @@ def add_replicate_columns(parts: list[Path], src, rep_dir: Path, staging: Path,
 
     from topdown.vocab.queries import build_query
 
+    from .evaluate import EvaluationError
+
     record = json.loads((rep_dir / "replicates.json").read_text())
     reps = [rep_dir / r["dir"] for r in record["replicates"]]
     if len(reps) < 2:
-        raise ValueError(f"{rep_dir}: {len(reps)} replicate(s); at least 2 are needed")
+        raise EvaluationError(f"{rep_dir}: {len(reps)} replicate(s); at least 2 are needed")
     t = float(stats.t.ppf(0.95, len(reps) - 1))
     geoids = pd.Index(src.spine["geoid"])
     aggs = _aggregators(src, entities)

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from topdown.geo.spine import Spine
 
+from ..inputs.validate import InputError
 from .levels import level_constraints, published_units
 from ..products import PRODUCTS
 from .rundir import RunDir, RunDirError, RunReader, write_json_atomic, write_table
@@ -200,9 +201,12 @@ def read_nmf(nmf_dir: str | Path) -> NoisyMeasurementFile:
     meta_path = nmf_dir / "nmf.json"
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path}: not a noisy measurement file (no nmf.json)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{meta_path}: not a readable noisy measurement file ({exc})") from None
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path}: format {meta.get('format')!r}; this reader reads {FORMAT}")
+        raise InputError(f"{meta_path}: format {meta.get('format')!r}; this reader reads {FORMAT}")
     out = NoisyMeasurementFile(meta)
     for product in meta["products"]:
         for name in ("measurements", "budget_shares", "constraints", "nodes"):

@@ -31,6 +31,7 @@ from ..configuration.config import Config, ConfigError, _deep_merge, config_from
 from .engine import ProgressFn
 from topdown.vocab.schema import PERSONS, UNITS
 
+from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import Level, public_levels
 from .nmf import WHOLE_STATE_TOTAL
@@ -245,16 +246,13 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
     config = load_config(config_path)
     check_nmf_measured(config, nmf.meta, str(config.source))
     spine_path = Path(spine_path)
-    try:
-        spine = Spine.read_parquet(spine_path)
-    except ValueError:  # a run's spine file of an older version: the table only (a standard spine)
-        spine = Spine(nmf.meta["levels"], pd.read_parquet(spine_path).astype(str), kind="standard")
+    spine = Spine.read_parquet(spine_path, standard_levels=nmf.meta["levels"])
     if spine.levels != nmf.meta["levels"]:
-        raise ValueError(f"{spine_path}: levels {spine.levels} are not the measurement file's {nmf.meta['levels']}")
+        raise InputError(f"{spine_path}: levels {spine.levels} are not the measurement file's {nmf.meta['levels']}")
     for product in config.run.products:
         for level in spine.levels:
             if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
-                raise ValueError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
+                raise InputError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
     invariants = {p: _nmf_invariants(nmf, p) for p in config.run.products}
     of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}

@@ -417,16 +417,17 @@ class RunReader(RunDir):
     def spine(self):
         """The run's own spine with its budget moves (``spine.parquet`` carries kind, levels and moves; a run of
         an older version wrote none: only a standard spine, which moves no budget, can be read back from it)."""
+        from topdown.geo import GeographyError
         from topdown.geo.spine import Spine
 
+        manifest = self.manifest()
+        standard = manifest.spine == "standard"
         try:
-            return Spine.read_parquet(self.spine_path)
-        except ValueError:
-            manifest = self.manifest()
-            if manifest.spine != "standard":
-                raise RunDirError(f"{self.spine_path}: no budget moves recorded for the {manifest.spine!r} spine; "
-                                  "rerun with this version") from None
-            return Spine(levels=manifest.levels, table=self.spine_table(), kind="standard")
+            return Spine.read_parquet(self.spine_path, standard_levels=manifest.levels if standard else None)
+        except GeographyError as exc:
+            older = "" if standard else (f" (a run of an older version records no budget moves for the "
+                                         f"{manifest.spine!r} spine: rerun with this version)")
+            raise RunDirError(f"{exc}{older}") from None
 
     def config(self):
         """The configuration a complete run used: its ``config.json``, else the manifest's source file if its

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from topdown.geo.states import STATE_FIPS
 
+from ..configuration.config import ConfigError
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
 from ..execution.rundir import writable_dir
 from .validate import PERSON_RECORDS, UNIT_RECORDS
@@ -88,7 +89,7 @@ def _geography(rng: np.random.Generator, blocks: int, state: str, first_county: 
             tract_id += 1
         county += 1
     if 2 * county - 1 > 999:
-        raise ValueError(f"synthetic state {state}: more than 500 counties; give it fewer blocks")
+        raise ConfigError(f"synthetic state {state}: more than 500 counties; give it fewer blocks")
     return np.array(geoids, dtype=object), np.concatenate(tract_of), county
 
 
@@ -109,7 +110,8 @@ def _races(rng: np.random.Generator, group: np.ndarray) -> tuple[np.ndarray, np.
 def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> None:
     """Write out/persons.parquet and out/units.parquet: ``blocks`` synthetic blocks, deterministic in ``seed``."""
     if blocks < 1 or not (len(state) == 2 and state.isdigit()):
-        raise ValueError(f"write_synthetic: need blocks >= 1 and a 2-digit state code (blocks={blocks}, state={state!r})")
+        raise ConfigError(f"write_synthetic: need blocks >= 1 and a 2-digit state code (blocks={blocks}, "
+                          f"state={state!r})")
     write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0])
 
 
@@ -190,8 +192,8 @@ def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = N
     appears whole (written under a temporary name, then renamed). Returns (persons, units) written."""
     codes = sorted(set(STATE_FIPS.values()))
     if blocks < states or not 1 <= states <= len(codes):
-        raise ValueError(f"write_partitioned: need 1 <= states <= {len(codes)} and at least one block per state "
-                         f"(blocks={blocks}, states={states})")
+        raise ConfigError(f"write_partitioned: need 1 <= states <= {len(codes)} and at least one block per state "
+                          f"(blocks={blocks}, states={states})")
     out = Path(out)
     writable_dir(out, "the output directory")
     rng = np.random.default_rng(seed)

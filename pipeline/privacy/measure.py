@@ -16,6 +16,7 @@ import scipy.sparse as sp
 
 from .accounting import Allocation, allocate
 from ..configuration.config import BudgetConfig
+from ..inputs.validate import InputError
 from .mechanisms import discrete_gaussian_many, geometric_many
 from topdown.vocab.queries import build_query
 from .rng import make_source, noise_key
@@ -115,7 +116,7 @@ def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str
         rows = index.get_indexer(sub["geocode"].astype(str))
         answer = sub["answer"].to_numpy(np.int64)
         if (rows < 0).any() or (answer < 0).any() or (answer >= q.n_answers).any():
-            raise ValueError(f"{where}: query {query!r} has rows for another node or an answer outside "
+            raise InputError(f"{where}: query {query!r} has rows for another node or an answer outside "
                              f"0..{q.n_answers - 1}")
         values = np.full((n, q.n_answers), np.nan)
         variance = np.full(n, np.inf)
@@ -124,6 +125,6 @@ def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str
         measured = np.isfinite(variance)
         if np.isnan(values[measured]).any():
             bad = index[np.flatnonzero(np.isnan(values).any(axis=1) & measured)[0]]
-            raise ValueError(f"{where}: query {query!r} at node {bad!r} lacks some of its {q.n_answers} answers")
+            raise InputError(f"{where}: query {query!r} at node {bad!r} lacks some of its {q.n_answers} answers")
         out.append(NodeMeasurements(query, values, variance))
     return out
