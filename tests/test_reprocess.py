@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from rel_inputs import leaked_secrets
@@ -230,3 +232,22 @@ def test_a_measurement_file_refuses_a_configuration_of_other_measurements(demo_r
     assert key in capsys.readouterr().err
     assert main(argv[:-2]) == EXIT_CONFIG  # no spine
     assert "needs --spine" in capsys.readouterr().err
+
+
+def test_a_run_missing_a_nodes_invariants_is_an_input_error(demo_run, tmp_path, capsys):
+    """Reprocessing a run whose invariants file lacks a node of its spine exits 3 naming the level and node
+    (not an internal error), and writes nothing."""
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run"
+    shutil.copytree(demo_run, run)
+    table = run / "invariants" / "persons.parquet"
+    frame = pq.read_table(table).to_pandas()
+    tract = frame.loc[frame["level"] == "Tract", "geocode"].iloc[0]
+    pq.write_table(pa.Table.from_pandas(frame[frame["geocode"] != tract], preserve_index=False), table)
+    capsys.readouterr()
+    code = main(["reprocess", str(run), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == EXIT_INPUT and "Traceback" not in err, err
+    assert f"no invariants for Tract node {tract!r}" in err
+    assert not (tmp_path / "x").exists()

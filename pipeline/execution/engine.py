@@ -27,7 +27,7 @@ from topdown.vocab.problem import GroupTotal
 
 from ..configuration.config import Config
 from .levels import Level
-from .rundir import RunDir, RunDirError, sha256_file, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunk
@@ -342,11 +342,9 @@ def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, 
     """Why a committed level cannot be read back as recorded in the manifest (None: every file matches)."""
     if not recorded:
         return f"{rundir.histograms(product, level)}: no SHA-256 sums in the manifest"
-    found = level_digests(rundir, product, level)
-    for path in sorted(recorded.keys() | found.keys()):
-        if recorded.get(path) != found.get(path):
-            return f"{rundir.root / path}: {'missing' if path not in found else 'SHA-256 differs from the manifest'}"
-    return None
+    problems = changed_files(recorded, level_digests(rundir, product, level))
+    path = next(iter(problems), None)  # the first, in path order
+    return None if path is None else f"{rundir.root / path}: {problems[path]}"
 
 
 def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:

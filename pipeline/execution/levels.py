@@ -17,7 +17,7 @@ import scipy.sparse as sp
 from topdown.geo.spine import Spine, is_sorted, sorted_factorize
 
 from ..configuration.config import ProductConfig
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, LevelConstraints, check_feasible, configured_below
+from .invariants import UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, check_feasible, configured_below
 from ..products import PRODUCTS
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import Schema
@@ -263,7 +263,7 @@ def published_units(spine: Spine, invariants: pd.DataFrame, where: str = "invari
         inv.index = inv.index.astype(str)
         missing = g.nodes.difference(inv.index)
         if len(missing):
-            raise ValueError(f"{where}: no invariants for {g.name} node {missing[0]!r} of the spine")
+            raise InvariantError(f"{where}: no invariants for {g.name} node {missing[0]!r} of the spine")
         cols = [c for c in UNIT_COLUMNS if c in inv.columns and inv[c].notna().all()]
         frame = inv.loc[g.nodes, cols].astype(np.int64)
         if "tot" in inv.columns and inv.loc[g.nodes, "tot"].notna().all():
