@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from .invariants import UNIT_COLUMNS, LevelConstraints, infeasible, infeasible_error, invariant_rows
 from topdown.geo.spine import is_sorted, sorted_factorize
 
-from .levels import node_answers
+from .levels import holding, node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
@@ -244,8 +244,8 @@ def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Ind
                    names: pd.Index | None, parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
                    runs: list[tuple[np.ndarray, np.ndarray]]) -> Shard:
     """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers`) and
-    geocodes ``names`` (None: the GEOIDs), unit counts from the unit read tasks' frames, histograms from the person read tasks' ``parts``
-    (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
+    geocodes ``names`` (None: the GEOIDs), unit counts from the unit read tasks' frames, histograms from the
+    person read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
     node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
     summed per node of the level above."""
     schema, spec = SCHEMAS[product], PRODUCTS[product]
@@ -575,7 +575,7 @@ def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
     def submit(i: int):
         rows = county.rows(i)
         if blocks.meta is not None:
-            metas, local = [p.future for p in blocks.meta if p.lo <= rows.max() and p.hi >= rows.min()], rows
+            metas, local = holding(blocks.meta, rows), rows
         else:
             metas, local = [BlockMeta(0, geoids[rows], blocks.units.iloc[rows], None)], np.arange(len(rows))
         return client.submit(write_county_mdf, product, estimated.files(rows), metas, local,

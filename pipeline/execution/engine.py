@@ -6,7 +6,6 @@ submitted first, and the level is written completely (staging, then rename) befo
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -26,7 +25,7 @@ from topdown.geo.spine import STATE
 from topdown.vocab.problem import GroupTotal
 
 from ..configuration.config import Config
-from .levels import Level
+from .levels import Level, holding
 from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
@@ -75,6 +74,10 @@ class ChunkPlan:
 
     def __len__(self) -> int:
         return len(self.costs)
+
+    def rows(self, i: int) -> np.ndarray:
+        """The node rows of chunk ``i``'s children."""
+        return self.order[self.bounds[i]:self.bounds[i + 1]]
 
 
 def make_chunks(
@@ -192,12 +195,11 @@ def estimate_level(
         rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
     rundir.staging(hdir).mkdir(parents=True, exist_ok=True)
     records = rundir.chunk_records(product, level.name)
-    order, bounds = plan.order, plan.bounds
     tally = _Tally(len(level))  # the driver keeps no chunk result, only the level's arrays and sums
     finished = set()
     for i in range(len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
         if (res := _finished_chunk(rundir, hdir, records, plan.build(i))) is not None:
-            tally.add(res, order[bounds[i]:bounds[i + 1]])
+            tally.add(res, plan.rows(i))
             finished.add(i)
     if finished:
         log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(finished),
@@ -209,11 +211,10 @@ def estimate_level(
     todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in finished]
 
     def submit(i: int):
-        rows = order[bounds[i]:bounds[i + 1]]
-        parts = None if level.parts is None else [p.future for p in level.parts
-                                                  if p.lo <= rows.max() and p.hi >= rows.min()]
+        rows = plan.rows(i)
+        parts = None if level.parts is None else holding(level.parts, rows)
         parent_files = None if parent is None else parent.files(level.parent[rows])
-        meta = None if level.meta is None else [p.future for p in level.meta if p.lo <= rows.max() and p.hi >= rows.min()]
+        meta = None if level.meta is None else holding(level.meta, rows)
         # Pickled here: the driver's scheduler keeps arguments of finished tasks for a while, and bytes cost a
         # third of the objects a chunk unpickles to (benchmarks/RESULTS.md, "Driver memory, third round").
         return client.submit(run_part_chunk, pickle.dumps(plan.build(i), protocol=5), rows, parts, parent_files,
@@ -224,7 +225,7 @@ def estimate_level(
     for fut in windowed(client, submit, todo):  # a bounded number of chunks in the driver and the scheduler
         res: ChunkResult = fut.result()
         _record_chunk(records, res)
-        tally.add(res, order[bounds[res.index]:bounds[res.index + 1]])
+        tally.add(res, plan.rows(res.index))
         done += 1
         if progress:
             progress(product, level.name, done, len(plan))

@@ -33,6 +33,12 @@ class LevelPart:
     hi: int
 
 
+def holding(parts: list[LevelPart], rows: np.ndarray) -> list:
+    """The futures of the ``parts`` that may hold node ``rows`` (their row ranges overlap)."""
+    lo, hi = rows.min(), rows.max()
+    return [p.future for p in parts if p.lo <= hi and p.hi >= lo]
+
+
 class Shares(Sequence):
     """Each node's budget share, stored as a code per node into the few distinct shares (a block level of a
     national spine has millions of nodes and a handful of distinct shares)."""
