@@ -2,16 +2,22 @@
 LPs, the failsafe's slack LPs and the rounder.
 
 Problems come in one box form: columns with bounds ``lb <= z <= ub`` and rows ``lo <= A z <= hi``
-(equal entries of ``lo`` and ``hi`` mean an equality; infinite entries mean no bound). Defaults follow
-solver_notes.md: Clarabel (interior point) for the QPs, qdldl below 30k columns and faer above, one
-thread; HiGHS dual simplex, one thread, for the LPs (a simplex vertex, which the rounder's totally
-unimodular flow form needs). A Gurobi back end would implement the same two methods.
+(equal entries of ``lo`` and ``hi`` mean an equality; infinite entries mean no bound). The default,
+``piqp-highs``: PIQP (a proximal interior point method) for the QPs, one thread, its portable build
+(the same floating-point results on every x86-64 machine); HiGHS dual simplex, one thread, for the LPs (a
+simplex vertex, which the rounder's totally unimodular flow form needs). ``clarabel-highs`` keeps
+Clarabel for the QPs (the default before PIQP: about 3x the CPU per QP, solutions within solver
+tolerance; DESIGN.md item 32), qdldl below 30k columns and faer above. Gurobi (gurobi.py) implements the
+same two methods.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
+
+import importlib
 
 import clarabel
 import highspy
@@ -80,7 +86,38 @@ _SPURIOUS = {"DualInfeasible", "AlmostDualInfeasible"}
 STRICT_INFEAS = 1e-14
 
 
-class ClarabelHighs:
+class HighsLp:
+    """HiGHS dual simplex (one thread, a vertex) for LPs, branch and bound for MILPs: the ``lp`` of every
+    open-source back end."""
+
+    def lp(self, c, a, lo, hi, lb, ub, integer=None) -> Result:
+        t0 = time.perf_counter()
+        csc = sp.csc_matrix(a)
+        csc.sort_indices()
+        kind = np.zeros(csc.shape[1], dtype=np.int32)  # HighsVarType per column: 0 continuous, 1 integer
+        if integer is not None:
+            kind[np.asarray(integer, bool)] = int(highspy.HighsVarType.kInteger)
+        h = highspy.Highs()
+        for key, val in (("output_flag", False), ("threads", 1), ("solver", "simplex"),
+                         ("simplex_strategy", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):
+            h.setOptionValue(key, val)
+        # The array form of passModel: the same model as a HighsLp without copying each array through
+        # Python lists (a seventh of a Block-level LP's CPU).
+        status = h.passModel(csc.shape[1], csc.shape[0], csc.nnz, int(highspy.MatrixFormat.kColwise),
+                             int(highspy.ObjSense.kMinimize), 0.0, np.asarray(c, float), np.asarray(lb, float),
+                             np.asarray(ub, float), np.asarray(lo, float), np.asarray(hi, float),
+                             csc.indptr.astype(np.int32), csc.indices.astype(np.int32), csc.data.astype(float), kind)
+        if status == highspy.HighsStatus.kError:
+            return Result(False, f"passModel: {status}", None, np.nan, time.perf_counter() - t0)
+        h.run()
+        status = h.modelStatusToString(h.getModelStatus())
+        ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        x = np.asarray(h.getSolution().col_value) if ok else None
+        obj = h.getInfo().objective_function_value if ok else np.nan
+        return Result(ok, status, x, float(obj), time.perf_counter() - t0)
+
+
+class ClarabelHighs(HighsLp):
     """Clarabel for QPs, HiGHS for LPs and MILPs; single-threaded and deterministic."""
 
     def __init__(self, tol: float = 1e-9, max_iter: int = 200) -> None:
@@ -117,32 +154,61 @@ class ClarabelHighs:
         x = np.asarray(sol.x) if ok else None
         return Result(ok, status, x, float(sol.obj_val) if ok else np.nan, time.perf_counter() - t0)
 
-    def lp(self, c, a, lo, hi, lb, ub, integer=None) -> Result:
-        t0 = time.perf_counter()
-        csc = sp.csc_matrix(a)
-        csc.sort_indices()
-        kind = np.zeros(csc.shape[1], dtype=np.int32)  # HighsVarType per column: 0 continuous, 1 integer
-        if integer is not None:
-            kind[np.asarray(integer, bool)] = int(highspy.HighsVarType.kInteger)
-        h = highspy.Highs()
-        for key, val in (("output_flag", False), ("threads", 1), ("solver", "simplex"),
-                         ("simplex_strategy", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):
-            h.setOptionValue(key, val)
-        # The array form of passModel: the same model as a HighsLp without copying each array through
-        # Python lists (a seventh of a Block-level LP's CPU).
-        status = h.passModel(csc.shape[1], csc.shape[0], csc.nnz, int(highspy.MatrixFormat.kColwise),
-                             int(highspy.ObjSense.kMinimize), 0.0, np.asarray(c, float), np.asarray(lb, float),
-                             np.asarray(ub, float), np.asarray(lo, float), np.asarray(hi, float),
-                             csc.indptr.astype(np.int32), csc.indices.astype(np.int32), csc.data.astype(float), kind)
-        if status == highspy.HighsStatus.kError:
-            return Result(False, f"passModel: {status}", None, np.nan, time.perf_counter() - t0)
-        h.run()
-        status = h.modelStatusToString(h.getModelStatus())
-        ok = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-        x = np.asarray(h.getSolution().col_value) if ok else None
-        obj = h.getInfo().objective_function_value if ok else np.nan
-        return Result(ok, status, x, float(obj), time.perf_counter() - t0)
 
+#: PIQP's build without AVX instructions: its results do not depend on the CPU's instruction sets (the
+#: package's ``import piqp`` picks an AVX-512 or AVX2 build where the CPU has one, whose last digits differ).
+_PIQP = "piqp.piqp_python"
+
+
+@lru_cache(maxsize=1)
+def _piqp():
+    """PIQP's portable extension module."""
+    return importlib.import_module(_PIQP)
+
+
+class PiqpHighs(HighsLp):
+    """PIQP for QPs, HiGHS for LPs and MILPs; single-threaded and deterministic.
+
+    PIQP takes the box form as it is: equality rows ``A z = b``, two-sided rows ``lo <= G z <= hi`` and
+    column bounds (no cone rows to build), and factors its KKT system by a sparse LDL'. Residuals and the
+    duality gap are held to ``tol``, absolute and relative, as Clarabel's are. A QP that PIQP does not
+    solve (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel with its
+    strict re-solve before the failsafe hears of it; the status then names both verdicts.
+    """
+
+    def __init__(self, tol: float = 1e-9, max_iter: int = 250) -> None:
+        self.tol = tol
+        self.max_iter = max_iter
+        self.fallback = ClarabelHighs(tol)
+
+    def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
+        t0 = time.perf_counter()
+        a = sp.csr_matrix(a)
+        n = a.shape[1]
+        eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
+        ineq = ~eq & (np.isfinite(lo) | np.isfinite(hi))
+        solver = _piqp().SparseSolver()
+        st = solver.settings
+        st.verbose = False
+        st.num_threads = 1
+        st.eps_abs = st.eps_rel = st.eps_duality_gap_abs = st.eps_duality_gap_rel = self.tol
+        st.max_iter = self.max_iter
+        g = a[ineq].tocsc() if ineq.any() else None
+        solver.setup(sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
+                     a[eq].tocsc() if eq.any() else sp.csc_matrix((0, n)), np.asarray(hi, float)[eq],
+                     g, None if g is None else np.asarray(lo, float)[ineq],
+                     None if g is None else np.asarray(hi, float)[ineq],
+                     np.asarray(lb, float), np.asarray(ub, float))
+        status = "".join(w.capitalize() for w in solver.solve().name.split("_")[1:])  # PIQP_SOLVED -> Solved
+        if status == "Solved":
+            return Result(True, status, np.array(solver.result.x), float(solver.result.info.primal_obj),
+                          time.perf_counter() - t0)
+        res = self.fallback.qp(p_diag, q, a, lo, hi, lb, ub)
+        return Result(res.ok, f"PIQP {status}, Clarabel {res.status}", res.x, res.objective, time.perf_counter() - t0)
+
+
+#: The open-source back ends by their ``[<product>.estimation] backend`` names; the first is the default.
+BACKENDS: dict[str, type] = {"piqp-highs": PiqpHighs, "clarabel-highs": ClarabelHighs}
 
 #: The default back end.
-DEFAULT_BACKEND: Backend = ClarabelHighs()
+DEFAULT_BACKEND: Backend = PiqpHighs()

@@ -7,8 +7,11 @@ minimizes the L1 distance of its queries' answers to the L2 answers: for answer 
 T_g = (Q b_L2)_g, r = floor(T_g), f = T_g - r, the row ``(Q b)_g - u1 - u2 + v = r`` with
 u1 in [0, 1] at cost 1 - 2f and u2, v >= 0 at cost 1 prices |Q b - T| up to a constant
 (solver_notes (d)); ``detailed`` is the cellwise cost (1 - 2f) b. Earlier passes' rounded answers are
-fixed (column bounds). On a laminar query chain the matrix is TU, so the simplex vertex is integral;
-that is checked after each solve (max |b - round b| < 1e-6) and a MILP re-solve is the fallback.
+fixed (column bounds). An answer with no cell in play gets no flow row (its cost is a constant), and one
+with a single cell in play (and floor(T_g) = 0) none either: its row would price exactly (1 - 2f) b of
+that cell, which goes into the cell's cost (``fold_single_cell_rows``; at the Block level a third of the
+rows). On a laminar query chain the matrix is TU (dropping rows keeps it so), so the simplex vertex is
+integral; that is checked after each solve (max |b - round b| < 1e-6) and a MILP re-solve is the fallback.
 """
 from __future__ import annotations
 
@@ -55,6 +58,27 @@ def l2_histograms(layout: Layout, z: np.ndarray) -> np.ndarray:
             counts = have[:, empty].sum(axis=0)
             hist[:, empty] = np.where(have[:, empty], parent[empty] / np.maximum(counts, 1), 0.0)
     return hist
+
+
+def play_counts(layout: Layout, play: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per layout column: how many of its cells are in play, and (where exactly one is) that cell's
+    count column (-1 elsewhere); two products with ``answers_of_x``."""
+    play_x = np.zeros(layout.n_x)
+    play_x[layout.xcol[play]] = 1.0
+    counts = layout.answers_of_x @ play_x
+    which = layout.answers_of_x @ (play_x * np.arange(1, layout.n_x + 1))  # exact: integers below 2^53
+    return counts, np.where(counts == 1, which - 1, -1).astype(np.int64)
+
+
+def fold_single_cell_rows(cols: np.ndarray, counts: np.ndarray, single_x: np.ndarray, target: np.ndarray,
+                          cost: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The answer columns ``cols`` that keep a flow row (``counts``/``single_x``: :func:`play_counts`). An
+    answer with no cell in play has a constant flow cost (dropped); one with a single cell in play and
+    floor(target) = 0 costs (1 - 2f) b of that cell for b in [0, 1] (f its target): the cost the flow row
+    would price, added to the cell's cost instead (the same LP optimum, fewer rows)."""
+    single = (counts[cols] == 1) & (np.floor(target[cols] + FLOOR_EPS) == 0)
+    np.add.at(cost, pos[single_x[cols[single]]], 1.0 - 2.0 * np.clip(target[cols[single]], 0.0, 1.0))
+    return cols[~single & (counts[cols] > 0)]
 
 
 def flow_rows(blocks: list[tuple[np.ndarray, np.ndarray]], n: int
@@ -135,6 +159,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
     lo, hi = form.lo - offset, form.hi - offset
     stats = []
     z = np.zeros(n)
+    counts, single_x = play_counts(layout, play)
     for k, names in enumerate(passes):
         base_cost = np.zeros(n)
         if DETAILED in names:
@@ -145,6 +170,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
             if name == DETAILED:
                 continue
             cols = layout.acol[name][layout.acol[name] >= 0]
+            cols = fold_single_cell_rows(cols, counts, single_x, target_all, base_cost, pos)
             blocks.append((pos[cols], target_all[cols]))
         idx, rhs, cost, flb, fub = flow_rows(blocks, n)
         a = with_flow_rows(form.a, idx)

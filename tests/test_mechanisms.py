@@ -221,6 +221,18 @@ def test_seeded_source_is_deterministic_and_keyed() -> None:
     assert not np.array_equal(SeededSource(1, "12", "3").uint64(4), SeededSource(1, "1", "23").uint64(4))
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=-2**70, max_value=2**70), st.lists(st.text(), min_size=1, max_size=5))
+def test_key_material_is_the_json_encoding(seed: int, parts: list[str]) -> None:
+    """The hand-spelled key material is byte for byte json.dumps of the key (any text, any int seed), so
+    every stream keeps its words."""
+    import json
+
+    from topdown.pipeline.privacy.rng import key_material
+
+    assert key_material(seed, tuple(parts)) == json.dumps(["census-topdown/rng/v2", seed, *parts]).encode()
+
+
 def test_noise_streams_are_separated_by_product_and_level() -> None:
     """Domain separation: the same geocode and query under another product or level (a 15-character
     custom block group code equal to a block GEOID) is another stream."""

@@ -77,3 +77,37 @@ def test_milp_fallback_when_vertex_is_fractional():
     sol = solve_parent(problem, backend=FractionalFirst())
     assert sol.stats.rounder_milp == 2
     assert_valid(problem, sol.hist)
+
+
+BLOCK_ROUNDER = [["total", "hhgq", "hhgq * hispanic", "hhgq * hispanic * cenrace", "detailed"]]
+
+
+def _l1(problem, layout, l2_z, hist) -> float:
+    """The rounder pass's objective: sum over its queries of |Q hist - Q hist_L2| (cellwise for detailed)."""
+    l2_hist = l2_histograms(layout, l2_z)
+    names = BLOCK_ROUNDER[0]
+    return sum(float(np.abs(build_query(problem.schema, n).answer(hist) - build_query(problem.schema, n).answer(l2_hist)).sum())
+               if n != "detailed" else float(np.abs(hist - l2_hist).sum()) for n in names)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_folded_rows_keep_the_lp_optimum(seed, monkeypatch):
+    """Answers with at most one cell in play get no flow row (rounder.fold_single_cell_rows): the LP has
+    fewer rows and the same optimum as with every row (a tie may pick another vertex of equal cost)."""
+    import topdown.solvers.rounder as rounder_mod
+
+    rng = np.random.default_rng(300 + seed)
+    truth = random_truth(rng, int(rng.integers(3, 30)), n_cells=int(rng.integers(10, 80)),
+                         people=int(rng.integers(20, 300)))
+    problem = make_problem(truth, rng, noise=3.0, l2_passes=[["total", "hhgq", "detailed"]],
+                           rounder_passes=BLOCK_ROUNDER)
+    layout = build_layout(problem)
+    form = compile_pyomo(layout)
+    z = run_l2(layout, form, ClarabelHighs()).z
+    folded, stats = run_rounder(layout, form, z, ClarabelHighs())
+    monkeypatch.setattr(rounder_mod, "fold_single_cell_rows", lambda cols, *a: cols[np.asarray(a[0])[cols] >= 0])
+    full, full_stats = run_rounder(layout, form, z, ClarabelHighs())
+    assert stats[0]["rows"] < full_stats[0]["rows"]
+    assert not stats[0]["milp"] and not full_stats[0]["milp"]
+    assert _l1(problem, layout, z, folded) == pytest.approx(_l1(problem, layout, z, full), abs=1e-9)
+    assert_valid(problem, folded)

@@ -16,6 +16,7 @@ import topdown.solvers.layout as layout_mod
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
+from topdown.solvers.backends import ClarabelHighs, PiqpHighs
 from topdown.solvers.layout import build_layout
 
 #: Variances of the 2021 production strategy at the County level of a 1M-person state (RI 2010).
@@ -69,15 +70,19 @@ def test_dense_parent_needs_no_failsafe(seed):
     _assert_valid(problem, sol.hist)
 
 
-def test_backend_resolves_spurious_dual_infeasibility(monkeypatch):
-    """With the non-binding rows kept in the model, the backend's strict re-solve alone suffices."""
+@pytest.mark.parametrize("backend", [ClarabelHighs(), PiqpHighs()], ids=["clarabel", "piqp"])
+def test_backend_resolves_spurious_dual_infeasibility(monkeypatch, backend):
+    """With the non-binding rows kept in the model, the backend alone copes: Clarabel by its strict
+    re-solve; PIQP (which stops at its iteration limit on the banded pass) by handing the QP to Clarabel."""
     caps = layout_mod._answer_caps
     monkeypatch.setattr(layout_mod, "_answer_caps", lambda *a: np.full_like(caps(*a), np.inf))
     problem = dense_parent(4)
     assert len(build_layout(problem).families["constraints"]) == 5  # the 99999 x units rows are in
-    sol = solve_parent(problem)
+    sol = solve_parent(problem, backend)
     assert sol.failsafe == []
     _assert_valid(problem, sol.hist)
+    if isinstance(backend, PiqpHighs):
+        assert [st["status"] for st in sol.stats.l2] == ["Solved", "PIQP MaxIterReached, Clarabel Solved"]
 
 
 def test_layout_leaves_out_only_rows_that_cannot_bind():

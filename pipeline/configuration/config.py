@@ -136,8 +136,10 @@ class EstimationConfig(_Strict):
         "parents whose children x non-zero parent cells (the joint solve's count variables) exceed this "
         "are also solved in two stages, with groups small enough to stay within it; 0 = children count only"))
     split_group: int = Field(default=25, ge=2, description="children per group of a two-stage solve")
-    backend: Literal["clarabel-highs", "gurobi"] = Field(
-        default="clarabel-highs", description="solvers: Clarabel (QP) + HiGHS (LP), or Gurobi where licensed")
+    backend: Literal["piqp-highs", "clarabel-highs", "gurobi"] = Field(
+        default="piqp-highs", description=(
+            "solvers: PIQP (QP) + HiGHS (LP); Clarabel (QP) + HiGHS (LP), the default before PIQP (to "
+            "reproduce an older run); or Gurobi where licensed"))
 
 
 class ProductConfig(_Strict):

@@ -112,14 +112,15 @@ def map_on_cluster(backend) -> Callable | None:
 def run_chunk(chunk: Chunk) -> ChunkResult:
     """Measure the chunk's children (or read their published measurements) and estimate every parent."""
     from topdown.solvers import solve_parent
-    from topdown.solvers.backends import DEFAULT_BACKEND
+    from topdown.solvers.backends import BACKENDS
 
-    if chunk.cfg.estimation.backend == "gurobi":
+    name = chunk.cfg.estimation.backend
+    if name == "gurobi":
         from topdown.solvers.gurobi import Gurobi
 
         backend = Gurobi()
     else:
-        backend = DEFAULT_BACKEND
+        backend = BACKENDS[name]()
     start = time.perf_counter()
     schema = SCHEMAS[chunk.product]
     cfg = chunk.cfg
@@ -146,7 +147,7 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
             split_group=cfg.estimation.split_group,
         )
         t0 = time.perf_counter()
-        spread = map_on_cluster(backend) if backend is DEFAULT_BACKEND else None  # Gurobi: licence per process
+        spread = map_on_cluster(backend) if name != "gurobi" else None  # Gurobi: licence per process
         solution = solve_parent(problem, backend, map_solve=spread)
         result.solve_seconds.append(time.perf_counter() - t0)
         hist = np.asarray(solution.hist, dtype=np.int64)
