@@ -42,7 +42,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
-import dask
 import pandas as pd
 import psutil
 
@@ -301,8 +300,8 @@ def main() -> None:
     tracker = StageTracker()
     interrupted = False
     t0 = time.perf_counter()
-    # The scheduler's debugging logs as short as the runner's own embedded cluster keeps them.
-    with dask.config.set({"distributed.admin.low-level-log-length": runner.SCHEDULER_LOG_LENGTH}), \
+    # Started as the runner's own embedded cluster is (short scheduler logs, glibc's malloc defaults).
+    with runner.embedded_settings(), \
             LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
                          host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         cluster_s = time.perf_counter() - t0

@@ -390,3 +390,19 @@ def test_real_cluster_on_the_demo(tmp_path, demo_input, demo_run, real_cluster):
     out = tmp_path / "cli"
     _cli_demo_run(out, demo_input, "--scheduler", real_cluster)
     assert differing_outputs(demo_run, out) == []
+
+
+def _malloc_trim_threshold() -> str | None:
+    return os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_embedded_workers_keep_glibc_malloc_defaults(monkeypatch):
+    """Dask's nanny would start the workers with MALLOC_TRIM_THRESHOLD_=65536 (and a Dask cluster started
+    earlier in this process leaves it in the environment): the embedded cluster's workers start without it
+    (runner.GLIBC_ENV), and this process's environment is as it was afterwards."""
+    from topdown.pipeline.execution.runner import dask_client
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    with dask_client(workers=1) as client:
+        assert list(client.run(_malloc_trim_threshold).values()) == [None]
+    assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"

@@ -50,6 +50,35 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
                      "RAYON_NUM_THREADS": "1"}
 
 
+#: Dask's nanny starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (``distributed.nanny.pre-spawn-environ``)
+#: so that they hand freed memory back at once, and writes it into the starting process's environment.
+#: Setting it also turns off glibc's adaptive mmap threshold: every array above 128 kB is mapped and
+#: unmapped anew, and a quarter of a worker's CPU went to the kernel's page faults (RI 2010: 7 of 27 CPU
+#: seconds per worker; 1.9 with glibc's defaults, for about 50 MB more resident). The embedded cluster's
+#: workers keep glibc's defaults (DESIGN.md item 33); README, "Your own Dask cluster", says how to do the same.
+GLIBC_ENV = ("MALLOC_TRIM_THRESHOLD_",)
+GLIBC_DEFAULTS = {f"distributed.nanny.pre-spawn-environ.{name}": None for name in GLIBC_ENV}
+
+
+@contextmanager
+def _unset_env(*names: str) -> Iterator[None]:
+    """``names`` absent from this process's environment (which spawned workers inherit), restored after."""
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+@contextmanager
+def embedded_settings() -> Iterator[None]:
+    """What an embedded cluster is started under (here and by benchmarks/run_stages.py): the scheduler's
+    short debugging logs, and glibc's malloc defaults for the workers."""
+    with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH, **GLIBC_DEFAULTS}), \
+            _unset_env(*GLIBC_ENV):
+        yield
+
+
 class AlreadyComplete(RunDirError):
     """The run directory holds a complete run; use force to recompute."""
 
@@ -84,8 +113,9 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     check_workers(workers)
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
-    with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH}), LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
+    with embedded_settings(), \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                         host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
             Client(cluster) as c:
         log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
                  c.dashboard_link)
