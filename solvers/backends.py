@@ -207,8 +207,8 @@ class PiqpHighs(HighsLp):
         return Result(res.ok, f"PIQP {status}, Clarabel {res.status}", res.x, res.objective, time.perf_counter() - t0)
 
 
-#: The open-source back ends by their ``[<product>.estimation] backend`` names; the first is the default.
-BACKENDS: dict[str, type] = {"piqp-highs": PiqpHighs, "clarabel-highs": ClarabelHighs}
-
 #: The default back end.
 DEFAULT_BACKEND: Backend = PiqpHighs()
+
+#: The open-source back ends by their ``[<product>.estimation] backend`` names (stateless: one each).
+BACKENDS: dict[str, Backend] = {"piqp-highs": DEFAULT_BACKEND, "clarabel-highs": ClarabelHighs()}

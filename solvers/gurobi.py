@@ -1,6 +1,6 @@
 """Optional Gurobi back end (``[<product>.estimation] backend = "gurobi"``), for sites with a licence.
 
-It implements the same two methods as :class:`topdown.solvers.backends.ClarabelHighs` on the same box
+It implements the same two methods as :class:`topdown.solvers.backends.PiqpHighs` on the same box
 form, single-threaded: barrier for the QPs, dual simplex for the LPs (a vertex, as the rounder's
 totally unimodular flow form needs), branch and bound when integrality is asked for.
 """

@@ -220,6 +220,25 @@ def _deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+def leaves(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: value}; lists are values."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+_MISSING = object()
+
+
+def differing_keys(before: dict, after: dict) -> list[str]:
+    """The dotted keys whose values differ between two configurations in their JSON form, sorted."""
+    old, new = leaves(before), leaves(after)
+    return sorted(k for k in set(old) | set(new) if old.get(k, _MISSING) != new.get(k, _MISSING))
+
+
 def preset_dir() -> Path:
     """The folder of shipped presets (``conf/``)."""
     return Path(__import__("topdown.conf", fromlist=["__file__"]).__file__).parent

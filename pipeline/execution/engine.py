@@ -124,14 +124,15 @@ def chunk_plan(
     starts = np.concatenate([[0], bounds]).astype(np.int64)
     ends = np.concatenate([bounds, [n]]).astype(np.int64)
 
-    def parent_task(g: int, s: int, e: int, lo: int) -> ParentTask:
+    def parent_task(s: int, e: int, lo: int, chunk_children: list[str], label: str | None) -> ParentTask:
+        """The parent of nodes ``order[s:e]`` in a chunk starting at ``lo`` (its children's names
+        ``chunk_children``, its parent's name ``label``: looked up once per chunk, not per parent)."""
         crow = order[s:e]
-        children = [str(x) for x in level.nodes[crow]]
+        children = chunk_children[s - lo:e - lo]
         if independent or parent_level is None:
             label, hist = (children[0] if independent else ""), None
         else:
             prow = int(level.parent[order[s]])
-            label = str(parent_level.nodes[prow])
             hist = None if parent_hist is None else np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel()
         cons = None if level.constraints is None else level.constraints.take(crow)  # None: the task reads them
         return ParentTask(label, hist, children, slice(s - lo, e - lo), cons, _group_totals(level, crow))
@@ -145,9 +146,12 @@ def chunk_plan(
         lo, hi = int(starts[groups[0]]), int(ends[groups[-1]])
         rows = order[lo:hi]
         children = [str(g) for g in level.nodes[rows]]
+        labels = ([None] * len(groups) if independent or parent_level is None else
+                  [str(x) for x in parent_level.nodes[level.parent[order[starts[groups]]]]])
         return Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
                      child_plb=[level.plb[r] for r in rows],
-                     parents=[parent_task(g, int(starts[g]), int(ends[g]), lo) for g in groups],
+                     parents=[parent_task(int(starts[g]), int(ends[g]), lo, children, label)
+                              for g, label in zip(groups, labels)],
                      measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
                      cost=cost, source=source.for_children(children), **common)
 

@@ -19,7 +19,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,8 @@ from distributed import Security
 
 from topdown.geo.spine import Spine
 
-from ..configuration.config import Config, ConfigError, _deep_merge, config_from_dict, load_config, read_toml, resolve_config_path
+from ..configuration.config import (Config, ConfigError, _deep_merge, config_from_dict, differing_keys, load_config,
+                                    read_toml, resolve_config_path)
 from .engine import ProgressFn
 from topdown.vocab.schema import PERSONS, UNITS
 
@@ -56,16 +57,6 @@ ZERO_LOSS = {"rho": "0", "epsilon": "0", "delta": "0",
                     "no noise drawn and no confidential data read"}
 
 
-def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested dict as {dotted key: value}; lists are values."""
-    if not isinstance(data, dict):
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def _post_processing(key: str) -> bool:
     for allowed in POST_PROCESSING:
         for product in PRODUCTS:
@@ -77,16 +68,13 @@ def _post_processing(key: str) -> bool:
 
 def changed_keys(before: Config, after: Config, where: str) -> list[str]:
     """The dotted keys ``after`` changes; raises :class:`ConfigError` naming the first measured one."""
-    old, new = _leaves(before.model_dump(mode="json")), _leaves(after.model_dump(mode="json"))
-    changed = sorted(k for k in set(old) | set(new) if old.get(k, _MISSING) != new.get(k, _MISSING))
+    changed = differing_keys(before.model_dump(mode="json"), after.model_dump(mode="json"))
     measured = [k for k in changed if not _post_processing(k)]
     if measured:
         raise ConfigError(f"{where}: {measured[0]} changes what was measured (reprocessing may change only "
                           f"{', '.join(POST_PROCESSING)}); run a new release for it instead")
     return changed
 
-
-_MISSING = object()
 
 
 def apply_changes(config: Config, changes: str | Path) -> Config:

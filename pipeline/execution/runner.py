@@ -5,6 +5,7 @@ measure and estimate (Dask) -> MDF -> certificate and manifest.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -27,7 +28,7 @@ from topdown.geo.spine import BLOCK, Spine, build_spine
 from ..privacy.certificate import certificate, with_draws
 from .cluster import check_scheduler, embedded_security
 from ..privacy.accounting import check_budget
-from ..configuration.config import Config, ConfigError, config_from_dict, load_config
+from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
                         write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
@@ -54,8 +55,9 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
 #: so that they hand freed memory back at once, and writes it into the starting process's environment.
 #: Setting it also turns off glibc's adaptive mmap threshold: every array above 128 kB is mapped and
 #: unmapped anew, and a quarter of a worker's CPU went to the kernel's page faults (RI 2010: 7 of 27 CPU
-#: seconds per worker; 1.9 with glibc's defaults, for about 50 MB more resident). The embedded cluster's
-#: workers keep glibc's defaults (DESIGN.md item 33); README, "Your own Dask cluster", says how to do the same.
+#: seconds per worker; 1.9 with glibc's defaults, for 20-50 MB more resident). The embedded cluster's workers
+#: keep glibc's defaults (DESIGN.md item 33); README, "A national run on an existing Dask cluster", says how
+#: to do the same there.
 GLIBC_ENV = ("MALLOC_TRIM_THRESHOLD_",)
 GLIBC_DEFAULTS = {f"distributed.nanny.pre-spawn-environ.{name}": None for name in GLIBC_ENV}
 
@@ -220,7 +222,24 @@ def opened(rundir: RunDir, config: Config, hashes: dict[str, str], resume: bool,
 def check_resumable(rundir: RunDir, manifest: dict, config: Config, resume: bool) -> None:
     """--resume continues only a run of the same configuration."""
     if manifest and resume and manifest.get("config_hash") != config.digest():
-        raise RunDirError(f"{rundir.root} holds a run of a different configuration; cannot resume it")
+        raise RunDirError(f"{rundir.root} holds a run of a different configuration; cannot resume it"
+                          f"{_differences(rundir, config)}")
+
+
+def _differences(rundir: RunDir, config: Config) -> str:
+    """Which keys of ``config`` differ from the run's recorded config.json (a clause), if it can be read: a
+    run started before a default changed (such as ``backend``) differs only there."""
+    try:
+        recorded = json.loads(rundir.config_path.read_text())
+    except (OSError, ValueError):
+        return ""
+    keys = differing_keys(recorded, config.model_dump(mode="json"))
+    if not keys:
+        return ""
+    run = leaves(recorded)
+    shown = ", ".join(f"{k} (run: {run.get(k)!r})" for k in keys[:5])
+    return f" (it differs in {shown}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''})"
+
 
 
 def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None:

@@ -120,7 +120,7 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
 
         backend = Gurobi()
     else:
-        backend = BACKENDS[name]()
+        backend = BACKENDS[name]
     start = time.perf_counter()
     schema = SCHEMAS[chunk.product]
     cfg = chunk.cfg
