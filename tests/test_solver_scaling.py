@@ -17,6 +17,7 @@ from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
 from topdown.solvers.backends import ClarabelHighs, PiqpHighs
+from topdown.solvers.direct import compile_direct
 from topdown.solvers.layout import build_layout
 
 #: Variances of the 2021 production strategy at the County level of a 1M-person state (RI 2010).
@@ -73,7 +74,8 @@ def test_dense_parent_needs_no_failsafe(seed):
 @pytest.mark.parametrize("backend", [ClarabelHighs(), PiqpHighs()], ids=["clarabel", "piqp"])
 def test_backend_resolves_spurious_dual_infeasibility(monkeypatch, backend):
     """With the non-binding rows kept in the model, the backend alone copes: Clarabel by its strict
-    re-solve; PIQP (which stops at its iteration limit on the banded pass) by handing the QP to Clarabel."""
+    re-solve; PIQP itself or, where it stops at its iteration limit on the banded pass (as with HiGHS
+    1.15's tau), by handing the QP to Clarabel."""
     caps = layout_mod._answer_caps
     monkeypatch.setattr(layout_mod, "_answer_caps", lambda *a: np.full_like(caps(*a), np.inf))
     problem = dense_parent(4)
@@ -82,7 +84,22 @@ def test_backend_resolves_spurious_dual_infeasibility(monkeypatch, backend):
     assert sol.failsafe == []
     _assert_valid(problem, sol.hist)
     if isinstance(backend, PiqpHighs):
-        assert [st["status"] for st in sol.stats.l2] == ["Solved", "PIQP MaxIterReached, Clarabel Solved"]
+        assert {st["status"] for st in sol.stats.l2} <= {"Solved", "PIQP MaxIterReached, Clarabel Solved"}
+
+
+def test_piqp_hands_an_unsolved_qp_to_clarabel():
+    """A QP PIQP does not solve (here: one iteration allowed) is solved by Clarabel, and the status says so."""
+    problem = dense_parent(1, k=3, people=3000, ncells=20)
+    layout = build_layout(problem)
+    form = compile_direct(layout)
+    n = form.shape[1]
+    p_diag, q = np.ones(n), -np.arange(n, dtype=float)
+    res = PiqpHighs(max_iter=1).qp(p_diag, q, form.a, form.lo, form.hi, form.lb, form.ub)
+    ref = ClarabelHighs().qp(p_diag, q, form.a, form.lo, form.hi, form.lb, form.ub)
+    assert res.ok and res.status == "PIQP MaxIterReached, Clarabel Solved"
+    np.testing.assert_array_equal(res.x, ref.x)
+    good = PiqpHighs().qp(p_diag, q, form.a, form.lo, form.hi, form.lb, form.ub)
+    assert good.ok and good.status == "Solved" and np.abs(good.x - ref.x).max() < 1e-5
 
 
 def test_layout_leaves_out_only_rows_that_cannot_bind():
