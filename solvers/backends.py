@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
+import ctypes
 import importlib
+import os
+import sys
 
 import clarabel
 import highspy
@@ -86,6 +89,24 @@ _SPURIOUS = {"DualInfeasible", "AlmostDualInfeasible"}
 STRICT_INFEAS = 1e-14
 
 
+@lru_cache(maxsize=1)
+def _quiet_highs_banner() -> None:
+    """Make this process's first ``Highs`` with standard output pointed at /dev/null: HiGHS 1.16 prints
+    its banner to stdout when the first one of a process is made, before any option can turn output off
+    (a worker's console, the CLI's output); later ones print nothing."""
+    libc = ctypes.CDLL(None)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+            libc.fflush(None)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class HighsLp:
     """HiGHS dual simplex (one thread, a vertex) for LPs, branch and bound for MILPs: the ``lp`` of every
     open-source back end."""
@@ -97,6 +118,7 @@ class HighsLp:
         kind = np.zeros(csc.shape[1], dtype=np.int32)  # HighsVarType per column: 0 continuous, 1 integer
         if integer is not None:
             kind[np.asarray(integer, bool)] = int(highspy.HighsVarType.kInteger)
+        _quiet_highs_banner()
         h = highspy.Highs()
         for key, val in (("output_flag", False), ("threads", 1), ("solver", "simplex"),
                          ("simplex_strategy", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):

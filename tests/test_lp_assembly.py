@@ -101,3 +101,17 @@ def test_flow_rows_equal_the_stacked_blocks(seed: int, m: int, n: int, sizes: li
     _same(_as_lp_reads(with_flow_rows(a, idx)), _as_lp_reads(want[0]))
     for got, ref in zip((rhs, cost, lb, ub), want[1:]):
         np.testing.assert_array_equal(got, ref)
+
+
+def test_highs_prints_nothing_to_stdout():
+    """HiGHS 1.16 prints a banner when a process makes its first Highs; the back end keeps stdout clean
+    (the CLI's output, a worker's console, the benchmarks' JSON lines)."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, scipy.sparse as sp\n"
+            "from topdown.solvers.backends import DEFAULT_BACKEND as b\n"
+            "r = b.lp(np.ones(2), sp.csr_matrix(np.ones((1, 2))), np.ones(1), np.ones(1), np.zeros(2), np.ones(2))\n"
+            "print('x', r.ok, float(r.x.sum()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "x True 1.0\n"
