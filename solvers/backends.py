@@ -21,6 +21,7 @@ import ctypes
 import importlib
 import os
 import sys
+import threading
 
 import clarabel
 import highspy
@@ -89,22 +90,33 @@ _SPURIOUS = {"DualInfeasible", "AlmostDualInfeasible"}
 STRICT_INFEAS = 1e-14
 
 
-@lru_cache(maxsize=1)
+_BANNER = threading.Lock()
+_banner_quiet = False
+
+
 def _quiet_highs_banner() -> None:
     """Make this process's first ``Highs`` with standard output pointed at /dev/null: HiGHS 1.16 prints
     its banner to stdout when the first one of a process is made, before any option can turn output off
-    (a worker's console, the CLI's output); later ones print nothing."""
-    libc = ctypes.CDLL(None)
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 1)
-            highspy.Highs()
-            libc.fflush(None)
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    (a worker's console, the CLI's output); later ones print nothing. Once per process, under a lock
+    (two threads swapping file descriptor 1 at once could leave it pointed at /dev/null)."""
+    global _banner_quiet
+    if _banner_quiet:
+        return
+    with _BANNER:
+        if _banner_quiet:
+            return
+        libc = ctypes.CDLL(None)
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), 1)
+                highspy.Highs()
+                libc.fflush(None)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _banner_quiet = True
 
 
 class HighsLp:
