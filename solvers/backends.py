@@ -7,21 +7,20 @@ Problems come in one box form: columns with bounds ``lb <= z <= ub`` and rows ``
 (the same floating-point results on every x86-64 machine); HiGHS dual simplex, one thread, for the LPs (a
 simplex vertex, which the rounder's totally unimodular flow form needs). ``clarabel-highs`` keeps
 Clarabel for the QPs (the default before PIQP: about 3x the CPU per QP, solutions within solver
-tolerance; DESIGN.md item 32), qdldl below 30k columns and faer above. Gurobi (gurobi.py) implements the
+tolerance; DESIGN.md item 33), qdldl below 30k columns and faer above. Gurobi (gurobi.py) implements the
 same two methods.
 """
 from __future__ import annotations
-
-import time
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Protocol
 
 import ctypes
 import importlib
 import os
 import sys
 import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
 
 import clarabel
 import highspy
@@ -218,7 +217,7 @@ class PiqpHighs(HighsLp):
     def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
         t0 = time.perf_counter()
         a = sp.csr_matrix(a)
-        n = a.shape[1]
+        lo, hi, lb, ub = (np.asarray(v, float) for v in (lo, hi, lb, ub))
         eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
         ineq = ~eq & (np.isfinite(lo) | np.isfinite(hi))
         solver = _piqp().SparseSolver()
@@ -229,10 +228,8 @@ class PiqpHighs(HighsLp):
         st.max_iter = self.max_iter
         g = a[ineq].tocsc() if ineq.any() else None
         solver.setup(sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
-                     a[eq].tocsc() if eq.any() else sp.csc_matrix((0, n)), np.asarray(hi, float)[eq],
-                     g, None if g is None else np.asarray(lo, float)[ineq],
-                     None if g is None else np.asarray(hi, float)[ineq],
-                     np.asarray(lb, float), np.asarray(ub, float))
+                     a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
+                     g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub)
         status = "".join(w.capitalize() for w in solver.solve().name.split("_")[1:])  # PIQP_SOLVED -> Solved
         if status == "Solved":
             return Result(True, status, np.array(solver.result.x), float(solver.result.info.primal_obj),

@@ -241,7 +241,6 @@ def _differences(rundir: RunDir, config: Config) -> str:
     return f" (it differs in {shown}{f' and {len(keys) - 5} more' if len(keys) > 5 else ''})"
 
 
-
 def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None:
     """--resume continues only a run of the same input files (SHA-256 recorded in the manifest)."""
     recorded = manifest.get("input_sha256")

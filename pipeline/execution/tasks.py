@@ -147,7 +147,7 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
             split_group=cfg.estimation.split_group,
         )
         t0 = time.perf_counter()
-        spread = map_on_cluster(backend) if name != "gurobi" else None  # Gurobi: licence per process
+        spread = map_on_cluster(backend) if name in BACKENDS else None  # Gurobi: licence per process
         solution = solve_parent(problem, backend, map_solve=spread)
         result.solve_seconds.append(time.perf_counter() - t0)
         hist = np.asarray(solution.hist, dtype=np.int64)
