@@ -182,87 +182,117 @@ def _discrete_laplace(source: RandomSource | Callable[[int], RandomSource], word
     source_of = source if callable(source) else (lambda i: source)
     top = words >> np.uint64(11)
     negative = (words & np.uint64(1)).astype(bool)          # bit 0 is disjoint from the 53 bits of V
-    u = top.astype(np.float64) * _TWO53
+    u = top.astype(np.float64)
+    u *= _TWO53
     lam_f = float(lam)
-    x = np.floor(-np.log(u + 0.5 * _TWO53) / lam_f)
+    x = u + 0.5 * _TWO53                                    # a float guess of X: floor(-log(V) / lam)
+    np.log(x, out=x)
+    x *= -1.0 / lam_f
+    np.floor(x, out=x)
     np.minimum(x, _FAST_LIMIT, out=x)
-    f_hi = np.exp(-x * lam_f)                               # ~ q^x
+    f_hi = x * -lam_f
+    np.exp(f_hi, out=f_hi)                                  # ~ q^x
     f_lo = f_hi * math.exp(-lam_f)                          # ~ q^(x+1)
-    ok = (u + (_TWO53 + margin) <= f_hi) & (u >= f_lo + margin) & (x < _FAST_LIMIT)
+    f_lo += margin
+    ok = u + (_TWO53 + margin) <= f_hi
+    ok &= u >= f_lo
+    ok &= x < _FAST_LIMIT
     mags = x.astype(np.int64)
     for i in np.flatnonzero(~ok):
         mags[i] = _exact_geometric(_LazyUniform(source_of(int(i)), int(top[i]), 53), lam, int(mags[i]))
     keep = ~(negative & (mags == 0))
-    return np.where(negative, -mags, mags), keep
+    np.negative(mags, out=mags, where=negative)
+    return mags, keep
 
 
 # ------------------------------------------------------------------- many streams, one vectorized round
-def _rank_in_row(rows: np.ndarray) -> np.ndarray:
-    """Position of each entry among the entries of its row (``rows`` sorted, non-decreasing)."""
-    if rows.size == 0:
-        return rows
-    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-    return np.arange(rows.size) - np.repeat(starts, np.diff(np.r_[starts, rows.size]))
+#: Draws per vectorized batch: a round takes the sources a batch at a time, so that its arrays stay in the
+#: processor's cache (one round over all the nodes of a task, megabytes per array, cost 1.5-2x more per
+#: draw; issue 20). Each source reads the same words whatever the batches.
+_BATCH_DRAWS = 1 << 13
 
 
-def _fresh_words(sources: list[RandomSource], counts: np.ndarray, parts: int = 1) -> tuple[list[np.ndarray], np.ndarray]:
-    """``parts * counts[i]`` fresh words from every source i, read in one call per source and cut into
-    ``parts`` runs of ``counts[i]`` words; returns, per part, the runs of all sources end to end, and the
-    rows (source index) of a part's words."""
-    draws = [s.uint64(parts * int(c)) for s, c in zip(sources, counts)]
-    cuts = [np.concatenate([w[j * c:(j + 1) * c] for w, c in zip(draws, counts.tolist())]) for j in range(parts)]
-    return cuts, np.repeat(np.arange(len(sources)), counts)
+def _batches(needs: np.ndarray) -> list[slice]:
+    """Consecutive runs of sources of about :data:`_BATCH_DRAWS` draws each (a source is never cut)."""
+    group = (np.cumsum(needs) - needs) // _BATCH_DRAWS
+    cuts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1, needs.size]
+    return [slice(a, b) for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
 
 
-def _first(rows: np.ndarray, values: np.ndarray, mask: np.ndarray, needs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Of the entries where ``mask`` holds, the first ``needs[row]`` of every row: (rows, values)."""
-    rows, values = rows[mask], values[mask]
-    take = _rank_in_row(rows) < needs[rows]
-    return rows[take], values[take]
+def _firsts(rows: np.ndarray, mask: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of the entries where ``mask`` holds (``rows`` sorted, non-decreasing), the first ``limits[row]`` of
+    every row: (their indices, their rows, their rank among the row's entries where ``mask`` holds)."""
+    idx = np.flatnonzero(mask)
+    r = rows[idx]
+    per_row = np.bincount(r, minlength=limits.size)
+    rank = np.arange(idx.size) - (np.cumsum(per_row) - per_row)[r]
+    take = rank < limits[r]
+    return idx[take], r[take], rank[take]
+
+
+def _fresh_words(sources: list[RandomSource], counts: np.ndarray, parts: int = 1) -> tuple[np.ndarray, np.ndarray,
+                                                                                            np.ndarray]:
+    """``parts * counts[i]`` fresh words from every source i, read in one call per source: (all the words end
+    to end, the row (source index) of each word of one part, ``starts``). Source i's part j begins at index
+    ``parts * starts[i] + j * counts[i]``."""
+    words = np.concatenate([s.uint64(parts * c) for s, c in zip(sources, counts.tolist())])
+    return words, np.repeat(np.arange(len(sources)), counts), np.cumsum(counts) - counts
 
 
 def _gaussian_round(sources: list[RandomSource], needs: np.ndarray, sigma2: Fraction, margin: float
-                    ) -> tuple[np.ndarray, np.ndarray]:
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One round of CKS Algorithm 3 for every source: ``count = need + need // 2 + 64`` Laplace words, then
-    as many acceptance words, all read before any exact-path word; up to ``needs[i]`` draws per source."""
+    as many acceptance words, all read before any exact-path word; up to ``needs[i]`` draws per source
+    (their rows, ranks in the row and values). The k-th kept Laplace draw of a source meets its k-th
+    acceptance word."""
     n, d = sigma2.numerator, sigma2.denominator
     t = math.isqrt(n // d) + 1                              # floor(sqrt(sigma2)) + 1
     c_f, inv2s2 = float(sigma2 / t), float(1 / (2 * sigma2))
     counts = needs + needs // 2 + 64
-    (lap_words, acc_words), lap_rows = _fresh_words(sources, counts, parts=2)
-    y, keep = _discrete_laplace(lambda i: sources[lap_rows[i]], lap_words, Fraction(1, t), margin)
-    y, y_rows = y[keep], lap_rows[keep]
-    acc = acc_words[(np.cumsum(counts) - counts)[y_rows] + _rank_in_row(y_rows)]
+    words, lap_rows, starts = _fresh_words(sources, counts, parts=2)
+    lap = words[np.arange(lap_rows.size) + starts[lap_rows]]   # part 0 of each source
+    y, keep = _discrete_laplace(lambda i: sources[lap_rows[i]], lap, Fraction(1, t), margin)
+    kept, y_rows, rank = _firsts(lap_rows, keep, counts)
+    y = y[kept]
+    acc = words[(2 * starts + counts)[y_rows] + rank]        # word ``rank`` of the source's part 1
     ay = np.abs(y)
-    g = (ay.astype(np.float64) - c_f) ** 2 * inv2s2
+    g = ay.astype(np.float64)
+    g -= c_f
+    g *= g
+    g *= inv2s2
     g[ay >= _FAST_LIMIT] = np.nan
     accept = _bernoulli_exp(lambda i: sources[y_rows[i]], acc, g,
                             lambda i: Fraction((int(ay[i]) * t * d - n) ** 2, 2 * t * t * d * n), margin)
-    return _first(y_rows, y, accept, needs)
+    idx, rows, ranks = _firsts(y_rows, accept, needs)
+    return rows, ranks, y[idx]
 
 
 def _geometric_round(sources: list[RandomSource], needs: np.ndarray, lam: Fraction, margin: float
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """One round of two-sided geometric draws for every source: up to ``needs[i]`` draws per source."""
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One round of two-sided geometric draws for every source: up to ``needs[i]`` draws per source (their
+    rows, ranks in the row and values)."""
     keep_rate = 0.5 + 0.5 * math.exp(-float(lam))          # 1 - P(B = 1, X = 0)
     counts = (needs / keep_rate * 1.05).astype(np.int64) + 64
-    (words,), rows = _fresh_words(sources, counts)
+    words, rows, _ = _fresh_words(sources, counts)
     y, keep = _discrete_laplace(lambda i: sources[rows[i]], words, lam, margin)
-    return _first(rows, y, keep, needs)
+    idx, rows, ranks = _firsts(rows, keep, needs)
+    return rows, ranks, y[idx]
 
 
 def _fill(sources: list[RandomSource], size: int, one_round: Callable) -> np.ndarray:
-    """``size`` draws per source (int64[len(sources), size]) by rounds of at most ``_BLOCK`` draws per source;
-    each source reads exactly the words it would read alone."""
+    """``size`` draws per source (int64[len(sources), size]) by rounds of at most ``_BLOCK`` draws per source,
+    each round a batch of sources at a time; each source reads exactly the words it would read alone."""
     out = np.empty((len(sources), size), dtype=np.int64)
     filled = np.zeros(len(sources), dtype=np.int64)
     active = np.flatnonzero(filled < size)
     while active.size:
         needs = np.minimum(size - filled[active], _BLOCK)
-        rows, values = one_round([sources[i] for i in active], needs)
-        dest = active[rows]
-        out[dest, filled[dest] + _rank_in_row(rows)] = values
-        filled[active] += np.bincount(rows, minlength=active.size)
+        for batch in _batches(needs):
+            members = active[batch]
+            rows, ranks, values = one_round([sources[i] for i in members], needs[batch])
+            dest = members[rows]
+            out[dest, filled[dest] + ranks] = values
+            filled[members] += np.bincount(rows, minlength=members.size)
         active = active[filled[active] < size]
     return out
 
