@@ -150,6 +150,7 @@ def test_published_table_reads_back_to_the_drawn_measurements():
     nodes = ["a1", "a2", "a3", "a4"]
     plb = [Fraction(1, 3), Fraction(0), Fraction(1, 3), Fraction(1, 3)]
     drawn, table = measure("persons", PERSONS, cfg.budget, "Block", nodes, plb, hist, "test", 5)
+    table = table.to_pandas()
     shuffled = table.sample(frac=1, random_state=1)  # row order in the files does not matter
     back = from_table(PERSONS, list(cfg.budget.queries["Block"]), nodes, shuffled)
     assert [m.query for m in back] == [m.query for m in drawn]

@@ -1,6 +1,8 @@
 """Schema cell order, cenrace order and marginal queries (facts file sections 1.1-1.3)."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, UNITS, cenrace_index
@@ -75,3 +77,22 @@ def test_units_schema():
 def test_bad_query_names_are_errors(bad):
     with pytest.raises(QueryError):
         build_query(PERSONS, bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), nodes=st.integers(0, 6), density=st.sampled_from([0.0, 0.002, 0.05, 1.0]),
+       query=st.sampled_from(["total", "detailed", "hhgq", "votingage * hispanic * cenrace", "cenrace",
+                              "hhinstlevels", "hispanic * cenrace"]))
+def test_true_answers_from_the_sparse_cells_equal_the_query_answers(seed, nodes, density, query):
+    """measure.true_answers (the noise step's exact answers, from the non-zero cells) equals Query.answer on
+    the dense histograms, also for queries that leave cells out."""
+    import scipy.sparse as sp
+
+    from topdown.pipeline.privacy.measure import true_answers
+
+    rng = np.random.default_rng(seed)
+    dense = rng.integers(0, 10**6, size=(nodes, PERSONS.ncells)) * (rng.random((nodes, PERSONS.ncells)) < density)
+    q = build_query(PERSONS, query)
+    got = true_answers(sp.csr_matrix(dense), q)
+    assert got.dtype == np.int64 and got.shape == (nodes, q.n_answers)
+    np.testing.assert_array_equal(got, q.answer(dense))

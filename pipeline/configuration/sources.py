@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ..inputs.validate import InputError
-from ..privacy.measure import NodeMeasurements, from_table, measure
+from ..privacy.measure import MEASUREMENT_PARQUET, NodeMeasurements, from_table, measure
 from ..execution.rundir import write_table
 from topdown.vocab.schema import SCHEMAS
 
@@ -56,7 +56,7 @@ class Draw(MeasurementSource):
         measured, table = measure(chunk.product, SCHEMAS[chunk.product], chunk.cfg.budget, chunk.level,
                                   chunk.children, chunk.child_plb, chunk.child_hist, chunk.mode, chunk.seed)
         if chunk.measurements_path is not None:  # None: kept in memory (the audit's repeated runs)
-            write_table(table, Path(chunk.measurements_path))
+            write_table(table, Path(chunk.measurements_path), **MEASUREMENT_PARQUET)
         return measured
 
     def staged(self, chunk: "Chunk") -> bool:

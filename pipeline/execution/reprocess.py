@@ -40,6 +40,7 @@ from .rundir import RunDir, RunDirError, RunReader, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
 from ..products import PRODUCTS
 from ..configuration.sources import Published
+from ..privacy.measure import MEASUREMENT_PARQUET
 
 log = logging.getLogger("topdown")
 
@@ -254,7 +255,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
             rd.commit(rd.invariants(product))
             for level in spine.levels:
                 final = rd.measurements(product, level)
-                write_table(nmf.measurements[product][level], rd.staging(final) / "part-00000.parquet")
+                write_table(nmf.measurements[product][level], rd.staging(final) / "part-00000.parquet", **MEASUREMENT_PARQUET)
                 rd.commit(final)
 
     return _Source(config, spine, invariants, cert, nmf_hashes(Path(nmf_dir), spine_path), publish)

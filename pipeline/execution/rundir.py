@@ -303,14 +303,15 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def write_table(table: pa.Table | Any, path: Path) -> None:
+def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:
     """Write a pandas frame or Arrow table as one Parquet file (directories created), deterministically and
-    atomically (a temporary file renamed into place, so a killed run never leaves half a file)."""
+    atomically (a temporary file renamed into place, so a killed run never leaves half a file); ``options``
+    go to ``pq.write_table`` (e.g. ``measure.MEASUREMENT_PARQUET``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd", write_statistics=True)
+    pq.write_table(table, tmp, **{"compression": "zstd", "write_statistics": True, **options})
     os.replace(tmp, path)
 
 

@@ -18,7 +18,7 @@ from .accounting import Allocation, allocate
 from ..configuration.config import BudgetConfig
 from ..inputs.validate import InputError
 from .mechanisms import discrete_gaussian_many, geometric_many
-from topdown.vocab.queries import build_query
+from topdown.vocab.queries import Query, build_query
 from .rng import make_source, noise_key
 from topdown.vocab.schema import Schema
 
@@ -42,15 +42,27 @@ def _noise(alloc: Allocation, mode: str, seed: int | None, keys: list[tuple[str,
     return geometric_many(sources, alloc.epsilon, alloc.sensitivity, size)
 
 
+def true_answers(hist: sp.csr_matrix, q: Query) -> np.ndarray:
+    """int64[nodes, answers]: each node's answers to ``q``, added up from its non-zero cells only."""
+    hist = sp.csr_matrix(hist)
+    n = hist.shape[0]
+    g = q.groups[hist.indices]
+    keep = g >= 0
+    flat = np.zeros(n * q.n_answers, dtype=np.int64)
+    node = np.repeat(np.arange(n, dtype=np.int64), np.diff(hist.indptr))
+    np.add.at(flat, node[keep] * q.n_answers + g[keep], hist.data[keep].astype(np.int64))
+    return flat.reshape(n, q.n_answers)
+
+
 def measure(
     product: str, schema: Schema, budget: BudgetConfig, level: str, geocodes: pd.Index | list[str],
     plb: list[Fraction], hist: sp.csr_matrix, mode: str, seed: int | None,
-) -> tuple[list[NodeMeasurements], pd.DataFrame]:
+) -> tuple[list[NodeMeasurements], pa.Table]:
     """Measure every query configured for ``level`` at the given nodes.
 
-    Returns per-query noisy answers (for the solver) and the long noisy-measurement table
-    (geocode, query, answer, value, variance) to publish. Nodes with a zero budget share are not
-    measured (variance inf, no rows).
+    Returns per-query noisy answers (for the solver) and the long noisy-measurement table to publish
+    (geocode, query, answer, value, variance: an Arrow table of :data:`MEASUREMENT_SCHEMA`). Nodes with a
+    zero budget share are not measured (variance inf, no rows).
     """
     geocodes = list(geocodes)
     n = len(geocodes)
@@ -62,7 +74,7 @@ def measure(
             by_plb.setdefault(node_plb, []).append(i)
     for query, share in budget.queries.get(level, {}).items():
         q = build_query(schema, query)
-        true = np.asarray((hist @ q.matrix().T.tocsc()).todense(), dtype=np.int64).reshape(n, q.n_answers)
+        true = true_answers(hist, q)
         values = np.full((n, q.n_answers), np.nan)
         variance = np.full(n, np.inf)
         for node_plb, nodes in (by_plb.items() if share != 0 else ()):
@@ -82,25 +94,35 @@ def measure(
     return out, _long_table(geocodes, frames)
 
 
-def _long_table(geocodes: list[str], frames: list[tuple]) -> pd.DataFrame:
+#: Arrow types of the published table (geocode and query dictionary-encoded in memory and in the file).
+_NAMES = pa.dictionary(pa.int32(), pa.string())
+MEASUREMENT_SCHEMA = pa.schema([("geocode", _NAMES), ("query", _NAMES), ("answer", pa.int32()),
+                                ("value", pa.int64()), ("variance", pa.float64())])
+
+#: ``pq.write_table`` options of a measurement part: the dictionary-encoded columns written as they are (the
+#: file stores no Arrow schema, so readers see plain strings), answers and values delta-coded, statistics
+#: only for the geocode (``sources.Published`` reads its range). A third smaller and faster to write than
+#: Parquet's defaults (benchmarks/RESULTS_cpu.md, section (h)).
+MEASUREMENT_PARQUET = {"use_dictionary": ["geocode", "query", "variance"], "store_schema": False,
+                       "column_encoding": {"answer": "DELTA_BINARY_PACKED", "value": "DELTA_BINARY_PACKED"},
+                       "write_statistics": ["geocode"]}
+
+
+def _long_table(geocodes: list[str], frames: list[tuple]) -> pa.Table:
     """The published long table (geocode, query, answer, value, variance) of the measured nodes, one
-    ``(query, measured node rows, answers, values, variances)`` per query. The string columns are taken
-    from Arrow arrays of the distinct names (a Python string per row was a tenth of the noise step)."""
+    ``(query, measured node rows, answers, values, variances)`` per query, in that order. Geocode and query
+    are dictionary arrays over the distinct names (a string per row was most of the cost of the table)."""
     if not frames:
-        return pd.DataFrame({"geocode": pd.Series(dtype=object), "query": pd.Series(dtype=object),
-                             "answer": pd.Series(dtype=np.int32), "value": pd.Series(dtype=np.int64),
-                             "variance": pd.Series(dtype=float)})
-    strings = pd.Series(["x"]).dtype  # pandas' default string dtype, as for a column of Python strings
-    node = np.concatenate([np.repeat(measured, k) for _, measured, k, _, _ in frames])
-    which = np.concatenate([np.full(measured.size * k, i) for i, (_, measured, k, _, _) in enumerate(frames)])
-    return pd.DataFrame({
-        "geocode": pd.array(pa.array(geocodes, type=pa.large_string()).take(node), dtype=strings),
-        "query": pd.array(pa.array([f[0] for f in frames], type=pa.large_string()).take(which), dtype=strings),
-        "answer": np.concatenate([np.tile(np.arange(k, dtype=np.int32), measured.size)
-                                  for _, measured, k, _, _ in frames]),
-        "value": np.concatenate([vals.ravel().astype(np.int64) for *_, vals, _ in frames]),
-        "variance": np.concatenate([np.repeat(var, k) for _, _, k, _, var in frames]),
-    })
+        return MEASUREMENT_SCHEMA.empty_table()
+    node = np.concatenate([np.repeat(measured, k) for _, measured, k, _, _ in frames]).astype(np.int32)
+    which = np.concatenate([np.full(measured.size * k, i, dtype=np.int32) for i, (_, measured, k, _, _) in enumerate(frames)])
+    return pa.table([
+        pa.DictionaryArray.from_arrays(node, pa.array(geocodes, type=pa.string())),
+        pa.DictionaryArray.from_arrays(which, pa.array([f[0] for f in frames], type=pa.string())),
+        np.concatenate([np.tile(np.arange(k, dtype=np.int32), measured.size) for _, measured, k, _, _ in frames]),
+        np.concatenate([vals.ravel().astype(np.int64) for *_, vals, _ in frames]),
+        np.concatenate([np.repeat(var, k) for _, _, k, _, var in frames]),
+    ], schema=MEASUREMENT_SCHEMA)
 
 
 def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str], table: pd.DataFrame,
