@@ -51,8 +51,10 @@ class Backend(Protocol):
         ...
 
     def lp(self, c: np.ndarray, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
-           ub: np.ndarray, integer: np.ndarray | None = None) -> Result:
-        """min c'z subject to the box form; ``integer`` (bool per column) makes it a MILP."""
+           ub: np.ndarray, integer: np.ndarray | None = None, presolve: bool = True) -> Result:
+        """min c'z subject to the box form; ``integer`` (bool per column) makes it a MILP. ``presolve=False``
+        skips the solver's presolve for an LP already in reduced form (the rounder's), where it costs
+        several times the simplex (a MILP is presolved whatever this says)."""
         ...
 
 
@@ -122,7 +124,7 @@ class HighsLp:
     """HiGHS dual simplex (one thread, a vertex) for LPs, branch and bound for MILPs: the ``lp`` of every
     open-source back end."""
 
-    def lp(self, c, a, lo, hi, lb, ub, integer=None) -> Result:
+    def lp(self, c, a, lo, hi, lb, ub, integer=None, presolve=True) -> Result:
         t0 = time.perf_counter()
         csc = sp.csc_matrix(a)
         csc.sort_indices()
@@ -132,7 +134,8 @@ class HighsLp:
         _quiet_highs_banner()
         h = highspy.Highs()
         for key, val in (("output_flag", False), ("threads", 1), ("solver", "simplex"),
-                         ("simplex_strategy", 1), ("random_seed", 0), ("mip_rel_gap", 0.0)):
+                         ("simplex_strategy", 1), ("random_seed", 0), ("mip_rel_gap", 0.0),
+                         ("presolve", "on" if presolve or integer is not None else "off")):
             h.setOptionValue(key, val)
         # The array form of passModel: the same model as a HighsLp without copying each array through
         # Python lists (a seventh of a Block-level LP's CPU).

@@ -32,11 +32,13 @@ class Gurobi:
         except gp.GurobiError as exc:  # pragma: no cover - depends on the site
             raise GurobiUnavailable(f"Gurobi could not start: {exc}") from exc
 
-    def _solve(self, a, lo, hi, lb, ub, set_objective, method: int, integer=None) -> Result:
+    def _solve(self, a, lo, hi, lb, ub, set_objective, method: int, integer=None, presolve: bool = True) -> Result:
         gp = self._gp
         t0 = time.perf_counter()
         m = gp.Model(env=self._env)
         m.Params.Method = method
+        if not presolve and integer is None:
+            m.Params.Presolve = 0
         n = a.shape[1]
         vtype = np.where(integer, gp.GRB.INTEGER, gp.GRB.CONTINUOUS) if integer is not None else gp.GRB.CONTINUOUS
         z = m.addMVar(n, lb=np.where(np.isfinite(lb), lb, -gp.GRB.INFINITY),
@@ -59,7 +61,7 @@ class Gurobi:
             m.setObjective(0.5 * (z @ sp.diags(p_diag) @ z) + np.asarray(q, float) @ z)
         return self._solve(a, lo, hi, lb, ub, objective, method=2)
 
-    def lp(self, c, a, lo, hi, lb, ub, integer=None) -> Result:
+    def lp(self, c, a, lo, hi, lb, ub, integer=None, presolve=True) -> Result:
         def objective(m, z):
             m.setObjective(np.asarray(c, float) @ z)
-        return self._solve(a, lo, hi, lb, ub, objective, method=1, integer=integer)
+        return self._solve(a, lo, hi, lb, ub, objective, method=1, integer=integer, presolve=presolve)

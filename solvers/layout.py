@@ -105,15 +105,16 @@ class Layout:
     def answers_of_x(self) -> sp.csr_matrix:
         """float[n_cols, n_x]: each count and aux column as the sum of the count columns of its cells
         (each answer directly from the cells, entries in cell order: the sums ``Query.answer`` makes)."""
-        have = self.xcol >= 0
-        rows, cols = [self.xcol[have]], [self.xcol[have]]
+        c_all, i_all = np.nonzero(self.xcol >= 0)  # (child, cell) of every count column, row-major
+        x = self.xcol[c_all, i_all]
+        rows, cols = [x], [x]
         for name, acol in self.acol.items():
             if acol is self.xcol:
                 continue
-            groups = self.queries[name].groups
-            cc, ii = np.nonzero(have & (groups >= 0)[None, :])
-            rows.append(acol[cc, groups[ii]])
-            cols.append(self.xcol[cc, ii])
+            g = self.queries[name].groups[i_all]
+            sel = g >= 0
+            rows.append(acol[c_all[sel], g[sel]])
+            cols.append(x[sel])
         r, c = np.concatenate(rows), np.concatenate(cols)
         return sp.csr_matrix((np.ones(r.size), (r, c)), shape=(self.n_cols, self.n_x))
 
@@ -273,7 +274,8 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
 
     mask = _in_play(problem, relax_parent, relax_inequalities)
     xcol = np.full(mask.shape, -1, dtype=np.int64)
-    xcol[mask] = np.arange(int(mask.sum()))
+    mask_c, mask_j = np.nonzero(mask)  # the cells in play, row-major (as ``np.nonzero`` of any sub-mask)
+    xcol[mask_c, mask_j] = np.arange(mask_c.size)
     ncol = int(mask.sum())
     families = {name: Rows() for name in ("definitions", "parent", "marginal", "constraints", "group_totals")}
 
@@ -295,7 +297,8 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
             cc, jj = np.nonzero((acol[source] >= 0) & (mapping >= 0)[None, :])
             parts, members = mapping[jj], acol[source][cc, jj]
         else:
-            cc, jj = np.nonzero(mask & (q.groups >= 0)[None, :])
+            sel = q.groups[mask_j] >= 0
+            cc, jj = mask_c[sel], mask_j[sel]
             parts, members = q.groups[jj], xcol[cc, jj]
         cols, ncol = _definitions(families["definitions"], cc * q.n_answers + parts, members, ncol,
                                   k * q.n_answers)

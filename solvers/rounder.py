@@ -7,11 +7,18 @@ minimizes the L1 distance of its queries' answers to the L2 answers: for answer 
 T_g = (Q b_L2)_g, r = floor(T_g), f = T_g - r, the row ``(Q b)_g - u1 - u2 + v = r`` with
 u1 in [0, 1] at cost 1 - 2f and u2, v >= 0 at cost 1 prices |Q b - T| up to a constant
 (solver_notes (d)); ``detailed`` is the cellwise cost (1 - 2f) b. Earlier passes' rounded answers are
-fixed (column bounds). An answer with no cell in play gets no flow row (its cost is a constant), and one
-with a single cell in play (and floor(T_g) = 0) none either: its row would price exactly (1 - 2f) b of
-that cell, which goes into the cell's cost (``fold_single_cell_rows``; at the Block level a third of the
-rows). On a laminar query chain the matrix is TU (dropping rows keeps it so), so the simplex vertex is
-integral; that is checked after each solve (max |b - round b| < 1e-6) and a MILP re-solve is the fallback.
+fixed (rows, or bounds for the cells). An answer with no cell in play gets no flow row (its cost is a
+constant), and one with a single cell in play (and floor(T_g) = 0) none either: its row would price exactly
+(1 - 2f) b of that cell, which goes into the cell's cost (``fold_single_cell_rows``; at the Block level a
+third of the rows).
+The LP's variables are only the b of the cells in play and the parent slacks (``projection``): every other
+column of the parent's form is a sum of those (an aux column) or 0 (a cell out of play), so its rows are
+written over the cells directly and the definition rows are left out. At the Block level that is a fifth of
+the rows and two thirds of the columns of the full form, which is what HiGHS's presolve used to find at
+several times the cost of the simplex; the LP goes to the simplex unpresolved (``presolve=False``).
+On a laminar query chain the matrix is TU (dropping rows and substituting sums keeps it so), so the simplex
+vertex is integral; that is checked after each solve (max |b - round b| < 1e-6) and a MILP re-solve is the
+fallback.
 """
 from __future__ import annotations
 
@@ -20,10 +27,10 @@ import scipy.sparse as sp
 
 from topdown.vocab.queries import canonical_name
 
-from .backends import Backend
+from .backends import Backend, Result
 from .l2 import SolveFailure
-from .layout import DETAILED, Layout
-from .standard import StandardForm, restrict_for_passes
+from .layout import DETAILED, Layout, concat
+from .standard import StandardForm, restrict_for_passes, select
 
 INTEGRAL_TOL = 1e-6
 FLOOR_EPS = 1e-9
@@ -81,45 +88,70 @@ def fold_single_cell_rows(cols: np.ndarray, counts: np.ndarray, single_x: np.nda
     return cols[~single & (counts[cols] > 0)]
 
 
-def flow_rows(blocks: list[tuple[np.ndarray, np.ndarray]], n: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The flow rows of a pass's queries, ``(cols, target)`` each: per query of g answer rows, row g'
-    reads ``z[cols[g']] - u1 - u2 + v = floor(target[g'])`` over the n structural columns, then its own
-    3g columns (u1, u2, v, each in answer order) after those of the earlier queries. Returns the rows'
-    column indices ``int64[rows, 4]`` (coefficients +1, -1, -1, +1), their right-hand sides, and the
-    cost, lower and upper bound of the 3g extra columns per query, end to end."""
-    idx, rhs, cost, ub = [], [], [], []
-    width = n
-    for cols, target in blocks:
-        g = cols.size
-        r = np.floor(target + FLOOR_EPS)
-        f = np.clip(target - r, 0.0, 1.0)
-        own = width + np.arange(g)
-        idx.append(np.column_stack([cols, own, own + g, own + 2 * g]))
-        rhs.append(r)
-        cost += [1.0 - 2.0 * f, np.ones(2 * g)]
-        ub += [np.ones(g), np.full(2 * g, np.inf)]
-        width += 3 * g
-    idx_all = np.concatenate(idx).astype(np.int64, copy=False) if idx else np.zeros((0, 4), np.int64)
-    extra_cost = np.concatenate(cost) if cost else np.zeros(0)
-    return (idx_all, np.concatenate(rhs) if rhs else np.zeros(0), extra_cost, np.zeros(extra_cost.size),
-            np.concatenate(ub) if ub else np.zeros(0))
+#: Coefficients of a flow row on its own three columns (u1, u2, v).
+_FLOW_COEFS = np.array([-1.0, -1.0, 1.0])
 
 
-#: Coefficients of a flow row on its four columns (z, u1, u2, v).
-_FLOW_COEFS = np.array([1.0, -1.0, -1.0, 1.0])
+def flow_rows(rows: sp.csr_matrix, target: np.ndarray, sizes: list[int]
+              ) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The flow rows of a pass's queries, ``sizes[q]`` answer rows of query q after those of the earlier ones:
+    row g' reads ``rows[g'] y - u1 - u2 + v = floor(target[g'])`` over the n = ``rows.shape[1]`` variables y,
+    then its own columns, three per row: per query of g rows, its g u1, g u2 and g v (each in answer order)
+    after those of the earlier queries. Returns the rows (CSR, n + 3 * len(target) columns), their
+    right-hand sides, and the cost, lower and upper bound of the extra columns."""
+    f, n = rows.shape
+    sizes_a = np.asarray(sizes, dtype=np.int64)
+    query = np.repeat(np.arange(sizes_a.size), sizes_a)
+    start = (np.cumsum(sizes_a) - sizes_a)[query]
+    u1 = 3 * start + (np.arange(f) - start)  # extra-column index of each row's u1; u2, v are g and 2g later
+    g = sizes_a[query]
+    r = np.floor(target + FLOOR_EPS)
+    frac = np.clip(target - r, 0.0, 1.0)
+    per_row = np.diff(rows.indptr)
+    indptr = np.concatenate(([0], np.cumsum(per_row + 3)))
+    indices = np.empty(indptr[-1], dtype=np.int64)
+    data = np.empty(indptr[-1])
+    at = np.arange(rows.nnz) + 3 * np.repeat(np.arange(f), per_row)  # each earlier row's 3 extra entries
+    indices[at], data[at] = rows.indices, rows.data
+    for j, (shift, coef) in enumerate(zip((0, 1, 2), _FLOW_COEFS)):
+        indices[indptr[1:] - 3 + j] = n + u1 + shift * g
+        data[indptr[1:] - 3 + j] = coef
+    cost = np.ones(3 * f)
+    cost[u1] = 1.0 - 2.0 * frac
+    ub = np.full(3 * f, np.inf)
+    ub[u1] = 1.0
+    return sp.csr_matrix((data, indices, indptr), shape=(f, n + 3 * f)), r, cost, np.zeros(3 * f), ub
 
 
-def with_flow_rows(a: sp.csr_matrix, idx: np.ndarray) -> sp.csr_matrix:
+def with_flow_rows(a: sp.csr_matrix, flow: sp.csr_matrix) -> sp.csr_matrix:
     """``[[A, 0], [flow rows]]``: the structural rows widened by the flow columns, then the flow rows (the
     matrix scipy's hstack/vstack of the blocks gives, entry for entry, built from the CSR arrays)."""
     a = sp.csr_matrix(a)
-    m, n = a.shape
-    rows = idx.shape[0]
-    indptr = np.concatenate([a.indptr.astype(np.int64), a.nnz + 4 * np.arange(1, rows + 1, dtype=np.int64)])
-    indices = np.concatenate([a.indices.astype(np.int64), idx.reshape(-1)])
-    data = np.concatenate([a.data.astype(float), np.tile(_FLOW_COEFS, rows)])
-    return sp.csr_matrix((data, indices, indptr), shape=(m + rows, n + 3 * rows))
+    return sp.csr_matrix((np.concatenate([a.data.astype(float), flow.data]),
+                          np.concatenate([a.indices.astype(np.int64), flow.indices.astype(np.int64)]),
+                          np.concatenate([a.indptr.astype(np.int64), a.nnz + flow.indptr[1:].astype(np.int64)])),
+                         shape=(a.shape[0] + flow.shape[0], flow.shape[1]))
+
+
+def projection(layout: Layout, keep: np.ndarray, pos: np.ndarray, play: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The rounder LP's variables y (b of every cell in play, row-major, then every parent slack) and the map
+    E (CSR, kept columns x y) with b = E y on every kept column: a cell out of play has b = 0 (its bounds),
+    an aux column the sum of its cells' b (what its definition rows say), so those rows and columns need not
+    be in the LP. Returns E and each variable's kept column."""
+    play_x = layout.xcol[play]  # increasing: count columns are numbered row-major
+    slack = np.concatenate([s[s >= 0] for s in (layout.spcol, layout.sncol)])
+    kept, in_play = np.zeros(layout.n_cols, dtype=bool), np.zeros(layout.n_x, dtype=bool)
+    kept[keep], in_play[play_x] = True, True
+    cells = select(layout.answers_of_x, kept, in_play)
+    slacks = sp.csr_matrix((np.ones(slack.size), (pos[slack], np.arange(slack.size))), shape=(keep.size, slack.size))
+    return sp.hstack([cells, slacks], format="csr"), np.concatenate([pos[play_x], pos[slack]])
+
+
+def _no_variables(lo: np.ndarray, hi: np.ndarray) -> Result:
+    """The LP of a pass with nothing left to round (no cell in play, no slack, no flow row): its rows hold
+    at 0 or it is infeasible (solvers answer an empty model with a status of their own)."""
+    ok = bool(((lo <= INTEGRAL_TOL) & (hi >= -INTEGRAL_TOL)).all())
+    return Result(ok, "Optimal" if ok else "Infeasible", np.zeros(0) if ok else None, 0.0 if ok else np.nan, 0.0)
 
 
 def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: Backend
@@ -138,9 +170,6 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         shift[layout.sncol[layout.sncol >= 0]] = 0.0
     target_all = column_values(layout, hist) - shift
     shift = shift[keep]
-    n = keep.size
-    lb = np.full(n, -np.inf)
-    ub = np.full(n, np.inf)
     xcols = pos[layout.xcol[have]]
     if p.parent_hist is None or layout.relax_parent:
         play = have
@@ -151,56 +180,63 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         play = have & (deficit > 0.5)[None, :]
     play_cols = pos[layout.xcol[play]]
     slacks = pos[np.concatenate([s[s >= 0] for s in (layout.spcol, layout.sncol)])]
-    lb[xcols] = 0.0
-    ub[xcols] = 0.0
-    ub[play_cols] = 1.0
-    lb[slacks] = 0.0
+    e, var_cols = projection(layout, keep, pos, play)
+    n_play, n_y = play_cols.size, e.shape[1]
+    structural = np.ones(form.a.shape[0], dtype=bool)
+    structural[form.rows["definitions"]] = False  # b = E y satisfies them
     offset = form.a @ shift
-    lo, hi = form.lo - offset, form.hi - offset
+    rows = [sp.csr_matrix(select(form.a, structural, np.ones(keep.size, dtype=bool)) @ e)]
+    row_lo, row_hi = [(form.lo - offset)[structural]], [(form.hi - offset)[structural]]
+    y_lb = np.zeros(n_y)
+    y_ub = np.concatenate([np.ones(n_play), np.full(n_y - n_play, np.inf)])
     stats = []
-    z = np.zeros(n)
+    y = np.zeros(n_y)
     counts, single_x = play_counts(layout, play)
     for k, names in enumerate(passes):
-        base_cost = np.zeros(n)
+        base_cost = np.zeros(keep.size)
         if DETAILED in names:
             base_cost[play_cols] = 1.0 - 2.0 * frac_hist[play]
         base_cost[slacks] = 1.0
-        blocks = []
+        flow_cols = []
         for name in names:
             if name == DETAILED:
                 continue
             cols = layout.acol[name][layout.acol[name] >= 0]
-            cols = fold_single_cell_rows(cols, counts, single_x, target_all, base_cost, pos)
-            blocks.append((pos[cols], target_all[cols]))
-        idx, rhs, cost, flb, fub = flow_rows(blocks, n)
-        a = with_flow_rows(form.a, idx)
-        c = np.concatenate([base_cost, cost])
-        row_lo = np.concatenate([lo, rhs])
-        row_hi = np.concatenate([hi, rhs])
-        col_lb = np.concatenate([lb, flb])
-        col_ub = np.concatenate([ub, fub])
-        res = backend.lp(c, a, row_lo, row_hi, col_lb, col_ub)
+            flow_cols.append(fold_single_cell_rows(cols, counts, single_x, target_all, base_cost, pos))
+        cols = concat(flow_cols, np.int64)
+        flow, rhs, cost, flb, fub = flow_rows(e[pos[cols]], target_all[cols], [c.size for c in flow_cols])
+        a = with_flow_rows(sp.vstack(rows, format="csr"), flow)
+        c = np.concatenate([base_cost[var_cols], cost])
+        lo, hi = np.concatenate(row_lo + [rhs]), np.concatenate(row_hi + [rhs])
+        col_lb, col_ub = np.concatenate([y_lb, flb]), np.concatenate([y_ub, fub])
+        res = backend.lp(c, a, lo, hi, col_lb, col_ub, presolve=False) if a.shape[1] else _no_variables(lo, hi)
         stat = {"pass": k, "status": res.status, "lp_s": round(res.seconds, 6), "milp": False,
                 "columns": a.shape[1], "rows": a.shape[0]}
         if not res.ok:
             stats.append(stat)
             raise SolveFailure(f"rounder pass {k} ({', '.join(names)}): solver status {res.status}")
-        y = res.x[xcols]
-        gap = float(np.abs(y - np.round(y)).max()) if y.size else 0.0
+        b = res.x[:n_play]
+        gap = float(np.abs(b - np.round(b)).max()) if b.size else 0.0
         stat["max_fraction"] = gap
         if gap >= INTEGRAL_TOL:
             integer = np.zeros(a.shape[1], dtype=bool)
-            integer[play_cols] = True
-            res = backend.lp(c, a, row_lo, row_hi, col_lb, col_ub, integer=integer)
+            integer[:n_play] = True
+            res = backend.lp(c, a, lo, hi, col_lb, col_ub, integer=integer)
             stat.update(milp=True, status=res.status, lp_s=round(stat["lp_s"] + res.seconds, 6))
             if not res.ok:
                 stats.append(stat)
                 raise SolveFailure(f"rounder pass {k} MILP fallback: solver status {res.status}")
-        z = np.round(res.x[:n])
-        for name in names:
-            cols = pos[layout.cols(name)[layout.cols(name) >= 0]]
-            lb[cols] = ub[cols] = z[cols]
+        y = np.round(res.x[:n_y])
+        z = e @ y
+        for name in names:  # later passes keep this pass's rounded answers
+            if name == DETAILED:
+                y_lb[:n_play] = y_ub[:n_play] = y[:n_play]
+            else:
+                cols = pos[layout.cols(name)[layout.cols(name) >= 0]]
+                rows.append(e[cols])
+                row_lo.append(z[cols])
+                row_hi.append(z[cols])
         stats.append(stat)
     out = floor.copy()
-    out[have] += z[xcols]
+    out[have] += (e @ y)[xcols]
     return out.astype(np.int64), stats

@@ -94,11 +94,11 @@ def restrict_form(layout: Layout, form: StandardForm, queries: set[str]) -> tupl
     before = np.concatenate(([0], np.cumsum(keep_row)))
     rows = {name: slice(int(before[sl.start]), int(before[sl.stop])) for name, sl in form.rows.items()}
     cols = np.flatnonzero(keep)
-    return StandardForm(_select(form.a, keep_row, keep), form.lo[keep_row], form.hi[keep_row], form.lb[cols],
+    return StandardForm(select(form.a, keep_row, keep), form.lo[keep_row], form.hi[keep_row], form.lb[cols],
                         form.ub[cols], rows), cols
 
 
-def _select(a: sp.csr_matrix, keep_row: np.ndarray, keep_col: np.ndarray) -> sp.csr_matrix:
+def select(a: sp.csr_matrix, keep_row: np.ndarray, keep_col: np.ndarray) -> sp.csr_matrix:
     """``a[keep_row][:, flatnonzero(keep_col)]`` with each row's entries in their order in ``a`` (as
     scipy's indexing gives them), by one pass over the entries instead of scipy's fancy indexing."""
     sub = a[keep_row]

@@ -64,19 +64,16 @@ def _as_lp_reads(a: sp.spmatrix) -> sp.csc_matrix:
     return csc
 
 
-def _flow_reference(a: sp.csr_matrix, blocks: list[tuple[np.ndarray, np.ndarray]]):
-    """The rounder's LP matrix and extra columns by per-query COO blocks and hstack/vstack (the previous
-    construction)."""
+def _flow_reference(a: sp.csr_matrix, blocks: list[tuple[sp.csr_matrix, np.ndarray]]):
+    """The rounder's LP matrix and extra columns by per-query blocks and scipy's hstack/vstack."""
     m, n = a.shape
     mats, rhs, cost, ub, width = [], [], [], [], 0
-    for cols, target in blocks:
-        g = cols.size
+    for rows, target in blocks:
+        g = rows.shape[0]
         r = np.floor(target + 1e-9)
         f = np.clip(target - r, 0.0, 1.0)
-        rows = np.arange(g)
-        data = np.concatenate([np.ones(g), -np.ones(g), -np.ones(g), np.ones(g)])
-        ij = (np.tile(rows, 4), np.concatenate([cols, n + rows, n + g + rows, n + 2 * g + rows]))
-        mats.append((sp.csr_matrix((data, ij), shape=(g, n + 3 * g)), width))
+        eye = sp.identity(g, format="csr")
+        mats.append((sp.hstack([rows, -eye, -eye, eye], format="csr"), width))
         rhs.append(r)
         cost.append(np.concatenate([1.0 - 2.0 * f, np.ones(2 * g)]))
         ub.append(np.concatenate([np.ones(g), np.full(2 * g, np.inf)]))
@@ -94,11 +91,13 @@ def _flow_reference(a: sp.csr_matrix, blocks: list[tuple[np.ndarray, np.ndarray]
 def test_flow_rows_equal_the_stacked_blocks(seed: int, m: int, n: int, sizes: list[int]) -> None:
     rng = np.random.default_rng(seed)
     a = _matrix(rng, m, n)
-    blocks = [(np.sort(rng.choice(n, size=min(g, n), replace=False)).astype(np.int64),
-               rng.random(min(g, n)) * rng.choice([0.5, 3.0, 40.0])) for g in sizes]
-    idx, rhs, cost, lb, ub = flow_rows(blocks, n)
+    blocks = [(sp.csr_matrix((rng.random((g, n)) < 0.4).astype(float)), rng.random(g) * rng.choice([0.5, 3.0, 40.0]))
+              for g in sizes]  # each query's rows over the n variables, and their L2 targets
+    rows = sp.vstack([b for b, _ in blocks], format="csr") if blocks else sp.csr_matrix((0, n))
+    target = np.concatenate([t for _, t in blocks]) if blocks else np.zeros(0)
+    flow, rhs, cost, lb, ub = flow_rows(rows, target, [b.shape[0] for b, _ in blocks])
     want = _flow_reference(a, blocks)
-    _same(_as_lp_reads(with_flow_rows(a, idx)), _as_lp_reads(want[0]))
+    _same(_as_lp_reads(with_flow_rows(a, flow)), _as_lp_reads(want[0]))
     for got, ref in zip((rhs, cost, lb, ub), want[1:]):
         np.testing.assert_array_equal(got, ref)
 

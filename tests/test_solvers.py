@@ -379,16 +379,16 @@ def test_shortcuts_and_validation():
 @settings(max_examples=80, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(0, 2 ** 31 - 1))
 def test_restricted_rows_and_columns_equal_scipy_indexing(m: int, n: int, seed: int) -> None:
-    """standard._select (restrict_form's row and column selection) gives scipy's ``a[rows][:, cols]``
+    """standard.select (restrict_form's row and column selection) gives scipy's ``a[rows][:, cols]``
     entry for entry and in the same order within each row, also when a row's entries are not sorted."""
-    from topdown.solvers.standard import _select
+    from topdown.solvers.standard import select
 
     rng = np.random.default_rng(seed)
     a = sp.random(m, n, density=float(rng.uniform(0, 0.6)), format="csr", random_state=seed)
     order = np.concatenate([rng.permutation(np.arange(a.indptr[r], a.indptr[r + 1])) for r in range(m)]).astype(int)
     a = sp.csr_matrix((a.data[order], a.indices[order], a.indptr), shape=a.shape)
     keep_row, keep_col = rng.random(m) < 0.7, rng.random(n) < 0.7
-    want, got = a[keep_row][:, np.flatnonzero(keep_col)], _select(a, keep_row, keep_col)
+    want, got = a[keep_row][:, np.flatnonzero(keep_col)], select(a, keep_row, keep_col)
     assert got.shape == want.shape
     for x, y in ((got.indptr, want.indptr), (got.indices, want.indices), (got.data, want.data)):
         assert np.array_equal(x, y)
