@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import scipy.sparse as sp
 
 from topdown.vocab.schema import PERSONS, UNITS, Schema
@@ -41,7 +42,7 @@ class Product:
     total_invariant: bool
     tabulate: Callable[[pd.DataFrame, pd.DataFrame], pd.DataFrame]  # (persons, units) records -> block histograms
     records: str  # the input records it counts (validate.PERSON_RECORDS or UNIT_RECORDS): how workers tabulate it
-    mdf: Callable[[np.ndarray, sp.csr_matrix, pd.DataFrame], pd.DataFrame]  # (geoids, block hist, block units)
+    mdf: Callable[[np.ndarray, sp.csr_matrix, pd.DataFrame], pa.Table]  # (geoids, block hist, block units)
     verify: Callable[..., None]  # (reader, level histograms, invariants, spine, report, totals_invariant)
     nmf_invariants: tuple[tuple[str, tuple[str, ...], str], ...]  # (name, invariants columns, query) in the NMF
     evaluation_queries: tuple[str, ...]  # accuracy metrics (evaluate.py; facts 8)
@@ -62,7 +63,7 @@ def _unit_level_constraints(cfg, levels, level, nodes, child_rhs, child_parent) 
     return unit_constraints(nodes)
 
 
-def _unit_mdf(geoids: np.ndarray, hist: sp.csr_matrix, units: pd.DataFrame) -> pd.DataFrame:
+def _unit_mdf(geoids: np.ndarray, hist: sp.csr_matrix, units: pd.DataFrame) -> pa.Table:
     return unit_mdf(geoids, hist, units[UNIT_COLUMNS[1:]].to_numpy().sum(axis=1))
 
 

@@ -40,6 +40,7 @@ from .rundir import sha256_file, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
+from ..outputs.mdf import MDF_PARQUET
 from ..products import PRODUCTS
 from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_units, raise_block_problem
 
@@ -307,15 +308,18 @@ def rows_of(parts: list[tuple[np.ndarray, sp.csr_matrix]], rows: np.ndarray, nce
 def read_rows(files: list[str], nodes: list[str], ncells: int) -> sp.csr_matrix:
     """Estimated histograms of ``nodes`` (rows in that order) read from a committed level's parts. (A part
     without a non-zero cell has a geocode column of Arrow type null, so the parts are read one by one.)"""
-    tables = []
+    wanted = pa.array(nodes, type=pa.string())
+    rows, cells, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for f in files:
         table = pq.read_table(f)
-        kind = table.schema.field("geocode").type
-        if not pa.types.is_null(kind):
-            tables.append(table.filter(pc.is_in(table.column("geocode"), value_set=pa.array(nodes, type=kind))).to_pandas())
-    table = pd.concat(tables) if tables else pd.DataFrame({"geocode": [], "cell": [], "count": []})
-    return sp.csr_matrix((table["count"].to_numpy(np.int64),
-                          (pd.Index(nodes).get_indexer(table["geocode"].astype(str)), table["cell"].to_numpy(np.int64))),
+        if pa.types.is_null(table.schema.field("geocode").type):
+            continue
+        at = pc.index_in(table.column("geocode").cast(pa.string()), value_set=wanted)
+        mine = at.is_valid()
+        rows.append(at.filter(mine).to_numpy().astype(np.int64))
+        cells.append(table.column("cell").filter(mine).to_numpy().astype(np.int64))
+        counts.append(table.column("count").filter(mine).to_numpy().astype(np.int64))
+    return sp.csr_matrix((np.concatenate(counts), (np.concatenate(rows), np.concatenate(cells))),
                          shape=(len(nodes), ncells), dtype=np.int64)
 
 
@@ -332,8 +336,7 @@ def write_county_mdf(product: str, files: list[str], metas: list[BlockMeta], row
     GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``)."""
     meta = meta_rows(metas, rows)
     hist = read_rows(files, list(meta.units.index), SCHEMAS[product].ncells)
-    frame = PRODUCTS[product].mdf(np.asarray(meta.geoids), hist, meta.units)
-    write_table(frame, Path(path))
+    write_table(PRODUCTS[product].mdf(np.asarray(meta.geoids), hist, meta.units), Path(path), **MDF_PARQUET)
 
 
 def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import scipy.sparse as sp
 
 from topdown.vocab.schema import PERSONS
@@ -14,21 +15,37 @@ from topdown.vocab.schema import PERSONS
 #: MDF person columns (facts 7.2), all strings as in the Census MDF.
 PERSON_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",
                   "TABBLK", "EPNUM", "RTYPE", "GQTYPE_PL", "VOTING_AGE", "CENHISP", "CENRACE"]
-#: CENRACE codes "01".."63" by cenrace index (a lookup, so that a block set without persons gives empty columns).
-CENRACE_CODES = np.array([f"{i + 1:02d}" for i in range(63)])
+#: CENRACE codes "01".."63" by cenrace index.
+CENRACE_CODES = [f"{i + 1:02d}" for i in range(63)]
 UNIT_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",
                 "TABBLK", "EUNUM", "RTYPE", "HH_STATUS"]
 
 
-def _geography(geoids: np.ndarray) -> dict[str, np.ndarray]:
+#: Tabulation geography columns: their characters of the block GEOID.
+GEOGRAPHY = {"TABBLKST": (0, 2), "TABBLKCOU": (2, 5), "TABTRACTCE": (5, 11), "TABBLKGRPCE": (11, 12), "TABBLK": (11, 15)}
+
+#: ``pq.write_table`` options of an MDF part: its string columns are dictionary arrays in memory (a code per
+#: record, not a string) and plain strings to readers (the file stores no Arrow schema).
+MDF_PARQUET = {"store_schema": False}
+
+
+def _codes(values: list[str] | np.ndarray, index: np.ndarray) -> pa.DictionaryArray:
+    """A string column whose record i is ``values[index[i]]``."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(index, dtype=np.int32)), pa.array(values, type=pa.string()))
+
+
+def _geography(geoids: np.ndarray, rows: np.ndarray) -> dict[str, pa.DictionaryArray]:
+    """The geography columns of records in blocks ``rows`` (of the blocks ``geoids``), sliced once per block."""
     g = pd.Series(geoids, dtype=str)
-    return {"TABBLKST": g.str[0:2].to_numpy(), "TABBLKCOU": g.str[2:5].to_numpy(),
-            "TABTRACTCE": g.str[5:11].to_numpy(), "TABBLKGRPCE": g.str[11:12].to_numpy(),
-            "TABBLK": g.str[11:15].to_numpy()}
+    out = {}
+    for name, (a, b) in GEOGRAPHY.items():
+        values, which = np.unique(g.str[a:b].to_numpy(dtype=object).astype(str), return_inverse=True)
+        out[name] = _codes(values, which[rows])
+    return out
 
 
-def _expand(geoids: np.ndarray, hist: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Block geoid, cell and within-block sequence number of every record."""
+def _expand(hist: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Block row, cell and within-block sequence number of every record."""
     coo = hist.tocoo()
     order = np.lexsort((coo.col, coo.row))
     rows, cols, counts = coo.row[order], coo.col[order], coo.data[order].astype(np.int64)
@@ -36,28 +53,32 @@ def _expand(geoids: np.ndarray, hist: sp.csr_matrix) -> tuple[np.ndarray, np.nda
     rec_cells = np.repeat(cols, counts)
     starts = np.r_[0, np.flatnonzero(np.diff(rec_rows)) + 1]
     seq = np.arange(rec_rows.size) - np.repeat(starts, np.diff(np.r_[starts, rec_rows.size]))
-    return geoids[rec_rows], rec_cells, seq
+    return rec_rows, rec_cells, seq
 
 
-def person_mdf(geoids: np.ndarray, hist: sp.csr_matrix) -> pd.DataFrame:
+def person_mdf(geoids: np.ndarray, hist: sp.csr_matrix) -> pa.Table:
     """MDF persons from block histograms (rows of ``hist`` are the blocks ``geoids``)."""
-    geo, cells, seq = _expand(np.asarray(geoids), hist)
+    rows, cells, seq = _expand(hist)
     hhgq, va, hisp, race = PERSONS.unravel(cells)
-    frame = {"SCHEMA_TYPE_CODE": "MPD", "SCHEMA_BUILD_ID": "1.1.0", **_geography(geo),
-             "EPNUM": seq.astype(np.int64), "RTYPE": np.where(hhgq == 0, "3", "5"),
-             "GQTYPE_PL": hhgq.astype(str), "VOTING_AGE": np.where(va == 1, "2", "1"),
-             "CENHISP": np.where(hisp == 1, "2", "1"), "CENRACE": CENRACE_CODES[race]}
-    return pd.DataFrame(frame, columns=PERSON_COLUMNS)
+    none = np.zeros(rows.size, dtype=np.int32)
+    frame = {"SCHEMA_TYPE_CODE": _codes(["MPD"], none), "SCHEMA_BUILD_ID": _codes(["1.1.0"], none),
+             **_geography(np.asarray(geoids), rows), "EPNUM": pa.array(seq.astype(np.int64)),
+             "RTYPE": _codes(["3", "5"], hhgq != 0), "GQTYPE_PL": _codes([str(h) for h in range(8)], hhgq),
+             "VOTING_AGE": _codes(["1", "2"], va), "CENHISP": _codes(["1", "2"], hisp),
+             "CENRACE": _codes(CENRACE_CODES, race)}
+    return pa.table([frame[c] for c in PERSON_COLUMNS], names=PERSON_COLUMNS)
 
 
-def unit_mdf(geoids: np.ndarray, hist: sp.csr_matrix, gq_facilities: np.ndarray) -> pd.DataFrame:
+def unit_mdf(geoids: np.ndarray, hist: sp.csr_matrix, gq_facilities: np.ndarray) -> pa.Table:
     """MDF units: housing units (RTYPE 2, HH_STATUS 1 occupied / 2 vacant) and GQ facilities (RTYPE 4)."""
     gq = sp.csr_matrix(np.asarray(gq_facilities, dtype=np.int64).reshape(-1, 1))
     full = sp.hstack([hist, gq]).tocsr()  # cell 0 occupied, 1 vacant, 2 GQ facility
-    geo, cells, seq = _expand(np.asarray(geoids), full)
-    frame = {"SCHEMA_TYPE_CODE": "MUD", "SCHEMA_BUILD_ID": "1.1.0", **_geography(geo), "EUNUM": seq.astype(np.int64),
-             "RTYPE": np.where(cells == 2, "4", "2"), "HH_STATUS": np.choose(cells, ["1", "2", "0"])}
-    return pd.DataFrame(frame, columns=UNIT_COLUMNS)
+    rows, cells, seq = _expand(full)
+    none = np.zeros(rows.size, dtype=np.int32)
+    frame = {"SCHEMA_TYPE_CODE": _codes(["MUD"], none), "SCHEMA_BUILD_ID": _codes(["1.1.0"], none),
+             **_geography(np.asarray(geoids), rows), "EUNUM": pa.array(seq.astype(np.int64)),
+             "RTYPE": _codes(["2", "4"], cells == 2), "HH_STATUS": _codes(["1", "2", "0"], cells)}
+    return pa.table([frame[c] for c in UNIT_COLUMNS], names=UNIT_COLUMNS)
 
 
 def tabulate_person_mdf(mdf: pd.DataFrame) -> pd.DataFrame:
