@@ -342,3 +342,20 @@ def test_seeded_source_is_a_fresh_philox_stream_under_interleaved_reads(reads) -
                                               .digest()[:16], dtype="<u8").astype(np.uint64)) for k in keys]
     for i, n in reads:
         assert np.array_equal(streams[i].uint64(n), own[i].random_raw(n))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**63), product=st.text(max_size=6), level=st.text(max_size=6),
+       geocodes=st.lists(st.text(max_size=16), max_size=5), query=st.text(max_size=12))
+def test_noise_sources_are_the_streams_of_noise_key(seed, product, level, geocodes, query) -> None:
+    """rng.noise_sources (one query's streams at many nodes, key material spelled once) gives every node the
+    stream ``make_source(mode, seed, *noise_key(...))`` gives it alone: the same key, the same words."""
+    from topdown.pipeline.privacy.rng import make_source, noise_key, noise_sources
+
+    many = noise_sources("test", seed, product, level, geocodes, query)
+    assert len(many) == len(geocodes)
+    for g, source in zip(geocodes, many):
+        alone = make_source("test", seed, *noise_key(product, level, g, query))
+        assert source.parts == alone.parts
+        np.testing.assert_array_equal(source.uint64(7), alone.uint64(7))
+    assert all(isinstance(s, OSSource) for s in noise_sources("production", None, product, level, geocodes, query))

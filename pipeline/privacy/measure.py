@@ -19,7 +19,7 @@ from ..configuration.config import BudgetConfig
 from ..inputs.validate import InputError
 from .mechanisms import discrete_gaussian_many, geometric_many
 from topdown.vocab.queries import Query, build_query
-from .rng import make_source, noise_key
+from .rng import RandomSource, noise_sources
 from topdown.vocab.schema import Schema
 
 
@@ -32,11 +32,9 @@ class NodeMeasurements:
     variance: np.ndarray
 
 
-def _noise(alloc: Allocation, mode: str, seed: int | None, keys: list[tuple[str, ...]], size: int) -> np.ndarray:
-    """Noise rows for many (node, query) streams at once (row i from the stream keyed ``keys[i]``; the
-    same draws as one stream at a time), with the allocation's sigma2 or epsilon and sensitivity
-    (accounting.NEIGHBOURS)."""
-    sources = [make_source(mode, seed, *key) for key in keys]
+def _noise(alloc: Allocation, sources: list[RandomSource], size: int) -> np.ndarray:
+    """Noise rows for many (node, query) streams at once (row i from ``sources[i]``; the same draws as one
+    stream at a time), with the allocation's sigma2 or epsilon and sensitivity (accounting.NEIGHBOURS)."""
     if alloc.sigma2 is not None:
         return discrete_gaussian_many(sources, alloc.sigma2, size)
     return geometric_many(sources, alloc.epsilon, alloc.sensitivity, size)
@@ -84,8 +82,8 @@ def measure(
                 values[idx] = true[idx]
                 variance[idx] = 0.0
             else:
-                keys = [noise_key(product, level, geocodes[i], query) for i in nodes]
-                values[idx] = true[idx] + _noise(alloc, mode, seed, keys, q.n_answers)
+                sources = noise_sources(mode, seed, product, level, [geocodes[i] for i in nodes], query)
+                values[idx] = true[idx] + _noise(alloc, sources, q.n_answers)
                 variance[idx] = alloc.variance
         out.append(NodeMeasurements(query, values, variance))
         measured = np.flatnonzero(np.isfinite(variance))

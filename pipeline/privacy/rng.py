@@ -97,10 +97,29 @@ class SeededSource(RandomSource):
             raise TypeError(f"SeededSource: seed must be an int, got {seed!r}")
         if not parts:
             raise TypeError("SeededSource: at least one key part (the pipeline uses noise_key(...))")
-        self.seed, self.parts = seed, tuple(str(p) for p in parts)
-        digest = hashlib.sha256(key_material(seed, self.parts)).digest()
-        self._key = np.frombuffer(digest[:16], dtype="<u8").astype(np.uint64)
+        self._set(seed, tuple(str(p) for p in parts), key_material(seed, tuple(str(p) for p in parts)))
+
+    def _set(self, seed: int, parts: tuple[str, ...], material: bytes) -> None:
+        self.seed, self.parts = seed, parts
+        self._key = np.frombuffer(hashlib.sha256(material).digest(), dtype="<u8", count=2).astype(np.uint64)
         self._read = 0  # words of the stream read so far
+
+    @classmethod
+    def of_nodes(cls, seed: int, product: str, level: str, geocodes: list[str], query: str) -> list["SeededSource"]:
+        """``SeededSource(seed, *noise_key(product, level, g, query))`` for every geocode g, the same streams:
+        the key material's common head and tail are spelled once (a third of a source's set-up)."""
+        product, level, _, query = noise_key(product, level, "", query)
+        head = key_material(seed, (product, level))[:-1] + b", "  # the list without its "]", then the geocode
+        tail = b", " + encode_basestring_ascii(query).encode() + b"]"
+        out = []
+        for g in geocodes:
+            g = str(g)
+            source = cls.__new__(cls)
+            source._set(seed, (product, level, g, query), head + encode_basestring_ascii(g).encode() + tail)
+            out.append(source)
+        if out and out[0]._key.tobytes() != cls(seed, *out[0].parts)._key.tobytes():  # checks the seed too
+            raise AssertionError("SeededSource.of_nodes: the key material differs from key_material's")
+        return out
 
     def uint64(self, n: int) -> np.ndarray:
         n = int(n)
@@ -137,6 +156,15 @@ class OSSource(RandomSource):
 
     def __repr__(self) -> str:
         return "OSSource()"
+
+
+def noise_sources(mode: str, seed: int | None, product: str, level: str, geocodes: list[str], query: str
+                  ) -> list[RandomSource]:
+    """``make_source(mode, seed, *noise_key(product, level, g, query))`` for every geocode g (the noise streams
+    of one query at many nodes)."""
+    if mode == "test" and seed is not None and geocodes:
+        return SeededSource.of_nodes(seed, product, level, geocodes, query)
+    return [make_source(mode, seed, *noise_key(product, level, g, query)) for g in geocodes]
 
 
 def make_source(mode: str, seed: int | None, *parts: str) -> RandomSource:
