@@ -120,12 +120,20 @@ def _quiet_highs_banner() -> None:
         _banner_quiet = True
 
 
+#: HiGHS's primal feasibility tolerance (its default), for the rows of an LP without columns.
+FEASIBILITY_TOL = 1e-7
+
+
 class HighsLp:
     """HiGHS dual simplex (one thread, a vertex) for LPs, branch and bound for MILPs: the ``lp`` of every
     open-source back end."""
 
     def lp(self, c, a, lo, hi, lb, ub, integer=None, presolve=True) -> Result:
         t0 = time.perf_counter()
+        if a.shape[1] == 0:  # HiGHS answers a model without columns with its own status, "Empty"
+            ok = bool(((np.asarray(lo) <= FEASIBILITY_TOL) & (np.asarray(hi) >= -FEASIBILITY_TOL)).all())
+            return Result(ok, "Optimal" if ok else "Infeasible", np.zeros(0) if ok else None, 0.0 if ok else np.nan,
+                          time.perf_counter() - t0)
         csc = sp.csc_matrix(a)
         csc.sort_indices()
         kind = np.zeros(csc.shape[1], dtype=np.int32)  # HighsVarType per column: 0 continuous, 1 integer

@@ -27,7 +27,7 @@ import scipy.sparse as sp
 
 from topdown.vocab.queries import canonical_name
 
-from .backends import Backend, Result
+from .backends import Backend
 from .l2 import SolveFailure
 from .layout import DETAILED, Layout, concat
 from .standard import StandardForm, restrict_for_passes, select
@@ -113,8 +113,8 @@ def flow_rows(rows: sp.csr_matrix, target: np.ndarray, sizes: list[int]
     data = np.empty(indptr[-1])
     at = np.arange(rows.nnz) + 3 * np.repeat(np.arange(f), per_row)  # each earlier row's 3 extra entries
     indices[at], data[at] = rows.indices, rows.data
-    for j, (shift, coef) in enumerate(zip((0, 1, 2), _FLOW_COEFS)):
-        indices[indptr[1:] - 3 + j] = n + u1 + shift * g
+    for j, coef in enumerate(_FLOW_COEFS):  # u1, u2, v: g columns apart
+        indices[indptr[1:] - 3 + j] = n + u1 + j * g
         data[indptr[1:] - 3 + j] = coef
     cost = np.ones(3 * f)
     cost[u1] = 1.0 - 2.0 * frac
@@ -147,13 +147,6 @@ def projection(layout: Layout, keep: np.ndarray, pos: np.ndarray, play: np.ndarr
     return sp.hstack([cells, slacks], format="csr"), np.concatenate([pos[play_x], pos[slack]])
 
 
-def _no_variables(lo: np.ndarray, hi: np.ndarray) -> Result:
-    """The LP of a pass with nothing left to round (no cell in play, no slack, no flow row): its rows hold
-    at 0 or it is infeasible (solvers answer an empty model with a status of their own)."""
-    ok = bool(((lo <= INTEGRAL_TOL) & (hi >= -INTEGRAL_TOL)).all())
-    return Result(ok, "Optimal" if ok else "Infeasible", np.zeros(0) if ok else None, 0.0 if ok else np.nan, 0.0)
-
-
 def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: Backend
                 ) -> tuple[np.ndarray, list[dict]]:
     """Integer child histograms (int64[n_children, ncells]) and per-pass statistics."""
@@ -178,10 +171,9 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         if (deficit < -FLOOR_EPS).any():
             raise SolveFailure("rounder: the floors of the L2 solution exceed the parent")
         play = have & (deficit > 0.5)[None, :]
-    play_cols = pos[layout.xcol[play]]
-    slacks = pos[np.concatenate([s[s >= 0] for s in (layout.spcol, layout.sncol)])]
     e, var_cols = projection(layout, keep, pos, play)
-    n_play, n_y = play_cols.size, e.shape[1]
+    n_play, n_y = int(play.sum()), e.shape[1]
+    play_cols, slacks = var_cols[:n_play], var_cols[n_play:]
     structural = np.ones(form.a.shape[0], dtype=bool)
     structural[form.rows["definitions"]] = False  # b = E y satisfies them
     offset = form.a @ shift
@@ -190,7 +182,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
     y_lb = np.zeros(n_y)
     y_ub = np.concatenate([np.ones(n_play), np.full(n_y - n_play, np.inf)])
     stats = []
-    y = np.zeros(n_y)
+    z = np.zeros(keep.size)
     counts, single_x = play_counts(layout, play)
     for k, names in enumerate(passes):
         base_cost = np.zeros(keep.size)
@@ -209,7 +201,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
         c = np.concatenate([base_cost[var_cols], cost])
         lo, hi = np.concatenate(row_lo + [rhs]), np.concatenate(row_hi + [rhs])
         col_lb, col_ub = np.concatenate([y_lb, flb]), np.concatenate([y_ub, fub])
-        res = backend.lp(c, a, lo, hi, col_lb, col_ub, presolve=False) if a.shape[1] else _no_variables(lo, hi)
+        res = backend.lp(c, a, lo, hi, col_lb, col_ub, presolve=False)
         stat = {"pass": k, "status": res.status, "lp_s": round(res.seconds, 6), "milp": False,
                 "columns": a.shape[1], "rows": a.shape[0]}
         if not res.ok:
@@ -238,5 +230,5 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
                 row_hi.append(z[cols])
         stats.append(stat)
     out = floor.copy()
-    out[have] += (e @ y)[xcols]
+    out[have] += z[xcols]
     return out.astype(np.int64), stats

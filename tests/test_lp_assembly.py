@@ -114,3 +114,18 @@ def test_highs_prints_nothing_to_stdout():
             "print('x', r.ok, float(r.x.sum()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "x True 1.0\n"
+
+
+def test_an_lp_without_columns_is_decided_by_its_rows():
+    """A rounder pass with nothing left to round gives an LP without columns; HiGHS would answer "Empty".
+    The back end decides it: optimal when every row holds at 0, infeasible otherwise."""
+    import scipy.sparse as sp
+
+    from topdown.solvers.backends import DEFAULT_BACKEND
+
+    empty = sp.csr_matrix((2, 0))
+    ok = DEFAULT_BACKEND.lp(np.zeros(0), empty, np.array([0.0, -1.0]), np.array([0.0, np.inf]), np.zeros(0), np.zeros(0),
+                            presolve=False)
+    assert ok.ok and ok.status == "Optimal" and ok.x.size == 0
+    bad = DEFAULT_BACKEND.lp(np.zeros(0), empty, np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.zeros(0), np.zeros(0))
+    assert not bad.ok and bad.status == "Infeasible"

@@ -84,15 +84,13 @@ def test_bad_query_names_are_errors(bad):
        query=st.sampled_from(["total", "detailed", "hhgq", "votingage * hispanic * cenrace", "cenrace",
                               "hhinstlevels", "hispanic * cenrace"]))
 def test_true_answers_from_the_sparse_cells_equal_the_query_answers(seed, nodes, density, query):
-    """measure.true_answers (the noise step's exact answers, from the non-zero cells) equals Query.answer on
+    """Query.answer_rows (the noise step's exact answers, from the non-zero cells) equals Query.answer on
     the dense histograms, also for queries that leave cells out."""
     import scipy.sparse as sp
-
-    from topdown.pipeline.privacy.measure import true_answers
 
     rng = np.random.default_rng(seed)
     dense = rng.integers(0, 10**6, size=(nodes, PERSONS.ncells)) * (rng.random((nodes, PERSONS.ncells)) < density)
     q = build_query(PERSONS, query)
-    got = true_answers(sp.csr_matrix(dense), q)
+    got = q.answer_rows(sp.csr_matrix(dense))
     assert got.dtype == np.int64 and got.shape == (nodes, q.n_answers)
     np.testing.assert_array_equal(got, q.answer(dense))

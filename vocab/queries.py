@@ -57,6 +57,18 @@ class Query:
         out = np.asarray(self._summing @ flat.T, dtype=dtype).T
         return np.ascontiguousarray(out).reshape(*lead, self.n_answers)
 
+    def answer_rows(self, hist: sp.csr_matrix) -> np.ndarray:
+        """int64[rows, answers]: the answers of each row of an integer sparse histogram matrix, added up from
+        its non-zero cells only."""
+        hist = sp.csr_matrix(hist)
+        n = hist.shape[0]
+        g = self.groups[hist.indices]
+        keep = g >= 0
+        flat = np.zeros(n * self.n_answers, dtype=np.int64)
+        row = np.repeat(np.arange(n, dtype=np.int64), np.diff(hist.indptr))
+        np.add.at(flat, row[keep] * self.n_answers + g[keep], hist.data[keep].astype(np.int64))
+        return flat.reshape(n, self.n_answers)
+
     def answer_sparse(self, cells: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Answers for one sparse histogram given as (cells, counts)."""
         g = self.groups[np.asarray(cells)]

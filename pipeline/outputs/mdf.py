@@ -56,28 +56,30 @@ def _expand(hist: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return rec_rows, rec_cells, seq
 
 
+def _records(type_code: str, geoids: np.ndarray, hist: sp.csr_matrix, number: str) -> tuple[dict, np.ndarray]:
+    """The columns every MDF record has (schema, geography, its number within the block, named ``number``)
+    for the records of block histograms ``hist`` (rows: the blocks ``geoids``), and each record's cell."""
+    rows, cells, seq = _expand(hist)
+    none = np.zeros(rows.size, dtype=np.int32)
+    return {"SCHEMA_TYPE_CODE": _codes([type_code], none), "SCHEMA_BUILD_ID": _codes(["1.1.0"], none),
+            **_geography(np.asarray(geoids), rows), number: pa.array(seq.astype(np.int64))}, cells
+
+
 def person_mdf(geoids: np.ndarray, hist: sp.csr_matrix) -> pa.Table:
     """MDF persons from block histograms (rows of ``hist`` are the blocks ``geoids``)."""
-    rows, cells, seq = _expand(hist)
+    frame, cells = _records("MPD", geoids, hist, "EPNUM")
     hhgq, va, hisp, race = PERSONS.unravel(cells)
-    none = np.zeros(rows.size, dtype=np.int32)
-    frame = {"SCHEMA_TYPE_CODE": _codes(["MPD"], none), "SCHEMA_BUILD_ID": _codes(["1.1.0"], none),
-             **_geography(np.asarray(geoids), rows), "EPNUM": pa.array(seq.astype(np.int64)),
-             "RTYPE": _codes(["3", "5"], hhgq != 0), "GQTYPE_PL": _codes([str(h) for h in range(8)], hhgq),
-             "VOTING_AGE": _codes(["1", "2"], va), "CENHISP": _codes(["1", "2"], hisp),
-             "CENRACE": _codes(CENRACE_CODES, race)}
+    frame |= {"RTYPE": _codes(["3", "5"], hhgq != 0), "GQTYPE_PL": _codes([str(h) for h in range(8)], hhgq),
+              "VOTING_AGE": _codes(["1", "2"], va), "CENHISP": _codes(["1", "2"], hisp),
+              "CENRACE": _codes(CENRACE_CODES, race)}
     return pa.table([frame[c] for c in PERSON_COLUMNS], names=PERSON_COLUMNS)
 
 
 def unit_mdf(geoids: np.ndarray, hist: sp.csr_matrix, gq_facilities: np.ndarray) -> pa.Table:
     """MDF units: housing units (RTYPE 2, HH_STATUS 1 occupied / 2 vacant) and GQ facilities (RTYPE 4)."""
     gq = sp.csr_matrix(np.asarray(gq_facilities, dtype=np.int64).reshape(-1, 1))
-    full = sp.hstack([hist, gq]).tocsr()  # cell 0 occupied, 1 vacant, 2 GQ facility
-    rows, cells, seq = _expand(full)
-    none = np.zeros(rows.size, dtype=np.int32)
-    frame = {"SCHEMA_TYPE_CODE": _codes(["MUD"], none), "SCHEMA_BUILD_ID": _codes(["1.1.0"], none),
-             **_geography(np.asarray(geoids), rows), "EUNUM": pa.array(seq.astype(np.int64)),
-             "RTYPE": _codes(["2", "4"], cells == 2), "HH_STATUS": _codes(["1", "2", "0"], cells)}
+    frame, cells = _records("MUD", geoids, sp.hstack([hist, gq]).tocsr(), "EUNUM")  # cells: occupied, vacant, GQ facility
+    frame |= {"RTYPE": _codes(["2", "4"], cells == 2), "HH_STATUS": _codes(["1", "2", "0"], cells)}
     return pa.table([frame[c] for c in UNIT_COLUMNS], names=UNIT_COLUMNS)
 
 

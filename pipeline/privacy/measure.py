@@ -18,7 +18,7 @@ from .accounting import Allocation, allocate
 from ..configuration.config import BudgetConfig
 from ..inputs.validate import InputError
 from .mechanisms import discrete_gaussian_many, geometric_many
-from topdown.vocab.queries import Query, build_query
+from topdown.vocab.queries import build_query
 from .rng import RandomSource, noise_sources
 from topdown.vocab.schema import Schema
 
@@ -38,18 +38,6 @@ def _noise(alloc: Allocation, sources: list[RandomSource], size: int) -> np.ndar
     if alloc.sigma2 is not None:
         return discrete_gaussian_many(sources, alloc.sigma2, size)
     return geometric_many(sources, alloc.epsilon, alloc.sensitivity, size)
-
-
-def true_answers(hist: sp.csr_matrix, q: Query) -> np.ndarray:
-    """int64[nodes, answers]: each node's answers to ``q``, added up from its non-zero cells only."""
-    hist = sp.csr_matrix(hist)
-    n = hist.shape[0]
-    g = q.groups[hist.indices]
-    keep = g >= 0
-    flat = np.zeros(n * q.n_answers, dtype=np.int64)
-    node = np.repeat(np.arange(n, dtype=np.int64), np.diff(hist.indptr))
-    np.add.at(flat, node[keep] * q.n_answers + g[keep], hist.data[keep].astype(np.int64))
-    return flat.reshape(n, q.n_answers)
 
 
 def measure(
@@ -72,7 +60,7 @@ def measure(
             by_plb.setdefault(node_plb, []).append(i)
     for query, share in budget.queries.get(level, {}).items():
         q = build_query(schema, query)
-        true = true_answers(hist, q)
+        true = q.answer_rows(hist)
         values = np.full((n, q.n_answers), np.nan)
         variance = np.full(n, np.inf)
         for node_plb, nodes in (by_plb.items() if share != 0 else ()):

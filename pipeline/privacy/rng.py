@@ -97,7 +97,8 @@ class SeededSource(RandomSource):
             raise TypeError(f"SeededSource: seed must be an int, got {seed!r}")
         if not parts:
             raise TypeError("SeededSource: at least one key part (the pipeline uses noise_key(...))")
-        self._set(seed, tuple(str(p) for p in parts), key_material(seed, tuple(str(p) for p in parts)))
+        parts = tuple(str(p) for p in parts)
+        self._set(seed, parts, key_material(seed, parts))
 
     def _set(self, seed: int, parts: tuple[str, ...], material: bytes) -> None:
         self.seed, self.parts = seed, parts
