@@ -113,6 +113,29 @@ def test_plan_skips_resumes_and_protects_a_release(tmp_path, demo_input):
     assert plan(job, tmp_path) == ("resume", ["--resume"])
 
 
+def test_a_command_line_run_is_the_batch_jobs_run_however_the_input_is_spelled(tmp_path, demo_input, monkeypatch):
+    """The README's steps then its batch: `topdown run --input ri2010-input` (relative, from the shell) and a job
+    whose input is resolved against the jobs file (absolute), or reached through a link, are the same
+    configuration, so the batch skips the complete run instead of refusing it as another configuration."""
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(demo_input, work / "ri2010-input")
+    (tmp_path / "link").symlink_to(work / "ri2010-input")
+    monkeypatch.chdir(work)
+    typed = configure_run("demo", "ri2010-input")
+    job = Job(name="r", kind="run", config="demo", input="ri2010-input", out="out")
+    digest, hashes = expected(job, work)
+    assert typed.run.input == "ri2010-input" and digest == typed.digest()
+    assert configure_run("demo", tmp_path / "link").digest() == digest
+    assert configure_run("demo", (work / "ri2010-input").resolve()).digest() == digest
+    rd = RunDir(work / "out")
+    rd.prepare()
+    rd.write_manifest({"status": "complete", "config_hash": typed.digest(), "input_sha256": hashes})
+    assert plan(job, work) == ("skip", [])
+    assert configure_run("demo", "ri2010-input", seed=7).digest() != digest  # what configures the run still counts
+
+
 def test_every_run_records_its_input_hashes_and_resume_checks_them(tmp_path, demo_run, demo_input):
     manifest = json.loads((demo_run / "manifest.json").read_text())
     assert manifest["input_sha256"] == {n: sha256_file(demo_input / n) for n in ("persons.parquet", "units.parquet")}

@@ -20,7 +20,7 @@ from pathlib import Path
 from topdown.pipeline.execution.rundir import SCHEMA_VERSION
 
 PINNED = {
-    'certificate.json': 'da35eefe093843fe9e37d6ff8f132bfa3d8d68ea4ba46cf7aadec2370c52ed8f',
+    'certificate.json': '0ef0ad6163e2215a8ca69496e550b306cba13580a8575f77afe92258a1edc736',
     'config.json': 'd0236f9077784f8df511433aa9a0b27c5f57ae8ab3882da69adc56d5db999c38',
     'histograms/persons/level=Block/part-00000.parquet': '1aa38870a8f0ba0cbb91fba767f7b08f6d14902a159e310f64e4c82860f97869',
     'histograms/persons/level=Block/part-00001.parquet': '27209845c9b6b1b7488933507e733071c5c75eeb8dbeea480f049440c3f84c51',
@@ -38,7 +38,7 @@ PINNED = {
     'histograms/units/level=US/part-00000.parquet': '77278fca9381ce840b02be3bb6551f238055f60112c7fc461deda327d4159f96',
     'invariants/persons.parquet': 'dd05ff564c7faf721f09325c29672e266def3784f771eefec72ef28e085bcd36',
     'invariants/units.parquet': '98e087cc352ee9a912b5ef452ca1432b4abfe4637755b9a1e74635c6a1c1ab45',
-    'manifest.json': '6a2e59527abecd8fefe76e8de18383a4ddec64cb703c811403790f35a6590b5a',
+    'manifest.json': '67d42c38f749e0825eceaeef5d82325f26d7ddc3bec417bc31e648a1fbce925e',
     'mdf/persons/county=44007/part-00000.parquet': 'aaeb06ffadafc3090323e674ed370ae36bdb0c848502e4efe994539d3316e839',
     'mdf/units/county=44007/part-00000.parquet': '9cbb9c12f2ddd3d294786decc7a079fc5dc4d6c3a364644566bf661bdde67c0e',
     'noisy_measurements/persons/level=Block/part-00000.parquet': '800fb4070b45c6f7064c52a51c86a9ae37221bd5dfeb76515aa804d2dbef027b',

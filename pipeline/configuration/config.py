@@ -178,6 +178,10 @@ class RunSection(_Strict):
         return self
 
 
+#: ``[run]`` keys that locate input files rather than configure the run (left out of :meth:`Config.digest`).
+LOCATIONS = ("input", "baf")
+
+
 class Config(_Strict):
     """A whole run configuration."""
 
@@ -205,9 +209,14 @@ class Config(_Strict):
         return config_from_dict(data, source=self.source)
 
     def digest(self) -> str:
-        """SHA-256 of the canonical JSON of the configuration (the manifest's config hash)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()
+        """SHA-256 of the canonical JSON of the configuration (the manifest's config hash), without the
+        :data:`LOCATIONS` of its input: where the input lies and how its path is spelled (relative, absolute,
+        through a link) do not change the configuration; its files are identified by their SHA-256 sums
+        (the manifest's input hashes)."""
+        data = self.model_dump(mode="json")
+        for key in LOCATIONS:
+            data["run"].pop(key, None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _deep_merge(base: dict, top: dict) -> dict:
