@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import sys
+import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,10 +122,10 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     cert = certificate(config)
-    out = Path(args.out or f"{config.run.name}.certificate.json")
-    out.write_text(json.dumps(cert, indent=2) + "\n")
     print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
-    print(f"certificate written to {out}", file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(json.dumps(cert, indent=2) + "\n")
+        print(f"certificate written to {args.out}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -249,12 +250,48 @@ def _tls_config(args: argparse.Namespace) -> Iterator[None]:
         yield
 
 
+#: Every command's help ends with these (README "exit code" table).
+EXIT_CODES_HELP = ("exit codes: 0 success; 1 verify found a failed check; 2 configuration or usage error; 3 input "
+                   "error; 4 run directory unusable; 5 estimation failed; 6 internal error (a bug: please report "
+                   "it); 130 interrupted")
+
+#: One example a command's help shows (every one runs on the bundled data, from a clone's root).
+EXAMPLES = {
+    "run": "topdown run demo --out runs/demo --workers 2",
+    "reprocess": "topdown reprocess runs/demo --out runs/demo-again --config my-rounder.toml",
+    "batch": "topdown batch jobs.toml --wait 600",
+    "verify": "topdown verify runs/demo",
+    "privacy": "topdown privacy pl94_production_2021 --json --out production.certificate.json",
+    "demo-data": "topdown demo-data demo-input",
+    "synth": "topdown synth --blocks 15000 --seed 1 synth",
+    "ingest": "topdown ingest blocks data/ri2010/ri_2010_block_demographics.csv.gz --out ri2010-input",
+    "evaluate": "topdown evaluate runs/demo --truth demo-input",
+    "nmf": "topdown nmf runs/demo --out runs/demo-nmf",
+    "uncertainty": "topdown uncertainty runs/demo --out runs/demo-uncertainty.parquet",
+    "replicates": "topdown replicates runs/demo --n 25 --out runs/demo-replicates",
+    "audit": "topdown audit demo --input demo-input --move 440070001023003:440070001011006 --runs 200",
+    "spine": "topdown spine --baf data/ri_baf2020 --out ri-spine",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("census-topdown")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH without an install
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.")
+    parser = argparse.ArgumentParser(prog="topdown", description="The Census TopDown Algorithm on Dask.",
+                                     epilog=f"run `topdown COMMAND --help` for a command's arguments and an example. "
+                                            f"{EXIT_CODES_HELP}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"topdown (census-topdown) {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="run TopDown end to end")
+    p = _command(sub, "run", help="run TopDown end to end")
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. demo)")
     p.add_argument("--out", required=True, help="run directory to write")
     p.add_argument("--input", help="input directory: persons.parquet and units.parquet, or directories persons/ and units/ of Parquet files (overrides [run] input)")
@@ -268,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
+    p = _command(sub, "reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
                                          "no privacy loss added)")
     p.add_argument("run", help="complete run directory whose noisy measurements and invariants are read, or a "
                                "noisy measurement file written by `topdown nmf` (then --spine and --config are needed)")
@@ -284,44 +321,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_reprocess)
 
-    p = sub.add_parser("batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
+    p = _command(sub, "batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
     p.add_argument("jobs", help="TOML jobs file ([batch] settings and [[job]] entries; see README)")
     p.add_argument("--summary", help="JSON summary to write (default: <jobs stem>.summary.json beside the jobs file)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for another batch over the same jobs to finish (default: exit 4 at once)")
     p.set_defaults(fn=cmd_batch)
 
-    p = sub.add_parser("verify", help="re-check a run directory")
-    p.add_argument("run")
+    p = _command(sub, "verify", help="re-check a run directory")
+    p.add_argument("run", help="a run directory (exit 1 when a check fails, 4 when it holds no complete run)")
     p.set_defaults(fn=cmd_verify)
 
-    p = sub.add_parser("privacy", help="print the privacy certificate of a configuration")
-    p.add_argument("config")
+    p = _command(sub, "privacy", help="print the privacy certificate of a configuration")
+    p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. pl94_production_2021)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--out", help="file for the JSON certificate (default: <run name>.certificate.json)")
+    p.add_argument("--out", help="also write the JSON certificate to this file (default: print only)")
     p.set_defaults(fn=cmd_privacy)
 
-    p = sub.add_parser("demo-data", help="write the bundled demo input (2018 End-to-End prototype, 569 blocks)")
-    p.add_argument("out")
+    p = _command(sub, "demo-data", help="write the bundled demo input (2018 End-to-End prototype, 569 blocks)")
+    p.add_argument("out", help="directory to write persons.parquet and units.parquet into")
     p.set_defaults(fn=cmd_demo_data)
 
-    p = sub.add_parser("synth", help="write synthetic census-like input")
-    p.add_argument("--blocks", type=int, required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p = _command(sub, "synth", help="write synthetic census-like input")
+    p.add_argument("--blocks", type=int, required=True, help="number of blocks (at least 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
     p.add_argument("--persons", type=int, help="about this many persons (the block sizes are scaled); writes the "
                    "partitioned layout")
     p.add_argument("--states", type=int, help="spread the blocks over this many states, written hive-partitioned by "
                    "state (persons/state=SS/, units/state=SS/), streaming, a batch of blocks at a time")
-    p.add_argument("out")
+    p.add_argument("out", help="directory to write the input into")
     p.set_defaults(fn=cmd_synth)
 
-    p = sub.add_parser("ingest", help="turn published tables into CEF-like input")
+    p = _command(sub, "ingest", help="turn published tables into CEF-like input")
     p.add_argument("format", choices=["pl94", "blocks"], help="pl94: legacy-format P.L. 94-171 files; blocks: block CSV")
     p.add_argument("source", help="directory (pl94) or CSV file (blocks)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="input directory to write (persons.parquet, units.parquet); "
+                                                "confidential when the tables are")
     p.set_defaults(fn=cmd_ingest)
 
-    p = sub.add_parser("evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")
+    p = _command(sub, "evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")
     p.add_argument("runs", nargs="+", help="run directories (several: replicates with different seeds)")
     p.add_argument("--truth", required=True, help="the input directory the runs protected")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
@@ -334,12 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uncertainty", help="a `topdown uncertainty` file of the first run: interval figure and coverage")
     p.set_defaults(fn=cmd_evaluate)
 
-    p = sub.add_parser("nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")
+    p = _command(sub, "nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
     p.set_defaults(fn=cmd_nmf)
 
-    p = sub.add_parser("uncertainty", help="GLS estimates, variances and 90/95%% intervals of every count (noisy "
+    p = _command(sub, "uncertainty", help="GLS estimates, variances and 90/95%% intervals of every count (noisy "
                                            "measurements only)")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--out", required=True, help="Parquet file to write")
@@ -349,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 
-    p = sub.add_parser("replicates", help="rerun TopDown on a run's own MDF with fresh seeds (approximate Monte "
+    p = _command(sub, "replicates", help="rerun TopDown on a run's own MDF with fresh seeds (approximate Monte "
                                           "Carlo; no privacy budget)")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--n", type=int, default=25, help="number of replicates (default 25)")
@@ -357,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p)
     p.set_defaults(fn=cmd_replicates)
 
-    p = sub.add_parser("audit", help="direct empirical privacy loss: N runs on the input and N with one person moved")
+    p = _command(sub, "audit", help="direct empirical privacy loss: N runs on the input and N with one person moved")
     p.add_argument("config", help="TOML configuration file or shipped preset name")
     p.add_argument("--input", required=True, help="input directory with persons.parquet and units.parquet")
     p.add_argument("--move", required=True, help="GEOID_FROM:GEOID_TO, the blocks one person moves between")
@@ -368,12 +406,19 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p)
     p.set_defaults(fn=cmd_audit)
 
-    p = sub.add_parser("spine", help="build the optimized spine from block assignment files and report on it")
+    p = _command(sub, "spine", help="build the optimized spine from block assignment files and report on it")
     p.add_argument("--baf", required=True, help="directory of BlockAssign_*.txt files")
     p.add_argument("--units", help="units.parquet (GQ signatures for custom block groups)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="directory for the spine and its report")
     p.set_defaults(fn=cmd_spine)
     return parser
+
+
+def _command(sub, name: str, help: str) -> argparse.ArgumentParser:
+    """A command's parser: its one-line help (also its description) and, after its arguments, an example
+    and the exit codes."""
+    return sub.add_parser(name, help=help, description=help, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          epilog=f"example:\n  {EXAMPLES[name]}\n\n{textwrap.fill(EXIT_CODES_HELP, 79)}")
 
 
 def input_errors() -> tuple[type[ValueError], ...]:
