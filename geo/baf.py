@@ -86,6 +86,8 @@ def read_baf_dir(directory: Path | str) -> pd.DataFrame:
         baf["vtd"] = (county + baf["vtd_district"]).where(baf["vtd_district"] != "", "")
         baf = baf.drop(columns=["vtd_countyfp", "vtd_district"])
     baf.index.name = "geoid"
+    baf.attrs["other_files"] = {entity.lower(): [c for c in baf.columns if c.startswith(f"{entity.lower()}_")]
+                                for entity in per_entity if entity not in KNOWN_COLUMNS}
     return baf
 
 
@@ -150,3 +152,31 @@ def place_mcd_entity(baf: pd.DataFrame, state: str | pd.Series | None = None,
 def target_entities(baf: pd.DataFrame) -> pd.DataFrame:
     """The production off-spine entities per block: place/MCD code and DAS AIAN area (facts 6.4 step 2)."""
     return pd.concat([place_mcd_entity(baf), aian_area(baf)], axis=1)
+
+
+def _coded(prefix: str, baf: pd.DataFrame, code: pd.Series, blank: pd.Series, kind: str) -> pd.Series:
+    """``prefix`` + state + ``code`` per block, "" where ``blank``."""
+    return (prefix + baf.index.str[:2] + code).where(~blank, "").rename(kind)
+
+
+def baf_entities(baf: pd.DataFrame) -> list[tuple[str, pd.Series]]:
+    """Every kind of entity the block assignment files give, as (kind, entity code per block, "" outside any):
+    place, mcd and place_mcd (INCPLACE_CDP, MCD and AIANNH files), cd, vtd, aiannh, and one kind per other file
+    (its columns joined, e.g. ``sldl``)."""
+    found: list[tuple[str, pd.Series]] = []
+    if "placefp" in baf.columns:
+        found.append(("place", places(baf)))
+    if "cousubfp" in baf.columns:
+        found.append(("mcd", mcds(baf)))
+    if {"placefp", "cousubfp", "aiannhce"} <= set(baf.columns):
+        found.append(("place_mcd", place_mcd_entity(baf)))
+    if "cd" in baf.columns:
+        found.append(("cd", _coded("D", baf, baf["cd"], baf["cd"].isin(["", "ZZ"]), "cd")))
+    if "vtd" in baf.columns:
+        found.append(("vtd", _coded("V", baf, baf["vtd"], (baf["vtd"] == "") | baf["vtd"].str.contains("ZZZZ"), "vtd")))
+    if "aiannhce" in baf.columns:
+        found.append(("aiannh", _coded("A", baf, baf["aiannhce"], baf["aiannhce"].isin(["", NOT_AIAN]), "aiannh")))
+    for kind, columns in sorted(baf.attrs.get("other_files", {}).items()):
+        parts = baf[columns]
+        found.append((kind, _coded("X", baf, parts.agg("|".join, axis=1), (parts == "").all(axis=1), kind)))
+    return found

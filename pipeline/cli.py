@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .inputs import RACE_CHOICES
+
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
     0, 1, 2, 3, 4, 5, 6, 130)
 
@@ -154,9 +156,16 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     from .inputs.ingest import ingest_blocks, ingest_pl94
 
-    fn = ingest_pl94 if args.format == "pl94" else ingest_blocks
-    summary = fn(Path(args.source), Path(args.out))
-    print(f"ingested {args.source} -> {args.out}: {summary}")
+    from .configuration.config import ConfigError
+
+    if args.format == "pl94":
+        if args.races is not None:
+            raise ConfigError("--races is for `ingest blocks`: P.L. 94-171 tables give every block's race detail")
+        summary = ingest_pl94(Path(args.source), Path(args.out))
+    else:
+        summary = ingest_blocks(Path(args.source), Path(args.out), races=args.races or "spread")
+    print("\n".join(summary.lines()))
+    print(f"input written to {args.out}/persons.parquet and {args.out}/units.parquet")
     return EXIT_OK
 
 
@@ -191,11 +200,9 @@ def cmd_nmf(args: argparse.Namespace) -> int:
 
 
 def cmd_uncertainty(args: argparse.Namespace) -> int:
-    from .evaluation.evaluate import load_entities
     from .evaluation.uncertainty import uncertainty
 
-    entities = load_entities(Path(args.entities)) if args.entities else None
-    cost = uncertainty(args.run, args.out, entities=entities, levels=args.levels, scheduler=args.scheduler,
+    cost = uncertainty(args.run, args.out, entities=Path(args.entities) if args.entities else None, levels=args.levels, scheduler=args.scheduler,
                        workers=args.workers, replicates=args.replicates)
     print(f"uncertainty of {args.run} written to {args.out}: {cost.rows} rows; {cost.wall_seconds:.1f}s wall, "
           f"{cost.worker_cpu_seconds:.1f}s worker CPU in {cost.tasks} tasks, {cost.client_cpu_seconds:.1f}s client CPU")
@@ -357,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="directory (pl94) or CSV file (blocks)")
     p.add_argument("--out", required=True, help="input directory to write (persons.parquet, units.parquet); "
                                                 "confidential when the tables are")
+    p.add_argument("--races", choices=RACE_CHOICES,
+                   help="blocks: how the collapsed groups (two or more races, Hispanic) get race combinations: "
+                        "spread person by person (default) or compact, one per block and group (README 'Inputs')")
     p.set_defaults(fn=cmd_ingest)
 
     p = _command(sub, "evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")

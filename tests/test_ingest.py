@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topdown.pipeline.inputs.demo_data import write_demo_input
+from topdown.pipeline.cli import main
 from topdown.pipeline.inputs.ingest import (
-    IngestError, _allocate_facilities, _allocate_gq, ingest_blocks, ingest_pl94,
+    TWO_RACE_WEIGHTS, IngestError, _allocate_facilities, _allocate_gq, _compact_races, ingest_blocks, ingest_pl94,
 )
 from topdown.pipeline.inputs.validate import validate_input
 from conftest import DATA, PL94_DIR
@@ -186,8 +187,9 @@ def test_facility_allocation_rules(gq_list: list[int], extra: int) -> None:
     assert ((fac > 0) == (gq > 0)).all() and (fac <= gq).all()
 
 
-def test_blocks_csv_reproduces_every_group_margin(tmp_path) -> None:
-    summary = ingest_blocks(RI2010, tmp_path)
+@pytest.mark.parametrize("races", ["spread", "compact"])
+def test_blocks_csv_reproduces_every_group_margin(tmp_path, races) -> None:
+    summary = ingest_blocks(RI2010, tmp_path, races=races)
     pub = pd.read_csv(RI2010, dtype={"GEOID": str}).set_index("GEOID")
     assert summary.blocks_read == len(pub) == 25_181
     persons = pd.read_parquet(tmp_path / "persons.parquet")
@@ -207,6 +209,30 @@ def test_blocks_csv_reproduces_every_group_margin(tmp_path) -> None:
     np.testing.assert_array_equal(hu["sum"].to_numpy(), -(-2 * pop // 5))  # ceil(pop / 2.5)
     vacancy = 1 - hu["sum"].sum() / hu["size"].sum()
     assert 0.09 < vacancy < 0.11
+    combos = persons[np.isin(group, ["two", "hisp"])].assign(group=group[np.isin(group, ["two", "hisp"])])
+    per_block = combos.groupby(["geoid", "group"])["cenrace"].nunique()
+    if races == "compact":  # one race combination per block and collapsed group
+        assert per_block.max() == 1
+    else:  # spread: a block's group over several combinations
+        assert per_block[per_block.index.get_level_values("group") == "two"].max() > 3
+    text = "\n".join(summary.lines())
+    assert "25,181 blocks" in text and "kept 17,644 blocks; dropped 7,537 with neither persons nor housing" in text
+    assert f"--races {races}" in text and "housing units: the table has none" in text
+
+
+def test_compact_races_follow_the_weights_over_blocks() -> None:
+    counts = np.zeros((300, 2), np.int64)
+    counts[::3, 1] = 5  # 100 blocks with the group, 200 without
+    races = _compact_races(counts, TWO_RACE_WEIGHTS)
+    assert races.shape == (600,) and (races[0::2] == races[1::2]).all()  # both age groups of a block
+    got = pd.Series(races[0::2][::3]).value_counts().to_dict()
+    assert got == TWO_RACE_WEIGHTS  # any 100 consecutive blocks with the group follow the weights exactly
+
+
+def test_ingest_races_is_for_block_tables_only(tmp_path, capsys) -> None:
+    assert main(["ingest", "pl94", str(tmp_path), "--out", str(tmp_path / "o"), "--races", "compact"]) == 2
+    assert "--races is for `ingest blocks`" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def _small_csv(path: Path) -> Path:

@@ -42,11 +42,18 @@ races / two or more); other columns (``state``, ``county``, ...) are ignored. ``
 reproduced exactly; everybody lives in a household (hhgq 0).
 
 * Not-Hispanic single-race groups map to cenrace 0..5 (White, Black, AIAN, Asian, NHPI, SOR).
-* ``two`` (not Hispanic) and ``hisp`` get their cenrace from a fixed weight table (``TWO_RACE_WEIGHTS``,
-  ``HISPANIC_RACE_WEIGHTS``: rounded 2010 national shares, percent) by a stride sequence: the group's persons
-  are numbered j = 0, 1, ... over the whole file in output order (geoid, then under-18 before 18+), and
-  person j gets the weight bucket that holds slot (j * 37) mod 100. Any 100 consecutive persons follow the
-  weights exactly; consecutive persons get different races.
+* ``two`` (not Hispanic) and ``hisp`` are collapsed groups: the table does not say which race combination
+  their persons have. They get their cenrace from a fixed weight table (``TWO_RACE_WEIGHTS``,
+  ``HISPANIC_RACE_WEIGHTS``: rounded 2010 national shares, percent) by a stride sequence, in one of two
+  ways (:data:`RACE_CHOICES`):
+
+  - ``spread`` (the default): the group's persons are numbered j = 0, 1, ... over the whole file in output
+    order (geoid, then under-18 before 18+), and person j gets the weight bucket that holds slot
+    (j * 37) mod 100. Any 100 consecutive persons follow the weights exactly; consecutive persons get
+    different races, so a block's group lies in many race combinations.
+  - ``compact``: the blocks that have persons of the group are numbered k = 0, 1, ... in GEOID order, and
+    all of block k's persons of the group get the bucket of slot (k * 37) mod 100: one race combination per
+    block and group, as few as the counts allow, with the weights followed over blocks instead of persons.
 * Housing units, when the table has none: occupied = ceil(household persons / 2.5) (so at least one in every
   populated block, and never more than the persons); vacant units follow the file-wide ratio of one vacant
   per 9 occupied units (a 10 % vacancy rate): with C_b the running total of occupied units over blocks in
@@ -81,6 +88,7 @@ import pyarrow.parquet as pq
 from topdown.geo.states import STATE_FIPS
 
 from ..execution.rundir import writable_dir
+from . import RACE_CHOICES
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, cenrace_index
 
 NRACE = 63
@@ -114,6 +122,18 @@ class Summary:
     housing_units: int
     gq_facilities: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: What the tables do not give and the ingest made up, in words.
+    derived: tuple[str, ...] = field(default_factory=tuple)
+
+    def lines(self) -> list[str]:
+        """What the ingest did, in words."""
+        dropped = self.blocks_read - self.blocks_written
+        return [f"read {self.source}: {self.blocks_read:,} blocks",
+                f"  kept {self.blocks_written:,} blocks; dropped {dropped:,} with neither persons nor housing units "
+                "(the DAS has no such blocks)",
+                f"  wrote {self.persons:,} persons, {self.housing_units:,} housing units and {self.gq_facilities:,} "
+                "group-quarters facilities",
+                *(f"  derived: {d}" for d in self.derived), *(f"  note: {n}" for n in self.notes)]
 
 
 # --------------------------------------------------------------------------------------------- writing
@@ -408,8 +428,12 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
     written = int(((p1[:, 0] > 0) | (h1[:, 0] > 0)).sum())
     notes = (f"{fallback} block(s) without a facility count (HU100 = H1_001): one GQ facility per present type",) \
         if fallback else ()
+    derived = ("group-quarters persons' age, ethnicity and race: P5 does not cross GQ type with them; each type "
+               "takes whole cells, largest first (ingest module docstring, 1)",
+               "facilities per GQ type: HU100 - H1_001 apportioned over the types present (module docstring, 2)")
     return Summary(source=str(geo), blocks_read=nb, blocks_written=written, persons=n_persons,
-                   housing_units=int(h1[:, 0].sum()), gq_facilities=n_units - int(h1[:, 0].sum()), notes=notes)
+                   housing_units=int(h1[:, 0].sum()), gq_facilities=n_units - int(h1[:, 0].sum()), notes=notes,
+                   derived=derived)
 
 
 def _allocate_gq(cells: np.ndarray, gq: np.ndarray, src: object, row: int, geocode: str):
@@ -476,15 +500,25 @@ HISPANIC_RACE_WEIGHTS: dict[int, int] = {_W: 53, _B: 2, _I: 1, _A: 1, _S: 37, _c
 STRIDE = 37
 
 
-def _stride_races(counts: np.ndarray, weights: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Spread ``counts`` (per owner, in output order) over the races in ``weights`` by the stride sequence
-    (module docstring). Returns (owner, race) per person."""
-    total = sum(weights.values())
+def _stride_pick(j: np.ndarray, weights: dict[int, int]) -> np.ndarray:
+    """The race of the weight bucket that holds slot (j * STRIDE) mod total, for each j (module docstring)."""
     races = np.array(list(weights))
     bounds = np.cumsum(list(weights.values()))
+    return races[np.searchsorted(bounds, (np.asarray(j, np.int64) * STRIDE) % bounds[-1], side="right")]
+
+
+def _stride_races(counts: np.ndarray, weights: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """``spread``: ``counts`` (per owner, in output order) over the races in ``weights``, person by person.
+    Returns (owner, race) per person."""
     owner = np.repeat(np.arange(counts.size), counts)
-    slot = (np.arange(owner.size, dtype=np.int64) * STRIDE) % total
-    return owner, races[np.searchsorted(bounds, slot, side="right")]
+    return owner, _stride_pick(np.arange(owner.size), weights)
+
+
+def _compact_races(counts: np.ndarray, weights: dict[int, int]) -> np.ndarray:
+    """``compact``: one race per block for ``counts`` (blocks x age groups), block by block. Returns the race
+    of each owner (block * 2 + age group)."""
+    present = counts.sum(1) > 0
+    return np.repeat(_stride_pick(np.cumsum(present) - 1, weights), 2)
 
 
 GEOID_COLUMNS = ("GEOID", "GEOID20", "GEOID10")
@@ -529,9 +563,12 @@ def _block_units(csv: Path, values: dict[str, np.ndarray], persons: np.ndarray, 
     return occupied, vacant
 
 
-def ingest_blocks(csv: Path, out: Path) -> Summary:
+def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
     """Read a block demographics CSV (``GEOID, pop, pop_<g>.., vap, vap_<g>..``, optional ``hu`` or
-    ``hu_occupied, hu_vacant``); write CEF-like Parquet."""
+    ``hu_occupied, hu_vacant``); write CEF-like Parquet. ``races``: how the collapsed groups get their race
+    combinations (:data:`RACE_CHOICES`, module docstring)."""
+    if races not in RACE_CHOICES:
+        raise ValueError(f"races must be one of {RACE_CHOICES}, not {races!r}")
     csv = Path(csv)
     geoid_col, frame = _read_block_table(csv)
     need = ["pop", "vap"] + [f"{a}_{g}" for a in ("pop", "vap") for g in BLOCK_GROUPS]
@@ -575,12 +612,15 @@ def ingest_blocks(csv: Path, out: Path) -> Summary:
     blocks_l, cells_l, counts_l = [], [], []
     for g, name in enumerate(BLOCK_GROUPS):
         per = counts[:, :, g].reshape(-1)  # owner = b * 2 + v, i.e. geoid then under-18 before 18+
+        weights = HISPANIC_RACE_WEIGHTS if name == "hisp" else TWO_RACE_WEIGHTS
+        hisp = int(name == "hisp")
         if name in SINGLE_RACE:
-            owner, race, hisp = np.arange(per.size), np.full(per.size, SINGLE_RACE[name]), 0
-            n = per
+            owner, race, n = np.arange(per.size), np.full(per.size, SINGLE_RACE[name]), per
+        elif races == "compact":
+            owner, race, n = np.arange(per.size), _compact_races(counts[:, :, g], weights), per
         else:
-            owner, race = _stride_races(per, HISPANIC_RACE_WEIGHTS if name == "hisp" else TWO_RACE_WEIGHTS)
-            hisp, n = int(name == "hisp"), np.ones(owner.size, np.int64)
+            owner, race = _stride_races(per, weights)
+            n = np.ones(owner.size, np.int64)
         cell = PERSONS.cell_index(np.zeros_like(owner), owner % 2, np.full_like(owner, hisp), race)
         blocks_l.append(owner // 2)
         cells_l.append(np.asarray(cell))
@@ -592,4 +632,22 @@ def ingest_blocks(csv: Path, out: Path) -> Summary:
                                    np.concatenate([occupied, vacant]))
     return Summary(source=str(csv), blocks_read=nb,
                    blocks_written=int(((household > 0) | (occupied + vacant > 0)).sum()),
-                   persons=n_persons, housing_units=n_units, gq_facilities=0)
+                   persons=n_persons, housing_units=n_units, gq_facilities=0,
+                   derived=_blocks_derived(hu, races, counts))
+
+
+def _blocks_derived(hu: list[str], races: str, counts: np.ndarray) -> tuple[str, ...]:
+    """What :func:`ingest_blocks` made up, in words (module docstring); ``counts`` is blocks x age x group."""
+    units = {(): "housing units: the table has none; occupied = ceil(persons / 2.5) per block, one vacant per 9 "
+                 "occupied file-wide (derived from the population: a production run refuses them)",
+             ("hu",): "occupied and vacant housing units: occupied = min(hu, ceil(persons / 2.5)), the rest vacant",
+             ("hu_occupied", "hu_vacant"): None}[tuple(hu)]
+    collapsed = [BLOCK_GROUPS.index(g) for g in ("two", "hisp")]
+    blocks = int((counts[:, :, collapsed].sum((1, 2)) > 0).sum())
+    way = ("spread person by person over the weight tables, so a block's group lies in many combinations"
+           if races == "spread" else "one combination per block and group (compact)")
+    return tuple(d for d in (
+        units,
+        "group quarters: the table has none; everybody lives in a household",
+        f"race combinations of the two-or-more-races and Hispanic persons ({blocks:,} blocks have some): not in "
+        f"the table; {way} (--races {races}; README 'Inputs')") if d)
