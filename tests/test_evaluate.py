@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.evaluation.evaluate import EvalOptions, EvaluationError, evaluate, load_entities
+from conftest import DATA
+from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, entities_on_spine, evaluate,
+                                                  load_entities)
 from topdown.pipeline.execution.rundir import write_table
 from topdown.vocab.schema import PERSONS
 
@@ -222,6 +224,40 @@ def test_entities_from_baf_dir(tmp_path: Path):
     table = load_entities(baf)
     assert set(map(tuple, table[["geoid", "entity_type", "entity"]].to_numpy())) == {
         (B1, "place", "P4412345"), (B1, "mcd", "M4400100100"), (B2, "mcd", "M4400100100")}
+
+
+def test_every_kind_of_block_assignment_file_gives_entities():
+    table = load_entities(DATA / "ri_baf2020")
+    kinds = table.groupby("entity_type")["entity"].nunique().to_dict()
+    assert kinds == {"aiannh": 1, "cd": 2, "mcd": 39, "place": 36, "place_mcd": 39, "vtd": 422}
+    assert set(table.loc[table["entity_type"] == "cd", "entity"]) == {"D4401", "D4402"}
+
+
+def test_an_unknown_block_assignment_file_is_an_entity_kind_too(tmp_path: Path):
+    baf = tmp_path / "baf"
+    baf.mkdir()
+    (baf / "BlockAssign_ST44_RI_SLDL.txt").write_text(f"BLOCKID|DISTRICT\n{B1}|007\n{B2}|\n")
+    table = load_entities(baf)
+    assert list(map(tuple, table.to_numpy())) == [(B1, "sldl", "X44007")]
+
+
+def test_entities_off_the_spine_are_counted_or_refused(tmp_path: Path, caplog):
+    baf = tmp_path / "baf"
+    baf.mkdir()
+    (baf / "BlockAssign_ST44_RI_CD.txt").write_text(f"BLOCKID|DISTRICT\n{B1}|01\n{B2}|02\n")
+    entities = load_entities(baf)
+    other = "440010101001999"
+    with caplog.at_level("WARNING", logger="topdown"):
+        kept = entities_on_spine(entities, pd.Index([B1, other]), baf)
+    assert list(kept["geoid"]) == [B1]
+    assert "1 of the run's 2 blocks are not in these block assignment files" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="topdown"):
+        entities_on_spine(entities, pd.Index([B1, B2]), baf)  # a BAF's blocks off the spine: unpopulated, silent
+        assert entities_on_spine(entities, pd.Index([B1]), tmp_path / "t.csv")["geoid"].tolist() == [B1]
+    assert "1 of its 2 blocks are not blocks of the run" in caplog.text and "assignment" not in caplog.text
+    with pytest.raises(EvaluationError, match="none of its 2 blocks is a block of the run"):
+        entities_on_spine(entities, pd.Index([other]), baf)
 
 
 def test_epl_table_shows_both_estimators_beside_theory():

@@ -27,6 +27,7 @@ the confidential count. The runs and the sampling replicates are evaluated as on
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,6 +44,8 @@ from ..execution.dataplane import find_input
 from ..execution.rundir import RunDirError, RunReader, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
+
+log = logging.getLogger("topdown")
 
 #: Blau index cells: hispanic x majorRaces, 14 cells (facts 8).
 BLAU_QUERY = "hispanic * majorRaces"
@@ -111,21 +114,12 @@ def load_truth(truth: Path) -> Truth:
 
 def load_entities(path: Path) -> pd.DataFrame:
     """Block-to-entity table (geoid, entity_type, entity) from a CSV/Parquet table or a BAF directory
-    (entity types place, mcd, and place_mcd where the AIANNH file is present; see geo/baf.py)."""
+    (every kind of entity its files give: geo.baf.baf_entities)."""
     path = Path(path)
     if path.is_dir():
-        from topdown.geo.baf import mcds, place_mcd_entity, places, read_baf_dir
+        from topdown.geo.baf import baf_entities, read_baf_dir
 
-        baf = read_baf_dir(path)
-        series = []
-        if "placefp" in baf.columns:
-            series.append(("place", places(baf)))
-        if "cousubfp" in baf.columns:
-            series.append(("mcd", mcds(baf)))
-        if {"placefp", "cousubfp", "aiannhce"} <= set(baf.columns):
-            series.append(("place_mcd", place_mcd_entity(baf)))
-        if not series:
-            raise EvaluationError(f"{path}: no INCPLACE_CDP or MCD block assignment file")
+        series = baf_entities(read_baf_dir(path))
         table = pd.concat([pd.DataFrame({"geoid": s.index.astype(str), "entity_type": kind,
                                          "entity": s.to_numpy().astype(str)}) for kind, s in series])
     elif path.suffix in (".parquet", ".csv", ".txt"):
@@ -146,6 +140,28 @@ def load_entities(path: Path) -> pd.DataFrame:
         row = table[dup].iloc[0]
         raise EvaluationError(f"{path}: block {row['geoid']} is in two {row['entity_type']!r} entities")
     return table
+
+
+def entities_on_spine(entities: pd.DataFrame, spine_geoids: pd.Index, source: Path) -> pd.DataFrame:
+    """The rows of ``entities`` whose blocks are blocks of the run (on its spine); the rest are left out with a
+    warning saying how many. A BAF directory covers every block of its states, so any run block missing from it
+    means files of another census's blocks (warned with the count); no block on the spine at all is refused."""
+    on = entities["geoid"].isin(spine_geoids)
+    blocks = entities["geoid"].nunique()
+    matched = entities.loc[on, "geoid"].nunique()
+    if matched == 0:
+        raise EvaluationError(f"{source}: none of its {blocks:,} blocks is a block of the run (entities of another "
+                              "census's blocks, or of other states?)")
+    if Path(source).is_dir():
+        missing = len(spine_geoids) - matched
+        if missing:
+            log.warning("%s: %s of the run's %s blocks are not in these block assignment files (files of another "
+                        "census's blocks?); every entity is made of the %s blocks that are", source, f"{missing:,}",
+                        f"{len(spine_geoids):,}", f"{matched:,}")
+    elif matched < blocks:
+        log.warning("%s: %s of its %s blocks are not blocks of the run (unpopulated, or of another census); they "
+                    "are left out", source, f"{blocks - matched:,}", f"{blocks:,}")
+    return entities[on].reset_index(drop=True)
 
 
 class RunView:
@@ -430,11 +446,11 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     if not runs:
         raise EvaluationError("evaluate needs at least one run directory")
     labels = _labels(runs)
-    for r in runs:
-        RunView(r, "check")  # fail fast, naming the offending directory
+    views = [RunView(r, "check") for r in runs]  # fail fast, naming the offending directory
     out = Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR
     truth_d = dask.delayed(load_truth)(Path(truth))
-    ent_d = dask.delayed(load_entities)(Path(entities)) if entities is not None else None
+    ent_d = (entities_on_spine(load_entities(Path(entities)), views[0].geoid_index, Path(entities))
+             if entities is not None else None)
     tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
     if PERSONS.name in RunReader(runs[0]).manifest().products:  # the SRS baseline samples person records
         tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)

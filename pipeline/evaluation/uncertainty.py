@@ -32,6 +32,7 @@ from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance
                   segment_sum, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
+from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.schema import SCHEMAS
 
 log = logging.getLogger("topdown")
@@ -267,15 +268,18 @@ class Cost:
     rows: int = 0
 
 
-def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | None = None,
+def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Path | None = None,
                 levels: list[str] | None = None, queries: dict[str, tuple[str, ...]] | None = None,
                 client=None, scheduler: str | None = None, workers: int | None = None,
                 replicates: str | Path | None = None) -> Cost:
-    """Write the uncertainty table of ``run`` to ``out`` (Parquet, atomically); returns the cost."""
+    """Write the uncertainty table of ``run`` to ``out`` (Parquet, atomically); returns the cost. ``entities``:
+    a (geoid, entity_type, entity) frame, or a table file or BAF directory to read and match with the spine."""
     from ..execution.runner import dask_client
 
     t0, c0 = time.perf_counter(), time.process_time()
     src = Source.open(run)
+    if isinstance(entities, Path):
+        entities = entities_on_spine(load_entities(entities), pd.Index(src.spine["geoid"]), entities)
     out = Path(out)
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
