@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from .config import Config, ConfigError
+from ..privacy.accounting import check_noise
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import SCHEMAS
 from ..inputs.validate import InputError
@@ -88,5 +89,6 @@ def check_baf_states(baf: pd.DataFrame, baf_dir: str, geoids: pd.Series, input_f
 def preflight(config: Config, workers: int | None) -> None:
     """The checks that need neither the input nor the run directory."""
     check_workers(workers)
+    check_noise(config)
     check_pass_queries(config)
     check_backend(config)
