@@ -176,7 +176,7 @@ def pure_dp_as_zcdp(epsilon: Fraction) -> Fraction:
 #: Production ceiling on one product's total budget, as zCDP rho (a pure-DP epsilon counts as epsilon^2 / 2,
 #: as the certificate composes it): 39 times the 2021 persons budget (rho 2.56), 1,300 times the units budget
 #: (0.075), 95 times the April 2021 demonstration's persons budget (1.05). At rho = 100 the tight (epsilon,
-#: delta = 1e-10) is about 160: e^160 bounds nothing a reader can use.
+#: delta = 1e-10) is about 194: e^194 bounds nothing a reader can use.
 PRODUCTION_MAX_RHO = Fraction(100)
 #: Production floor on every measured query's noise: the probability that it is zero (the published answer
 #: is the true count) is at most this. The 2021 persons strategy's least noisy query (the State total,
