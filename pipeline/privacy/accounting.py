@@ -214,8 +214,8 @@ def check_noise(config: Config, max_shares: Mapping[str, Mapping[str, Fraction]]
         for level, queries in budget.queries.items():
             plb = (max_shares or {}).get(product, {}).get(level, budget.levels.get(level, Fraction(0)))
             for query, qprop in queries.items():
-                if qprop * plb == 0 or level not in budget.levels:
-                    continue
+                if qprop <= 0 or not 0 < plb <= 1 or level not in budget.levels:
+                    continue  # not measured; a negative or unknown entry is check_budget's to name
                 entry = f"{product}.budget.queries.{level}.\"{query}\""
                 a = allocate(budget, level, query, plb) if _drawable(budget, qprop * plb) else None
                 if a is None:
