@@ -180,6 +180,12 @@ class ProductConfig(_Strict):
 WAIVERS = ("budget_ceiling", "derived_housing_units", "blocks_missing_from_baf")
 
 
+def waiver_hint(check: str) -> str:
+    """The end of a refusal that ``check`` (one of :data:`WAIVERS`) can waive."""
+    assert check in WAIVERS, check
+    return f"or add \"{check}\" to [run] weaken_privacy (the certificate then says private: false)"
+
+
 class RunSection(_Strict):
     name: str = "topdown"
     products: list[Literal[tuple(SCHEMAS)]] = Field(default=[next(iter(SCHEMAS))], min_length=1,  # type: ignore[valid-type]

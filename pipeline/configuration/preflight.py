@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, waiver_hint
 from ..privacy.accounting import check_noise
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import SCHEMAS
@@ -74,10 +74,6 @@ def read_baf(config: Config) -> pd.DataFrame | None:
         raise ConfigError(f"{config.source}: [run] baf: {exc}") from None
 
 
-def _waive(check: str) -> str:
-    return f"or add \"{check}\" to [run] weaken_privacy (the certificate then says private: false)"
-
-
 def check_baf_states(config: Config, baf: pd.DataFrame, geoids: pd.Series, input_file: Path) -> None:
     """Every input block lies in a state the block assignment files cover (a state missing from them
     would silently get no AIAN area, place or MCD) and, in production unless waived
@@ -99,7 +95,7 @@ def check_baf_states(config: Config, baf: pd.DataFrame, geoids: pd.Series, input
         raise InputError(f"{input_file}: column 'geoid': {int(missing.sum())} of {len(geoids)} blocks (e.g. "
                          f"{geoids[missing].iloc[0]}) are not in the block assignment files of [run] baf = "
                          f"{baf_dir!r}; mode = \"production\" refuses to put them in no AIAN area, place or MCD: give "
-                         f"complete files, {_waive('blocks_missing_from_baf')}")
+                         f"complete files, {waiver_hint('blocks_missing_from_baf')}")
 
 
 def check_derived_units(config: Config, units: tuple[Path, ...]) -> None:
@@ -113,7 +109,7 @@ def check_derived_units(config: Config, units: tuple[Path, ...]) -> None:
         raise InputError(f"{derived}: its housing units were derived from the person counts (topdown ingest blocks "
                          "without hu columns); their block invariants would publish every block's household "
                          "population within a few persons, so mode = \"production\" refuses it: ingest a table with "
-                         f"hu or hu_occupied and hu_vacant, {_waive('derived_housing_units')}")
+                         f"hu or hu_occupied and hu_vacant, {waiver_hint('derived_housing_units')}")
 
 
 def preflight(config: Config, workers: int | None) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Mapping
 
-from ..configuration.config import BudgetConfig, Config, ConfigError, shown
+from ..configuration.config import BudgetConfig, Config, ConfigError, shown, waiver_hint
 from .mechanisms import (discrete_gaussian_variance, discrete_gaussian_zero_probability, geometric_variance,
                          geometric_zero_probability)
 from topdown.vocab.queries import QueryError, build_query
@@ -197,7 +197,7 @@ def check_noise(config: Config, max_shares: Mapping[str, Mapping[str, Fraction]]
     (a spine that bypasses levels moves budget to nodes); default the level's share. Raises
     :class:`ConfigError` naming the file, the key and its value."""
     guarded = config.run.mode == "production" and not config.waived(BUDGET_WAIVER)
-    waive = f"or add \"{BUDGET_WAIVER}\" to [run] weaken_privacy (the certificate then says private: false)"
+    waive = waiver_hint(BUDGET_WAIVER)
     for product in config.run.products:
         budget = config.product(product).budget
         if budget.infinite:
