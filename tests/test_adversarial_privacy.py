@@ -102,7 +102,8 @@ def test_pure_dp_ceiling_counts_epsilon_as_zcdp(tmp_path):
 @pytest.mark.parametrize("toml,says", [
     ('[persons.budget]\nrho = "1e-44"\n', "persons.budget.rho = 1e-44 is too small"),
     ('[persons.budget]\nrho = "1e-400"\n', "persons.budget.rho = 1e-400 is too small"),
-    ('[units.budget]\nrho = "1/10000000000000000000000000"\n', "units.budget.rho = 1/10000000000000000000000000 is too small"),
+    ('[units.budget]\nrho = "1/10000000000000000000000000"\n',
+     "units.budget.rho = 1/10000000000000000000000000 is too small"),
 ], ids=["1e-44", "1e-400", "units 1e-25"])
 def test_every_mode_refuses_noise_the_samplers_cannot_draw(tmp_path, mode, toml, says):
     text = PRODUCTION + toml if mode == "production" else 'include = "demo.toml"\n' + toml

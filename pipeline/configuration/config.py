@@ -24,8 +24,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, SerializerFunctionWrapHandler, Strict,
-                      ValidationError, model_serializer, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, SerializerFunctionWrapHandler,
+                      Strict, ValidationError, model_serializer, model_validator)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -173,10 +173,10 @@ class ProductConfig(_Strict):
     constraints: dict[str, list[str]] = Field(default_factory=dict)
 
 
-#: The production checks a run may waive by name in ``[run] weaken_privacy`` (README, "Production mode"):
-#: a budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input whose
-#: housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the block
-#: assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
+#: The production checks a run may waive by name in ``[run] weaken_privacy`` (README, "Test and production
+#: mode"): a budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input
+#: whose housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the
+#: block assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
 WAIVERS = ("budget_ceiling", "derived_housing_units", "blocks_missing_from_baf")
 
 

@@ -53,7 +53,7 @@ reproduced exactly; everybody lives in a household (hhgq 0).
   GEOID order, block b gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units. The block housing-unit counts,
   invariants of a production run, are then a function of the person counts and would publish them: units.parquet
   records it in its schema metadata (:data:`DERIVED_UNITS_KEY`) and a production run refuses such input
-  unless waived (README, "Production mode").
+  unless waived (README, "Test and production mode").
 * Housing units given by the table replace these: ``hu_occupied`` and ``hu_vacant`` are used as they are
   (a populated block needs an occupied unit, and an occupied unit a person); ``hu`` alone is split into
   occupied = min(hu, ceil(persons / 2.5)) and the rest vacant. A block with housing units but no persons
@@ -126,16 +126,16 @@ class Summary:
 
 def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_cell: np.ndarray,
               person_count: np.ndarray, unit_block: np.ndarray, unit_type: np.ndarray, unit_occupied: np.ndarray,
-              unit_count: np.ndarray, derived_units: bool = False) -> tuple[int, int]:
+              unit_count: np.ndarray, units_derived: bool = False) -> tuple[int, int]:
     """Expand (block, cell, count) and (block, unit_type, occupied, count) rows into out/persons.parquet and
-    out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. ``derived_units``: the unit counts
+    out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. ``units_derived``: the unit counts
     were derived from the person counts (recorded under :data:`DERIVED_UNITS_KEY`). Returns (persons, units)
     written."""
     out = Path(out)
     writable_dir(out, "the output directory")
     persons, units = cef_tables(geoids, person_block, person_cell, person_count, unit_block, unit_type, unit_occupied,
                                 unit_count)
-    if derived_units:
+    if units_derived:
         units = units.replace_schema_metadata({**(units.schema.metadata or {}), DERIVED_UNITS_KEY: DERIVED_UNITS})
     for name, table in (("persons.parquet", persons), ("units.parquet", units)):  # each file appears whole
         tmp = out / f".{name}.tmp"
@@ -612,7 +612,7 @@ def ingest_blocks(csv: Path, out: Path) -> Summary:
     n_persons, n_units = write_cef(out, geoids, np.concatenate(blocks_l), np.concatenate(cells_l),
                                    np.concatenate(counts_l), np.concatenate([np.arange(nb)] * 2),
                                    np.zeros(2 * nb, np.int64), np.repeat([True, False], nb),
-                                   np.concatenate([occupied, vacant]), derived_units=derived)
+                                   np.concatenate([occupied, vacant]), units_derived=derived)
     notes = ("housing units derived from the person counts (no hu columns): a production run refuses this input "
              "unless [run] weaken_privacy waives \"derived_housing_units\"",) if derived else ()
     return Summary(source=str(csv), blocks_read=nb,

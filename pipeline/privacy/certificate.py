@@ -191,7 +191,8 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     }
     if waivers:
         cert["waivers"] = waivers
-    warnings = [NOT_PRIVATE_WARNING] if seeded else ["an infinite budget adds no noise: NOT private"] if infinite else []
+    warnings = ([NOT_PRIVATE_WARNING] if seeded
+                else ["an infinite budget adds no noise: NOT private"] if infinite else [])
     if waivers:
         warnings.append(waived_warning(waivers))
     if warnings:
@@ -207,7 +208,7 @@ NOT_PRIVATE_WARNING = ("test mode: the noise is reproducible from the seed, so t
 def waived_warning(waivers: list[str]) -> str:
     """What a run that waives production checks is (the CLI prints it, the certificate records it)."""
     return (f"[run] weaken_privacy = {waivers!r} waives production privacy checks: these outputs are NOT "
-            "certified private (README, \"Production mode\")")
+            "certified private (README, \"Test and production mode\")")
 
 
 def draw_summary(cert: dict[str, Any]) -> dict[str, Any]:
