@@ -64,6 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .privacy.certificate import NOT_PRIVATE_WARNING
 
         print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
+    if config.run.weaken_privacy:
+        from .privacy.certificate import waived_warning
+
+        print(f"topdown: WARNING: {waived_warning(config.run.weaken_privacy)}", file=sys.stderr)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
               force=args.force, progress=_progress_printer(args.quiet), security=security, redraw=args.redraw)

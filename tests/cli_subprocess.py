@@ -13,10 +13,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
+from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING, waived_warning
 
-#: Lines that are not part of a failure's message: progress output and the test-mode warning.
+#: Lines that are not part of a failure's message: progress output and INFO log lines, the test-mode and the
+#: waiver warnings.
 _PROGRESS = re.compile(r"^\s+\S+\s+\S+\s+\d+/\d+ tasks$")
+_WAIVED = waived_warning([]).split("[]", 1)[1]
+_LOG = re.compile(r"^\d{2}:\d{2}:\d{2} (DEBUG|INFO) ")  # the CLI's log lines below WARNING (a run's progress)
 _TRACEBACK_MARKERS = ("Traceback (most recent call last)", 'File "', "Compute Failed", "distributed.worker")
 
 
@@ -34,9 +37,10 @@ class Outcome:
         return self.stderr + self.stdout
 
     def message_lines(self) -> list[str]:
-        """stderr's lines that say something: not blank, not progress, not the test-mode warning."""
+        """stderr's lines that say something: not blank, not progress or INFO, not the test-mode or waiver warning."""
         return [ln for ln in self.stderr.splitlines()
-                if ln.strip() and not _PROGRESS.match(ln) and NOT_PRIVATE_WARNING not in ln]
+                if ln.strip() and not _PROGRESS.match(ln) and not _LOG.match(ln) and NOT_PRIVATE_WARNING not in ln
+                and _WAIVED not in ln]
 
     def tracebacks(self) -> list[str]:
         """stderr lines that belong to a traceback or a Dask worker's failure report."""

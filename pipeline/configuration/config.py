@@ -2,7 +2,7 @@
 
 Layout of a configuration file (see ``conf/demo.toml``)::
 
-    [run]                      name, products, spine, mode, seed, input, baf, algorithm
+    [run]                      name, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
     [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
@@ -24,7 +24,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, Strict, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, SerializerFunctionWrapHandler,
+                      Strict, ValidationError, model_serializer, model_validator)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,6 +72,22 @@ TotalBudget = Annotated[Fraction | None, BeforeValidator(_parse_budget_total),
                         PlainSerializer(lambda v: INFINITE if v is None else str(v), return_type=str)]
 
 
+#: The largest finite budget total: above it a float conversion (the certificate's epsilon) overflows.
+MAX_FLOAT = sys.float_info.max
+
+
+def shown(value: Fraction) -> str:
+    """A fraction as written (\"104/4099\"), or in scientific notation when that would be long (1e400)."""
+    text = str(value)
+    if len(text) <= 30:
+        return text
+    exponent = len(str(abs(value.numerator))) - len(str(value.denominator))
+    scaled = value / Fraction(10) ** exponent  # in [0.1, 10)
+    if abs(scaled) < 1:
+        scaled, exponent = scaled * 10, exponent - 1
+    return f"{float(scaled):.4g}e{exponent:+d}"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -97,6 +114,11 @@ class BudgetConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_total(self) -> "BudgetConfig":
+        for key in ("rho", "epsilon"):
+            value = getattr(self, key)
+            if value is not None and value > MAX_FLOAT:
+                raise ValueError(f"{key} = {shown(value)} is too large to compute with (above {MAX_FLOAT:.3g}); "
+                                 "use \"inf\" for a zero-noise test run")
         if self.mechanism == "discrete_gaussian":
             if self.rho is None and not self.infinite:
                 raise ValueError("discrete_gaussian needs 'rho' (an exact fraction, or \"inf\" for a zero-noise test run)")
@@ -151,6 +173,19 @@ class ProductConfig(_Strict):
     constraints: dict[str, list[str]] = Field(default_factory=dict)
 
 
+#: The production checks a run may waive by name in ``[run] weaken_privacy`` (README, "Test and production
+#: mode"): a budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input
+#: whose housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the
+#: block assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
+WAIVERS = ("budget_ceiling", "derived_housing_units", "blocks_missing_from_baf")
+
+
+def waiver_hint(check: str) -> str:
+    """The end of a refusal that ``check`` (one of :data:`WAIVERS`) can waive."""
+    assert check in WAIVERS, check
+    return f"or add \"{check}\" to [run] weaken_privacy (the certificate then says private: false)"
+
+
 class RunSection(_Strict):
     name: str = "topdown"
     products: list[Literal[tuple(SCHEMAS)]] = Field(default=[next(iter(SCHEMAS))], min_length=1,  # type: ignore[valid-type]
@@ -164,11 +199,24 @@ class RunSection(_Strict):
     baf: str | None = None
     algorithm: Literal["topdown", "block_by_block"] = "topdown"
     build_demo_input: bool = Field(default=False, description="write the bundled demo input to `input` when missing")
+    weaken_privacy: list[Literal[WAIVERS]] = Field(default=[], description=(  # type: ignore[valid-type]
+        "production checks waived by name (WAIVERS); the certificate then says private: false"))
+
+    @model_serializer(mode="wrap")
+    def _omit_no_waivers(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``weaken_privacy`` key when nothing is waived (config.json and the config hash stay those of a
+        configuration written before the key existed)."""
+        data = handler(self)
+        if not data.get("weaken_privacy"):
+            data.pop("weaken_privacy", None)
+        return data
 
     @model_validator(mode="after")
     def _check_mode(self) -> "RunSection":
         if len(set(self.products)) != len(self.products):
             raise ValueError(f"products lists a product twice ({self.products})")
+        if len(set(self.weaken_privacy)) != len(self.weaken_privacy):
+            raise ValueError(f"weaken_privacy lists a waiver twice ({self.weaken_privacy})")
         if self.mode == "production" and self.seed is not None:
             raise ValueError("mode = \"production\" (the default) draws from the operating system's CSPRNG and "
                              "refuses a seed; remove 'seed', or set mode = \"test\" for reproducible noise that "
@@ -196,6 +244,11 @@ class Config(_Strict):
             if getattr(self, product) is None:
                 raise ValueError(f"run.products lists {product!r} but there is no [{product}] table")
         return self
+
+    def waived(self, check: str) -> bool:
+        """Whether ``[run] weaken_privacy`` waives the production check ``check`` (one of :data:`WAIVERS`)."""
+        assert check in WAIVERS, check
+        return check in self.run.weaken_privacy
 
     def product(self, name: str) -> ProductConfig:
         cfg = getattr(self, name)

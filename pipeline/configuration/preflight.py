@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, waiver_hint
+from ..privacy.accounting import check_noise
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import SCHEMAS
+from ..inputs.ingest import derived_units
 from ..inputs.validate import InputError
 
 
@@ -72,9 +74,12 @@ def read_baf(config: Config) -> pd.DataFrame | None:
         raise ConfigError(f"{config.source}: [run] baf: {exc}") from None
 
 
-def check_baf_states(baf: pd.DataFrame, baf_dir: str, geoids: pd.Series, input_file: Path) -> None:
+def check_baf_states(config: Config, baf: pd.DataFrame, geoids: pd.Series, input_file: Path) -> None:
     """Every input block lies in a state the block assignment files cover (a state missing from them
-    would silently get no AIAN area, place or MCD)."""
+    would silently get no AIAN area, place or MCD) and, in production unless waived
+    (``blocks_missing_from_baf``), is listed in them: a missing block would be put in no AIAN area, place or
+    MCD. The message names the number of such blocks and one GEOID (geography, not a count of persons)."""
+    baf_dir = config.run.baf
     covered = set(baf.index.str[:2])
     states = geoids.str[:2]
     outside = ~states.isin(covered)
@@ -83,10 +88,33 @@ def check_baf_states(baf: pd.DataFrame, baf_dir: str, geoids: pd.Series, input_f
         raise InputError(f"{input_file}: column 'geoid', block {block}: state {block[:2]} is not covered by the "
                          f"block assignment files of [run] baf = {baf_dir!r} (states {', '.join(sorted(covered))}); "
                          "give the files of every state of the input")
+    if config.run.mode != "production" or config.waived("blocks_missing_from_baf"):
+        return
+    missing = ~geoids.isin(baf.index)
+    if missing.any():
+        raise InputError(f"{input_file}: column 'geoid': {int(missing.sum())} of {len(geoids)} blocks (e.g. "
+                         f"{geoids[missing].iloc[0]}) are not in the block assignment files of [run] baf = "
+                         f"{baf_dir!r}; mode = \"production\" refuses to put them in no AIAN area, place or MCD: give "
+                         f"complete files, {waiver_hint('blocks_missing_from_baf')}")
+
+
+def check_derived_units(config: Config, units: tuple[Path, ...]) -> None:
+    """In production unless waived (``derived_housing_units``), refuse unit files whose housing-unit counts
+    ``topdown ingest blocks`` derived from the person counts: the block housing-unit invariants would publish
+    each block's household population within a few persons."""
+    if config.run.mode != "production" or config.waived("derived_housing_units"):
+        return
+    derived = derived_units(units)
+    if derived is not None:
+        raise InputError(f"{derived}: its housing units were derived from the person counts (topdown ingest blocks "
+                         "without hu columns); their block invariants would publish every block's household "
+                         "population within a few persons, so mode = \"production\" refuses it: ingest a table with "
+                         f"hu or hu_occupied and hu_vacant, {waiver_hint('derived_housing_units')}")
 
 
 def preflight(config: Config, workers: int | None) -> None:
     """The checks that need neither the input nor the run directory."""
     check_workers(workers)
+    check_noise(config)
     check_pass_queries(config)
     check_backend(config)

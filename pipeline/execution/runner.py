@@ -36,7 +36,7 @@ from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names, invariant_rows
 from .levels import Level, rollup, shares
 from .memory import limit_heaps, release_memory
-from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
+from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from ..products import PRODUCTS
 from .rundir import SCHEMA_VERSION, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
@@ -187,6 +187,7 @@ def run(
         security = check_scheduler(scheduler, security)
     out = out if out is not None else Path("runs") / config.run.name
     inp = _input_dir(config, input_dir)
+    check_derived_units(config, find_input(inp).units)
     hashes = input_hashes(config, inp)
     rundir = RunDir(out)
     with opened(rundir, config, hashes, resume, force, draws=True, redraw=redraw) as (manifest, prior):
@@ -282,7 +283,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         t = time.perf_counter()
         geoids = block_geoids(data)
         if baf is not None:
-            check_baf_states(baf, str(config.run.baf), geoids, files.where(UNIT_RECORDS))
+            check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
         spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
                             units=gq_presence(dclient, data) if config.run.spine == "optimized" else None)
         del geoids

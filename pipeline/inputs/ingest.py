@@ -57,7 +57,10 @@ reproduced exactly; everybody lives in a household (hhgq 0).
 * Housing units, when the table has none: occupied = ceil(household persons / 2.5) (so at least one in every
   populated block, and never more than the persons); vacant units follow the file-wide ratio of one vacant
   per 9 occupied units (a 10 % vacancy rate): with C_b the running total of occupied units over blocks in
-  GEOID order, block b gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units.
+  GEOID order, block b gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units. The block housing-unit counts,
+  invariants of a production run, are then a function of the person counts and would publish them: units.parquet
+  records it in its schema metadata (:data:`DERIVED_UNITS_KEY`) and a production run refuses such input
+  unless waived (README, "Test and production mode").
 * Housing units given by the table replace these: ``hu_occupied`` and ``hu_vacant`` are used as they are
   (a populated block needs an occupied unit, and an occupied unit a person); ``hu`` alone is split into
   occupied = min(hu, ceil(persons / 2.5)) and the rest vacant. A block with housing units but no persons
@@ -105,6 +108,9 @@ P5_DETAIL = (2, 3, 4, 5, 7, 8, 9)
 MAX_BLOCK_COUNT = 1_000_000
 #: Memory an ingest needs per person or unit row it writes (the expanded index arrays and the Arrow columns).
 BYTES_PER_RECORD = 64
+#: units.parquet schema metadata of an input whose housing-unit counts were derived from its person counts.
+DERIVED_UNITS_KEY = b"topdown.derived_housing_units"
+DERIVED_UNITS = "occupied = ceil(household persons / 2.5), vacant = 1 per 9 occupied (topdown ingest blocks)"
 
 
 class IngestError(ValueError):
@@ -140,13 +146,17 @@ class Summary:
 
 def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_cell: np.ndarray,
               person_count: np.ndarray, unit_block: np.ndarray, unit_type: np.ndarray, unit_occupied: np.ndarray,
-              unit_count: np.ndarray) -> tuple[int, int]:
+              unit_count: np.ndarray, units_derived: bool = False) -> tuple[int, int]:
     """Expand (block, cell, count) and (block, unit_type, occupied, count) rows into out/persons.parquet and
-    out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. Returns (persons, units) written."""
+    out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. ``units_derived``: the unit counts
+    were derived from the person counts (recorded under :data:`DERIVED_UNITS_KEY`). Returns (persons, units)
+    written."""
     out = Path(out)
     writable_dir(out, "the output directory")
     persons, units = cef_tables(geoids, person_block, person_cell, person_count, unit_block, unit_type, unit_occupied,
                                 unit_count)
+    if units_derived:
+        units = units.replace_schema_metadata({**(units.schema.metadata or {}), DERIVED_UNITS_KEY: DERIVED_UNITS})
     for name, table in (("persons.parquet", persons), ("units.parquet", units)):  # each file appears whole
         tmp = out / f".{name}.tmp"
         pq.write_table(table, tmp)
@@ -177,6 +187,19 @@ def cef_tables(geoids: np.ndarray, person_block: np.ndarray, person_cell: np.nda
     units = pa.table({"geoid": geo.take(pa.array(ub[rows])), "unit_type": pa.array(ut[rows].astype(np.int8)),
                       "occupied": pa.array(uo[rows])})
     return persons, units
+
+
+def derived_units(files: tuple[Path, ...]) -> Path | None:
+    """The first of the unit files ``files`` whose housing-unit counts an ingest derived from the person counts
+    (:data:`DERIVED_UNITS_KEY`), or None. Reads Parquet footers only; an unreadable file is left to the reader."""
+    for f in files:
+        try:
+            metadata = pq.read_schema(f).metadata or {}
+        except (OSError, ValueError):
+            continue
+        if DERIVED_UNITS_KEY in metadata:
+            return f
+    return None
 
 
 # --------------------------------------------------------------------------------------------- P.L. 94-171
@@ -539,9 +562,9 @@ def _read_block_table(csv: Path) -> tuple[str, pd.DataFrame]:
 
 
 def _block_units(csv: Path, values: dict[str, np.ndarray], persons: np.ndarray, geoids: np.ndarray,
-                 rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """Occupied and vacant housing units per block: the table's own columns or the derived ones (module
-    docstring). Arrays in table order."""
+    docstring), arrays in table order; and whether the housing-unit counts were derived from the persons."""
     derived = (2 * persons + 4) // 5  # ceil(persons / 2.5)
     if "hu_occupied" in values:
         occupied, vacant = values["hu_occupied"], values["hu_vacant"]
@@ -553,14 +576,14 @@ def _block_units(csv: Path, values: dict[str, np.ndarray], persons: np.ndarray, 
         running = np.cumsum(derived[order])
         vacant = np.empty_like(derived)
         vacant[order] = running // 9 - np.concatenate([[0], running[:-1]]) // 9
-        return derived, vacant
+        return derived, vacant, True
     column = "hu_occupied" if "hu_occupied" in values else "hu"
     for bad, problem in ((persons > 0) & (occupied == 0), "has persons but no occupied housing unit"),\
                         (occupied > persons, "has more occupied housing units than persons"):
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise IngestError(f"{csv}: column {column}, row {rows[i]}: block {geoids[i]} {problem}")
-    return occupied, vacant
+    return occupied, vacant, False
 
 
 def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
@@ -601,7 +624,7 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
         i, g = np.argwhere(vap > pop)[0]
         raise IngestError(f"{csv}: column vap_{BLOCK_GROUPS[g]}, row {i}: block {geoids[i]}: voting age exceeds "
                           f"pop_{BLOCK_GROUPS[g]}")
-    occupied, vacant = _block_units(csv, values, pop.sum(1), geoids, rows)
+    occupied, vacant, derived = _block_units(csv, values, pop.sum(1), geoids, rows)
     _check_memory(csv, int(pop.sum()) + int(occupied.sum()) + int(vacant.sum()))
 
     order = np.argsort(geoids, kind="stable")
@@ -629,7 +652,7 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
     n_persons, n_units = write_cef(out, geoids, np.concatenate(blocks_l), np.concatenate(cells_l),
                                    np.concatenate(counts_l), np.concatenate([np.arange(nb)] * 2),
                                    np.zeros(2 * nb, np.int64), np.repeat([True, False], nb),
-                                   np.concatenate([occupied, vacant]))
+                                   np.concatenate([occupied, vacant]), units_derived=derived)
     return Summary(source=str(csv), blocks_read=nb,
                    blocks_written=int(((household > 0) | (occupied + vacant > 0)).sum()),
                    persons=n_persons, housing_units=n_units, gq_facilities=0,
@@ -639,7 +662,8 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
 def _blocks_derived(hu: list[str], races: str, counts: np.ndarray) -> tuple[str, ...]:
     """What :func:`ingest_blocks` made up, in words (module docstring); ``counts`` is blocks x age x group."""
     units = {(): "housing units: the table has none; occupied = ceil(persons / 2.5) per block, one vacant per 9 "
-                 "occupied file-wide (derived from the population: a production run refuses them)",
+                 "occupied file-wide (derived from the population: a production run refuses this input unless [run] "
+                 "weaken_privacy waives \"derived_housing_units\")",
              ("hu",): "occupied and vacant housing units: occupied = min(hu, ceil(persons / 2.5)), the rest vacant",
              ("hu_occupied", "hu_vacant"): None}[tuple(hu)]
     collapsed = [BLOCK_GROUPS.index(g) for g in ("two", "hisp")]

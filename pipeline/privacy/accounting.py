@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable
+from typing import Iterable, Mapping
 
-from ..configuration.config import BudgetConfig, ConfigError
-from .mechanisms import discrete_gaussian_variance, geometric_variance
+from ..configuration.config import BudgetConfig, Config, ConfigError, shown, waiver_hint
+from .mechanisms import (discrete_gaussian_variance, discrete_gaussian_zero_probability, geometric_variance,
+                         geometric_zero_probability)
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
 
@@ -120,6 +121,19 @@ class Allocation:
         """True for an infinite-budget (zero-noise) test run."""
         return self.measured and self.variance == 0.0
 
+    @property
+    def exact_probability(self) -> float:
+        """The probability that the noise is zero, i.e. that the published answer is the true one (1 without
+        noise, 0 for a query not measured)."""
+        if not self.measured:
+            return 0.0
+        if self.rho is None and self.epsilon is None:
+            return 1.0
+        if self.sigma2 is not None:
+            return discrete_gaussian_zero_probability(self.sigma2)
+        assert self.epsilon is not None and self.sensitivity is not None
+        return geometric_zero_probability(self.epsilon, self.sensitivity)
+
 
 def allocate(budget: BudgetConfig, level: str, query: str, plb: Fraction | None = None) -> Allocation:
     """The allocation of ``query`` at a node of ``level`` whose geolevel budget share is ``plb``
@@ -151,6 +165,80 @@ def allocate(budget: BudgetConfig, level: str, query: str, plb: Fraction | None 
     eps = share * budget.epsilon
     return Allocation(level, query, budget.mechanism, share, None, eps, None, NEIGHBOURS.l1_sensitivity,
                       geometric_variance(eps, NEIGHBOURS.l1_sensitivity))
+
+
+def pure_dp_as_zcdp(epsilon: Fraction) -> Fraction:
+    """The zCDP rho implied by pure epsilon-DP: epsilon^2 / 2 (Bun and Steinke 2016, Proposition 1.4)."""
+    return epsilon ** 2 / 2
+
+
+# ------------------------------------------------------------------------------ budget ceiling and floor
+#: Production ceiling on one product's total budget, as zCDP rho (a pure-DP epsilon counts as epsilon^2 / 2,
+#: as the certificate composes it): 39 times the 2021 persons budget (rho 2.56), 1,300 times the units budget
+#: (0.075), 95 times the April 2021 demonstration's persons budget (1.05). At rho = 100 the tight (epsilon,
+#: delta = 1e-10) is about 194: e^194 bounds nothing a reader can use.
+PRODUCTION_MAX_RHO = Fraction(100)
+#: Production floor on every measured query's noise: the probability that it is zero (the published answer
+#: is the true count) is at most this. The 2021 persons strategy's least noisy query (the State total,
+#: sigma2 1.21) is exact with probability 0.36; the discrete Gaussian reaches 1/2 at sigma2 about 0.64.
+PRODUCTION_MAX_EXACT = 0.5
+#: In every mode, the largest noise the samplers (int64 draws) and the solvers (float64, integers exact below
+#: 2^53) handle: a standard deviation of 10^10, thirty times the U.S. population. Measured with more noise,
+#: a count says nothing; the budget is mistyped (rho = "1e-44").
+MAX_NOISE_SD = 10 ** 10
+BUDGET_WAIVER = "budget_ceiling"
+
+
+def check_noise(config: Config, max_shares: Mapping[str, Mapping[str, Fraction]] | None = None) -> None:
+    """Refuse budgets whose noise the samplers cannot draw (every mode: a standard deviation above
+    :data:`MAX_NOISE_SD`) and, in production unless ``[run] weaken_privacy`` waives ``budget_ceiling``, a
+    product's total above :data:`PRODUCTION_MAX_RHO` or a measured query whose noise is zero with probability
+    above :data:`PRODUCTION_MAX_EXACT`. ``max_shares`` gives per product the largest node share of each level
+    (a spine that bypasses levels moves budget to nodes); default the level's share. Raises
+    :class:`ConfigError` naming the file, the key and its value."""
+    guarded = config.run.mode == "production" and not config.waived(BUDGET_WAIVER)
+    waive = waiver_hint(BUDGET_WAIVER)
+    for product in config.run.products:
+        budget = config.product(product).budget
+        if budget.infinite:
+            continue  # refused in production by check_production
+        zcdp = budget.mechanism == "discrete_gaussian"
+        total = budget.rho if zcdp else budget.epsilon
+        assert total is not None
+        key = f"{config.source}: {product}.budget.{'rho' if zcdp else 'epsilon'} = {shown(total)}"
+        as_rho = total if zcdp else pure_dp_as_zcdp(total)
+        if guarded and as_rho > PRODUCTION_MAX_RHO:
+            raise ConfigError(f"{key} is above the production ceiling of rho = {PRODUCTION_MAX_RHO} per product"
+                              f"{'' if zcdp else f' (as zCDP: epsilon^2/2 = {shown(as_rho)})'}: it publishes "
+                              f"near-exact counts and bounds no privacy loss; lower it, {waive}")
+        for level, queries in budget.queries.items():
+            plb = (max_shares or {}).get(product, {}).get(level, budget.levels.get(level, Fraction(0)))
+            for query, qprop in queries.items():
+                if qprop <= 0 or not 0 < plb <= 1 or level not in budget.levels:
+                    continue  # not measured; a negative or unknown entry is check_budget's to name
+                entry = f"{product}.budget.queries.{level}.\"{query}\""
+                a = allocate(budget, level, query, plb) if _drawable(budget, qprop * plb) else None
+                if a is None:
+                    raise ConfigError(f"{key} is too small: {entry} (share {shown(qprop * plb)} of it) would get "
+                                      f"noise with a standard deviation above {MAX_NOISE_SD:.0e}, more than the "
+                                      "samplers and solvers handle; raise the budget")
+                if guarded and a.exact_probability > PRODUCTION_MAX_EXACT:
+                    raise ConfigError(f"{key} is refused in mode = \"production\": {entry} (share "
+                                      f"{shown(a.share)} of it) would get noise that is zero with probability "
+                                      f"{a.exact_probability:.2f}, so its published answer would be the true count "
+                                      f"more often than not (the floor: at most {PRODUCTION_MAX_EXACT}); lower the "
+                                      f"budget or the query's share, {waive}")
+
+
+def _drawable(budget: BudgetConfig, share: Fraction) -> bool:
+    """Whether a query with ``share`` of ``budget`` gets noise of standard deviation at most :data:`MAX_NOISE_SD`
+    (the geometric distribution's is below sqrt(2) / lambda, lambda = epsilon / sensitivity)."""
+    if budget.mechanism == "discrete_gaussian":
+        assert budget.rho is not None
+        return NEIGHBOURS.sigma2(share * budget.rho) <= MAX_NOISE_SD ** 2
+    assert budget.epsilon is not None
+    lam = share * budget.epsilon / NEIGHBOURS.l1_sensitivity
+    return lam * lam * MAX_NOISE_SD ** 2 >= 2
 
 
 def _zcdp_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:

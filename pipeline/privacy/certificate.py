@@ -12,8 +12,8 @@ import math
 from fractions import Fraction
 from typing import Any, Mapping
 
-from .accounting import (NEIGHBOURS, allocate, check_budget, epsilon_delta_curve, zcdp_to_epsilon,
-                         zcdp_to_epsilon_bun_steinke)
+from .accounting import (NEIGHBOURS, allocate, check_budget, check_noise, epsilon_delta_curve, pure_dp_as_zcdp,
+                         zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
 from ..configuration.config import Config, ConfigError, ProductConfig
 from ..products import PRODUCTS
 from ..execution.rundir import SCHEMA_VERSION
@@ -113,7 +113,7 @@ def _product_rho(product: dict[str, Any]) -> Fraction | None:
         return None
     if product["mechanism"] == "discrete_gaussian":
         return Fraction(product["rho"])
-    return Fraction(product["epsilon"]) ** 2 / 2
+    return pure_dp_as_zcdp(Fraction(product["epsilon"]))
 
 
 def _product_epsilon(product: dict[str, Any]) -> float:
@@ -158,22 +158,29 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     """The privacy certificate of ``config``: one top-level entry per product in ``config.run.products``
     (``persons``, ``units``), beside ``run``, ``mode`` (``production`` draws from the OS CSPRNG, without a
     seed; ``test`` from the seeded counter-based stream), ``private`` (false for a test-mode run, whose noise
-    anyone with the seed can regenerate, or an infinite budget), ``noise_reproducible_from_seed``,
+    anyone with the seed can regenerate, an infinite budget, or production checks waived by ``[run]
+    weaken_privacy``, then listed as ``waivers``), ``noise_reproducible_from_seed``,
     ``composed`` (all products together, see :func:`composed`) and ``config_sha256``.
 
     ``spine_budget`` optionally maps a product name to its per-block path shares (see
-    :func:`check_path_condition`) when the spine moved budget between levels.
+    :func:`check_path_condition`) when the spine moved budget between levels. The budget is checked first
+    (:func:`~.accounting.check_noise`, with the largest node shares when the spine moved budget).
     """
     spine_budget = spine_budget or {}
+    check_noise(config)
     entries = {name: _product_certificate(name, config.product(name), spine_budget.get(name))
                for name in config.run.products}
+    if spine_budget:  # the nodes that hold a bypassed level's share get less noise than their level's
+        check_noise(config, {name: {level: Fraction(v) for level, v in p["path_condition"]["max_share"].items()}
+                             for name, p in entries.items() if "max_share" in p["path_condition"]})
     seeded = config.run.mode == "test"
     infinite = any(p["epsilon"] == INFINITE for p in entries.values())
+    waivers = list(config.run.weaken_privacy)
     cert: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "run": config.run.name,
         "mode": config.run.mode,
-        "private": not seeded and not infinite,
+        "private": not seeded and not infinite and not waivers,
         "noise_reproducible_from_seed": seeded,
         "randomness": ("operating-system CSPRNG (os.urandom), no seed" if not seeded
                        else f"seeded counter-based Philox stream keyed by (seed, product, level, node, query); "
@@ -182,14 +189,26 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
         **entries,
         "composed": composed(entries),
     }
-    if not cert["private"]:
-        cert["warning"] = NOT_PRIVATE_WARNING if seeded else "an infinite budget adds no noise: NOT private"
+    if waivers:
+        cert["waivers"] = waivers
+    warnings = ([NOT_PRIVATE_WARNING] if seeded
+                else ["an infinite budget adds no noise: NOT private"] if infinite else [])
+    if waivers:
+        warnings.append(waived_warning(waivers))
+    if warnings:
+        cert["warning"] = "; ".join(warnings)
     return cert
 
 
 #: What a test-mode run is (the CLI prints it, the certificate records it).
 NOT_PRIVATE_WARNING = ("test mode: the noise is reproducible from the seed, so these outputs give NO privacy "
                        "(use mode = \"production\" for a release)")
+
+
+def waived_warning(waivers: list[str]) -> str:
+    """What a run that waives production checks is (the CLI prints it, the certificate records it)."""
+    return (f"[run] weaken_privacy = {waivers!r} waives production privacy checks: these outputs are NOT "
+            "certified private (README, \"Test and production mode\")")
 
 
 def draw_summary(cert: dict[str, Any]) -> dict[str, Any]:
@@ -209,7 +228,8 @@ def _composed_loss(draws: list[dict[str, Any]]) -> dict[str, Any]:
     if not zcdp:
         eps = sum((Fraction(d["epsilon"]) for d in draws), Fraction(0))
         return {"draws": len(draws), "epsilon": str(eps), "epsilon_float": float(eps), "delta": "0"}
-    rho = sum((Fraction(d["rho"]) if d["mechanism"] == "discrete_gaussian" else Fraction(d["epsilon"]) ** 2 / 2 for d in draws), Fraction(0))
+    rho = sum((Fraction(d["rho"]) if d["mechanism"] == "discrete_gaussian" else pure_dp_as_zcdp(Fraction(d["epsilon"]))
+               for d in draws), Fraction(0))
     delta = Fraction(zcdp[-1]["delta"])
     return {"draws": len(draws), "rho": str(rho), "rho_float": float(rho), "delta": str(delta),
             "epsilon": zcdp_to_epsilon(rho, delta)}

@@ -348,3 +348,21 @@ def geometric_variance(epsilon: Fraction, sensitivity: int) -> float:
     lam = float(_as_fraction(epsilon, "epsilon") / sensitivity)
     q = math.exp(-lam)
     return 2 * q / math.expm1(-lam) ** 2
+
+
+def discrete_gaussian_zero_probability(sigma2: Fraction) -> float:
+    """P(Y = 0) for Y ~ N_Z(0, sigma2): 1 / sum e^(-n^2/2s2) over |n| <= 50 sigma, and 1 / sqrt(2 pi sigma2)
+    above 100 where the two agree to double precision (Poisson summation)."""
+    s2 = float(_as_fraction(sigma2, "sigma2"))
+    if s2 > 100:
+        return 1 / math.sqrt(2 * math.pi * s2)
+    if s2 < 1e-3:  # e^(-1/2s2) < e^-500: the noise is 0 with probability 1 to double precision
+        return 1.0
+    bound = int(50 * math.sqrt(s2)) + 1
+    k = np.arange(-bound, bound + 1, dtype=np.float64)
+    return 1 / math.fsum(np.exp(-k * k / (2 * s2)))
+
+
+def geometric_zero_probability(epsilon: Fraction, sensitivity: int) -> float:
+    """P(Y = 0) = (1 - q) / (1 + q) = tanh(epsilon / (2 sensitivity)) of the two-sided geometric distribution."""
+    return math.tanh(float(_as_fraction(epsilon, "epsilon") / sensitivity) / 2)
