@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "confidential when the tables are")
     p.add_argument("--races", choices=RACE_CHOICES,
                    help="blocks: how the collapsed groups (two or more races, Hispanic) get race combinations: "
-                        "spread person by person (default) or compact, one per block and group (README 'Inputs')")
+                        "spread person by person (default) or compact, one per block and group (README 'Input')")
     p.set_defaults(fn=cmd_ingest)
 
     p = _command(sub, "evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")

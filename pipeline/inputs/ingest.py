@@ -674,4 +674,4 @@ def _blocks_derived(hu: list[str], races: str, counts: np.ndarray) -> tuple[str,
         units,
         "group quarters: the table has none; everybody lives in a household",
         f"race combinations of the two-or-more-races and Hispanic persons ({blocks:,} blocks have some): not in "
-        f"the table; {way} (--races {races}; README 'Inputs')") if d)
+        f"the table; {way} (--races {races}; README 'Input')") if d)
