@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ from typing import Iterator
 
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
     0, 1, 2, 3, 4, 5, 6, 130)
+#: Exit status of a command stopped by SIGTERM (SIGINT: :data:`EXIT_INTERRUPTED`), 128 + the signal's number.
+EXIT_TERMINATED = 143
 
 log = logging.getLogger("topdown")
 
@@ -405,12 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     from topdown.solvers.failsafe import FailsafeExhausted
 
     from .configuration.config import ConfigError
-    from .execution.rundir import RunDirError
+    from .execution.rundir import RunDirError, unwritable
     from .execution.tasks import EstimationError
 
     bad_input = (*input_errors(), FileNotFoundError)
     try:
-        with _tls_config(args):
+        with _tls_config(args), _signals_interrupt():
             return args.fn(args)
     except ConfigError as exc:
         print(f"topdown: configuration error: {exc}", file=sys.stderr)
@@ -424,16 +427,48 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as exc:  # declared input errors only: a bare ValueError is a bug (exit 6 below)
         print(f"topdown: input error: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        print("topdown: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
+        signum = getattr(exc, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
+        again = "; the run directory is resumable with --resume" if hasattr(args, "resume") else ""
+        print(f"topdown: interrupted by {name}{again}", file=sys.stderr)
+        return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:  # anything unforeseen: a distinct exit code, the traceback for a bug report
+        refused = unwritable(exc, getattr(args, "out", None))
+        if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug
+            print(f"topdown: {refused}", file=sys.stderr)
+            return EXIT_RUNDIR
         import traceback
 
         traceback.print_exc()
         print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived: the command stops, every lock and cluster is released on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread (once: a second one while the command
+    unwinds is ignored, so its locks and cluster are still released)."""
+    def stop(signum, frame):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":
