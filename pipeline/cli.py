@@ -121,11 +121,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_privacy(args: argparse.Namespace) -> int:
     from .privacy.certificate import certificate, render_certificate
     from .configuration.config import load_config
+    from .execution.rundir import write_json_atomic
 
     config = load_config(args.config)
     cert = certificate(config)
     out = Path(args.out or f"{config.run.name}.certificate.json")
-    out.write_text(json.dumps(cert, indent=2) + "\n")
+    write_json_atomic(out, cert)
     print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
     print(f"certificate written to {out}", file=sys.stderr)
     return EXIT_OK
@@ -434,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"topdown: interrupted by {name}{again}", file=sys.stderr)
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:  # anything unforeseen: a distinct exit code, the traceback for a bug report
-        refused = unwritable(exc, getattr(args, "out", None))
+        refused = unwritable(exc, getattr(exc, "filename", None) or getattr(args, "out", None))
         if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug
             print(f"topdown: {refused}", file=sys.stderr)
             return EXIT_RUNDIR

@@ -308,12 +308,11 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, 
 
 
 def unwritable(exc: BaseException, path: str | Path | None) -> RunDirError | None:
-    """The :class:`RunDirError` of a write to ``path`` refused with ``exc`` (None: another error)."""
+    """The :class:`RunDirError` of a write to ``path`` (default: the exception's file) refused with ``exc``
+    (None: another error)."""
     if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
         return None
-    where = exc.filename or path
-    return RunDirError(f"{where}: cannot write ({os.strerror(exc.errno)}); nothing was released from the failed "
-                       "write: free space or choose another place, then run again")
+    return RunDirError(f"{path or exc.filename or 'output'}: cannot write ({os.strerror(exc.errno)})")
 
 
 @contextmanager
