@@ -15,8 +15,10 @@ from pathlib import Path
 
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
 
-#: Lines that are not part of a failure's message: progress output and the test-mode warning.
+#: Lines that are not part of a failure's message: progress output, informational log lines (the CLI's log
+#: format, ``HH:MM:SS LEVEL message``; warnings and errors count) and the test-mode warning.
 _PROGRESS = re.compile(r"^\s+\S+\s+\S+\s+\d+/\d+ tasks$")
+_INFO = re.compile(r"^\d\d:\d\d:\d\d (INFO|DEBUG) ")
 _TRACEBACK_MARKERS = ("Traceback (most recent call last)", 'File "', "Compute Failed", "distributed.worker")
 
 
@@ -34,9 +36,10 @@ class Outcome:
         return self.stderr + self.stdout
 
     def message_lines(self) -> list[str]:
-        """stderr's lines that say something: not blank, not progress, not the test-mode warning."""
+        """stderr's lines that say something: not blank, not progress, not an informational log line, not the
+        test-mode warning."""
         return [ln for ln in self.stderr.splitlines()
-                if ln.strip() and not _PROGRESS.match(ln) and NOT_PRIVATE_WARNING not in ln]
+                if ln.strip() and not _PROGRESS.match(ln) and not _INFO.match(ln) and NOT_PRIVATE_WARNING not in ln]
 
     def tracebacks(self) -> list[str]:
         """stderr lines that belong to a traceback or a Dask worker's failure report."""
