@@ -5,8 +5,9 @@ Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configur
 scheme, or tls:// without credentials); 3 bad input data (one of the declared errors of
 :func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
-chunk that fails its SHA-256 check in production); 5 estimation failed; 6 internal error (any other
-exception, a plain ValueError included, with its traceback); 130 interrupted.
+chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place);
+5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
+traceback); 130 interrupted by SIGINT, 143 by SIGTERM.
 """
 from __future__ import annotations
 
