@@ -248,12 +248,15 @@ def test_workers_over_the_limit_is_exit_2(tmp_path, planted_input):
     assert not (tmp_path / "run").exists()
 
 
-def test_lock_of_a_dead_process_is_taken_over(tmp_path, planted_input, planted_run):
+@pytest.mark.parametrize("holder", ["dead", "empty"])
+def test_lock_of_a_dead_process_is_taken_over(tmp_path, planted_input, planted_run, holder):
+    """A lock whose process is gone, or an empty one (an earlier version left it on a full disk)."""
     dead = subprocess.Popen(["true"])
     dead.wait()
     out = tmp_path / "run"
     out.mkdir()
-    (out / LOCK).write_text(f"pid {dead.pid} on {socket.gethostname()} since 2026-01-01T00:00:00")
+    (out / LOCK).write_text(f"pid {dead.pid} on {socket.gethostname()} since 2026-01-01T00:00:00"
+                            if holder == "dead" else "")
     done = topdown("run", "demo", "--input", planted_input, "--out", out, "--quiet", *RUN)
     assert done.code == 0, str(done)
     assert "took over the stale lock" in done.stderr and done.tracebacks() == []

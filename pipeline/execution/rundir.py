@@ -124,8 +124,8 @@ class RunDir:
         """Hold the one-writer lock of this run directory.
 
         The lock file records ``pid <pid> on <host> since <time>``. A lock left by a process of this host
-        that no longer exists (a killed run) is stale and taken over, with a warning in the log; a lock
-        of another host, or of a live process, refuses the run with a message naming the holder.
+        that no longer exists (a killed run), or an empty one, is stale and taken over, with a warning in the
+        log; a lock of another host, or of a live process, refuses the run with a message naming the holder.
         """
         path = self.root / LOCK
         text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
@@ -269,7 +269,10 @@ def _read_lock(path: Path) -> str | None:
 
 
 def _is_stale(holder: str) -> bool:
-    """True when the lock text names a process of this host that no longer exists."""
+    """True when the lock text names a process of this host that no longer exists, or is empty (a lock is
+    linked into place whole, so an empty one was left by an earlier version that ran out of disk writing it)."""
+    if not holder:
+        return True
     m = _LOCK_TEXT.match(holder)
     if m is None or m.group(2) != socket.gethostname():
         return False
