@@ -1,4 +1,10 @@
 """Geography: spines (standard, AIAN, optimized), bypassing, custom block groups, block assignment files."""
+import gzip
+import zlib
+
+#: What reading a damaged compressed file raises (a truncated .gz: EOFError; a corrupt one: zlib.error or
+#: BadGzipFile), beside the parser's own errors: the readers of input files declare them as input errors.
+DAMAGED_FILE_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
 class GeographyError(ValueError):

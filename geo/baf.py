@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import GeographyError, one_line
+from . import DAMAGED_FILE_ERRORS, GeographyError, one_line
 
 BAF_NAME = re.compile(r"^BlockAssign_ST(\d{2})_([A-Z]{2})_(.+)\.txt(?:\.gz)?$")
 
@@ -38,7 +38,7 @@ def _read_one(path: Path, entity: str) -> pd.DataFrame:
     """One BAF as a frame indexed by geoid with our column names."""
     try:
         frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False, na_values=[])
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, *DAMAGED_FILE_ERRORS) as exc:
         raise GeographyError(f"{path}: not a readable block assignment file ({one_line(exc)})") from None
     if "BLOCKID" not in frame.columns:
         raise GeographyError(f"{path}: no BLOCKID column in the header {list(frame.columns)}")

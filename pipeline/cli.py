@@ -5,14 +5,16 @@ Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configur
 scheme, or tls:// without credentials); 3 bad input data (one of the declared errors of
 :func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
-chunk that fails its SHA-256 check in production); 5 estimation failed; 6 internal error (any other
-exception, a plain ValueError included, with its traceback); 130 interrupted.
+chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place);
+5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
+traceback); 130 interrupted by SIGINT, 143 by SIGTERM.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import signal
 import sys
 import textwrap
 import time
@@ -24,6 +26,8 @@ from .inputs import RACE_CHOICES
 
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
     0, 1, 2, 3, 4, 5, 6, 130)
+#: Exit status of a command stopped by SIGTERM (SIGINT: :data:`EXIT_INTERRUPTED`), 128 + the signal's number.
+EXIT_TERMINATED = 143
 
 log = logging.getLogger("topdown")
 
@@ -125,12 +129,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_privacy(args: argparse.Namespace) -> int:
     from .privacy.certificate import certificate, render_certificate
     from .configuration.config import load_config
+    from .execution.rundir import write_json_atomic
 
     config = load_config(args.config)
     cert = certificate(config)
     print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
     if args.out:
-        Path(args.out).write_text(json.dumps(cert, indent=2) + "\n")
+        write_json_atomic(Path(args.out), cert)
         print(f"certificate written to {args.out}", file=sys.stderr)
     return EXIT_OK
 
@@ -264,7 +269,7 @@ def _tls_config(args: argparse.Namespace) -> Iterator[None]:
 #: Every command's help ends with these (README "exit code" table).
 EXIT_CODES_HELP = ("exit codes: 0 success; 1 verify found a failed check; 2 configuration or usage error; 3 input "
                    "error; 4 run directory unusable; 5 estimation failed; 6 internal error (a bug: please report "
-                   "it); 130 interrupted")
+                   "it); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM")
 
 #: One example a command's help shows (every one runs on the bundled data, from a clone's root).
 EXAMPLES = {
@@ -464,12 +469,12 @@ def main(argv: list[str] | None = None) -> int:
     from topdown.solvers.failsafe import FailsafeExhausted
 
     from .configuration.config import ConfigError
-    from .execution.rundir import RunDirError
+    from .execution.rundir import RunDirError, unwritable
     from .execution.tasks import EstimationError
 
     bad_input = (*input_errors(), FileNotFoundError)
     try:
-        with _tls_config(args):
+        with _tls_config(args), _signals_interrupt():
             return args.fn(args)
     except ConfigError as exc:
         print(f"topdown: configuration error: {exc}", file=sys.stderr)
@@ -483,16 +488,48 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as exc:  # declared input errors only: a bare ValueError is a bug (exit 6 below)
         print(f"topdown: input error: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    except KeyboardInterrupt:
-        print("topdown: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
+        signum = getattr(exc, "signum", signal.SIGINT)
+        name = signal.Signals(signum).name
+        again = "; the run directory is resumable with --resume" if hasattr(args, "resume") else ""
+        print(f"topdown: interrupted by {name}{again}", file=sys.stderr)
+        return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:  # anything unforeseen: a distinct exit code, the traceback for a bug report
+        refused = unwritable(exc, getattr(exc, "filename", None) or getattr(args, "out", None))
+        if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug
+            print(f"topdown: {refused}", file=sys.stderr)
+            return EXIT_RUNDIR
         import traceback
 
         traceback.print_exc()
         print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived: the command stops, every lock and cluster is released on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread (once: a second one while the command
+    unwinds is ignored, so its locks and cluster are still released)."""
+    def stop(signum, frame):
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

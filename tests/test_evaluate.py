@@ -11,7 +11,7 @@ import pytest
 from conftest import DATA
 from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, entities_on_spine, evaluate,
                                                   load_entities)
-from topdown.pipeline.execution.rundir import write_table
+from topdown.pipeline.execution.rundir import RunDirError, write_table
 from topdown.vocab.schema import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
@@ -207,7 +207,7 @@ def test_evaluate_errors(setup, tmp_path: Path):
     truth, run_a, _, _ = setup
     manifest = json.loads((run_a / "manifest.json").read_text())
     (run_a / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
-    with pytest.raises(EvaluationError, match="not 'complete'"):
+    with pytest.raises(RunDirError, match="holds no complete run"):
         evaluate([run_a], truth, options=OPTS)
     (run_a / "manifest.json").write_text(json.dumps(manifest))
     bad = tmp_path / "dup.csv"

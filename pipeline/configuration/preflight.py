@@ -7,6 +7,7 @@ lock or writes a file.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -19,10 +20,24 @@ from ..inputs.ingest import derived_units
 from ..inputs.validate import InputError
 
 
+#: Most worker processes of an embedded cluster per CPU: more only compete for the CPUs (and each holds a Python
+#: process's memory), and a typo such as ``--workers 1000`` would start processes without bound.
+WORKERS_PER_CPU = 4
+
+
+def max_workers() -> int:
+    """The largest ``--workers`` an embedded cluster accepts on this machine."""
+    return WORKERS_PER_CPU * (os.cpu_count() or 1)
+
+
 def check_workers(workers: int | None) -> None:
-    """``--workers`` is a positive number of worker processes (0 or -1 would start no worker and wait)."""
+    """``--workers`` is a positive number of worker processes (0 or -1 would start no worker and wait), at most
+    :func:`max_workers`."""
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"--workers must be a positive number of worker processes, got {workers!r}")
+    if workers is not None and workers > max_workers():
+        raise ConfigError(f"--workers {workers}: at most {max_workers()} worker processes ({WORKERS_PER_CPU} per CPU, "
+                          f"{os.cpu_count() or 1} CPUs here)")
 
 
 def check_pass_queries(config: Config) -> None:

@@ -28,6 +28,7 @@ the confidential count. The runs and the sampling replicates are evaluated as on
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,7 +42,7 @@ from topdown.geo import one_line
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
 from ..execution.dataplane import find_input
-from ..execution.rundir import RunDirError, RunReader, write_table
+from ..execution.rundir import RunReader, removed_on_failure, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
 
@@ -170,12 +171,7 @@ class RunView:
     def __init__(self, root: Path, label: str):
         self.root, self.label = Path(root), label
         self.reader = RunReader(self.root)
-        try:
-            self.manifest = self.reader.manifest()
-        except RunDirError as exc:
-            raise EvaluationError(str(exc)) from None
-        if not self.manifest.complete:
-            raise EvaluationError(f"{self.reader.manifest_path}: run status is {self.manifest.status!r}, not 'complete'")
+        self.manifest = self.reader.complete_manifest("evaluating it")  # RunDirError: exit 4, as verify
         self.levels: list[str] = list(self.manifest.levels)
         spine = self.reader.spine_table()
         if list(spine.columns) != ["geoid", *self.levels]:
@@ -470,13 +466,14 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
             tables[name] = suppress_small(tables[name])
     if audit is not None:
         tables["audit"] = load_audit(Path(audit))
-    out.mkdir(parents=True, exist_ok=True)
-    for name, frame in tables.items():
-        write_table(frame, out / f"{name}.parquet")
     from .eval_report import write_report
 
-    extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
-    write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra)
+    with removed_on_failure(out) if not out.exists() else nullcontext():  # a new folder: complete or absent
+        out.mkdir(parents=True, exist_ok=True)
+        for name, frame in tables.items():
+            write_table(frame, out / f"{name}.parquet")
+        extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
+        write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra)
     return out
 
 

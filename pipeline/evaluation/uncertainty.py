@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
                   segment_sum, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
+from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..products import PRODUCTS
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.schema import SCHEMAS
@@ -55,15 +56,9 @@ class Source:
 
     @classmethod
     def open(cls, path: str | Path) -> "Source":
-        from ..execution.rundir import RunDirError, RunReader
-
         path = Path(path)
         reader = RunReader(path)
-        if not reader.manifest_path.exists():
-            raise FileNotFoundError(f"{reader.manifest_path}: not a run directory")
-        m = reader.manifest()
-        if not m.complete:
-            raise RunDirError(f"{path}: the run is not complete (status {m.status!r})")
+        m = reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
         spine = reader.spine()
         table = spine.table[["geoid", *spine.levels]].astype(str)
         src = cls(path, list(spine.levels), m.products, table)
@@ -287,9 +282,12 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
         from ..configuration.config import ConfigError
 
         raise ConfigError(f"--levels: unknown level(s) {', '.join(sorted(unknown))}; levels are {', '.join(src.levels)}")
+    if out.is_dir():
+        raise RunDirError(f"--out {out}: a folder; uncertainty writes one Parquet file (name a file)")
     staging = out.with_name(f".{out.name}.parts")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    with writing(staging):
+        staging.mkdir(parents=True)
     cost = Cost()
     parts_written: list[Path] = []
     try:
@@ -310,10 +308,11 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
         schema = pq.read_schema(parts_written[0])
         schema = schema.with_metadata({**(schema.metadata or {}), META_KEY: meta})
         tmp = out.with_name(f".{out.name}.tmp")
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
-            for part in parts_written:
-                writer.write_table(pq.read_table(part).cast(schema))
-        os.replace(tmp, out)
+        with writing(out), removed_on_failure(tmp):
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
+                for part in parts_written:
+                    writer.write_table(pq.read_table(part).cast(schema))
+            os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return cost

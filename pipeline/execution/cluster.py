@@ -10,9 +10,15 @@ certificate and key (``--tls-ca-file``, ``--tls-cert``, ``--tls-key``, or the Da
 """
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from distributed import Security
+from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..configuration.config import ConfigError
 
@@ -27,6 +33,35 @@ TLS_FLAGS = {"tls_ca_file": "--tls-ca-file", "tls_client_cert": "--tls-cert", "t
 def embedded_security() -> Security:
     """Temporary credentials for an embedded cluster: no process outside this run can join it."""
     return Security.temporary()
+
+
+class QuietTaskErrors(WorkerPlugin):
+    """Drops a worker's "Compute Failed" report (its copy of a task's exception and traceback) in the embedded
+    cluster, whose workers print to the user's terminal: the driver reports every failed task itself, a
+    documented error as its one-line message, a bug with the traceback (the worker's frames included)."""
+
+    name = "topdown-quiet-task-errors"
+
+    def setup(self, worker) -> None:
+        logging.getLogger("distributed.worker").addFilter(_not_compute_failed)
+
+
+def _not_compute_failed(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Compute Failed")
+
+
+@contextmanager
+def workers_ignore_sigint() -> Iterator[None]:
+    """Worker processes started in this block ignore SIGINT (the disposition is inherited): a Ctrl-C reaches
+    the whole process group, and the driver alone stops the command, closing the cluster on its way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 def tls_security(ca_file: str | None = None, cert: str | None = None, key: str | None = None) -> Security | None:

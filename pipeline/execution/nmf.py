@@ -50,7 +50,7 @@ from topdown.geo.spine import Spine
 from ..inputs.validate import InputError
 from .levels import level_constraints, published_units
 from ..products import PRODUCTS
-from .rundir import RunDir, RunDirError, RunReader, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, RunReader, removed_on_failure, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 
 FORMAT = "topdown-nmf/1"
@@ -120,39 +120,40 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     cert = reader.certificate().data
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(), "levels": spine.levels,
-            "spine": spine.kind, "products": {}}
-    for product in config.run.products:
-        cfg = config.product(product)
-        schema = SCHEMAS[product]
-        inv_path = run_dir / "invariants" / f"{product}.parquet"
-        units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
-        # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
-        units = [u.assign(occupied=np.nan) for u in units]
-        nodes = [u.index for u in units]
-        cons = level_constraints(product, cfg, spine.levels, units, parents)
-        for lv, n, u, c in zip(spine.levels, nodes, units, cons):
-            base = tmp / product / f"{lv}.parquet"
-            shares = node_shares(spine, cfg.budget, lv)
-            qshares = cfg.budget.queries.get(lv, {})
-            parts = sorted(rundir.measurements(product, lv).glob("part-*.parquet"))
-            (base / "DPQuery").mkdir(parents=True, exist_ok=True)
-            for i, part in enumerate(parts):
-                long = pq.read_table(part).to_pandas()
-                if len(long):
-                    write_table(_dpquery_table(long, shares, qshares), base / "DPQuery" / f"part-{i:05d}.parquet")
-            split = state_total is not None and "tot" in u.columns and u["tot"].isna().any()  # a state in parts
-            write_table(_constraint_table(product, n, u, c, state_total if split else None),
-                        base / "Constraint" / "part-00000.parquet")
-        meta["products"][product] = {
-            "mechanism": cert[product]["mechanism"], "rho": cert[product].get("rho"),
-            "schema": [list(d) for d in schema.dims],
-            "queries": {lv: list(cfg.budget.queries.get(lv, {})) for lv in spine.levels},
-        }
-    write_json_atomic(tmp / "nmf.json", meta)
-    if out_dir.exists():
-        out_dir.rmdir()
-    os.replace(tmp, out_dir)
+    with removed_on_failure(tmp):  # complete or absent
+        meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(), "levels": spine.levels,
+                "spine": spine.kind, "products": {}}
+        for product in config.run.products:
+            cfg = config.product(product)
+            schema = SCHEMAS[product]
+            inv_path = run_dir / "invariants" / f"{product}.parquet"
+            units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
+            # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
+            units = [u.assign(occupied=np.nan) for u in units]
+            nodes = [u.index for u in units]
+            cons = level_constraints(product, cfg, spine.levels, units, parents)
+            for lv, n, u, c in zip(spine.levels, nodes, units, cons):
+                base = tmp / product / f"{lv}.parquet"
+                shares = node_shares(spine, cfg.budget, lv)
+                qshares = cfg.budget.queries.get(lv, {})
+                parts = sorted(rundir.measurements(product, lv).glob("part-*.parquet"))
+                (base / "DPQuery").mkdir(parents=True, exist_ok=True)
+                for i, part in enumerate(parts):
+                    long = pq.read_table(part).to_pandas()
+                    if len(long):
+                        write_table(_dpquery_table(long, shares, qshares), base / "DPQuery" / f"part-{i:05d}.parquet")
+                split = state_total is not None and "tot" in u.columns and u["tot"].isna().any()  # a state in parts
+                write_table(_constraint_table(product, n, u, c, state_total if split else None),
+                            base / "Constraint" / "part-00000.parquet")
+            meta["products"][product] = {
+                "mechanism": cert[product]["mechanism"], "rho": cert[product].get("rho"),
+                "schema": [list(d) for d in schema.dims],
+                "queries": {lv: list(cfg.budget.queries.get(lv, {})) for lv in spine.levels},
+            }
+        write_json_atomic(tmp / "nmf.json", meta)
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
     return out_dir
 
 

@@ -15,6 +15,7 @@ reprocessing, the noisy measurement file): its paths, its typed :class:`Manifest
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -123,34 +124,39 @@ class RunDir:
         """Hold the one-writer lock of this run directory.
 
         The lock file records ``pid <pid> on <host> since <time>``. A lock left by a process of this host
-        that no longer exists (a killed run) is stale and taken over, with a warning in the log; a lock
-        of another host, or of a live process, refuses the run with a message naming the holder.
+        that no longer exists (a killed run), or an empty one, is stale and taken over, with a warning in the
+        log; a lock of another host, or of a live process, refuses the run with a message naming the holder.
         """
         path = self.root / LOCK
-        fd = self._try_create(path)
-        if fd is None:
+        text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+        if not self._try_create(path, text):
             holder = _read_lock(path)
             if holder is not None and _is_stale(holder):
                 self._take_over(path, holder)
-                fd = self._try_create(path)
-            if fd is None:
+            if not self._try_create(path, text):
                 holder = _read_lock(path) or "holder unknown"
                 raise RunDirError(
                     f"{self.root} is locked by another run ({holder}). If no run is active, delete {path}."
                 )
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}")
         try:
             yield
         finally:
             path.unlink(missing_ok=True)
 
     @staticmethod
-    def _try_create(path: Path) -> int | None:
+    def _try_create(path: Path, text: str) -> bool:
+        """Create the lock file holding ``text`` unless one exists: written beside it and linked into place
+        (atomic, so a lock file is never empty; a full disk leaves no lock)."""
+        tmp = path.with_name(f"{LOCK}.{os.getpid()}.tmp")
         try:
-            return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            with writing(path):
+                tmp.write_text(text)
+                os.link(tmp, path)
         except FileExistsError:
-            return None
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
 
     def _take_over(self, path: Path, holder: str) -> None:
         """Move a stale lock aside (atomic rename) and delete it if it is still the one judged stale."""
@@ -263,7 +269,10 @@ def _read_lock(path: Path) -> str | None:
 
 
 def _is_stale(holder: str) -> bool:
-    """True when the lock text names a process of this host that no longer exists."""
+    """True when the lock text names a process of this host that no longer exists, or is empty (a lock is
+    linked into place whole, so an empty one was left by an earlier version that ran out of disk writing it)."""
+    if not holder:
+        return True
     m = _LOCK_TEXT.match(holder)
     if m is None or m.group(2) != socket.gethostname():
         return False
@@ -296,23 +305,64 @@ def changed_files(recorded: dict[str, str], found: dict[str, str]) -> dict[str, 
     return problems
 
 
+#: errno values of a write refused by the place written (full, read-only, not permitted, over a size
+#: limit): an error of the run directory or --out (exit 4), not a bug.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+def unwritable(exc: BaseException, path: str | Path | None) -> RunDirError | None:
+    """The :class:`RunDirError` of a write to ``path`` (default: the exception's file) refused with ``exc``
+    (None: another error)."""
+    if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
+        return None
+    return RunDirError(f"{path or exc.filename or 'output'}: cannot write ({os.strerror(exc.errno)})")
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """A write to ``path``: refused by the place written, it raises :class:`RunDirError` naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        error = unwritable(exc, path)
+        if error is None:
+            raise
+        raise error from None
+
+
+@contextmanager
+def removed_on_failure(path: str | Path) -> Iterator[None]:
+    """Whatever is written at ``path`` (a file or a folder) is removed if the block fails: nothing half-written."""
+    path = Path(path)
+    try:
+        yield
+    except BaseException:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON through a temporary file and an atomic rename."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    with writing(path), removed_on_failure(tmp):
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+        os.replace(tmp, path)
 
 
 def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:
     """Write a pandas frame or Arrow table as one Parquet file (directories created), deterministically and
     atomically (a temporary file renamed into place, so a killed run never leaves half a file); ``options``
     go to ``pq.write_table`` (e.g. ``measure.MEASUREMENT_PARQUET``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, **{"compression": "zstd", "write_statistics": True, **options})
-    os.replace(tmp, path)
+    with writing(path), removed_on_failure(tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, tmp, **{"compression": "zstd", "write_statistics": True, **options})
+        os.replace(tmp, path)
 
 
 def _schema_version(data: dict[str, Any], path: Path) -> int:

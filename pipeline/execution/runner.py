@@ -26,7 +26,7 @@ from distributed import Security
 from topdown.geo.spine import BLOCK, Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
-from .cluster import check_scheduler, embedded_security
+from .cluster import QuietTaskErrors, check_scheduler, embedded_security, workers_ignore_sigint
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
@@ -115,13 +115,15 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     check_workers(workers)
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
-    with embedded_settings(), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                         host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
-            Client(cluster) as c:
-        log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
-                 c.dashboard_link)
-        yield c
+    with embedded_settings():
+        with workers_ignore_sigint():
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                                   host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security())
+        with cluster, Client(cluster) as c:
+            c.register_plugin(QuietTaskErrors())
+            log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
+                     c.dashboard_link)
+            yield c
 
 
 def _input_dir(config: Config, input_dir: str | Path | None) -> Path:

@@ -88,6 +88,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from topdown.geo import DAMAGED_FILE_ERRORS
 from topdown.geo.states import STATE_FIPS
 
 from ..execution.rundir import writable_dir
@@ -236,7 +237,7 @@ def _read_pipe(src: Path | Traversable) -> pd.DataFrame:
         with src.open("rb") as fh:
             return pd.read_csv(fh, sep="|", header=None, dtype=str, keep_default_na=False, encoding="latin-1",
                                compression="gzip" if src.name.endswith(".gz") else None, quoting=3)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, *DAMAGED_FILE_ERRORS) as exc:
         raise IngestError(f"{src}: column -, row -: cannot read pipe-delimited file ({exc})") from exc
 
 
@@ -552,7 +553,7 @@ def _read_block_table(csv: Path) -> tuple[str, pd.DataFrame]:
     """The block CSV as strings, and the name of its GEOID column."""
     try:
         frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, UnicodeDecodeError, *DAMAGED_FILE_ERRORS) as exc:
         raise IngestError(f"{csv}: column -, row -: cannot read CSV ({exc})") from exc
     names = [c for c in GEOID_COLUMNS if c in frame.columns]
     if len(names) != 1:

@@ -67,6 +67,10 @@ def _read(path: Path, columns: tuple[str, ...], row_groups: list[int] | None = N
     missing = [c for c in columns if c not in table.column_names]
     if missing:
         raise InputError(f"{path}: column '{missing[0]}': required column missing (have {table.column_names})")
+    twice = [c for c in columns if table.column_names.count(c) > 1]
+    if twice:
+        raise InputError(f"{path}: column '{twice[0]}': appears {table.column_names.count(twice[0])} times (column "
+                         "names must be unique)")
     return table.select(list(columns)).combine_chunks()
 
 
