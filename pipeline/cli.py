@@ -47,11 +47,11 @@ def _progress_printer(quiet: bool):
 
 def _security(args: argparse.Namespace):
     """The TLS client credentials of the --tls-* flags (None without them)."""
+    if not hasattr(args, "tls_ca_file"):  # a command without a cluster
+        return None
     from .execution.cluster import tls_security
     from .configuration.config import ConfigError
 
-    if not hasattr(args, "tls_ca_file"):  # a command without a cluster
-        return None
     security = tls_security(args.tls_ca_file, args.tls_cert, args.tls_key)
     if security is not None and not args.scheduler:
         raise ConfigError("--tls-ca-file/--tls-cert/--tls-key are for a --scheduler tls:// address; the embedded "
@@ -458,53 +458,66 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    import warnings
-
-    import distributed  # noqa: F401  (configures its loggers on import; quiet them afterwards)
-
-    for noisy in ("distributed", "pyomo", "asyncio", "tornado", "bokeh"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-    # Chunks carry their parents' data by design (a task holds whole parents).
-    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-    from topdown.solvers.failsafe import FailsafeExhausted
-
-    from .configuration.config import ConfigError
-    from .execution.rundir import RunDirError, unwritable
-    from .execution.tasks import EstimationError
-
-    bad_input = (*input_errors(), FileNotFoundError)
+    if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
+        _quiet_cluster_logs(args.verbose)
     try:
         with _tls_config(args), _signals_interrupt():
             return args.fn(args)
-    except ConfigError as exc:
-        print(f"topdown: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except RunDirError as exc:
-        print(f"topdown: {exc}", file=sys.stderr)
-        return EXIT_RUNDIR
-    except (EstimationError, FailsafeExhausted) as exc:
-        print(f"topdown: estimation failed: {exc}", file=sys.stderr)
-        return EXIT_ESTIMATION
-    except bad_input as exc:  # declared input errors only: a bare ValueError is a bug (exit 6 below)
-        print(f"topdown: input error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)
         name = signal.Signals(signum).name
         again = "; the run directory is resumable with --resume" if hasattr(args, "resume") else ""
         print(f"topdown: interrupted by {name}{again}", file=sys.stderr)
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
-    except Exception as exc:  # anything unforeseen: a distinct exit code, the traceback for a bug report
-        refused = unwritable(exc, getattr(exc, "filename", None) or getattr(args, "out", None))
-        if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug
-            print(f"topdown: {refused}", file=sys.stderr)
-            return EXIT_RUNDIR
-        import traceback
+    except Exception as exc:
+        return _failed(exc, args)
 
-        traceback.print_exc()
-        print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
-              file=sys.stderr)
-        return EXIT_INTERNAL
+
+def _quiet_cluster_logs(verbose: bool) -> None:
+    """Dask's and the solvers' loggers at WARNING (DEBUG with -v). ``distributed`` configures its loggers when
+    imported, so it is imported first; only the commands that use a cluster pay for that import."""
+    import warnings
+
+    import distributed  # noqa: F401
+
+    for noisy in ("distributed", "pyomo", "asyncio", "tornado", "bokeh"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # Chunks carry their parents' data by design (a task holds whole parents).
+    warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+
+
+def _failed(exc: Exception, args: argparse.Namespace) -> int:
+    """One line on stderr and the documented exit code of a command's failure; anything unforeseen is a bug:
+    exit 6 with the traceback for a report. The error classes are imported here, on the failure path only (the
+    module that raised one is loaded already), so that a command starts without the modules it does not use."""
+    from topdown.solvers.failsafe import FailsafeExhausted
+
+    from .configuration.config import ConfigError
+    from .execution.rundir import RunDirError, unwritable
+    from .execution.tasks import EstimationError
+
+    if isinstance(exc, ConfigError):
+        print(f"topdown: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if isinstance(exc, RunDirError):
+        print(f"topdown: {exc}", file=sys.stderr)
+        return EXIT_RUNDIR
+    if isinstance(exc, (EstimationError, FailsafeExhausted)):
+        print(f"topdown: estimation failed: {exc}", file=sys.stderr)
+        return EXIT_ESTIMATION
+    if isinstance(exc, (*input_errors(), FileNotFoundError)):  # declared input errors only: not a bare ValueError
+        print(f"topdown: input error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    refused = unwritable(exc, getattr(exc, "filename", None) or getattr(args, "out", None))
+    if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug
+        print(f"topdown: {refused}", file=sys.stderr)
+        return EXIT_RUNDIR
+    import traceback
+
+    traceback.print_exception(exc)
+    print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
+          file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 class Interrupted(KeyboardInterrupt):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -46,3 +48,14 @@ def test_privacy_prints_and_writes_a_file_only_when_asked(tmp_path, monkeypatch,
     assert main(["privacy", "demo", "--out", "cert.json"]) == EXIT_OK
     assert json.loads((tmp_path / "cert.json").read_text()) == printed
     assert [p.name for p in tmp_path.iterdir()] == ["cert.json"]
+
+
+@pytest.mark.parametrize("argv", [["verify", "{run}"], ["privacy", "demo"], ["nmf", "--help"]])
+def test_commands_without_a_cluster_start_without_dask(demo_run, argv):
+    """``distributed`` costs seconds to import under load; verify, privacy and every --help do without it."""
+    argv = [a.format(run=demo_run) for a in argv]
+    code = ("import sys\nfrom topdown.pipeline.cli import main\n"
+            f"try:\n    code = main({argv!r})\nexcept SystemExit as stop:\n    code = stop.code\n"
+            "print(code, sorted(m for m in ('distributed', 'dask', 'pyomo') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 []", done.stdout + done.stderr

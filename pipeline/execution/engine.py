@@ -13,13 +13,12 @@ import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import scipy.sparse as sp
-from distributed import Client
 
 from topdown.geo.spine import STATE
 from topdown.vocab.problem import GroupTotal
@@ -31,6 +30,9 @@ from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunk
 from .tasks import Chunk, ChunkResult, ParentTask, windowed
+
+if TYPE_CHECKING:  # a run's client; verify reads level digests from here without starting Dask
+    from distributed import Client
 
 log = logging.getLogger("topdown")
 
