@@ -272,9 +272,12 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     from ..execution.runner import dask_client
 
     t0, c0 = time.perf_counter(), time.process_time()
+    source = entities if isinstance(entities, Path) else None
+    if source is not None:  # a bad entities file is reported before the run is opened
+        entities = load_entities(source)
     src = Source.open(run)
-    if isinstance(entities, Path):
-        entities = entities_on_spine(load_entities(entities), pd.Index(src.spine["geoid"]), entities)
+    if source is not None:
+        entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
     out = Path(out)
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
