@@ -3,6 +3,7 @@ replicate 90 % interval, and the true count where one is known), from a ``topdow
 from __future__ import annotations
 
 import io
+from typing import Collection
 
 import numpy as np
 import pandas as pd
@@ -26,9 +27,10 @@ def interval_table(unc: pd.DataFrame, levels: tuple[str, ...] = ("Tract", "place
     return table
 
 
-def interval_figure(table: pd.DataFrame) -> bytes:
+def interval_figure(table: pd.DataFrame, spine_levels: Collection[str]) -> bytes:
     """PNG: per geounit, the GLS and replicate 90 % intervals relative to the published count (or the GLS
-    estimate where there is no published column), the estimate, and the true count if present."""
+    estimate where there is no published column), the estimate, and the true count if present; a level not in
+    ``spine_levels`` is an entity kind, its geounits named by code."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +48,7 @@ def interval_figure(table: pd.DataFrame) -> bytes:
     if "truth" in table.columns and table["truth"].notna().any():
         ax.plot(table["truth"] - center, y, "x", color="C3", ms=7, label="true count")
     ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(y, [f"{lv} {g}" for lv, g in zip(table["level"], table["geocode"])], fontsize=7)
+    ax.set_yticks(y, [geounit_label(lv, g, spine_levels) for lv, g in zip(table["level"], table["geocode"])], fontsize=7)
     ax.set_xlabel("persons, relative to the published count", fontsize=8)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     fig.tight_layout()
@@ -56,16 +58,30 @@ def interval_figure(table: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
+#: Caption of the interval figure. The bundled block assignment files (data/ri_baf2020) carry codes only, no
+#: names, so an entity is shown by its code.
+INTERVAL_CAPTION = ("90% intervals of a few published persons totals, relative to the published count: GLS (from "
+                    "the noisy measurements) and replicate intervals; an interval that reaches 0 covers the published "
+                    "count. Entities are shown by their code (the block assignment files carry no names).")
+
+
+def geounit_label(level: str, geocode: str, spine_levels: Collection[str]) -> str:
+    """How a geounit is named in figures: "Tract 44007000101"; an off-spine entity (of block assignment files,
+    which carry no names) by its code: "place code 4459000"."""
+    return f"{level} {geocode}" if level in spine_levels else f"{level} code {geocode}"
+
+
 def coverage_summary(unc: pd.DataFrame, truth: pd.Series, query: str = "total") -> pd.DataFrame:
-    """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only."""
+    """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only.
+    Levels in the order the file holds them (the spine's, top-down, then the entity kinds); geounits an integer."""
     rows = unc[(unc["product"] == PERSONS.name) & (unc["query"] == query) & (unc["cell"] == 0)]
     t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
     rows = rows.assign(truth=t).dropna(subset=["truth"])
-    out = rows.groupby("level").apply(lambda g: pd.Series({
+    out = rows.groupby("level", sort=False).apply(lambda g: pd.Series({
         "geounits": len(g), "gls_covers": ((g["ci90_low"] <= g["truth"]) & (g["truth"] <= g["ci90_high"])).mean(),
         **({"replicate_covers": ((g["rep90_low"] <= g["truth"]) & (g["truth"] <= g["rep90_high"])).mean()}
            if "rep90_low" in g.columns else {})}), include_groups=False)
-    return out.reset_index()
+    return out.reset_index().astype({"geounits": np.int64})
 
 
 def truth_totals(truth_blocks: pd.DataFrame, spine: pd.DataFrame, entities: pd.DataFrame | None) -> pd.Series:
