@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def _merge_identical(rows: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
                 break
         else:
             out.append(([str(name)], values))
-    return [(" = ".join(names), values) for names, values in out]
+    return [(textwrap.fill(" = ".join(names), 40), values) for names, values in out]
 
 
 def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], list[str]]:
@@ -94,13 +95,13 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     if not persons.empty:
         shown = [lv for lv in levels if lv in set(persons["level"])]
         mae = persons.groupby(["query", "level"], sort=False)["mean_abs_error"].mean().unstack().reindex(columns=shown)
-        fig, ax = plt.subplots(figsize=(8, 3.8))
+        fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
         for label, values in _merge_identical(mae):
             ax.plot(shown, values, marker="o", label=label)
         ax.set_yscale("symlog", linthresh=1)
         ax.set_ylabel("mean L1 error per geounit")
         ax.set_title("Error by level (mean over runs)")
-        ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         figs["mae_by_level"] = Figure(fig, (
             "How far each persons query is from the truth at each level, top-down (mean L1 error per geounit, log "
             "scale above 1; lower is better); queries with the same errors share one line, named 'a = b'."))
@@ -112,7 +113,7 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
                      & bins["q0.5"].notna()]
         shown = [lv for lv in ("County", levels[-1]) if lv in set(first["level"])]
         if shown:
-            fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.5), squeeze=False)
+            fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.5), squeeze=False, layout="constrained")
             for ax, level in zip(axes[0], shown):
                 f = first[first["level"] == level]
                 x = np.arange(len(f))
@@ -135,7 +136,7 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     blau = tables["blau"]
     blau = blau[blau["mean_signed_error"].notna()] if not blau.empty else blau
     if not blau.empty:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        fig, ax = plt.subplots(figsize=(5.5, 3.5), layout="constrained")
         mean = blau.groupby(["level", "quintile"], sort=False)["mean_signed_error"].mean().unstack()
         for level in [lv for lv in levels if lv in mean.index]:
             row = mean.loc[level].dropna()
@@ -153,7 +154,7 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     hom = hom[hom["bias"].notna()] if not hom.empty else hom
     shown = [lv for lv in levels[-2:] if lv in set(hom["level"])] if not hom.empty else []
     if shown:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        fig, ax = plt.subplots(figsize=(5.5, 3.5), layout="constrained")
         for level in shown:
             h = hom[hom["level"] == level].groupby("homogeneity").apply(
                 lambda g: np.average(g["bias"], weights=g["n"]), include_groups=False)
@@ -170,7 +171,7 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     trade = _tradeoff(tables)
     if trade is not None:
         level, runs, srs = trade
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
         ax.plot(srs["epl"], srs[TRADEOFF_ERROR], "s-" if len(srs) > 1 else "s", color="C1",
                 label="simple random sample (rate)")
         for _, r in srs.iterrows():
@@ -197,8 +198,7 @@ def _png(fig) -> bytes:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
@@ -237,8 +237,9 @@ def formatted(frame: pd.DataFrame) -> pd.DataFrame:
 def _wide(frame: pd.DataFrame, index: list[str], value: str) -> pd.DataFrame:
     """``value`` per run as columns (formatted, "suppressed" where blanked), rows in the frame's order."""
     cells = formatted(frame[[value, *(["suppressed"] if "suppressed" in frame.columns else [])]])[value]
-    return frame.assign(_cell=cells).pivot_table(index=index, columns="run", values="_cell", aggfunc="first",
+    wide = frame.assign(_cell=cells).pivot_table(index=index, columns="run", values="_cell", aggfunc="first",
                                                   sort=False)
+    return wide.reindex(pd.MultiIndex.from_frame(frame[index].drop_duplicates()))
 
 
 def _collapse_suppressed(wide: pd.DataFrame, keep: int) -> pd.DataFrame:
