@@ -176,9 +176,10 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
                 label="simple random sample (rate)")
         for _, r in srs.iterrows():
             ax.annotate(f"{r['rate']:.0%}", (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
-        ax.plot(runs["epl"], runs[TRADEOFF_ERROR], "o", color="C0", label="TopDown run")
+        ax.plot(runs["epl"], runs[TRADEOFF_ERROR], "*", color="C3", ms=11, zorder=3, label="TopDown run")
         for _, r in runs.iterrows():
-            ax.annotate(str(r["run"]), (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
+            ax.annotate(str(r["run"]), (r["epl"], r[TRADEOFF_ERROR]), xytext=(5, -11), textcoords="offset points",
+                        fontsize=8, color="C3", weight="bold")
         ax.set_xlabel("empirical privacy loss (residual-based)")
         ax.set_ylabel("mean absolute error per answer")
         ax.set_title(f"{level}, {TRADEOFF_QUERY}", fontsize=9)
@@ -381,9 +382,11 @@ def _key_tables(tables: dict[str, pd.DataFrame], levels: list[str], trade_level:
         parts.append(_table(ent[ent["n"] > 0].set_index(["run", "entity_type", "bin"])[cols],
                             "Off-spine entities: TOTAL error and largest-group share within 5 points",
                             "entity_type: a kind of entity of the block assignment files (place: incorporated "
-                            "places and CDPs; mcd: county subdivisions; cd: congressional districts; vtd: voting "
-                            "districts; aiannh: American Indian areas); bin: true population of the entity; n_share: "
-                            "entities whose largest-group share is defined."))
+                            "places and CDPs; mcd: county subdivisions; place_mcd: the county subdivision in a "
+                            "strong-MCD state, else the place (the targeted entity); cd: congressional districts; "
+                            "vtd: voting districts; aiannh: American Indian areas); bin: true population of the "
+                            "entity; n_share: entities whose largest-group share is defined. Entities are counted, "
+                            "not named: the bundled block assignment files carry codes only."))
     sampling = tables["sampling"]
     if not sampling.empty:
         table, level = _sampling_table(sampling, levels, trade_level)
