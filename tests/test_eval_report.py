@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from topdown.pipeline.evaluation import eval_report as R
-from topdown.pipeline.evaluation.intervals import coverage_summary, geounit_label
+from topdown.pipeline.evaluation.intervals import coverage_summary, geounit_label, interval_caption
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
 N = {"US": 1, "State": 1, "County": 2, "Tract": 15, "Block_Group": 40, "Block": 900}  # County: 2, suppressed
@@ -238,3 +238,7 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
     assert R.formatted(cov)["geounits"].tolist() == ["2", "1", "1"]
     assert geounit_label("place", "4459000", LEVELS) == "place code 4459000"
     assert geounit_label("Tract", "44007000101", LEVELS) == "Tract 44007000101"
+    caption = interval_caption(unc, LEVELS)  # names only the intervals drawn; entities by code
+    assert "by their code" in caption and "replicate" not in caption and "\n" not in caption
+    caption = interval_caption(unc[unc["level"] != "place"].assign(rep90_low=0), LEVELS)
+    assert "by their code" not in caption and "replicate interval" in caption

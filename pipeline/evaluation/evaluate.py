@@ -483,7 +483,7 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     """The interval figure (no true count: the report shows summaries only) and the coverage of the truth by
     the GLS and replicate intervals per level (written as intervals_coverage.parquet)."""
     from .eval_report import _table
-    from .intervals import INTERVAL_CAPTION, coverage_summary, interval_figure, interval_table, truth_totals
+    from .intervals import coverage_summary, interval_caption, interval_figure, interval_table, truth_totals
 
     unc = pd.read_parquet(opts.uncertainty)
     spine = RunReader(run).spine_table()
@@ -493,7 +493,8 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
         cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})
     write_table(cov, out / "intervals_coverage.parquet")
-    figs = {"intervals": (interval_figure(interval_table(unc), list(spine.columns[1:])), INTERVAL_CAPTION)} if opts.figures else {}
+    shown, levels = interval_table(unc), list(spine.columns[1:])
+    figs = {"intervals": (interval_figure(shown, levels), interval_caption(shown, levels))} if opts.figures else {}
     return figs, _table(cov.set_index("level"), "Share of geounits whose 90% interval covers the true TOTAL")
 
 

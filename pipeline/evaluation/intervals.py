@@ -58,11 +58,14 @@ def interval_figure(table: pd.DataFrame, spine_levels: Collection[str]) -> bytes
     return buf.getvalue()
 
 
-#: Caption of the interval figure. The bundled block assignment files (data/ri_baf2020) carry codes only, no
-#: names, so an entity is shown by its code.
-INTERVAL_CAPTION = ("90% intervals of a few published persons totals, relative to the published count: GLS (from "
-                    "the noisy measurements) and replicate intervals; an interval that reaches 0 covers the published "
-                    "count. Entities are shown by their code (the block assignment files carry no names).")
+def interval_caption(table: pd.DataFrame, spine_levels: Collection[str]) -> str:
+    """The one-line caption of :func:`interval_figure` for ``table``: names only the intervals drawn, and says
+    that entities (of block assignment files, which carry no names) are shown by their code."""
+    rep = " and the replicate interval (over repeated runs)" if "rep90_low" in table.columns else ""
+    codes = ("; entities are shown by their code (the block assignment files carry no names)"
+             if not set(table["level"]) <= set(spine_levels) else "")
+    return (f"90% intervals of a few published persons totals, relative to the published count: the GLS interval "
+            f"(from the noisy measurements){rep}; an interval that reaches 0 covers the published count{codes}.")
 
 
 def geounit_label(level: str, geocode: str, spine_levels: Collection[str]) -> str:
