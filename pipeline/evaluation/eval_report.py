@@ -27,7 +27,6 @@ TRADEOFF_ERROR = "mean_abs_cell_error"
 TRADEOFF_QUERY = "votingage * hispanic * cenrace"
 #: Text of a statistic blanked because it is over fewer than MIN_NODES geounits.
 SUPPRESSED = "suppressed"
-SUPPRESSED_NOTE = f"suppressed: computed over fewer than {MIN_NODES} geounits, so not shown"
 #: Columns that count geounits or answers (never blanked), and columns of observed errors (inverted-CDF
 #: quantiles, the median and largest |error|): both print as integers when every value is a whole number.
 COUNT_COLUMNS = ("n", "n_answers", "n_residuals", "n_share", "geounits")
