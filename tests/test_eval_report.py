@@ -223,7 +223,11 @@ def test_every_figure_in_the_report_sits_in_a_figure_with_its_caption(tmp_path: 
     imgs = re.findall(r"<img [^>]*>", body)
     figures = re.findall(r"<figure><img [^>]*alt=\"(\w+)\"><figcaption>([^<]+)</figcaption></figure>", body)
     assert len(imgs) == len(figures) == 6 and all(c.strip() for _, c in figures)
+    assert {n for n, _ in figures} == set(R.FIGURE_NAMES)
     assert (tmp_path / "epl_tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    R.write_report(tmp_path, _tables(()), ["r"])  # evaluated again into the same folder: no trade-off figure now
+    assert not (tmp_path / "epl_tradeoff.png").exists() and not (tmp_path / "intervals.png").exists()
+    assert (tmp_path / "blau.png").exists()
 
 
 def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code():

@@ -33,6 +33,11 @@ COUNT_COLUMNS = ("n", "n_answers", "n_residuals", "n_share", "geounits")
 WHOLE_COLUMNS = (*COUNT_COLUMNS, "median_abs_error", "max_abs_error")
 
 
+#: Every figure the report can hold (``intervals``: evaluate --uncertainty); one left out this time has its PNG
+#: of an earlier evaluation into the same folder removed, so no stale figure lies beside the report.
+FIGURE_NAMES = ("mae_by_level", "errors_by_bin", "blau", "homogeneity", "epl_tradeoff", "intervals")
+
+
 @dataclass
 class Figure:
     """One drawn figure: its matplotlib figure (closed once saved) and the caption under it."""
@@ -420,6 +425,9 @@ def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], 
         except ImportError:
             notes = ["Figures need matplotlib (pip install 'census-topdown[plots]')."]
     imgs.update(extra[0] if extra else {})
+    for name in FIGURE_NAMES:
+        if name not in imgs:
+            (out / f"{name}.png").unlink(missing_ok=True)
     for name, (png, _) in imgs.items():
         (out / f"{name}.png").write_bytes(png)
     small = (f"Statistics over fewer than {MIN_NODES} geounits are suppressed: their cells say '{SUPPRESSED}'."
