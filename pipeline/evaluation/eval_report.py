@@ -294,8 +294,13 @@ EPL_ABOVE_NOTE = (
 def _fmt_epl(row: pd.Series) -> str:
     if row["status"] != "estimated":
         return str(row["status"])
-    above = pd.notna(row.get("epsilon_query")) and row["epl"] > row["epsilon_query"]
-    return f"{row['epl']:.3f} [{row['epl_lo']:.3f}, {row['epl_hi']:.3f}]" + (" *" if above else "")
+    return f"{row['epl']:.3f} [{row['epl_lo']:.3f}, {row['epl_hi']:.3f}]"
+
+
+def _epl_cell(row: pd.Series) -> str:
+    """:func:`_fmt_epl`, with " *" when the estimate is above the epsilon of the query's own measurement."""
+    above = row["status"] == "estimated" and pd.notna(row.get("epsilon_query")) and row["epl"] > row["epsilon_query"]
+    return _fmt_epl(row) + (" *" if above else "")
 
 
 def epl_table(epl: pd.DataFrame, audit: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -304,7 +309,7 @@ def epl_table(epl: pd.DataFrame, audit: pd.DataFrame | None = None) -> pd.DataFr
     the theoretical epsilons."""
     if epl.empty:
         return epl
-    frame = epl.assign(cell=epl.apply(_fmt_epl, axis=1))
+    frame = epl.assign(cell=epl.apply(_epl_cell, axis=1))
     out = frame.pivot_table(index=["product", "level", "query"], columns="run", values="cell", aggfunc="first",
                             sort=False)
     out.columns = [f"residual EPL, {c}" for c in out.columns]
