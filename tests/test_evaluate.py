@@ -145,8 +145,11 @@ def test_evaluate_default_out_and_figures(setup):
     truth, run_a, _, _ = setup
     out = evaluate([run_a], truth, options=EvalOptions(sampling_rates=(0.5,)))
     assert out == run_a / "evaluation-CONFIDENTIAL"
-    assert (out / "mae_by_level.png").exists() and (out / "epl_tradeoff.png").exists()
-    assert "data:image/png;base64" in (out / "report.html").read_text()
+    assert (out / "mae_by_level.png").exists()
+    # four blocks give no estimated EPL: the trade-off figure would be empty axes, so it is left out, saying why
+    assert not (out / "epl_tradeoff.png").exists()
+    body = (out / "report.html").read_text()
+    assert "data:image/png;base64" in body and "trade-off figure is left out" in body
     assert pd.read_parquet(out / "replicates.parquet").empty  # one run: no spread
 
 

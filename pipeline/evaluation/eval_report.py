@@ -1,96 +1,164 @@
-"""Figures (matplotlib, Agg) and the one-page ``report.html`` of ``topdown evaluate`` (see evaluate.py)."""
+"""Figures (matplotlib, Agg) and the one-page ``report.html`` of ``topdown evaluate`` (see evaluate.py).
+
+Every figure comes with a one-line caption saying what to read from it, draws only series that have data
+(its legend names nothing that is not drawn) and is left out, with a note saying why, when it would be empty.
+Tables print counts as integers, keep the levels top-down, and say "suppressed" where a statistic over fewer
+than :data:`~.metrics.MIN_NODES` geounits was blanked.
+"""
 from __future__ import annotations
 
 import base64
 import html
 import io
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from topdown.vocab.schema import PERSONS
+from .metrics import MIN_NODES
 
-#: Query and level of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: county SC). Its
-#: error axis is the mean |error| per answer: with 63 race combinations most SC answers are zero, so the
+#: Query of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: SC, at the county level).
+#: Its error axis is the mean |error| per answer: with 63 race combinations most SC answers are zero, so the
 #: median absolute error Petti & Flaxman plot (6 races) is 0 here and uninformative.
 TRADEOFF_ERROR = "mean_abs_cell_error"
 TRADEOFF_QUERY = "votingage * hispanic * cenrace"
-TRADEOFF_LEVEL = "County"
+#: Text of a statistic blanked because it is over fewer than MIN_NODES geounits.
+SUPPRESSED = "suppressed"
+#: Columns that count geounits or answers (never blanked), and columns of observed errors (inverted-CDF
+#: quantiles, the median and largest |error|): both print as integers when every value is a whole number.
+COUNT_COLUMNS = ("n", "n_answers", "n_residuals", "n_share", "geounits")
+WHOLE_COLUMNS = (*COUNT_COLUMNS, "median_abs_error", "max_abs_error")
 
 
-def _tradeoff_level(levels: list[str]) -> str:
-    return TRADEOFF_LEVEL if TRADEOFF_LEVEL in levels else levels[min(2, len(levels) - 1)]
+#: Every figure the report can hold (``intervals``: evaluate --uncertainty); one left out this time has its PNG
+#: of an earlier evaluation into the same folder removed, so no stale figure lies beside the report.
+FIGURE_NAMES = ("mae_by_level", "errors_by_bin", "blau", "homogeneity", "epl_tradeoff", "intervals")
 
 
-def _levels(summary: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(summary["level"])) if not summary.empty else []
+@dataclass
+class Figure:
+    """One drawn figure: its matplotlib figure (closed once saved) and the caption under it."""
+
+    fig: object
+    caption: str
 
 
-def _figures(tables: dict[str, pd.DataFrame]) -> dict[str, bytes]:
-    """PNG bytes per figure name; figures whose table is empty are skipped."""
+def _levels(frame: pd.DataFrame) -> list[str]:
+    """Levels in the order the tables hold them: the run's spine order, top-down."""
+    return list(dict.fromkeys(frame["level"])) if not frame.empty else []
+
+
+def _tradeoff(tables: dict[str, pd.DataFrame]) -> tuple[str, pd.DataFrame, pd.DataFrame] | None:
+    """The highest level (top-down) where a TopDown run and a sampling rate both have an estimated EPL of
+    TRADEOFF_QUERY: (level, the runs' points, the sample's points per rate); None if no level has both."""
+    summary, epl, sampling = tables["summary"], tables["epl"], tables["sampling"]
+    if summary.empty or epl.empty or sampling.empty:
+        return None
+    keys = ["run", "product", "level", "query"]
+    runs = summary[summary["query"] == TRADEOFF_QUERY].merge(epl[[*keys, "epl"]], on=keys).dropna(
+        subset=["epl", TRADEOFF_ERROR])
+    srs = sampling[sampling["query"] == TRADEOFF_QUERY].dropna(subset=["epl", TRADEOFF_ERROR])
+    for level in _levels(summary):
+        r, s = runs[runs["level"] == level], srs[srs["level"] == level]
+        if len(r) and len(s):
+            return level, r, s.groupby("rate")[["epl", TRADEOFF_ERROR]].mean().reset_index()
+    return None
+
+
+def _merge_identical(rows: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
+    """(label, values) per distinct row: rows with identical values become one line labelled "a = b", so no
+    line hides under another."""
+    out: list[tuple[list[str], np.ndarray]] = []
+    for name, row in rows.iterrows():
+        values = row.to_numpy(float)
+        for names, seen in out:
+            if np.allclose(values, seen, equal_nan=True):
+                names.append(str(name))
+                break
+        else:
+            out.append(([str(name)], values))
+    return [(textwrap.fill(" = ".join(names), 40), values) for names, values in out]
+
+
+def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], list[str]]:
+    """The report's figures (name -> Figure) and a note for each figure left out for lack of data."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out: dict[str, bytes] = {}
-
-    def save(fig, name: str) -> None:
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
-        out[name] = buf.getvalue()
-
+    figs: dict[str, Figure] = {}
+    notes: list[str] = []
     summary = tables["summary"]
-    persons = summary[summary["product"] == PERSONS.name] if not summary.empty else summary
-    levels = _levels(persons)
+    persons = summary[(summary["product"] == PERSONS.name) & summary["mean_abs_error"].notna()] \
+        if not summary.empty else summary
+    levels = _levels(summary)
     if not persons.empty:
-        fig, ax = plt.subplots(figsize=(6.5, 3.8))
-        mae = persons.groupby(["query", "level"], sort=False)["mean_abs_error"].mean().unstack()
-        for query, row in mae.iterrows():
-            ax.plot(levels, row.reindex(levels).to_numpy(), marker="o", label=query)
+        shown = [lv for lv in levels if lv in set(persons["level"])]
+        mae = persons.groupby(["query", "level"], sort=False)["mean_abs_error"].mean().unstack().reindex(columns=shown)
+        fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
+        for label, values in _merge_identical(mae):
+            ax.plot(shown, values, marker="o", label=label)
         ax.set_yscale("symlog", linthresh=1)
         ax.set_ylabel("mean L1 error per geounit")
         ax.set_title("Error by level (mean over runs)")
-        ax.legend(fontsize=7, ncol=2)
-        save(fig, "mae_by_level")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        figs["mae_by_level"] = Figure(fig, (
+            "How far each persons query is from the truth at each level, top-down (mean L1 error per geounit, log "
+            "scale above 1; lower is better); queries with the same errors share one line, named 'a = b'."))
 
     bins = tables["errors_by_bin"]
     if not bins.empty:
-        first = bins[(bins["run"] == bins["run"].iloc[0]) & (bins["product"] == PERSONS.name) & (bins["bin"] != "all")]
-        shown = [lv for lv in ("County", levels[-1] if levels else None) if lv in set(first["level"])]
+        run = bins["run"].iloc[0]
+        first = bins[(bins["run"] == run) & (bins["product"] == PERSONS.name) & (bins["bin"] != "all")
+                     & bins["q0.5"].notna()]
+        shown = [lv for lv in ("County", levels[-1]) if lv in set(first["level"])]
         if shown:
-            fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.5), squeeze=False)
+            fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.5), squeeze=False, layout="constrained")
             for ax, level in zip(axes[0], shown):
-                f = first[(first["level"] == level) & (first["n"] > 0)]
+                f = first[first["level"] == level]
                 x = np.arange(len(f))
                 ax.vlines(x, f["q0.05"], f["q0.95"], lw=1, color="C0")
                 ax.vlines(x, f["q0.25"], f["q0.75"], lw=5, color="C0")
                 ax.plot(x, f["q0.5"], "o", color="k", ms=4)
                 ax.axhline(0, color="grey", lw=0.5)
-                ax.set_xticks(x, f["bin"], fontsize=7)
+                ax.set_xticks(x, [f"{b}\n(n={n})" for b, n in zip(f["bin"], f["n"])], fontsize=7)
+                ax.set_xlim(-0.6, len(f) - 0.4)
+                ax.set_xlabel("true population of the geounit", fontsize=8)
                 ax.set_title(f"{level}: TOTAL error by true population", fontsize=9)
                 ax.set_ylabel("protected - true (5/25/50/75/95%)", fontsize=8)
-            save(fig, "errors_by_bin")
+            figs["errors_by_bin"] = Figure(fig, (
+                f"TOTAL error of each geounit by its true population, run {run}: bar 25-75%, line 5-95%, dot the "
+                f"median; a box away from 0 is a bias; bins of fewer than {MIN_NODES} geounits are left out."))
+        else:
+            notes.append(f"The figure of TOTAL error by true population is left out: no County or "
+                         f"{levels[-1] if levels else 'Block'} bin holds {MIN_NODES} or more geounits.")
 
     blau = tables["blau"]
+    blau = blau[blau["mean_signed_error"].notna()] if not blau.empty else blau
     if not blau.empty:
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        fig, ax = plt.subplots(figsize=(5.5, 3.5), layout="constrained")
         mean = blau.groupby(["level", "quintile"], sort=False)["mean_signed_error"].mean().unstack()
         for level in [lv for lv in levels if lv in mean.index]:
-            ax.plot(mean.columns, mean.loc[level], marker="o", label=level)
+            row = mean.loc[level].dropna()
+            ax.plot(row.index, row.to_numpy(), marker="o", label=level)
         ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xticks(range(1, 6))
         ax.set_xlabel("Blau index quintile (1 = least diverse)")
         ax.set_ylabel("mean signed TOTAL error")
         ax.legend(fontsize=7)
-        save(fig, "blau")
+        figs["blau"] = Figure(fig, (
+            "Mean signed TOTAL error by how diverse the geounits are (Blau index quintile): a line above 0 adds "
+            "people to such areas, below 0 takes them away."))
 
     hom = tables["homogeneity"]
-    if not hom.empty:
-        shown = [lv for lv in levels[-2:] if lv in set(hom["level"])]
-        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    hom = hom[hom["bias"].notna()] if not hom.empty else hom
+    shown = [lv for lv in levels[-2:] if lv in set(hom["level"])] if not hom.empty else []
+    if shown:
+        fig, ax = plt.subplots(figsize=(5.5, 3.5), layout="constrained")
         for level in shown:
             h = hom[hom["level"] == level].groupby("homogeneity").apply(
                 lambda g: np.average(g["bias"], weights=g["n"]), include_groups=False)
@@ -99,40 +167,107 @@ def _figures(tables: dict[str, pd.DataFrame]) -> dict[str, bytes]:
         ax.set_xlabel("homogeneity index (true zero cells of the detailed histogram)")
         ax.set_ylabel("bias of TOTAL")
         ax.legend(fontsize=7)
-        save(fig, "homogeneity")
+        figs["homogeneity"] = Figure(fig, (
+            "Bias of TOTAL against homogeneity (how many detailed cells are truly zero; right = more homogeneous): "
+            "points above 0 gain people, below 0 lose them; a trend shows a bias tied to homogeneity (Petti & Flaxman "
+            "2020, Figure 3)."))
 
-    epl, sampling = tables["epl"], tables["sampling"]
-    if not epl.empty and levels:
-        level = _tradeoff_level(levels)
-        runs = summary[(summary["level"] == level) & (summary["query"] == TRADEOFF_QUERY)].merge(
-            epl[["run", "product", "level", "query", "epl"]], on=["run", "product", "level", "query"]).dropna(
-            subset=["epl", TRADEOFF_ERROR])
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        if not sampling.empty:
-            s = sampling[(sampling["level"] == level) & (sampling["query"] == TRADEOFF_QUERY)]
-            s = s.dropna(subset=["epl", TRADEOFF_ERROR]).groupby("rate")[["epl", TRADEOFF_ERROR]].mean().reset_index()
-            ax.plot(s["epl"], s[TRADEOFF_ERROR], "s-", color="C1", label="simple random sample")
-            for _, r in s.iterrows():
-                ax.annotate(f"{r['rate']:.0%}", (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
-        ax.plot(runs["epl"], runs[TRADEOFF_ERROR], "o", color="C0", label="TopDown runs")
+    trade = _tradeoff(tables)
+    if trade is not None:
+        level, runs, srs = trade
+        fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
+        ax.plot(srs["epl"], srs[TRADEOFF_ERROR], "s-" if len(srs) > 1 else "s", color="C1",
+                label="simple random sample (rate)")
+        for _, r in srs.iterrows():
+            ax.annotate(f"{r['rate']:.0%}", (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
+        ax.plot(runs["epl"], runs[TRADEOFF_ERROR], "*", color="C3", ms=11, zorder=3, label="TopDown run")
         for _, r in runs.iterrows():
-            ax.annotate(str(r["run"]), (r["epl"], r[TRADEOFF_ERROR]), fontsize=7)
+            ax.annotate(str(r["run"]), (r["epl"], r[TRADEOFF_ERROR]), xytext=(5, -11), textcoords="offset points",
+                        fontsize=8, color="C3", weight="bold")
         ax.set_xlabel("empirical privacy loss (residual-based)")
         ax.set_ylabel("mean absolute error per answer")
         ax.set_title(f"{level}, {TRADEOFF_QUERY}", fontsize=9)
         ax.legend(fontsize=7)
-        save(fig, "epl_tradeoff")
-    return out
+        figs["epl_tradeoff"] = Figure(fig, (
+            f"Accuracy against empirical privacy loss at {level} ({TRADEOFF_QUERY}): each TopDown run beside simple "
+            "random samples of people at the rates labelled; lower and further left is better (the highest level "
+            "where both have an estimated EPL)."))
+    elif not tables["epl"].empty:
+        notes.append(f"The accuracy/privacy trade-off figure is left out: no level has an estimated empirical "
+                     f"privacy loss of {TRADEOFF_QUERY} both for a TopDown run and for a simple random sample "
+                     "(too few residuals, or suppressed).")
+    return figs, notes
 
 
-def _table(frame: pd.DataFrame, caption: str) -> str:
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, tuple[bytes, str]], list[str]]:
+    """PNG bytes and caption per figure name, and the notes of figures left out."""
+    figs, notes = draw_figures(tables)
+    return {name: (_png(f.fig), f.caption) for name, f in figs.items()}, notes
+
+
+# -- tables ----------------------------------------------------------------------------------------------
+
+def formatted(frame: pd.DataFrame) -> pd.DataFrame:
+    """The cells of ``frame`` as text: integer columns, and count or observed-error columns whose values are
+    all whole numbers, without decimals; other numbers with 3; a statistic blanked in a ``suppressed`` row
+    says "suppressed". The ``suppressed`` column itself is dropped."""
+    sup = frame["suppressed"].to_numpy(bool) if "suppressed" in frame.columns else np.zeros(len(frame), bool)
+    out = {}
+    for col in frame.columns:
+        if col == "suppressed":
+            continue
+        v = frame[col]
+        if pd.api.types.is_bool_dtype(v) or not pd.api.types.is_numeric_dtype(v):
+            out[col] = v.map(lambda x: "" if pd.isna(x) else str(x))
+            continue
+        name = str(col)
+        whole = pd.api.types.is_integer_dtype(v) or (
+            (name in WHOLE_COLUMNS or name.startswith("q0.")) and bool((v.dropna() % 1 == 0).all()))
+        text = v.map(lambda x: "" if pd.isna(x) else (f"{int(x)}" if whole else f"{x:.3f}"))
+        if name not in COUNT_COLUMNS:
+            text = text.mask(sup & v.isna().to_numpy(), SUPPRESSED)
+        out[col] = text
+    return pd.DataFrame(out, index=frame.index)
+
+
+def _wide(frame: pd.DataFrame, index: list[str], value: str) -> pd.DataFrame:
+    """``value`` per run as columns (formatted, "suppressed" where blanked), rows in the frame's order."""
+    cells = formatted(frame[[value, *(["suppressed"] if "suppressed" in frame.columns else [])]])[value]
+    wide = frame.assign(_cell=cells).pivot_table(index=index, columns="run", values="_cell", aggfunc="first",
+                                                  sort=False)
+    return wide.reindex(pd.MultiIndex.from_frame(frame[index].drop_duplicates()))
+
+
+def _collapse_suppressed(wide: pd.DataFrame, keep: int) -> pd.DataFrame:
+    """One row "(all queries)" for each group of the first ``keep`` index levels whose every cell is suppressed
+    (the US and State rows of a one-state run), so that a long run of "suppressed" rows says it once."""
+    parts = []
+    for key, g in wide.groupby(level=list(range(keep)), sort=False):
+        if len(g) > 1 and (g == SUPPRESSED).to_numpy().all():
+            key = key if isinstance(key, tuple) else (key,)
+            g = g.iloc[[0]].set_axis(pd.MultiIndex.from_tuples([(*key, "(all queries)")], names=wide.index.names))
+        parts.append(g)
+    return pd.concat(parts) if parts else wide
+
+
+def _table(frame: pd.DataFrame, caption: str, note: str = "") -> str:
+    """An HTML table (numbers formatted by :func:`formatted`) under its caption, with an optional note."""
     if frame.empty:
         return ""
-    body = frame.to_html(float_format=lambda v: f"{v:.3f}", na_rep="", border=0, classes="t")
-    return f"<h3>{html.escape(caption)}</h3>\n{body}\n"
+    body = formatted(frame).to_html(na_rep="", border=0, classes="t")
+    return f"<h3>{html.escape(caption)}</h3>\n{body}\n" + (f"<p>{html.escape(note)}</p>\n" if note else "")
 
 
-EPL_CAPTION_TITLE = "Empirical privacy loss: two estimators beside the theoretical epsilon"
+EPL_CAPTION_TITLE = "Empirical privacy loss beside the theoretical epsilon"
 EPL_CAPTION = (
     "How much could the published counts reveal about one person? The theoretical epsilon is what the proof "
     "guarantees: 'epsilon (query)' for the noisy measurement of this query at this level, 'epsilon (run)' for "
@@ -147,6 +282,13 @@ EPL_CAPTION = (
     "theoretical epsilon means the noise protects exactly as proven; a much smaller one means the estimation "
     "hides more than the proof counts, for these counts and this person; neither can prove a value above what "
     "they measure.")
+EPL_ABOVE_NOTE = (
+    "* marks a residual EPL above epsilon (query). That is no breach of the guarantee: a published count is "
+    "computed from every noisy measurement of the run (all queries at all levels, then made non-negative "
+    "integers that meet the invariants), so the bound that covers it is epsilon (run), not the epsilon of its "
+    "own measurement; and the residual EPL reads the errors of many different geounits as one noise "
+    "distribution, so it measures the shape that this post-processing gives the errors (many exact zeros, "
+    "skew in small counts), not the mechanism.")
 
 
 def _fmt_epl(row: pd.Series) -> str:
@@ -155,12 +297,19 @@ def _fmt_epl(row: pd.Series) -> str:
     return f"{row['epl']:.3f} [{row['epl_lo']:.3f}, {row['epl_hi']:.3f}]"
 
 
+def _epl_cell(row: pd.Series) -> str:
+    """:func:`_fmt_epl`, with " *" when the estimate is above the epsilon of the query's own measurement."""
+    above = row["status"] == "estimated" and pd.notna(row.get("epsilon_query")) and row["epl"] > row["epsilon_query"]
+    return _fmt_epl(row) + (" *" if above else "")
+
+
 def epl_table(epl: pd.DataFrame, audit: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per product, level and query: the residual EPL of each run ("value [lo, hi]" or its status), the
-    direct audit's largest lower bound over the level's audited nodes, and the theoretical epsilons."""
+    """Per product, level and query: the residual EPL of each run ("value [lo, hi]", with " *" when above
+    epsilon (query), or its status), the direct audit's largest lower bound over the level's audited nodes, and
+    the theoretical epsilons."""
     if epl.empty:
         return epl
-    frame = epl.assign(cell=epl.apply(_fmt_epl, axis=1))
+    frame = epl.assign(cell=epl.apply(_epl_cell, axis=1))
     out = frame.pivot_table(index=["product", "level", "query"], columns="run", values="cell", aggfunc="first",
                             sort=False)
     out.columns = [f"residual EPL, {c}" for c in out.columns]
@@ -174,35 +323,85 @@ def epl_table(epl: pd.DataFrame, audit: pd.DataFrame | None = None) -> pd.DataFr
     return out
 
 
-def _key_tables(tables: dict[str, pd.DataFrame]) -> str:
+def _epl_title(audit: pd.DataFrame | None) -> str:
+    """The EPL table's title names the estimators it shows: the residual EPL, and the audit when there is one."""
+    if audit is not None and not audit.empty:
+        return f"{EPL_CAPTION_TITLE}: two estimators (residual EPL, direct audit lower bound)"
+    return f"{EPL_CAPTION_TITLE}: the residual EPL (no audit given: topdown evaluate --audit)"
+
+
+def _sampling_table(sampling: pd.DataFrame, levels: list[str], level: str | None) -> tuple[pd.DataFrame, str]:
+    """The sample baselines at ``level`` (else the highest level with unsuppressed rows), mean over replicates,
+    with the EPL as "value" or its status; and the level shown."""
+    if level is None:
+        kept = sampling[~sampling["suppressed"]] if "suppressed" in sampling.columns else sampling
+        level = next((lv for lv in levels if lv in set(kept["level"])), levels[0] if levels else None)
+    s = sampling[sampling["level"] == level]
+    queries = {q: i for i, q in enumerate(dict.fromkeys(s["query"]))}
+    s = s.sort_values(["query", "rate"], key=lambda c: c.map(queries) if c.name == "query" else c, kind="stable")
+
+    def one(g: pd.DataFrame) -> pd.Series:
+        est = g["epl"].dropna()
+        epl = (f"{est.mean():.3f}" + (f" ({len(est)} of {len(g)} replicates)" if len(est) < len(g) else "")
+               if len(est) else str(g["status"].iloc[0]))
+        return pd.Series({"n": int(g["n"].iloc[0]), **g[["mean_abs_error", "mean_abs_cell_error",
+                                                            "median_abs_error"]].mean(),
+                          "empirical privacy loss": epl,
+                          "suppressed": bool(g["suppressed"].all()) if "suppressed" in g else False})
+
+    table = s.groupby(["query", "rate"], sort=False).apply(one, include_groups=False)
+    table.index = table.index.set_levels([f"{r:.0%}" for r in table.index.levels[1]], level=1)
+    return table.astype({"n": int, "suppressed": bool}), level
+
+
+def _key_tables(tables: dict[str, pd.DataFrame], levels: list[str], trade_level: str | None) -> str:
     parts = []
     summary = tables["summary"]
     if not summary.empty:
-        levels = _levels(summary)
-        mae = summary.pivot_table(index=["product", "level", "query"], columns="run", values="mean_abs_error", sort=False)
-        parts.append(_table(mae, "Mean L1 error per geounit (paper Tables 9-10)"))
-        parts.append(_table(epl_table(tables["epl"], tables.get("audit")), EPL_CAPTION_TITLE))
-        parts.append(f"<p>{html.escape(EPL_CAPTION)}</p>\n")
-        bins = tables["errors_by_bin"]
-        first = bins[(bins["run"] == bins["run"].iloc[0]) & (bins["level"].isin(["County", levels[-1]]))]
+        parts.append(_table(_collapse_suppressed(_wide(summary, ["product", "level", "query"], "mean_abs_error"), 2),
+                            "Mean L1 error per geounit (paper Tables 9-10)"))
+        audit = tables.get("audit")
+        epl = epl_table(tables["epl"], audit)
+        marked = not epl.empty and bool(epl.apply(lambda c: c.astype(str).str.endswith(" *")).to_numpy().any())
+        parts.append(_table(epl, _epl_title(audit)))
+        parts.append(f"<p>{html.escape(EPL_CAPTION)}</p>\n" + (f"<p>{html.escape(EPL_ABOVE_NOTE)}</p>\n" if marked else ""))
+    bins = tables["errors_by_bin"]
+    if not bins.empty and levels:
+        run = bins["run"].iloc[0]
+        first = bins[(bins["run"] == run) & bins["level"].isin(["County", levels[-1]]) & (bins["n"] > 0)]
         cols = ["product", "level", "bin", "n", "mean_abs_error", "mean_signed_error", "q0.005", "q0.05", "q0.5",
-                "q0.95", "q0.995"]
+                "q0.95", "q0.995", *(["suppressed"] if "suppressed" in first.columns else [])]
         parts.append(_table(first[cols].set_index(["product", "level", "bin"]),
-                            f"TOTAL error by true population, run {bins['run'].iloc[0]} (paper Tables 11-12)"))
-    if not tables["blau"].empty:
-        blau = tables["blau"].pivot_table(index=["level", "quintile"], columns="run", values="mean_signed_error",
-                                          sort=False)
-        parts.append(_table(blau, "Mean signed TOTAL error by Blau quintile (paper Table 13)"))
+                            f"TOTAL error by true population, run {run} (paper Tables 11-12)",
+                            "Bins without geounits are left out; quantiles are observed errors (protected - true)."))
+    blau = tables["blau"]
+    if not blau.empty:
+        order = {lv: i for i, lv in enumerate(levels)}
+        blau = blau[blau["n"] > 0].sort_values(["level", "quintile"], key=lambda c: c.map(order) if c.name == "level"
+                                               else c, kind="stable")
+        first = blau[blau["run"] == blau["run"].iloc[0]].set_index(["level", "quintile"])["n"]
+        wide = _wide(blau, ["level", "quintile"], "mean_signed_error")
+        wide.insert(0, "n", first.reindex(wide.index).to_numpy())
+        parts.append(_table(wide, "Mean signed TOTAL error by Blau quintile (paper Table 13)",
+                            "n: geounits in the quintile (quintiles without geounits are left out)."))
     if not tables["entities"].empty:
         ent = tables["entities"]
-        parts.append(_table(ent[ent["n"] > 0].set_index(["run", "entity_type", "bin"])
-                            [["n", "mean_abs_error", "mean_signed_error", "n_share", "share_within_5pp"]],
-                            "Off-spine entities: TOTAL error and largest-group share within 5 points"))
-    if not tables["sampling"].empty:
-        s = tables["sampling"].groupby(["level", "query", "rate"], sort=False)[["mean_abs_error", "mean_abs_cell_error", "median_abs_error", "epl"]].mean()
-        level = _tradeoff_level(_levels(summary)) if not summary.empty else None
-        s = s.loc[[level]] if level in s.index.get_level_values(0) else s
-        parts.append(_table(s, "Simple random sample baselines (mean over replicates)"))
+        cols = ["n", "mean_abs_error", "mean_signed_error", "n_share", "share_within_5pp",
+                *(["suppressed"] if "suppressed" in ent.columns else [])]
+        parts.append(_table(ent[ent["n"] > 0].set_index(["run", "entity_type", "bin"])[cols],
+                            "Off-spine entities: TOTAL error and largest-group share within 5 points",
+                            "entity_type: a kind of entity of the block assignment files (place: incorporated "
+                            "places and CDPs; mcd: county subdivisions; place_mcd: the county subdivision in a "
+                            "strong-MCD state, else the place (the targeted entity); cd: congressional districts; "
+                            "vtd: voting districts; aiannh: American Indian areas); bin: true population of the "
+                            "entity; n_share: entities whose largest-group share is defined. Entities are counted, "
+                            "not named: the bundled block assignment files carry codes only."))
+    sampling = tables["sampling"]
+    if not sampling.empty:
+        table, level = _sampling_table(sampling, levels, trade_level)
+        parts.append(_table(table, f"Simple random sample baselines at {level} (mean over replicates)",
+                            "rate: share of persons sampled (counts scaled by 1 / rate); the empirical privacy loss "
+                            "is estimated as for the runs above."))
     rep = tables["replicates"]
     if not rep.empty:
         spread = rep.groupby(["product", "level", "query"], sort=False)["std_estimate"].agg(["mean", "max"])
@@ -214,33 +413,47 @@ CONFIDENTIAL_BANNER = ("CONFIDENTIAL: computed from the true (confidential) coun
                        "outside the disclosure-avoidance team.")
 
 
+def _figure_html(name: str, png: bytes, caption: str) -> str:
+    return (f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html.escape(name)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
 def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], figures: bool = True,
-                 suppressed: bool = True, extra: tuple[dict[str, bytes], str] | None = None) -> Path:
-    """Write the PNG figures and report.html (figures embedded as data URIs) into ``out``; ``extra``: more
-    figures and HTML (the uncertainty intervals)."""
-    imgs, note = {}, ""
+                 suppressed: bool = True, extra: tuple[dict[str, tuple[bytes, str]], str] | None = None) -> Path:
+    """Write the PNG figures and report.html (figures embedded as data URIs, each with its caption) into
+    ``out``; ``extra``: more figures (name -> PNG, caption) and HTML (the uncertainty intervals)."""
+    imgs: dict[str, tuple[bytes, str]] = {}
+    notes: list[str] = []
     if figures:
         try:
-            imgs = _figures(tables)
+            imgs, notes = _figures(tables)
         except ImportError:
-            note = "<p><em>Figures need matplotlib (pip install 'census-topdown[plots]').</em></p>"
+            notes = ["Figures need matplotlib (pip install 'census-topdown[plots]')."]
     imgs.update(extra[0] if extra else {})
-    for name, png in imgs.items():
+    for name in FIGURE_NAMES:
+        if name not in imgs:
+            (out / f"{name}.png").unlink(missing_ok=True)
+    for name, (png, _) in imgs.items():
         (out / f"{name}.png").write_bytes(png)
-    small = ("Statistics over fewer than 3 geounits are suppressed." if suppressed else
-             "Statistics over fewer than 3 geounits are NOT suppressed (--no-suppress): they can pin down true counts.")
-    figs = "".join(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{name}">'
-                   for name, png in imgs.items())
+    small = (f"Statistics over fewer than {MIN_NODES} geounits are suppressed: their cells say '{SUPPRESSED}'."
+             if suppressed else f"Statistics over fewer than {MIN_NODES} geounits are NOT suppressed "
+             "(--no-suppress): they can pin down true counts.")
+    figs = "".join(_figure_html(name, png, caption) for name, (png, caption) in imgs.items())
+    note = "".join(f"<p><em>{html.escape(n)}</em></p>" for n in notes)
+    summary = tables["summary"]
+    trade = _tradeoff(tables)
     doc = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>CONFIDENTIAL TopDown evaluation</title>
-<style>body{{font-family:sans-serif;font-size:12px;margin:1em}} img{{max-width:48%;margin:2px}}
+<style>body{{font-family:sans-serif;font-size:12px;margin:1em}}
+figure{{display:inline-block;vertical-align:top;max-width:48%;margin:4px}} figure img{{max-width:100%}}
+figcaption{{font-size:11px;color:#333}}
 table.t{{border-collapse:collapse;font-size:11px;margin-bottom:1em}} .t td,.t th{{padding:1px 6px;text-align:right}}
 .t tr:nth-child(even){{background:#f2f2f2}}</style></head><body>
 <p style="color:#b00;font-weight:bold;font-size:14px">{html.escape(CONFIDENTIAL_BANNER)}</p>
 <h2>TopDown evaluation: {html.escape(', '.join(labels))}</h2>
-<p>Errors are protected minus true; only summaries over geounits are shown. {html.escape(small)}</p>
+<p>Errors are protected minus true; only summaries over geounits are shown; levels run top-down. {html.escape(small)}</p>
 {note}{figs}
-{_key_tables(tables)}{extra[1] if extra else ""}
+{_key_tables(tables, _levels(summary), trade[0] if trade else None)}{extra[1] if extra else ""}
 </body></html>
 """
     path = out / "report.html"

@@ -38,6 +38,7 @@ import pandas as pd
 import pyarrow as pa
 
 from . import metrics as M
+from .metrics import MIN_NODES
 from topdown.geo import one_line
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
@@ -55,8 +56,6 @@ SHARE_QUERY = "hispanic * cenrace_7lev_two_comb"
 SAMPLING_RATES: tuple[float, ...] = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
 #: Petti & Flaxman's total count (TC) and age/race/ethnicity stratified count (SC).
 SAMPLING_QUERIES: tuple[str, ...] = ("total", "votingage * hispanic * cenrace")
-#: Statistics over fewer geounits than this are suppressed (issue 13 item 6).
-MIN_NODES = 3
 #: Default output folder inside the first run directory.
 CONFIDENTIAL_DIR = "evaluation-CONFIDENTIAL"
 #: Columns that identify a row (never suppressed).
@@ -481,7 +480,7 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     """The interval figure (no true count: the report shows summaries only) and the coverage of the truth by
     the GLS and replicate intervals per level (written as intervals_coverage.parquet)."""
     from .eval_report import _table
-    from .intervals import coverage_summary, interval_figure, interval_table, truth_totals
+    from .intervals import coverage_summary, interval_caption, interval_figure, interval_table, truth_totals
 
     unc = pd.read_parquet(opts.uncertainty)
     spine = RunReader(run).spine_table()
@@ -491,7 +490,8 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
         cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})
     write_table(cov, out / "intervals_coverage.parquet")
-    figs = {"intervals": interval_figure(interval_table(unc))} if opts.figures else {}
+    shown, levels = interval_table(unc), list(spine.columns[1:])
+    figs = {"intervals": (interval_figure(shown, levels), interval_caption(shown, levels))} if opts.figures else {}
     return figs, _table(cov.set_index("level"), "Share of geounits whose 90% interval covers the true TOTAL")
 
 

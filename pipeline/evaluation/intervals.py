@@ -3,6 +3,7 @@ replicate 90 % interval, and the true count where one is known), from a ``topdow
 from __future__ import annotations
 
 import io
+from typing import Collection
 
 import numpy as np
 import pandas as pd
@@ -26,46 +27,72 @@ def interval_table(unc: pd.DataFrame, levels: tuple[str, ...] = ("Tract", "place
     return table
 
 
-def interval_figure(table: pd.DataFrame) -> bytes:
+def interval_figure(table: pd.DataFrame, spine_levels: Collection[str]) -> bytes:
     """PNG: per geounit, the GLS and replicate 90 % intervals relative to the published count (or the GLS
-    estimate where there is no published column), the estimate, and the true count if present."""
+    estimate where there is no published column), the estimate, and the true count if present; one panel per
+    level, each on its own scale (a place's interval can be a hundred times a tract's); a level not in
+    ``spine_levels`` is an entity kind, its geounits named by code."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    center = table["published"] if "published" in table.columns else table["estimate"].round()
-    y = np.arange(len(table))[::-1]
-    fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(table) + 1.8))
-    ax.hlines(y + 0.12, table["ci90_low"] - center, table["ci90_high"] - center, lw=4, color="C0",
-              label="GLS 90% interval (noisy measurements)")
-    if "rep90_low" in table.columns:
-        ax.hlines(y - 0.12, table["rep90_low"] - center, table["rep90_high"] - center, lw=4, color="C1",
-                  label="replicate 90% interval (published count)")
-    ax.plot(table["estimate"] - center, y + 0.12, "|", color="k", ms=8, label="GLS estimate")
-    if "truth" in table.columns and table["truth"].notna().any():
-        ax.plot(table["truth"] - center, y, "x", color="C3", ms=7, label="true count")
-    ax.axvline(0, color="grey", lw=0.8)
-    ax.set_yticks(y, [f"{lv} {g}" for lv, g in zip(table["level"], table["geocode"])], fontsize=7)
-    ax.set_xlabel("persons, relative to the published count", fontsize=8)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
-    fig.tight_layout()
+    levels = list(dict.fromkeys(table["level"]))
+    sizes = [int((table["level"] == lv).sum()) for lv in levels]
+    fig, axes = plt.subplots(len(levels), 1, figsize=(6.5, 0.3 * len(table) + 0.9 * len(levels) + 0.6),
+                             height_ratios=[n + 1.5 for n in sizes], squeeze=False, layout="constrained")
+    for ax, level in zip(axes[:, 0], levels):
+        t = table[table["level"] == level]
+        center = t["published"] if "published" in t.columns else t["estimate"].round()
+        y = np.arange(len(t))[::-1]
+        ax.hlines(y + 0.12, t["ci90_low"] - center, t["ci90_high"] - center, lw=4, color="C0",
+                  label="GLS 90% interval (noisy measurements)")
+        if "rep90_low" in t.columns:
+            ax.hlines(y - 0.12, t["rep90_low"] - center, t["rep90_high"] - center, lw=4, color="C1",
+                      label="replicate 90% interval (published count)")
+        ax.plot(t["estimate"] - center, y + 0.12, "|", color="k", ms=10, mew=1.5, label="GLS estimate")
+        if "truth" in t.columns and t["truth"].notna().any():
+            ax.plot(t["truth"] - center, y, "x", color="C3", ms=7, label="true count")
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_ylim(-0.6, len(t) - 0.4)
+        ax.set_yticks(y, [geounit_label(lv, g, spine_levels) for lv, g in zip(t["level"], t["geocode"])], fontsize=7)
+        ax.set_xlabel(f"{level}: persons, relative to the published count", fontsize=8)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=2, frameon=False)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 
 
+def interval_caption(table: pd.DataFrame, spine_levels: Collection[str]) -> str:
+    """The one-line caption of :func:`interval_figure` for ``table``: names only the intervals drawn, and says
+    that entities (of block assignment files, which carry no names) are shown by their code."""
+    rep = " and the replicate interval (over repeated runs)" if "rep90_low" in table.columns else ""
+    codes = ("; entities are shown by their code (the block assignment files carry no names)"
+             if not set(table["level"]) <= set(spine_levels) else "")
+    return (f"90% intervals of a few published persons totals, relative to the published count (one panel per "
+            f"level, each on its own scale): the GLS interval (from the noisy measurements){rep}; an interval that "
+            f"reaches 0 covers the published count{codes}.")
+
+
+def geounit_label(level: str, geocode: str, spine_levels: Collection[str]) -> str:
+    """How a geounit is named in figures: "Tract 44007000101"; an off-spine entity (of block assignment files,
+    which carry no names) by its code: "place code 4459000"."""
+    return f"{level} {geocode}" if level in spine_levels else f"{level} code {geocode}"
+
+
 def coverage_summary(unc: pd.DataFrame, truth: pd.Series, query: str = "total") -> pd.DataFrame:
-    """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only."""
+    """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only.
+    Levels in the order the file holds them (the spine's, top-down, then the entity kinds); geounits an integer."""
     rows = unc[(unc["product"] == PERSONS.name) & (unc["query"] == query) & (unc["cell"] == 0)]
     t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
     rows = rows.assign(truth=t).dropna(subset=["truth"])
-    out = rows.groupby("level").apply(lambda g: pd.Series({
+    out = rows.groupby("level", sort=False).apply(lambda g: pd.Series({
         "geounits": len(g), "gls_covers": ((g["ci90_low"] <= g["truth"]) & (g["truth"] <= g["ci90_high"])).mean(),
         **({"replicate_covers": ((g["rep90_low"] <= g["truth"]) & (g["truth"] <= g["rep90_high"])).mean()}
            if "rep90_low" in g.columns else {})}), include_groups=False)
-    return out.reset_index()
+    return out.reset_index().astype({"geounits": np.int64})
 
 
 def truth_totals(truth_blocks: pd.DataFrame, spine: pd.DataFrame, entities: pd.DataFrame | None) -> pd.Series:

@@ -30,6 +30,9 @@ COUNTY_BINS: tuple[int, ...] = (0, 1001, 10000, 100000, 1000000)  # <=1000, 1001
 #: Off-spine entity bins: the AIAN-area bins of facts 8 (0-99, 100-999, 1000-9999, 10000+).
 ENTITY_BINS: tuple[int, ...] = (0, 100, 1000, 10000)
 
+#: Statistics over fewer geounits than this are suppressed (issue 13 item 6): evaluate.suppress_small, the report.
+MIN_NODES = 3
+
 #: Largest-share tolerance: 5 percentage points (facts 8, "L1 relative", share <= 0.05).
 SHARE_TOLERANCE = 0.05
 
