@@ -40,7 +40,8 @@ from topdown.geo import one_line
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
 from ..execution.dataplane import find_input
-from ..execution.rundir import RunDirError, RunReader, write_table
+from ..execution.private_files import private_dir, seal
+from ..execution.rundir import RunDirError, RunReader, check_out, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
 
@@ -432,7 +433,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     labels = _labels(runs)
     for r in runs:
         RunView(r, "check")  # fail fast, naming the offending directory
-    out = Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR
+    out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "an evaluation",
+                    lambda p: (p / "summary.parquet").is_file())
     truth_d = dask.delayed(load_truth)(Path(truth))
     ent_d = dask.delayed(load_entities)(Path(entities)) if entities is not None else None
     tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
@@ -454,14 +456,14 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
             tables[name] = suppress_small(tables[name])
     if audit is not None:
         tables["audit"] = load_audit(Path(audit))
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
     for name, frame in tables.items():
         write_table(frame, out / f"{name}.parquet")
     from .eval_report import write_report
 
     extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
     write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra)
-    return out
+    return seal(out)
 
 
 def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions, out: Path) -> tuple[dict, str]:

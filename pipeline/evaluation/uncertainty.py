@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..execution.rundir import RunDirError, RunReader
 from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
                   segment_sum, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
@@ -54,8 +55,6 @@ class Source:
 
     @classmethod
     def open(cls, path: str | Path) -> "Source":
-        from ..execution.rundir import RunDirError, RunReader
-
         path = Path(path)
         reader = RunReader(path)
         if not reader.manifest_path.exists():
@@ -267,6 +266,21 @@ class Cost:
     rows: int = 0
 
 
+def _check_out(out: Path) -> Path:
+    """``--out`` must be absent or an earlier uncertainty table (a Parquet file this module wrote): anything
+    else is refused (:class:`RunDirError`) before it is touched."""
+    if not out.exists() and not out.is_symlink():
+        return out
+    try:
+        ours = out.is_file() and META_KEY in (pq.read_schema(out).metadata or {})
+    except (OSError, pa.ArrowException):
+        ours = False
+    if not ours:
+        raise RunDirError(f"{out}: --out names {'a folder' if out.is_dir() else 'a file'} that is not an uncertainty "
+                          "table of topdown; nothing was written. Choose a new file name")
+    return out
+
+
 def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | None = None,
                 levels: list[str] | None = None, queries: dict[str, tuple[str, ...]] | None = None,
                 client=None, scheduler: str | None = None, workers: int | None = None,
@@ -276,7 +290,9 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | No
 
     t0, c0 = time.perf_counter(), time.process_time()
     src = Source.open(run)
-    out = Path(out)
+    out = _check_out(Path(out))
+    RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if replicates else ())),
+                              "uncertainty")
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
     if unknown:

@@ -15,6 +15,7 @@ from pathlib import Path
 from distributed import Security
 
 from ..configuration.config import ConfigError
+from .private_files import private_dir, private_file
 
 #: Address schemes that reach a scheduler in another process (distributed also has ``inproc``, which
 #: cannot); the TLS ones need credentials.
@@ -76,7 +77,7 @@ def credential_flags(security: Security | None, directory: Path) -> list[str]:
     into ``directory`` (created private, files readable by their owner alone)."""
     if security is None or not security.require_encryption:
         return []
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(directory)
     flags = []
     for field, flag in TLS_FLAGS.items():
         value = getattr(security, field, None)
@@ -84,8 +85,7 @@ def credential_flags(security: Security | None, directory: Path) -> list[str]:
             continue
         if "-----BEGIN" in value:  # PEM text (Security.temporary()), not a path
             path = directory / f"{field}.pem"
-            path.touch(mode=0o600)
-            path.write_text(value)
+            private_file(path).write_text(value)
             value = str(path)
         flags += [flag, value]
     return flags

@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,6 +41,9 @@ SCHEMA_VERSION = 1
 #: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
 OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements",
            "histograms", "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
+#: The published part of a run that post-processing reads (reprocess, nmf): the measurements and what they were
+#: measured with. Each file is checked against the run's recorded SHA-256 before it is used (:meth:`RunReader.check_sums`).
+MEASURED = ("config.json", "certificate.json", "spine.parquet", "invariants", "noisy_measurements")
 
 
 class RunDirError(RuntimeError):
@@ -252,6 +255,32 @@ def writable_dir(path: Path, what: str) -> None:
         raise RunDirError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
 
 
+def check_out(path: str | Path, what: str, recognised: Callable[[Path], bool]) -> Path:
+    """Refuse an ``--out`` that holds something else than an earlier output of this command: it must be
+    absent, an empty folder, or a folder ``recognised`` accepts (e.g. one holding a run's manifest), so that
+    no file of the user's is overwritten or removed. Raises :class:`RunDirError` before anything is touched."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return path
+    if not path.is_dir():
+        raise RunDirError(f"{path}: --out names a file; {what} is written into a folder that is absent, empty "
+                          "or an earlier output of this command")
+    if any(path.iterdir()) and not recognised(path):
+        raise RunDirError(f"{path}: --out holds files that are not {what}; nothing was written. Choose an absent "
+                          "or empty folder")
+    return path
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` is an earlier run directory: it holds a manifest.json of this project (one with a
+    ``status``; a damaged one raises :class:`RunDirError` naming it), or only the lock and staging of a run
+    stopped before its first output."""
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        return "status" in read_manifest_file(manifest)
+    return {p.name for p in path.iterdir()} <= {LOCK, STAGING}
+
+
 _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")
 
 
@@ -403,6 +432,32 @@ class RunReader(RunDir):
         if missing:
             raise RunDirError(f"{self.manifest_path}: key '{missing[0]}' missing")
         return manifest
+
+    def check_sums(self, names: tuple[str, ...], action: str) -> None:
+        """Every file below the run's entries ``names`` (e.g. ``noisy_measurements``, ``spine.parquet``) that
+        the manifest records a SHA-256 for still has it, and none was added beside them; raises
+        :class:`RunDirError` naming the first that differs, so ``action`` stops before it writes anything.
+        Entries without recorded sums (a run of an older version) are read unchecked, with a warning."""
+        data = self.manifest().data
+        recorded = dict(data.get("output_sha256") or {})
+        for levels in (data.get("sha256") or {}).values():
+            for sums in levels.values() if isinstance(levels, dict) else ():
+                recorded.update(sums if isinstance(sums, dict) else {})
+        recorded = {path: s for path, s in recorded.items() if Path(path).parts[0] in names}
+        covered = sorted({Path(path).parts[0] for path in recorded})
+        found: dict[str, str] = {}
+        for name in covered:
+            top = self.root / name
+            files = [top] if top.is_file() else sorted(f for f in top.rglob("*") if f.is_file())
+            found.update({str(f.relative_to(self.root)): sha256_file(f) for f in files})
+        problems = changed_files(recorded, found)
+        if problems:
+            path = next(iter(problems))
+            raise RunDirError(f"{self.root / path}: {problems[path]}; {action} reads only the files the run wrote "
+                              f"and stops (nothing written). `topdown verify {self.root}` lists every difference")
+        if unchecked := [n for n in names if n not in covered and (self.root / n).exists()]:
+            log.warning("%s: the manifest records no SHA-256 for %s (a run of an older version); read unchecked",
+                        self.root, ", ".join(unchecked))
 
     @property
     def certificate_path(self) -> Path:

@@ -39,7 +39,9 @@ from .memory import limit_heaps, release_memory
 from ..configuration.preflight import check_baf_states, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from ..products import PRODUCTS
-from .rundir import SCHEMA_VERSION, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
+from .private_files import private_dir
+from .rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, check_out, is_run_dir, sha256_file,
+                     write_json_atomic, write_table)
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
@@ -185,7 +187,7 @@ def run(
     baf = read_baf(config)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
-    out = out if out is not None else Path("runs") / config.run.name
+    out = check_out(out if out is not None else Path("runs") / config.run.name, "a run directory", is_run_dir)
     inp = _input_dir(config, input_dir)
     hashes = input_hashes(config, inp)
     rundir = RunDir(out)
@@ -332,6 +334,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs
             rundir.clear_outputs()
+        private_dir(rundir.root / STAGING)  # unpublished chunks: their owner's alone
         plan.publish(rundir)
         write_json_atomic(rundir.config_path, config.model_dump(mode="json"))  # public: reprocess, nmf, uncertainty
         write_json_atomic(rundir.root / "certificate.json", plan.certificate)
@@ -358,7 +361,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
             release_memory()
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
-    shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
+    shutil.rmtree(rundir.root / STAGING, ignore_errors=True)
     manifest["output_sha256"] = rundir.output_digests(list(config.run.products))  # verify re-checks them
     manifest["status"] = "complete"
     timings["total"] = time.perf_counter() - t0
