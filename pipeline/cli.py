@@ -232,6 +232,23 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca-file", help="PEM file of the CA that signed the TLS cluster's certificates")
     p.add_argument("--tls-cert", help="PEM client certificate for a tls:// scheduler (may hold the key too)")
     p.add_argument("--tls-key", help="PEM private key of the client certificate")
+    p.add_argument("--dashboard", action="store_true", help="serve the embedded cluster's Dask dashboard on "
+                                                            "127.0.0.1 (off by default; its address goes to stderr)")
+
+
+@contextmanager
+def _command_setup(args: argparse.Namespace) -> Iterator[None]:
+    """What every command runs under: ``--out ""`` refused (a usage error, not the current directory),
+    ``--dashboard`` and the --tls-* flags as Dask configuration."""
+    from .configuration.config import ConfigError
+    from .execution.cluster import DASHBOARD_KEY
+
+    if getattr(args, "out", None) == "":
+        raise ConfigError("--out is empty: name the file or folder to write")
+    import dask
+
+    with dask.config.set({DASHBOARD_KEY: bool(getattr(args, "dashboard", False))}), _tls_config(args):
+        yield
 
 
 @contextmanager
@@ -410,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bad_input = (*input_errors(), FileNotFoundError)
     try:
-        with _tls_config(args):
+        with _command_setup(args):
             return args.fn(args)
     except ConfigError as exc:
         print(f"topdown: configuration error: {exc}", file=sys.stderr)

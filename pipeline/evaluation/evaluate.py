@@ -433,7 +433,7 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     labels = _labels(runs)
     for r in runs:
         RunView(r, "check")  # fail fast, naming the offending directory
-    out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "an evaluation",
+    out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
                     lambda p: (p / "summary.parquet").is_file())
     truth_d = dask.delayed(load_truth)(Path(truth))
     ent_d = dask.delayed(load_entities)(Path(entities)) if entities is not None else None

@@ -21,6 +21,11 @@ from .private_files import private_dir, private_file
 #: cannot); the TLS ones need credentials.
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
 TLS_SCHEMES = ("tls", "wss")
+#: Dask configuration key that turns on the embedded cluster's dashboard (``--dashboard``). It is off by default:
+#: the dashboard shows task names and progress to any local user who finds its port; on, it listens on
+#: 127.0.0.1 only.
+DASHBOARD_KEY = "topdown.dashboard"
+DASHBOARD_ADDRESS = "127.0.0.1:0"
 #: The CLI flags for the TLS credentials, in the Security fields they set.
 TLS_FLAGS = {"tls_ca_file": "--tls-ca-file", "tls_client_cert": "--tls-cert", "tls_client_key": "--tls-key"}
 

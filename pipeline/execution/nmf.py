@@ -113,7 +113,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     reader = RunReader(run_dir)
     config = reader.config()
-    check_out(out_dir, "a noisy measurement file (an earlier one is not replaced)", lambda _: False)
+    check_out(out_dir, "the noisy measurement file (an earlier one is not replaced)", lambda _: False)
     reader.check_sums(MEASURED, "writing the noisy measurement file")
     rundir = RunDir(run_dir)
     spine = reader.spine()

@@ -288,7 +288,7 @@ def reprocess(
     t0 = time.perf_counter()
     if Path(out).resolve() == Path(source).resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
-    check_out(out, "a run directory", is_run_dir)
+    check_out(out, "the run directory", is_run_dir)
     src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}

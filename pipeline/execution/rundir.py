@@ -15,6 +15,7 @@ reprocessing, the noisy measurement file): its paths, its typed :class:`Manifest
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -256,18 +257,18 @@ def writable_dir(path: Path, what: str) -> None:
 
 
 def check_out(path: str | Path, what: str, recognised: Callable[[Path], bool]) -> Path:
-    """Refuse an ``--out`` that holds something else than an earlier output of this command: it must be
+    """Refuse an output folder that holds something else than an earlier output of this command: it must be
     absent, an empty folder, or a folder ``recognised`` accepts (e.g. one holding a run's manifest), so that
-    no file of the user's is overwritten or removed. Raises :class:`RunDirError` before anything is touched."""
+    no file of the user's is overwritten or removed. Raises :class:`RunDirError` (naming ``what``, e.g. "the
+    run directory") before anything is touched."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return path
     if not path.is_dir():
-        raise RunDirError(f"{path}: --out names a file; {what} is written into a folder that is absent, empty "
-                          "or an earlier output of this command")
+        raise RunDirError(f"{path}: cannot write {what}: a file is in the way (name an absent or empty folder)")
     if any(path.iterdir()) and not recognised(path):
-        raise RunDirError(f"{path}: --out holds files that are not {what}; nothing was written. Choose an absent "
-                          "or empty folder")
+        raise RunDirError(f"{path}: cannot write {what}: the folder holds files that are not an earlier output of "
+                          "this command; nothing was touched (name an absent or empty folder)")
     return path
 
 
@@ -330,6 +331,32 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
     os.replace(tmp, path)
+
+
+def replace_dir(new: Path, final: Path) -> None:
+    """Put the complete folder ``new`` in the place of ``final`` atomically: ``final`` holds its old contents or
+    the new ones at every moment (Linux renameat2 RENAME_EXCHANGE; elsewhere two renames, the old folder kept
+    beside as ``.<name>.old`` in between). ``new`` is gone afterwards."""
+    if not final.exists():
+        os.rename(new, final)
+        return
+    if _exchange(new, final):
+        shutil.rmtree(new)  # now the old contents
+        return
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(final, old)
+    os.rename(new, final)
+    shutil.rmtree(old)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one system call (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    rename2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return rename2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from distributed import Security
 from topdown.geo.spine import BLOCK, Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
-from .cluster import check_scheduler, embedded_security
+from .cluster import DASHBOARD_ADDRESS, DASHBOARD_KEY, check_scheduler, embedded_security
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
@@ -117,12 +118,16 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     check_workers(workers)
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
+    dashboard = bool(dask.config.get(DASHBOARD_KEY, False))
     with embedded_settings(), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                         host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                         dashboard_address=DASHBOARD_ADDRESS if dashboard else None, host="127.0.0.1",
+                         silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
             Client(cluster) as c:
-        log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
-                 c.dashboard_link)
+        log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials)", n)
+        if dashboard:
+            print(f"topdown: Dask dashboard at {c.dashboard_link} (127.0.0.1 only; any local user can open it while "
+                  "this command runs)", file=sys.stderr, flush=True)
         yield c
 
 
@@ -187,7 +192,7 @@ def run(
     baf = read_baf(config)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
-    out = check_out(out if out is not None else Path("runs") / config.run.name, "a run directory", is_run_dir)
+    out = check_out(out if out is not None else Path("runs") / config.run.name, "the run directory", is_run_dir)
     inp = _input_dir(config, input_dir)
     hashes = input_hashes(config, inp)
     rundir = RunDir(out)

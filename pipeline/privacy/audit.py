@@ -374,7 +374,7 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     from ..execution.runner import dask_client
 
     config = load_config(config_path)
-    target = check_out(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "an audit",
+    target = check_out(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "the audit",
                        lambda p: (p / "audit.json").is_file())
     src_dst = parse_move(move)
     names = tuple(q.strip() for q in queries.split(",") if q.strip())
