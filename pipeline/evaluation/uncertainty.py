@@ -276,8 +276,9 @@ def _check_out(out: Path) -> Path:
     except (OSError, pa.ArrowException):
         ours = False
     if not ours:
-        raise RunDirError(f"{out}: --out names {'a folder' if out.is_dir() else 'a file'} that is not an uncertainty "
-                          "table of topdown; nothing was written. Choose a new file name")
+        raise RunDirError(f"{out}: cannot write the uncertainty table: {'a folder' if out.is_dir() else 'a file'} "
+                          "that is not an earlier output of this command (an uncertainty table) is in the way; "
+                          "nothing was touched (name a new file)")
     return out
 
 

@@ -26,6 +26,9 @@ TLS_SCHEMES = ("tls", "wss")
 #: 127.0.0.1 only.
 DASHBOARD_KEY = "topdown.dashboard"
 DASHBOARD_ADDRESS = "127.0.0.1:0"
+#: Without the dashboard, the scheduler's and workers' HTTP servers (which Dask starts regardless) serve nothing:
+#: no worker list, task log or metrics page either.
+NO_HTTP_ROUTES = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
 #: The CLI flags for the TLS credentials, in the Security fields they set.
 TLS_FLAGS = {"tls_ca_file": "--tls-ca-file", "tls_client_cert": "--tls-cert", "tls_client_key": "--tls-key"}
 

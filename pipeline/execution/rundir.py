@@ -277,6 +277,8 @@ def is_run_dir(path: Path) -> bool:
     ``status``; a damaged one raises :class:`RunDirError` naming it), or only the lock and staging of a run
     stopped before its first output."""
     manifest = path / "manifest.json"
+    if manifest.is_dir():
+        return True  # refused by name by RunDir.check_layout
     if manifest.is_file():
         return "status" in read_manifest_file(manifest)
     return {p.name for p in path.iterdir()} <= {LOCK, STAGING}

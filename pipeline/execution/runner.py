@@ -27,7 +27,7 @@ from distributed import Security
 from topdown.geo.spine import BLOCK, Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
-from .cluster import DASHBOARD_ADDRESS, DASHBOARD_KEY, check_scheduler, embedded_security
+from .cluster import DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, check_scheduler, embedded_security
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
@@ -119,10 +119,10 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
     dashboard = bool(dask.config.get(DASHBOARD_KEY, False))
-    with embedded_settings(), \
-            LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                         dashboard_address=DASHBOARD_ADDRESS if dashboard else None, host="127.0.0.1",
-                         silence_logs=logging.ERROR, security=embedded_security()) as cluster, \
+    with embedded_settings(), dask.config.set({} if dashboard else NO_HTTP_ROUTES), \
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=DASHBOARD_ADDRESS,
+                         scheduler_kwargs={"dashboard": dashboard}, host="127.0.0.1", silence_logs=logging.ERROR,
+                         security=embedded_security()) as cluster, \
             Client(cluster) as c:
         log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials)", n)
         if dashboard:
