@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -104,7 +103,7 @@ def test_a_runs_staging_is_private_while_it_runs(tmp_path, dask_client, monkeypa
     monkeypatch.setattr(runner, "estimate_level", watched)
     write_synthetic(tmp_path / "input", blocks=12, seed=3)
     out = run(load_config("demo"), tmp_path / "run", input_dir=tmp_path / "input", client=dask_client)
-    assert seen and all(m[""] == "0o700" for m in seen), seen
+    assert seen and all(m["."] == "0o700" for m in seen), seen
     assert any(len(m) > 1 for m in seen)  # chunk records and parts were there while it ran
     assert not (out / ".staging").exists()
     assert stat.S_IMODE((out / "histograms").stat().st_mode) == 0o755
@@ -121,29 +120,47 @@ def test_batch_credentials_are_private(tmp_path):
     assert_private(tmp_path / "credentials")
 
 
-@contextmanager
-def _listening_http(client):
-    """The ports this process and the cluster's processes listen on."""
-    import psutil
+def _http_status(client) -> dict[int, int]:
+    """The status of GET /status on the HTTP servers of the cluster's scheduler and workers, by port."""
+    import urllib.error
+    import urllib.request
 
-    pids = [os.getpid(), *client.run(os.getpid).values()]
-    yield {(c.laddr.ip, c.laddr.port) for pid in pids for c in psutil.Process(pid).net_connections(kind="inet")
-           if c.status == psutil.CONN_LISTEN}
+    ports = [client.cluster.scheduler.http_server.port,
+             *client.run(lambda dask_worker: dask_worker.http_server.port).values()]
+    status = {}
+    for port in ports:
+        try:
+            status[port] = urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5).status
+        except urllib.error.HTTPError as exc:
+            status[port] = exc.code
+    return status
 
 
 def test_the_dashboard_is_off_unless_asked(capsys):
+    """Off: the HTTP servers Dask starts anyway answer nothing (no dashboard, worker list or metrics page).
+    On (--dashboard): served on 127.0.0.1, its address on stderr."""
     import dask
 
     from topdown.pipeline.execution.cluster import DASHBOARD_KEY
     from topdown.pipeline.execution.runner import dask_client
 
     with dask_client(workers=1) as client:
-        assert client.cluster.scheduler.http_server is None or not client.cluster.scheduler.services.get("dashboard")
-        assert "dashboard" not in capsys.readouterr().err
+        status = _http_status(client)
+        assert len(status) == 2 and set(status.values()) == {404}, status
+    assert "dashboard" not in capsys.readouterr().err
     with dask.config.set({DASHBOARD_KEY: True}), dask_client(workers=1) as client:
         assert client.dashboard_link.startswith("http://127.0.0.1:")
         port = int(client.dashboard_link.split(":")[2].split("/")[0])
-        with _listening_http(client) as ports:
-            assert ("127.0.0.1", port) in ports
-        err = capsys.readouterr().err
-        assert err.startswith("topdown: Dask dashboard at http://127.0.0.1:") and "127.0.0.1 only" in err
+        assert _http_status(client)[port] == 200
+    err = capsys.readouterr().err
+    assert err.startswith("topdown: Dask dashboard at http://127.0.0.1:") and "127.0.0.1 only" in err
+
+
+def test_every_cluster_command_has_the_dashboard_flag():
+    from topdown.pipeline.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    with_cluster = sorted(name for name, p in sub.items() if any("--workers" in a.option_strings for a in p._actions))
+    assert with_cluster == ["audit", "evaluate", "replicates", "reprocess", "run", "uncertainty"]
+    for name in with_cluster:
+        assert any("--dashboard" in a.option_strings for a in sub[name]._actions), name
