@@ -5,7 +5,8 @@ Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configur
 scheme, or tls:// without credentials); 3 bad input data (one of the declared errors of
 :func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
-chunk that fails its SHA-256 check in production); 5 estimation failed; 6 internal error (any other
+chunk that fails its SHA-256 check in production, an --out holding files that are not an earlier output of
+the command, a source run's file that fails its recorded SHA-256); 5 estimation failed; 6 internal error (any other
 exception, a plain ValueError included, with its traceback); 130 interrupted.
 """
 from __future__ import annotations
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run TopDown end to end")
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. demo)")
-    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--out", required=True, help="run directory to write (absent, empty, or an earlier run directory)")
     p.add_argument("--input", help="input directory: persons.parquet and units.parquet, or directories persons/ and units/ of Parquet files (overrides [run] input)")
     _cluster_args(p)
     p.add_argument("--seed", type=int, help="override the configured seed (test mode)")

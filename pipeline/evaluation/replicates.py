@@ -86,6 +86,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "the replicates": []}
     if record["run"] != str(run):
         raise RunDirError(f"{out} holds replicates of {record['run']}, not {run}")
+    write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
     inp = mdf_input(run, out / "input")
     done = {r["seed"] for r in record["the replicates"]}
     with dask_client(client, scheduler, workers) as dclient:

@@ -274,14 +274,15 @@ def check_out(path: str | Path, what: str, recognised: Callable[[Path], bool]) -
 
 def is_run_dir(path: Path) -> bool:
     """True when ``path`` is an earlier run directory: it holds a manifest.json of this project (one with a
-    ``status``; a damaged one raises :class:`RunDirError` naming it), or only the lock and staging of a run
-    stopped before its first output."""
+    ``status``; a damaged one raises :class:`RunDirError` naming it), or the staging folder of a run stopped
+    before its manifest (a run creates it before its first output and removes it after its last), or only
+    a lock."""
     manifest = path / "manifest.json"
     if manifest.is_dir():
         return True  # refused by name by RunDir.check_layout
     if manifest.is_file():
         return "status" in read_manifest_file(manifest)
-    return {p.name for p in path.iterdir()} <= {LOCK, STAGING}
+    return (path / STAGING).exists() or {p.name for p in path.iterdir()} <= {LOCK}  # a file there: check_layout
 
 
 _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")
