@@ -190,3 +190,32 @@ def test_ingest_out_must_be_absent_empty_or_an_earlier_ingest(tmp_path):
     with pytest.raises(IngestError, match="unknown state"):
         ingest_blocks(block_csv(tmp_path / "b.csv", ("720010001001001", "000010001001001")), tmp_path / "x")
     assert json.dumps(sorted(p.name for p in tmp_path.iterdir())) == '["b.csv", "cef"]'
+
+
+def test_which_folders_a_run_may_write_into(tmp_path):
+    """Absent, empty, a run directory (its manifest, or the staging of a run stopped before it), a lock alone."""
+    from topdown.pipeline.execution.rundir import check_out, is_run_dir
+
+    def accepted(path: Path) -> bool:
+        try:
+            check_out(path, "the run directory", is_run_dir)
+            return True
+        except RunDirError:
+            return False
+
+    made = {}
+    for name, entries in {"empty": {}, "manifest": {"manifest.json": '{"status": "running"}'},
+                          "stopped": {".staging/chunks": None}, "locked": {".lock": "pid 1 on h"},
+                          "mine": {"config.json": "{}", "histograms/important.txt": "x"},
+                          "other-manifest": {"manifest.json": '{"name": "not ours"}'}}.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        for entry, text in entries.items():
+            (folder / entry).parent.mkdir(parents=True, exist_ok=True)
+            (folder / entry).mkdir() if text is None else (folder / entry).write_text(text)
+        made[name] = accepted(folder)
+    (tmp_path / "file").write_text("x")
+    made["file"] = accepted(tmp_path / "file")
+    made["absent"] = accepted(tmp_path / "absent")
+    assert made == {"empty": True, "manifest": True, "stopped": True, "locked": True, "mine": False,
+                    "other-manifest": False, "file": False, "absent": True}
