@@ -83,12 +83,12 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     check_out(out, "the replicates", lambda p: (p / "replicates.json").is_file())
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "the replicates": []}
+    record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "replicates": []}
     if record["run"] != str(run):
         raise RunDirError(f"{out} holds replicates of {record['run']}, not {run}")
     write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
     inp = mdf_input(run, out / "input")
-    done = {r["seed"] for r in record["the replicates"]}
+    done = {r["seed"] for r in record["replicates"]}
     with dask_client(client, scheduler, workers) as dclient:
         for i, seed in enumerate(seeds):
             if seed in done:
@@ -98,7 +98,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
             target = out / f"rep-{i:03d}"
             shutil.rmtree(target, ignore_errors=True)
             run_topdown(rep, target, input_dir=inp, client=dclient)
-            record["the replicates"].append({"dir": target.name, "seed": seed,
+            record["replicates"].append({"dir": target.name, "seed": seed,
                                          "wall_seconds": round(time.perf_counter() - t0, 2),
                                          "client_cpu_seconds": round(time.process_time() - c0, 2)})
             write_json_atomic(record_path, record)
@@ -146,7 +146,7 @@ def add_replicate_columns(parts: list[Path], src, rep_dir: Path, staging: Path,
     from .evaluate import EvaluationError
 
     record = json.loads((rep_dir / "replicates.json").read_text())
-    reps = [rep_dir / r["dir"] for r in record["the replicates"]]
+    reps = [rep_dir / r["dir"] for r in record["replicates"]]
     if len(reps) < 2:
         raise EvaluationError(f"{rep_dir}: {len(reps)} replicate(s); at least 2 are needed")
     t = float(stats.t.ppf(0.95, len(reps) - 1))
