@@ -5,8 +5,9 @@ Exit codes (for scheduled use): 0 success; 1 verification failed; 2 bad configur
 scheme, or tls:// without credentials); 3 bad input data (one of the declared errors of
 :func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
-chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place);
-5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
+chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place, an
+--out holding files that are not an earlier output of the command, a source run's file that fails its recorded
+SHA-256); 5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
 traceback); 130 interrupted by SIGINT, 143 by SIGTERM.
 """
 from __future__ import annotations
@@ -182,10 +183,12 @@ def cmd_spine(args: argparse.Namespace) -> int:
     from topdown.geo.report import spine_command
 
     from .configuration.config import ConfigError
+    from .execution.rundir import check_out
 
     if not Path(args.baf).is_dir():
         raise ConfigError(f"--baf {args.baf}: no such directory (a directory of BlockAssign_*.txt[.gz] files)")
 
+    check_out(args.out, "the spine report", lambda p: (p / "report.json").is_file())
     report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
     print((Path(args.out) / "report.txt").read_text() if (Path(args.out) / "report.txt").exists() else json.dumps(report, indent=2))
     return EXIT_OK
@@ -249,6 +252,27 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca-file", help="PEM file of the CA that signed the TLS cluster's certificates")
     p.add_argument("--tls-cert", help="PEM client certificate for a tls:// scheduler (may hold the key too)")
     p.add_argument("--tls-key", help="PEM private key of the client certificate")
+    p.add_argument("--dashboard", action="store_true", help="serve the embedded cluster's Dask dashboard on "
+                                                            "127.0.0.1 (off by default; its address goes to stderr)")
+
+
+@contextmanager
+def _command_setup(args: argparse.Namespace) -> Iterator[None]:
+    """What every command runs under: ``--out ""`` refused (a usage error, not the current directory); for the
+    commands with a cluster, ``--dashboard`` and the --tls-* flags as Dask configuration."""
+    if getattr(args, "out", None) == "":
+        from .configuration.config import ConfigError
+
+        raise ConfigError("--out is empty: name the file or folder to write")
+    if not hasattr(args, "dashboard"):  # no cluster: neither Dask nor its configuration is needed
+        yield
+        return
+    import dask
+
+    from .execution.cluster import DASHBOARD_KEY
+
+    with dask.config.set({DASHBOARD_KEY: bool(args.dashboard)}), _tls_config(args):
+        yield
 
 
 @contextmanager
@@ -309,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "run", help="run TopDown end to end")
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. demo)")
-    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--out", required=True, help="run directory to write (absent, empty, or an earlier run directory)")
     p.add_argument("--input", help="input directory: persons.parquet and units.parquet, or directories persons/ and units/ of Parquet files (overrides [run] input)")
     _cluster_args(p)
     p.add_argument("--seed", type=int, help="override the configured seed (test mode)")
@@ -461,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
     try:
-        with _tls_config(args), _signals_interrupt():
+        with _command_setup(args), _signals_interrupt():
             return args.fn(args)
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)

@@ -87,6 +87,10 @@ def _write(path: Path, text: str) -> Callable[[Path], None]:
     return lambda tmp: (tmp / path).write_text(text)
 
 
+#: The manifest of a run that stopped early (an earlier run directory: --out may name it).
+RUNNING = '{"status": "running"}'
+
+
 def _planted_run_dir(**files: str) -> Callable[[Path], Path]:
     """A run directory holding the given files (``__`` in a name is a ``/``; a value of None makes a folder)."""
     def make(tmp: Path) -> Path:
@@ -335,11 +339,11 @@ CASES = [
     Case("manifest_is_a_folder", EXIT_RUNDIR, ("manifest.json", "a folder where the run directory needs a file"),
          out=_planted_run_dir(**{"manifest.json": None})),
     Case("histograms_is_a_file", EXIT_RUNDIR, ("histograms", "a file where the run directory needs a folder"),
-         out=_planted_run_dir(histograms="x")),
+         out=_planted_run_dir(histograms="x", **{"manifest.json": RUNNING})),
     Case("staging_is_a_file", EXIT_RUNDIR, (".staging", "a file where the run directory needs a folder"),
          out=_planted_run_dir(**{".staging": "x"})),
     Case("mdf_product_is_a_file", EXIT_RUNDIR, ("mdf/units", "a file where the run directory needs a folder"),
-         out=_planted_run_dir(mdf__units="x")),
+         out=_planted_run_dir(mdf__units="x", **{"manifest.json": RUNNING})),
     Case("verify_missing_directory", EXIT_RUNDIR, ("no-such-run", "no such run directory"), argv=_verify(None)),
     Case("verify_no_manifest", EXIT_RUNDIR, ("no manifest.json",), argv=_verify(_planted_run_dir())),
     Case("verify_incomplete", EXIT_RUNDIR, ("no complete run", "'running'", "--resume"),

@@ -96,9 +96,10 @@ def test_interrupted_production_run_resumes_but_a_fresh_draw_is_refused(tmp_path
 def test_redraw_needs_the_earlier_certificate(tmp_path, planted, production, dask_client):
     out = tmp_path / "run"
     (out / "noisy_measurements" / "persons" / "level=US").mkdir(parents=True)
+    (out / "manifest.json").write_text('{"status": "running"}')  # a run directory (--out refuses other folders)
     with pytest.raises(SecondRelease, match="certificate.json: missing or unreadable"):
         run(load_config(production), out, input_dir=planted, client=dask_client, redraw=True)
-    assert sorted(p.name for p in out.iterdir()) == ["noisy_measurements"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "noisy_measurements"]
 
 
 def test_force_in_test_mode_removes_every_output_of_the_earlier_configuration(tmp_path, planted, planted_run,

@@ -23,6 +23,7 @@ from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, main
 from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.privacy.measure import from_table, measure
 from topdown.pipeline.execution.reprocess import changed_keys, reprocess
+from topdown.pipeline.execution.rundir import sha256_file
 from topdown.vocab.schema import PERSONS
 from topdown.pipeline.outputs.verify import verify_run
 
@@ -246,6 +247,9 @@ def test_a_run_missing_a_nodes_invariants_is_an_input_error(demo_run, tmp_path, 
     frame = pq.read_table(table).to_pandas()
     tract = frame.loc[frame["level"] == "Tract", "geocode"].iloc[0]
     pq.write_table(pa.Table.from_pandas(frame[frame["geocode"] != tract], preserve_index=False), table)
+    manifest = json.loads((run / "manifest.json").read_text())  # as if the run had written it so
+    manifest["output_sha256"]["invariants/persons.parquet"] = sha256_file(table)
+    (run / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
     code = main(["reprocess", str(run), "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err

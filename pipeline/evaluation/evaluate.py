@@ -43,7 +43,8 @@ from topdown.geo import one_line
 from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
 from ..execution.dataplane import find_input
-from ..execution.rundir import RunReader, removed_on_failure, write_table
+from ..execution.private_files import private_dir, seal
+from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
 
@@ -442,7 +443,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
         raise EvaluationError("evaluate needs at least one run directory")
     labels = _labels(runs)
     views = [RunView(r, "check") for r in runs]  # fail fast, naming the offending directory
-    out = Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR
+    out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
+                    lambda p: (p / "summary.parquet").is_file())
     truth_d = dask.delayed(load_truth)(Path(truth))
     ent_d = (entities_on_spine(load_entities(Path(entities)), views[0].geoid_index, Path(entities))
              if entities is not None else None)
@@ -468,12 +470,12 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     from .eval_report import write_report
 
     with removed_on_failure(out) if not out.exists() else nullcontext():  # a new folder: complete or absent
-        out.mkdir(parents=True, exist_ok=True)
+        private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
         for name, frame in tables.items():
             write_table(frame, out / f"{name}.parquet")
         extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
         write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra)
-    return out
+    return seal(out)
 
 
 def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions, out: Path) -> tuple[dict, str]:

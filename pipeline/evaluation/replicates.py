@@ -27,7 +27,7 @@ import scipy.sparse as sp
 
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
-from ..execution.rundir import RunDirError, RunReader, write_json_atomic, write_table
+from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
 
 log = logging.getLogger("topdown")
 
@@ -80,11 +80,13 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
     if len(seeds) != n:
         raise ConfigError(f"--n {n} but {len(seeds)} seeds")
+    check_out(out, "the replicates", lambda p: (p / "replicates.json").is_file())
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "replicates": []}
     if record["run"] != str(run):
         raise RunDirError(f"{out} holds replicates of {record['run']}, not {run}")
+    write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
     inp = mdf_input(run, out / "input")
     done = {r["seed"] for r in record["replicates"]}
     with dask_client(client, scheduler, workers) as dclient:

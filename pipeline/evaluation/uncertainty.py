@@ -263,6 +263,22 @@ class Cost:
     rows: int = 0
 
 
+def _check_out(out: Path) -> Path:
+    """``--out`` must be absent or an earlier uncertainty table (a Parquet file this module wrote): anything
+    else is refused (:class:`RunDirError`) before it is touched."""
+    if not out.exists() and not out.is_symlink():
+        return out
+    try:
+        ours = out.is_file() and META_KEY in (pq.read_schema(out).metadata or {})
+    except (OSError, pa.ArrowException):
+        ours = False
+    if not ours:
+        raise RunDirError(f"{out}: cannot write the uncertainty table: {'a folder' if out.is_dir() else 'a file'} "
+                          "that is not an earlier output of this command (an uncertainty table) is in the way; "
+                          "nothing was touched (name a new file)")
+    return out
+
+
 def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Path | None = None,
                 levels: list[str] | None = None, queries: dict[str, tuple[str, ...]] | None = None,
                 client=None, scheduler: str | None = None, workers: int | None = None,
@@ -278,15 +294,15 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     src = Source.open(run)
     if source is not None:
         entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
-    out = Path(out)
+    out = _check_out(Path(out))
+    RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if replicates else ())),
+                              "uncertainty")
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
     if unknown:
         from ..configuration.config import ConfigError
 
         raise ConfigError(f"--levels: unknown level(s) {', '.join(sorted(unknown))}; levels are {', '.join(src.levels)}")
-    if out.is_dir():
-        raise RunDirError(f"--out {out}: a folder; uncertainty writes one Parquet file (name a file)")
     staging = out.with_name(f".{out.name}.parts")
     shutil.rmtree(staging, ignore_errors=True)
     with writing(staging):

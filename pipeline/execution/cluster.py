@@ -21,11 +21,20 @@ from distributed import Security
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..configuration.config import ConfigError
+from .private_files import private_dir, private_file
 
 #: Address schemes that reach a scheduler in another process (distributed also has ``inproc``, which
 #: cannot); the TLS ones need credentials.
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
 TLS_SCHEMES = ("tls", "wss")
+#: Dask configuration key that turns on the embedded cluster's dashboard (``--dashboard``). It is off by default:
+#: the dashboard shows task names and progress to any local user who finds its port; on, it listens on
+#: 127.0.0.1 only.
+DASHBOARD_KEY = "topdown.dashboard"
+DASHBOARD_ADDRESS = "127.0.0.1:0"
+#: Without the dashboard, the scheduler's and workers' HTTP servers (which Dask starts regardless) serve nothing:
+#: no worker list, task log or metrics page either.
+NO_HTTP_ROUTES = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
 #: The CLI flags for the TLS credentials, in the Security fields they set.
 TLS_FLAGS = {"tls_ca_file": "--tls-ca-file", "tls_client_cert": "--tls-cert", "tls_client_key": "--tls-key"}
 
@@ -111,7 +120,7 @@ def credential_flags(security: Security | None, directory: Path) -> list[str]:
     into ``directory`` (created private, files readable by their owner alone)."""
     if security is None or not security.require_encryption:
         return []
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(directory)
     flags = []
     for field, flag in TLS_FLAGS.items():
         value = getattr(security, field, None)
@@ -119,8 +128,7 @@ def credential_flags(security: Security | None, directory: Path) -> list[str]:
             continue
         if "-----BEGIN" in value:  # PEM text (Security.temporary()), not a path
             path = directory / f"{field}.pem"
-            path.touch(mode=0o600)
-            path.write_text(value)
+            private_file(path).write_text(value)
             value = str(path)
         flags += [flag, value]
     return flags

@@ -50,7 +50,7 @@ from topdown.geo.spine import Spine
 from ..inputs.validate import InputError
 from .levels import level_constraints, published_units
 from ..products import PRODUCTS
-from .rundir import RunDir, RunDirError, RunReader, removed_on_failure, write_json_atomic, write_table
+from .rundir import MEASURED, RunDir, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 
 FORMAT = "topdown-nmf/1"
@@ -113,8 +113,8 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     reader = RunReader(run_dir)
     config = reader.config()
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise RunDirError(f"{out_dir}: output directory exists and is not empty")
+    check_out(out_dir, "the noisy measurement file (an earlier one is not replaced)", lambda _: False)
+    reader.check_sums(MEASURED, "writing the noisy measurement file")
     rundir = RunDir(run_dir)
     spine = reader.spine()
     cert = reader.certificate().data

@@ -36,7 +36,7 @@ from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import Level, public_levels
 from .nmf import WHOLE_STATE_TOTAL
-from .rundir import RunDir, RunDirError, RunReader, sha256_file, write_table
+from .rundir import MEASURED, RunDir, RunDirError, RunReader, check_out, is_run_dir, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
 from ..products import PRODUCTS
 from ..configuration.sources import Published
@@ -112,7 +112,7 @@ def tree_sha256(root: Path) -> str:
 
 def source_hashes(src: RunDir) -> dict[str, str]:
     """The SHA-256 of everything a reprocessing reads from ``src`` (its "input")."""
-    names = ["config.json", "spine.parquet", "invariants", "noisy_measurements"]
+    names = [n for n in MEASURED if n != "certificate.json"]
     return {name: tree_sha256(src.root / name) for name in names if (src.root / name).exists()}
 
 
@@ -154,6 +154,7 @@ class _Source:
 def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
     src = RunReader(run_dir)
     before = src.config()
+    src.check_sums(MEASURED, "reprocessing")
     config = apply_changes(before, changes) if changes else before
     changed = changed_keys(before, config, str(changes or src.config_path))
     of = {"run": str(src.root.resolve()), "config_sha256": before.digest(), "changed_keys": changed}
@@ -287,6 +288,7 @@ def reprocess(
     t0 = time.perf_counter()
     if Path(out).resolve() == Path(source).resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
+    check_out(out, "the run directory", is_run_dir)
     src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}

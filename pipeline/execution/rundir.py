@@ -16,6 +16,7 @@ reprocessing, the noisy measurement file): its paths, its typed :class:`Manifest
 from __future__ import annotations
 
 import errno
+import ctypes
 import hashlib
 import json
 import logging
@@ -27,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +43,9 @@ SCHEMA_VERSION = 1
 #: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
 OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements",
            "histograms", "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
+#: The published part of a run that post-processing reads (reprocess, nmf): the measurements and what they were
+#: measured with. Each file is checked against the run's recorded SHA-256 before it is used (:meth:`RunReader.check_sums`).
+MEASURED = ("config.json", "certificate.json", "spine.parquet", "invariants", "noisy_measurements")
 
 
 class RunDirError(RuntimeError):
@@ -258,6 +262,35 @@ def writable_dir(path: Path, what: str) -> None:
         raise RunDirError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
 
 
+def check_out(path: str | Path, what: str, recognised: Callable[[Path], bool]) -> Path:
+    """Refuse an output folder that holds something else than an earlier output of this command: it must be
+    absent, an empty folder, or a folder ``recognised`` accepts (e.g. one holding a run's manifest), so that
+    no file of the user's is overwritten or removed. Raises :class:`RunDirError` (naming ``what``, e.g. "the
+    run directory") before anything is touched."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return path
+    if not path.is_dir():
+        raise RunDirError(f"{path}: cannot write {what}: a file is in the way (name an absent or empty folder)")
+    if any(path.iterdir()) and not recognised(path):
+        raise RunDirError(f"{path}: cannot write {what}: the folder holds files that are not an earlier output of "
+                          "this command; nothing was touched (name an absent or empty folder)")
+    return path
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` is an earlier run directory: it holds a manifest.json of this project (one with a
+    ``status``; a damaged one raises :class:`RunDirError` naming it), or the staging folder of a run stopped
+    before its manifest (a run creates it before its first output and removes it after its last), or only
+    a lock."""
+    manifest = path / "manifest.json"
+    if manifest.is_dir():
+        return True  # refused by name by RunDir.check_layout
+    if manifest.is_file():
+        return "status" in read_manifest_file(manifest)
+    return (path / STAGING).exists() or {p.name for p in path.iterdir()} <= {LOCK}  # a file there: check_layout
+
+
 _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")
 
 
@@ -350,6 +383,32 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     with writing(path), removed_on_failure(tmp):
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
         os.replace(tmp, path)
+
+
+def replace_dir(new: Path, final: Path) -> None:
+    """Put the complete folder ``new`` in the place of ``final`` atomically: ``final`` holds its old contents or
+    the new ones at every moment (Linux renameat2 RENAME_EXCHANGE; elsewhere two renames, the old folder kept
+    beside as ``.<name>.old`` in between). ``new`` is gone afterwards."""
+    if not final.exists():
+        os.rename(new, final)
+        return
+    if _exchange(new, final):
+        shutil.rmtree(new)  # now the old contents
+        return
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(final, old)
+    os.rename(new, final)
+    shutil.rmtree(old)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one system call (renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    rename2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return rename2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:
@@ -453,6 +512,32 @@ class RunReader(RunDir):
         if missing:
             raise RunDirError(f"{self.manifest_path}: key '{missing[0]}' missing")
         return manifest
+
+    def check_sums(self, names: tuple[str, ...], action: str) -> None:
+        """Every file below the run's entries ``names`` (e.g. ``noisy_measurements``, ``spine.parquet``) that
+        the manifest records a SHA-256 for still has it, and none was added beside them; raises
+        :class:`RunDirError` naming the first that differs, so ``action`` stops before it writes anything.
+        Entries without recorded sums (a run of an older version) are read unchecked, with a warning."""
+        data = self.manifest().data
+        recorded = dict(data.get("output_sha256") or {})
+        for levels in (data.get("sha256") or {}).values():
+            for sums in levels.values() if isinstance(levels, dict) else ():
+                recorded.update(sums if isinstance(sums, dict) else {})
+        recorded = {path: s for path, s in recorded.items() if Path(path).parts[0] in names}
+        covered = sorted({Path(path).parts[0] for path in recorded})
+        found: dict[str, str] = {}
+        for name in covered:
+            top = self.root / name
+            files = [top] if top.is_file() else sorted(f for f in top.rglob("*") if f.is_file())
+            found.update({str(f.relative_to(self.root)): sha256_file(f) for f in files})
+        problems = changed_files(recorded, found)
+        if problems:
+            path = next(iter(problems))
+            raise RunDirError(f"{self.root / path}: {problems[path]}; {action} reads only the files the run wrote "
+                              f"and stops (nothing written). `topdown verify {self.root}` lists every difference")
+        if unchecked := [n for n in names if n not in covered and (self.root / n).exists()]:
+            log.warning("%s: the manifest records no SHA-256 for %s (a run of an older version); read unchecked",
+                        self.root, ", ".join(unchecked))
 
     @property
     def certificate_path(self) -> Path:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ from distributed import Security
 from topdown.geo.spine import BLOCK, Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
-from .cluster import QuietTaskErrors, check_scheduler, embedded_security, workers_ignore_sigint
+from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler, embedded_security,
+                      workers_ignore_sigint)
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
@@ -39,7 +41,9 @@ from .memory import limit_heaps, release_memory
 from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from ..products import PRODUCTS
-from .rundir import SCHEMA_VERSION, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
+from .private_files import private_dir
+from .rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, check_out, is_run_dir, sha256_file,
+                     write_json_atomic, write_table)
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
@@ -115,14 +119,18 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     check_workers(workers)
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
-    with embedded_settings():
+    dashboard = bool(dask.config.get(DASHBOARD_KEY, False))
+    with embedded_settings(), dask.config.set({} if dashboard else NO_HTTP_ROUTES):
         with workers_ignore_sigint():
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                   dashboard_address=DASHBOARD_ADDRESS, scheduler_kwargs={"dashboard": dashboard},
                                    host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security())
         with cluster, Client(cluster) as c:
             c.register_plugin(QuietTaskErrors())
-            log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials), dashboard %s", n,
-                     c.dashboard_link)
+            log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials)", n)
+            if dashboard:
+                print(f"topdown: Dask dashboard at {c.dashboard_link} (127.0.0.1 only; any local user can open it "
+                      "while this command runs)", file=sys.stderr, flush=True)
             yield c
 
 
@@ -187,7 +195,7 @@ def run(
     baf = read_baf(config)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
-    out = out if out is not None else Path("runs") / config.run.name
+    out = check_out(out if out is not None else Path("runs") / config.run.name, "the run directory", is_run_dir)
     inp = _input_dir(config, input_dir)
     check_derived_units(config, find_input(inp).units)
     hashes = input_hashes(config, inp)
@@ -335,6 +343,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs
             rundir.clear_outputs()
+        private_dir(rundir.root / STAGING)  # unpublished chunks: their owner's alone
         plan.publish(rundir)
         write_json_atomic(rundir.config_path, config.model_dump(mode="json"))  # public: reprocess, nmf, uncertainty
         write_json_atomic(rundir.root / "certificate.json", plan.certificate)
@@ -361,7 +370,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
             release_memory()
             timings[f"{product}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
-    shutil.rmtree(rundir.root / ".staging", ignore_errors=True)
+    shutil.rmtree(rundir.root / STAGING, ignore_errors=True)
     manifest["output_sha256"] = rundir.output_digests(list(config.run.products))  # verify re-checks them
     manifest["status"] = "complete"
     timings["total"] = time.perf_counter() - t0

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -91,7 +92,8 @@ import pyarrow.parquet as pq
 from topdown.geo import DAMAGED_FILE_ERRORS
 from topdown.geo.states import STATE_FIPS
 
-from ..execution.rundir import writable_dir
+from ..execution.private_files import private_dir, seal
+from ..execution.rundir import check_out, replace_dir, writable_dir
 from . import RACE_CHOICES
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, cenrace_index
 
@@ -107,6 +109,8 @@ BLOCK_SUMLEV = "750"
 P5_DETAIL = (2, 3, 4, 5, 7, 8, 9)
 #: The largest count a block table may hold (module docstring, "Limits and row numbers").
 MAX_BLOCK_COUNT = 1_000_000
+#: What an ingest writes into its output folder, in this order.
+CEF_FILES = ("persons.parquet", "units.parquet")
 #: Memory an ingest needs per person or unit row it writes (the expanded index arrays and the Arrow columns).
 BYTES_PER_RECORD = 64
 #: units.parquet schema metadata of an input whose housing-unit counts were derived from its person counts.
@@ -151,17 +155,26 @@ def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_ce
     """Expand (block, cell, count) and (block, unit_type, occupied, count) rows into out/persons.parquet and
     out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. ``units_derived``: the unit counts
     were derived from the person counts (recorded under :data:`DERIVED_UNITS_KEY`). Returns (persons, units)
-    written."""
-    out = Path(out)
-    writable_dir(out, "the output directory")
+    written.
+
+    ``out`` must be absent, empty or an earlier output (nothing but these two files). Both files are written
+    into a private temporary sibling folder that then takes the place of ``out`` at once: ``out`` holds the
+    old pair or the new one at every moment, readable by its owner alone (private_files.py)."""
+    out = check_out(Path(out), "the output directory", lambda p: {f.name for f in p.iterdir()} <= set(CEF_FILES))
+    writable_dir(out.parent, "the folder of the output directory")
     persons, units = cef_tables(geoids, person_block, person_cell, person_count, unit_block, unit_type, unit_occupied,
                                 unit_count)
     if units_derived:
         units = units.replace_schema_metadata({**(units.schema.metadata or {}), DERIVED_UNITS_KEY: DERIVED_UNITS})
-    for name, table in (("persons.parquet", persons), ("units.parquet", units)):  # each file appears whole
-        tmp = out / f".{name}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, out / name)
+    tmp = out.with_name(f".{out.name}.ingest-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        private_dir(tmp)
+        for name, table in zip(CEF_FILES, (persons, units)):
+            pq.write_table(table, tmp / name)
+        replace_dir(seal(tmp), out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return persons.num_rows, units.num_rows
 
 
@@ -324,6 +337,21 @@ def _find_pl94(directory: Path) -> dict[str, Path]:
     return found
 
 
+def _check_geoids(src: object, column: str, geoids: pd.Series, rows: np.ndarray) -> None:
+    """Block GEOIDs are 15 ASCII digits (``str.isdigit`` and ``\\d`` also take other scripts' digits) whose
+    first two are a state's FIPS code (geo/states.py); the first that is not is refused, naming it."""
+    text = geoids.astype("string")
+    bad = np.flatnonzero(~text.str.fullmatch(r"[0-9]{15}").fillna(False).to_numpy(bool))
+    if bad.size:
+        raise IngestError(f"{src}: column {column}, row {rows[bad[0]]}: malformed block GEOID, 15 digits 0-9 "
+                          f"expected (value {geoids.iat[bad[0]]!r})")
+    unknown = np.flatnonzero(~text.str[:2].isin(set(STATE_FIPS.values())).to_numpy(bool))
+    if unknown.size:
+        value = geoids.iat[unknown[0]]
+        raise IngestError(f"{src}: column {column}, row {rows[unknown[0]]}: block GEOID {value!r}: unknown state "
+                          f"FIPS code {value[:2]!r} (value {value!r}; the 50 states, DC and Puerto Rico are known)")
+
+
 def _check_state(src: object, stusab: pd.Series, geocodes: pd.Series, rows: np.ndarray) -> None:
     """Every block's GEOCODE lies in the state its STUSAB names."""
     fips = stusab.map(STATE_FIPS)
@@ -366,10 +394,7 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
     for name in ("LOGRECNO", "POP100", "HU100"):
         blocks[name] = _ints(blocks, geo, [name], list(blocks.columns).index(name),
                              cap=None if name == "LOGRECNO" else MAX_BLOCK_COUNT)[:, 0]
-    bad = np.flatnonzero(~blocks["GEOCODE"].str.fullmatch(r"\d{15}").to_numpy(bool))
-    if bad.size:
-        raise IngestError(f"{geo}: column GEOCODE, row {rows[bad[0]]}: malformed block GEOID "
-                          f"(value {blocks['GEOCODE'].iat[bad[0]]!r})")
+    _check_geoids(geo, "GEOCODE", blocks["GEOCODE"], rows)
     _check_state(geo, stusab, blocks["GEOCODE"], rows)
     dup = blocks["GEOCODE"].duplicated().to_numpy()
     if dup.any():
@@ -605,9 +630,7 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
         raise IngestError(f"{csv}: column {missing[0]}, row -: required column missing")
     geoids = frame[geoid_col].to_numpy(dtype=object)
     rows = np.arange(len(frame))
-    bad = np.flatnonzero(~frame[geoid_col].str.fullmatch(r"\d{15}").to_numpy(bool))
-    if bad.size:
-        raise IngestError(f"{csv}: column {geoid_col}, row {bad[0]}: malformed block GEOID (value {geoids[bad[0]]!r})")
+    _check_geoids(csv, geoid_col, frame[geoid_col], rows)
     dup = frame[geoid_col].duplicated().to_numpy()
     if dup.any():
         i = int(np.flatnonzero(dup)[0])

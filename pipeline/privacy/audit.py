@@ -45,7 +45,8 @@ from ..execution.engine import make_chunks
 from ..execution.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
 from topdown.vocab.queries import build_query
-from ..execution.rundir import write_json_atomic, write_table
+from ..execution.private_files import private_dir, seal
+from ..execution.rundir import check_out, write_json_atomic, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms, block_units
 from ..execution.tasks import run_chunk
@@ -347,7 +348,7 @@ def theoretical_epsilons(config: Config, product: str) -> dict[tuple[str, str], 
 
 def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
     """audit.parquet (one row per audited count), audit.json (settings, timing) and report.txt, atomically."""
-    out.mkdir(parents=True, exist_ok=True)
+    private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
     write_table(result.table, out / "audit.parquet")
     write_json_atomic(out / "audit.json", {"confidential": CONFIDENTIAL_BANNER, **meta,
                                             "seconds": round(result.seconds, 2), "runs": result.runs})
@@ -362,7 +363,7 @@ def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
     tmp = out / ".report.txt.tmp"
     tmp.write_text(text)
     tmp.replace(out / "report.txt")
-    return out
+    return seal(out)
 
 
 def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: str | None, queries: str,
@@ -373,6 +374,8 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     from ..execution.runner import dask_client
 
     config = load_config(config_path)
+    target = check_out(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "the audit",
+                       lambda p: (p / "audit.json").is_file())
     src_dst = parse_move(move)
     names = tuple(q.strip() for q in queries.split(",") if q.strip())
     for name in names:
@@ -381,7 +384,6 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
         result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
     eps = theoretical_epsilons(config, PERSONS.name)
     result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"], result.table["query"])]
-    target = Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL"
     meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
             "move": move, "queries": list(names), "seed": seed, "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",
             "alpha": AUDIT_ALPHA}
