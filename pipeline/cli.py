@@ -532,7 +532,8 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
     if isinstance(exc, (*input_errors(), FileNotFoundError)):  # declared input errors only: not a bare ValueError
         print(f"topdown: input error: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    refused = unwritable(exc, getattr(exc, "filename", None) or getattr(args, "out", None))
+    out = getattr(args, "out", None)
+    refused = unwritable(exc, getattr(exc, "filename", None) or out, out)
     if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug
         print(f"topdown: {refused}", file=sys.stderr)
         return EXIT_RUNDIR

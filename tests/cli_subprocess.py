@@ -6,6 +6,7 @@ handling and its own exit code, which is what a user or a scheduler sees.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -58,7 +59,20 @@ def topdown(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | No
     done = subprocess.run([sys.executable, "-m", "topdown.pipeline.cli", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
                           preexec_fn=preexec_fn)
-    return Outcome(args, done.returncode, done.stdout, done.stderr)
+    outcome = Outcome(args, done.returncode, done.stdout, done.stderr)
+    _tally(outcome)
+    return outcome
+
+
+def _tally(outcome: Outcome) -> None:
+    """With ``TOPDOWN_TEST_TALLY=FILE``, one JSON line per command into FILE (the test, the command, its exit code
+    and how many traceback lines it printed): the suites' cases by outcome, for a report."""
+    path = os.environ.get("TOPDOWN_TEST_TALLY")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+                                 "command": outcome.argv[0] if outcome.argv else "", "code": outcome.code,
+                                 "traceback_lines": len(outcome.tracebacks())}) + "\n")
 
 
 def assert_clean_failure(outcome: Outcome, code: int, *fragments: str) -> None:

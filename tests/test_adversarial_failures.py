@@ -156,6 +156,22 @@ def test_refused_write_of_out_is_exit_4(tmp_path, planted_run, planted_input, co
     assert snapshot(planted_run) == before
 
 
+@pytest.mark.parametrize("command", ["nmf", "uncertainty", "evaluate", "privacy", "run", "ingest"])
+def test_out_beneath_a_file_is_exit_4(tmp_path, planted_run, planted_input, command):
+    """``--out`` inside what is a file, not a folder: an error of --out naming it (not a bug, exit 6)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine\n")
+    argv = {**_commands(planted_run, planted_input, blocker),
+            "run": ("run", "demo", "--input", planted_input, "--out", blocker / "run", "--quiet", *RUN),
+            "ingest": ("ingest", "blocks", DATA / "ri2010" / "ri_2010_block_demographics.csv.gz", "--out",
+                       blocker / "input")}[command]
+    out = argv[argv.index("--out") + 1]
+    outcome = topdown(*argv)
+    assert outcome.code == EXIT_RUNDIR and str(blocker) in outcome.stderr, str(outcome)
+    assert_clean_failure(outcome, EXIT_RUNDIR, str(out) if command != "ingest" else str(blocker))
+    assert blocker.read_text() == "mine\n" and [p.name for p in tmp_path.iterdir()] == ["a-file"]
+
+
 def _mount_tmpfs(path: Path, options: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],

@@ -25,7 +25,7 @@ import re
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -343,12 +343,28 @@ def changed_files(recorded: dict[str, str], found: dict[str, str]) -> dict[str, 
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
-def unwritable(exc: BaseException, path: str | Path | None) -> RunDirError | None:
-    """The :class:`RunDirError` of a write to ``path`` (default: the exception's file) refused with ``exc``
-    (None: another error)."""
-    if not isinstance(exc, OSError) or exc.errno not in WRITE_ERRNOS:
+#: errno values of a path that cannot be made because a file stands where a folder belongs (or the reverse).
+IN_THE_WAY_ERRNOS = frozenset({errno.ENOTDIR, errno.EEXIST, errno.EISDIR})
+
+
+def unwritable(exc: BaseException, path: str | Path | None, out: str | Path | None = None) -> RunDirError | None:
+    """The :class:`RunDirError` of a write to ``path`` (default: the exception's file) refused with ``exc``, or of
+    a file in the way of a path beside or under the command's ``out`` (its temporary siblings; None: another
+    error)."""
+    if not isinstance(exc, OSError):
         return None
-    return RunDirError(f"{path or exc.filename or 'output'}: cannot write ({os.strerror(exc.errno)})")
+    if exc.errno in WRITE_ERRNOS:
+        return RunDirError(f"{path or exc.filename or 'output'}: cannot write ({os.strerror(exc.errno)})")
+    if exc.errno in IN_THE_WAY_ERRNOS and out and exc.filename and _within(Path(exc.filename), Path(out).parent):
+        return RunDirError(f"{out}: cannot write {exc.filename} ({os.strerror(exc.errno)}: a file or folder is in "
+                           "the way)")
+    return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """``path`` is ``folder`` or lies under it (both taken as given and as absolute paths)."""
+    path, folder = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    return path == folder or folder in path.parents
 
 
 @contextmanager
@@ -373,7 +389,8 @@ def removed_on_failure(path: str | Path) -> Iterator[None]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
-            path.unlink(missing_ok=True)
+            with suppress(OSError):  # e.g. a file where a folder of ``path`` belongs: nothing was written
+                path.unlink(missing_ok=True)
         raise
 
 
