@@ -28,19 +28,6 @@ EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXI
 log = logging.getLogger("topdown")
 
 
-def _progress_printer(quiet: bool):
-    last = {"t": 0.0}
-
-    def progress(product: str, level: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if quiet or (done < total and now - last["t"] < 1.0):
-            return
-        last["t"] = now
-        print(f"  {product:8s} {level:12s} {done:5d}/{total} tasks", file=sys.stderr, flush=True)
-
-    return progress
-
-
 def _security(args: argparse.Namespace):
     """The TLS client credentials of the --tls-* flags (None without them)."""
     from .execution.cluster import tls_security
@@ -66,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-              force=args.force, progress=_progress_printer(args.quiet), security=security, redraw=args.redraw)
+              force=args.force, security=security, redraw=args.redraw)
     _print_summary("run", out, start)
     return EXIT_OK
 
@@ -76,8 +63,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     out = reprocess(args.run, args.out, args.config, spine=args.spine, scheduler=args.scheduler, workers=args.workers,
-                    resume=args.resume, force=args.force, progress=_progress_printer(args.quiet),
-                    security=_security(args))
+                    resume=args.resume, force=args.force, security=_security(args))
     _print_summary("reprocessing (no privacy loss added)", out, start)
     return EXIT_OK
 
@@ -240,6 +226,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca-file", help="PEM file of the CA that signed the TLS cluster's certificates")
     p.add_argument("--tls-cert", help="PEM client certificate for a tls:// scheduler (may hold the key too)")
     p.add_argument("--tls-key", help="PEM private key of the client certificate")
+    _quiet_arg(p)
+
+
+def _quiet_arg(p: argparse.ArgumentParser) -> None:
+    """--quiet: no progress bars (a long command shows them on stderr; execution/progress.py)."""
+    p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 @contextmanager
@@ -309,7 +301,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(removes every output of the earlier run)")
     p.add_argument("--redraw", action="store_true", help="production: draw noise again over levels already released "
                                                          "(a second release; the certificate composes both draws)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_run)
 
     p = _command(sub, "reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
@@ -325,7 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted reprocessing")
     p.add_argument("--force", action="store_true", help="recompute a directory that is already complete")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_reprocess)
 
     p = _command(sub, "batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
@@ -385,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    _quiet_arg(p)
     p.set_defaults(fn=cmd_nmf)
 
     p = _command(sub, "uncertainty", help="GLS estimates, variances and 90/95%% intervals of every count (noisy "
@@ -463,9 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     from .execution.rundir import RunDirError
     from .execution.tasks import EstimationError
 
+    from .execution.progress import command_reporting
+
     bad_input = (*input_errors(), FileNotFoundError)
     try:
-        with _tls_config(args):
+        with _tls_config(args), command_reporting(getattr(args, "quiet", False)):
             return args.fn(args)
     except ConfigError as exc:
         print(f"topdown: configuration error: {exc}", file=sys.stderr)

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
 
-#: Lines that are not part of a failure's message: progress output and the test-mode warning.
-_PROGRESS = re.compile(r"^\s+\S+\s+\S+\s+\d+/\d+ tasks$")
+#: Lines that are not part of a failure's message: progress bars (execution/progress.py BAR_FORMAT; stderr's
+#: lines are split at the bars' carriage returns too) and the test-mode warning.
+_PROGRESS = re.compile(r"^.+: +\d+%\|.*\| \d+/\d+ \w+ \[\d+:\d+.*\]\s*$")
 _TRACEBACK_MARKERS = ("Traceback (most recent call last)", 'File "', "Compute Failed", "distributed.worker")
 
 
