@@ -85,7 +85,8 @@ def _last_state(text: str) -> str:
 
 
 def normalise(nb: nbformat.NotebookNode, work: Path) -> nbformat.NotebookNode:
-    """Stream redraws at their last state; the work directory's path as ``notebook-work``; the code digest."""
+    """Streams merged, their redraws at their last state; the work directory's path as ``notebook-work``; the
+    code digest."""
     paths = sorted({str(work), str(work.resolve())}, key=len, reverse=True)
 
     def clean(text: str) -> str:
@@ -94,6 +95,14 @@ def normalise(nb: nbformat.NotebookNode, work: Path) -> nbformat.NotebookNode:
         return text
 
     for cell in (c for c in nb.cells if c.cell_type == "code"):
+        merged: list = []  # consecutive chunks of one stream as one output, as a notebook shows them
+        for o in cell.outputs:
+            if o.output_type == "stream" and merged and merged[-1].output_type == "stream" \
+                    and merged[-1].name == o.name:
+                merged[-1].text += o.text
+            else:
+                merged.append(o)
+        cell.outputs = merged
         for o in cell.outputs:
             if o.output_type == "stream":
                 o.text = clean(_last_state(o.text))
