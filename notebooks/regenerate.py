@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -76,7 +77,9 @@ def output_kinds(nb: nbformat.NotebookNode) -> list[list[str]]:
 
 
 def _last_state(text: str) -> str:
-    """``text`` as a terminal shows it: each line at its last carriage-return redraw."""
+    """``text`` as a terminal shows it: each line at its last carriage-return redraw, without the cursor
+    movements of nested bars."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
     lines = []
     for line in text.split("\n"):
         parts = [p for p in line.split("\r") if p.strip()]

@@ -110,7 +110,7 @@ def test_regenerate_normalises_streams_and_paths(tmp_path) -> None:
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
     work = tmp_path / "work"
-    cell = new_code_cell("x", outputs=[new_output("stream", name="stderr", text="\rbar 0%"),
+    cell = new_code_cell("x", outputs=[new_output("stream", name="stderr", text="\rbar 0%\x1b[A"),
                                        new_output("stream", name="stderr", text="\rbar 100%\n"),
                                        new_output("stream", name="stdout", text=f"wrote {work}/run\n")])
     nb = regenerate.normalise(new_notebook(cells=[cell]), work)
