@@ -323,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", help="JSON summary to write (default: <jobs stem>.summary.json beside the jobs file)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for another batch over the same jobs to finish (default: exit 4 at once)")
+    _quiet_arg(p)
     p.set_defaults(fn=cmd_batch)
 
     p = _command(sub, "verify", help="re-check a run directory")
@@ -357,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--races", choices=RACE_CHOICES,
                    help="blocks: how the collapsed groups (two or more races, Hispanic) get race combinations: "
                         "spread person by person (default) or compact, one per block and group (README 'Inputs')")
+    _quiet_arg(p)
     p.set_defaults(fn=cmd_ingest)
 
     p = _command(sub, "evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")

@@ -188,3 +188,44 @@ def test_commands_show_progress_on_stderr_and_quiet_silences_it(tmp_path, demo_r
     assert bars["nmf persons"] == (len(levels), len(levels), "levels") and "nmf units" in bars
     assert main(["nmf", str(demo_run), "--out", str(tmp_path / "nmf2"), "--quiet"]) == 0
     assert _bars(capsys.readouterr().err) == {}
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("argv, bar, unit", [
+    (["ingest", "blocks", str(DATA / "ri2010" / "ri_2010_block_demographics.csv.gz"), "--out", "{tmp}/in"],
+     "ingest blocks", "steps"),
+    (["uncertainty", "{run}", "--out", "{tmp}/u.parquet", "--levels", "Tract"], "uncertainty persons Block (pass 2)",
+     "tasks"),
+    pytest.param(["evaluate", "{run}", "--truth", "{truth}", "--out", "{tmp}/ev"], "evaluate runs and samples", "tasks",
+                 marks=SLOW),
+    pytest.param(["replicates", "{run}", "--n", "1", "--out", "{tmp}/rep"], "replicates", "replicates", marks=SLOW),
+    pytest.param(["audit", "demo", "--input", "{truth}", "--move", "440070001023003:440070001011006", "--runs", "2",
+                  "--out", "{tmp}/audit"], "audit runs", "batches", marks=SLOW),
+], ids=["ingest", "uncertainty", "evaluate", "replicates", "audit"])
+def test_long_commands_show_their_bars(argv, bar, unit, tmp_path, demo_run, demo_input, dask_client, monkeypatch,
+                                       capsys):
+    import topdown.pipeline.execution.runner as runner
+
+    monkeypatch.setattr(runner, "dask_client", lambda *a, **k: _shared(dask_client))
+    (tmp_path / "quiet").mkdir()
+    assert main([a.format(tmp=tmp_path, run=demo_run, truth=demo_input) for a in argv]) == 0
+    bars = _bars(capsys.readouterr().err)
+    assert bar in bars and bars[bar][0] == bars[bar][1] and bars[bar][2] == unit, bars
+    assert main([a.format(tmp=tmp_path / "quiet", run=demo_run, truth=demo_input) for a in argv] + ["--quiet"]) == 0
+    assert _bars(capsys.readouterr().err) == {}
+
+
+class _shared:
+    """The session's client in place of an embedded cluster (a context manager, as runner.dask_client)."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def __enter__(self):
+        return self.client
+
+    def __exit__(self, *exc) -> None:
+        return None

@@ -43,11 +43,13 @@ class Reporter:
             raise Cancelled("cancelled; the run directory can be resumed (resume=True, or topdown run --resume)")
 
     def bar(self, desc: str, total: int, unit: str) -> tqdm:
-        """A new bar of ``total`` ``unit`` (closed by :meth:`close` or by the end of :func:`reporting`)."""
+        """A new bar of ``total`` ``unit`` (one word: tests/cli_subprocess.py reads the bars), closed by
+        :meth:`close` or by the end of :func:`reporting`."""
         bar = tqdm(total=total, desc=desc, unit=unit, bar_format=BAR_FORMAT, disable=not self.enabled,
                    file=self.file, leave=True, mininterval=0.5, dynamic_ncols=True)
-        with self._lock:
-            self._open[id(bar)] = bar
+        if self.enabled:  # a disabled bar draws nothing and holds nothing: no need to close it
+            with self._lock:
+                self._open[id(bar)] = bar
         return bar
 
     def close(self, bar: tqdm) -> None:
@@ -65,6 +67,8 @@ class Reporter:
     def tasks(self, product: str, level: str, done: int, total: int) -> None:
         """A ``ProgressFn`` (engine.py): ``done`` of ``total`` tasks of ``product``'s ``level``."""
         self.check()
+        if not self.enabled:
+            return
         key = (product, level)
         with self._lock:
             bar = self._open.get(key)

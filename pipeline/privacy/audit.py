@@ -317,7 +317,7 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
             seeds = [seed + 2 * r + db for r in range(lo, min(runs, lo + batch))]
             futures.append((db, client.submit(run_batch, shipped, seeds, pure=False)))
     values: list[list[np.ndarray]] = [[], []]
-    for (db, _), value in zip(futures, gather(client, [f for _, f in futures], "audit", "batches of runs")):
+    for (db, _), value in zip(futures, gather(client, [f for _, f in futures], "audit runs", "batches")):
         values[db].append(value)
     d, d2 = (np.concatenate(v) for v in values)
     truth = plans[0].truth
