@@ -15,7 +15,7 @@ import dask
 import pytest
 
 from rel_inputs import differing_outputs
-from topdown.pipeline import Cancelled, Job, load_config, run, submit, submit_reprocess, submit_uncertainty
+from topdown.pipeline import Cancelled, Job, load_config, submit, submit_reprocess, submit_uncertainty
 from topdown.pipeline.cli import main
 from topdown.pipeline.execution.progress import (Reporter, Steps, chain, compute, reporter, reporting, track)
 
