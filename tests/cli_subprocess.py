@@ -17,7 +17,7 @@ from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
 
 #: Lines that are not part of a failure's message: progress bars (execution/progress.py BAR_FORMAT; stderr's
 #: lines are split at the bars' carriage returns too) and the test-mode warning.
-_PROGRESS = re.compile(r"^.+: +\d+%\|.*\| \d+/\d+ \w+ \[\d+:\d+.*\]\s*$")
+PROGRESS = re.compile(r"^.+: +\d+%\|.*\| \d+/\d+ \w+ \[\d+:\d+.*\]\s*$")
 _TRACEBACK_MARKERS = ("Traceback (most recent call last)", 'File "', "Compute Failed", "distributed.worker")
 
 
@@ -37,7 +37,7 @@ class Outcome:
     def message_lines(self) -> list[str]:
         """stderr's lines that say something: not blank, not progress, not the test-mode warning."""
         return [ln for ln in self.stderr.splitlines()
-                if ln.strip() and not _PROGRESS.match(ln) and NOT_PRIVATE_WARNING not in ln]
+                if ln.strip() and not PROGRESS.match(ln) and NOT_PRIVATE_WARNING not in ln]
 
     def tracebacks(self) -> list[str]:
         """stderr lines that belong to a traceback or a Dask worker's failure report."""

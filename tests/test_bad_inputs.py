@@ -24,6 +24,7 @@ from typing import Callable
 import pandas as pd
 import pytest
 
+from cli_subprocess import PROGRESS
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
@@ -466,7 +467,8 @@ def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog, das
     assert code != EXIT_INTERNAL, text
     assert code == case.code, text
     assert "Traceback" not in text
-    lines = [ln for ln in text.splitlines() if ln.strip() and NOT_PRIVATE_WARNING not in ln]  # the test-mode warning
+    lines = [ln for ln in text.splitlines()  # not the progress bars nor the test-mode warning
+             if ln.strip() and not PROGRESS.match(ln) and NOT_PRIVATE_WARNING not in ln]
     assert len(lines) == 1, f"not a one-line message:\n{text}"
     for fragment in case.expect:
         assert fragment in text, f"{fragment!r} not in message:\n{text}"
@@ -507,8 +509,8 @@ def test_only_declared_input_errors_exit_3(error, code, tmp_path: Path, capsys, 
         assert "input error" not in err
     else:
         assert "Traceback" not in err and "internal error" not in err
-        assert err.strip().splitlines() == ["topdown: input error: operands could not be broadcast together with "
-                                            "shapes (3,) (4,)"]
+        assert [ln for ln in err.splitlines() if ln.strip() and not PROGRESS.match(ln)] == [
+            "topdown: input error: operands could not be broadcast together with shapes (3,) (4,)"]
     assert _snapshot(out) == {}  # nothing written
 
 
