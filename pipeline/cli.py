@@ -33,19 +33,6 @@ EXIT_TERMINATED = 143
 log = logging.getLogger("topdown")
 
 
-def _progress_printer(quiet: bool):
-    last = {"t": 0.0}
-
-    def progress(product: str, level: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if quiet or (done < total and now - last["t"] < 1.0):
-            return
-        last["t"] = now
-        print(f"  {product:8s} {level:12s} {done:5d}/{total} tasks", file=sys.stderr, flush=True)
-
-    return progress
-
-
 def _security(args: argparse.Namespace):
     """The TLS client credentials of the --tls-* flags (None without them)."""
     if not hasattr(args, "tls_ca_file"):  # a command without a cluster
@@ -75,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"topdown: WARNING: {waived_warning(config.run.weaken_privacy)}", file=sys.stderr)
     start = time.perf_counter()
     out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-              force=args.force, progress=_progress_printer(args.quiet), security=security, redraw=args.redraw)
+              force=args.force, security=security, redraw=args.redraw)
     _print_summary("run", out, start)
     return EXIT_OK
 
@@ -85,8 +72,7 @@ def cmd_reprocess(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     out = reprocess(args.run, args.out, args.config, spine=args.spine, scheduler=args.scheduler, workers=args.workers,
-                    resume=args.resume, force=args.force, progress=_progress_printer(args.quiet),
-                    security=_security(args))
+                    resume=args.resume, force=args.force, security=_security(args))
     _print_summary("reprocessing (no privacy loss added)", out, start)
     return EXIT_OK
 
@@ -254,6 +240,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", help="PEM private key of the client certificate")
     p.add_argument("--dashboard", action="store_true", help="serve the embedded cluster's Dask dashboard on "
                                                             "127.0.0.1 (off by default; its address goes to stderr)")
+    _quiet_arg(p)
+
+
+def _quiet_arg(p: argparse.ArgumentParser) -> None:
+    """--quiet: no progress bars (a long command shows them on stderr; execution/progress.py)."""
+    p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 @contextmanager
@@ -342,7 +334,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(removes every output of the earlier run)")
     p.add_argument("--redraw", action="store_true", help="production: draw noise again over levels already released "
                                                          "(a second release; the certificate composes both draws)")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_run)
 
     p = _command(sub, "reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
@@ -358,7 +349,6 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted reprocessing")
     p.add_argument("--force", action="store_true", help="recompute a directory that is already complete")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(fn=cmd_reprocess)
 
     p = _command(sub, "batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
@@ -366,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", help="JSON summary to write (default: <jobs stem>.summary.json beside the jobs file)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for another batch over the same jobs to finish (default: exit 4 at once)")
+    _quiet_arg(p)
     p.set_defaults(fn=cmd_batch)
 
     p = _command(sub, "verify", help="re-check a run directory")
@@ -400,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--races", choices=RACE_CHOICES,
                    help="blocks: how the collapsed groups (two or more races, Hispanic) get race combinations: "
                         "spread person by person (default) or compact, one per block and group (README 'Input')")
+    _quiet_arg(p)
     p.set_defaults(fn=cmd_ingest)
 
     p = _command(sub, "evaluate", help="accuracy of one or more runs against the truth (tables, figures, HTML)")
@@ -418,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "nmf", help="write a run's noisy measurement file (the Bureau's 2020 DPQuery/Constraint layout)")
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--out", required=True, help="directory to create (must not exist or be empty)")
+    _quiet_arg(p)
     p.set_defaults(fn=cmd_nmf)
 
     p = _command(sub, "uncertainty", help="GLS estimates, variances and 90/95%% intervals of every count (noisy "
@@ -484,14 +477,17 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
+    from .execution.progress import command_reporting
+
     try:
-        with _command_setup(args), _signals_interrupt():
+        with _command_setup(args), _signals_interrupt(), command_reporting(getattr(args, "quiet", False)):
             return args.fn(args)
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)
         name = signal.Signals(signum).name
         again = "; the run directory is resumable with --resume" if hasattr(args, "resume") else ""
-        print(f"topdown: interrupted by {name}{again}", file=sys.stderr)
+        # a new line first: the signal may have come while a progress bar was writing its own line
+        print(f"\ntopdown: interrupted by {name}{again}", file=sys.stderr)
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:
         return _failed(exc, args)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING, waived_warning
 
-#: Lines that are not part of a failure's message: progress output and INFO log lines, the test-mode and the
-#: waiver warnings.
-_PROGRESS = re.compile(r"^\s+\S+\s+\S+\s+\d+/\d+ tasks$")
+#: Lines that are not part of a failure's message: progress bars (execution/progress.py BAR_FORMAT; stderr's
+#: lines are split at the bars' carriage returns too), INFO log lines, the test-mode and the waiver warnings.
+PROGRESS = re.compile(r"^.+: +\d+%\|.*\| \d+/\d+ \w+ \[\d+:\d+.*\]\s*$")
 _WAIVED = waived_warning([]).split("[]", 1)[1]
 _LOG = re.compile(r"^\d{2}:\d{2}:\d{2} (DEBUG|INFO) ")  # the CLI's log lines below WARNING (a run's progress)
 _TRACEBACK_MARKERS = ("Traceback (most recent call last)", 'File "', "Compute Failed", "distributed.worker")
@@ -40,7 +40,7 @@ class Outcome:
     def message_lines(self) -> list[str]:
         """stderr's lines that say something: not blank, not progress or INFO, not the test-mode or waiver warning."""
         return [ln for ln in self.stderr.splitlines()
-                if ln.strip() and not _PROGRESS.match(ln) and not _LOG.match(ln) and NOT_PRIVATE_WARNING not in ln
+                if ln.strip() and not PROGRESS.match(ln) and not _LOG.match(ln) and NOT_PRIVATE_WARNING not in ln
                 and _WAIVED not in ln]
 
     def tracebacks(self) -> list[str]:

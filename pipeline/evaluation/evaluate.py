@@ -44,6 +44,7 @@ from topdown.vocab.queries import build_query
 from ..products import PRODUCTS
 from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
+from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
@@ -452,10 +453,7 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     if PERSONS.name in RunReader(runs[0]).manifest().products:  # the SRS baseline samples person records
         tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)
                   for rate in opts.sampling_rates for rep in range(opts.sampling_replicates)]
-    if client is not None:
-        results = client.gather(client.compute(tasks))
-    else:
-        results = list(dask.compute(*tasks, scheduler="threads"))
+    results = compute(tasks, client, "evaluate runs and samples")  # on local threads without a client
     run_results = results[:len(runs)]
     tables: dict[str, pd.DataFrame] = {}
     for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl"):

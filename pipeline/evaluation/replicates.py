@@ -27,6 +27,7 @@ import scipy.sparse as sp
 
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
+from ..execution.progress import track
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
 
 log = logging.getLogger("topdown")
@@ -90,7 +91,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     inp = mdf_input(run, out / "input")
     done = {r["seed"] for r in record["replicates"]}
     with dask_client(client, scheduler, workers) as dclient:
-        for i, seed in enumerate(seeds):
+        for i, seed in track(list(enumerate(seeds)), "replicates", unit="replicates"):
             if seed in done:
                 continue
             t0, c0 = time.perf_counter(), time.process_time()

@@ -33,6 +33,7 @@ from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance
 from topdown.vocab.queries import build_query
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..products import PRODUCTS
+from ..execution.progress import gather
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.schema import SCHEMAS
 
@@ -347,7 +348,7 @@ def _product(dclient, src: Source, product: str, out_queries: tuple[str, ...], w
                   parents=src.parents[leaf])
     parts = src.parts(product, src.levels[leaf])
     futures = [dclient.submit(leaf_pass1, LeafTask(part=str(p), **common), pure=False) for p in parts]
-    res1 = dclient.gather(futures)
+    res1 = gather(dclient, futures, f"uncertainty {product} {src.levels[leaf]} (pass 1)")
     cost.tasks += len(res1)
     cost.worker_cpu_seconds += sum(r["cpu"] for r in res1)
     weights = np.full((n_leaf, len(alg.queries)), np.nan)
@@ -391,7 +392,8 @@ def _product(dclient, src: Source, product: str, out_queries: tuple[str, ...], w
                                out=str(staging / f"{product}-leaf-{k:05d}.parquet"), out_queries=out_queries,
                                write_rows=src.levels[leaf] in want,
                                cover={int(r): leaf_cover[int(r)] for r in rows if int(r) in leaf_cover}))
-    res2 = dclient.gather([dclient.submit(leaf_pass2, t, pure=False) for t in tasks])
+    res2 = gather(dclient, [dclient.submit(leaf_pass2, t, pure=False) for t in tasks],
+                  f"uncertainty {product} {src.levels[leaf]} (pass 2)")
     cost.tasks += len(res2)
     cost.worker_cpu_seconds += sum(r["cpu"] for r in res2)
     if src.levels[leaf] in want:

@@ -25,6 +25,7 @@ from topdown.vocab.problem import GroupTotal
 
 from ..configuration.config import Config
 from .levels import Level, holding
+from .progress import reporter
 from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
@@ -212,6 +213,8 @@ def estimate_level(
                  len(plan))
         if progress:
             progress(product, level.name, len(finished), len(plan))
+    if len(finished) < len(plan):  # the level's bar from its start; a cancelled job stops here
+        reporter().tasks(product, level.name, len(finished), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
     digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
     todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in finished]

@@ -49,6 +49,7 @@ from topdown.geo.spine import Spine
 
 from ..inputs.validate import InputError
 from .levels import level_constraints, published_units
+from .progress import track
 from ..products import PRODUCTS
 from .rundir import MEASURED, RunDir, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
@@ -132,7 +133,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
             units = [u.assign(occupied=np.nan) for u in units]
             nodes = [u.index for u in units]
             cons = level_constraints(product, cfg, spine.levels, units, parents)
-            for lv, n, u, c in zip(spine.levels, nodes, units, cons):
+            for lv, n, u, c in track(list(zip(spine.levels, nodes, units, cons)), f"nmf {product}", unit="levels"):
                 base = tmp / product / f"{lv}.parquet"
                 shares = node_shares(spine, cfg.budget, lv)
                 qshares = cfg.budget.queries.get(lv, {})

@@ -38,6 +38,7 @@ from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names, invariant_rows
 from .levels import Level, rollup, shares
 from .memory import limit_heaps, release_memory
+from .progress import Steps, chain, reporter
 from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from ..products import PRODUCTS
@@ -283,14 +284,18 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.setdefault("timings", {})
     files = find_input(inp)
+    steps = Steps("run start-up", 3 + len(config.run.products))
+    steps.start("cluster")
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written; the workers
     # read, check and tabulate the input (dataplane.py), and every check runs before the first write.
     with dask_client(client, scheduler, workers, security) as dclient:
+        steps.start("ingest")
         data = read_input(dclient, files)
         release_memory()
         timings["ingest"] = time.perf_counter() - t0
 
         t = time.perf_counter()
+        steps.start("spine")
         geoids = block_geoids(data)
         if baf is not None:
             check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
@@ -307,11 +312,13 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         all_levels: dict[str, list[Level]] = {}
         for product in config.run.products:
             t = time.perf_counter()
+            steps.start(f"tabulate {product}")
             all_levels[product] = tabulate_levels(dclient, config, product, spine, data, files)
             release_memory()
             timings[f"{product}.tabulate"] = time.perf_counter() - t
         del data  # the shards hold the true histograms now
         release_memory()
+        steps.close()
 
         def publish(rd: RunDir) -> None:
             write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
@@ -339,6 +346,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     """Estimate every product level by level into ``rundir`` (holding its lock), then the MDF and the manifest.
     ``fresh``: a new run, so every output of an earlier one is removed first."""
     timings: dict[str, float] = manifest.setdefault("timings", {})
+    progress = chain(reporter().tasks, progress)  # the bars of the command line or a Job, and the caller's
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs

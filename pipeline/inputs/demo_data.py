@@ -28,3 +28,9 @@ def write_demo_input(out: Path) -> Summary:
     data = files("topdown.pipeline.data")
     src = {key: data.joinpath(name) for key, name in DEMO_FILES.items()}
     return ingest_pl94_files(src["geo"], src["seg1"], src["seg2"], src["seg3"], Path(out))
+
+
+def demo_baf() -> Path:
+    """The 2020 block assignment files of Rhode Island (entities of the demo's blocks: places, county
+    subdivisions...): ``data/ri_baf2020`` of a clone, which a wheel installs as ``topdown/data/ri_baf2020``."""
+    return Path(__file__).resolve().parents[2] / "data" / "ri_baf2020"

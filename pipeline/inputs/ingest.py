@@ -93,6 +93,7 @@ from topdown.geo import DAMAGED_FILE_ERRORS
 from topdown.geo.states import STATE_FIPS
 
 from ..execution.private_files import private_dir, seal
+from ..execution.progress import Steps
 from ..execution.rundir import check_out, replace_dir, writable_dir
 from . import RACE_CHOICES
 from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, cenrace_index
@@ -619,6 +620,8 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
     if races not in RACE_CHOICES:
         raise ValueError(f"races must be one of {RACE_CHOICES}, not {races!r}")
     csv = Path(csv)
+    steps = Steps("ingest blocks", 3)
+    steps.start("read and check")
     geoid_col, frame = _read_block_table(csv)
     need = ["pop", "vap"] + [f"{a}_{g}" for a in ("pop", "vap") for g in BLOCK_GROUPS]
     hu = [c for c in HU_COLUMNS if c in frame.columns]
@@ -651,6 +654,7 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
     occupied, vacant, derived = _block_units(csv, values, pop.sum(1), geoids, rows)
     _check_memory(csv, int(pop.sum()) + int(occupied.sum()) + int(vacant.sum()))
 
+    steps.start("derive persons and units")
     order = np.argsort(geoids, kind="stable")
     geoids, pop, vap, occupied, vacant = geoids[order], pop[order], vap[order], occupied[order], vacant[order]
     nb = len(geoids)
@@ -673,10 +677,12 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
         cells_l.append(np.asarray(cell))
         counts_l.append(n)
     household = pop.sum(1)
+    steps.start("write")
     n_persons, n_units = write_cef(out, geoids, np.concatenate(blocks_l), np.concatenate(cells_l),
                                    np.concatenate(counts_l), np.concatenate([np.arange(nb)] * 2),
                                    np.zeros(2 * nb, np.int64), np.repeat([True, False], nb),
                                    np.concatenate([occupied, vacant]), units_derived=derived)
+    steps.close()
     return Summary(source=str(csv), blocks_read=nb,
                    blocks_written=int(((household > 0) | (occupied + vacant > 0)).sum()),
                    persons=n_persons, housing_units=n_units, gq_facilities=0,

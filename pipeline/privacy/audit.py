@@ -44,6 +44,7 @@ from ..configuration.config import Config, ConfigError
 from ..execution.engine import make_chunks
 from ..execution.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
+from ..execution.progress import gather
 from topdown.vocab.queries import build_query
 from ..execution.private_files import private_dir, seal
 from ..execution.rundir import check_out, write_json_atomic, write_table
@@ -317,8 +318,8 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
             seeds = [seed + 2 * r + db for r in range(lo, min(runs, lo + batch))]
             futures.append((db, client.submit(run_batch, shipped, seeds, pure=False)))
     values: list[list[np.ndarray]] = [[], []]
-    for db, fut in futures:
-        values[db].append(fut.result())
+    for (db, _), value in zip(futures, gather(client, [f for _, f in futures], "audit runs", "batches")):
+        values[db].append(value)
     d, d2 = (np.concatenate(v) for v in values)
     truth = plans[0].truth
     rows = []
