@@ -15,7 +15,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from distributed import Security
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -55,8 +55,26 @@ class QuietTaskErrors(WorkerPlugin):
         logging.getLogger("distributed.worker").addFilter(_not_compute_failed)
 
 
+#: Worker log records the embedded cluster drops: a task's error (the driver reports it) and a heartbeat that
+#: found the scheduler closing (when a command stops early, its cluster closes while a heartbeat is under way).
+_DROPPED = ("Compute Failed", "Failed to communicate with scheduler during heartbeat")
+
+
 def _not_compute_failed(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("Compute Failed")
+    return not str(record.msg).startswith(_DROPPED)
+
+
+@contextmanager
+def quiet_closing() -> Iterator[Callable[[], None]]:
+    """Yields ``quiet``: called when the embedded cluster starts closing, it turns the driver's Dask loggers (its
+    scheduler's and connections') to CRITICAL, so that a command that stops early (an input error) prints its
+    one line only, not a connection torn down mid-handshake; their level is restored when the block ends."""
+    logger = logging.getLogger("distributed")
+    level = logger.level
+    try:
+        yield lambda: logger.setLevel(logging.CRITICAL)
+    finally:
+        logger.setLevel(level)
 
 
 @contextmanager

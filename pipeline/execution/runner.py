@@ -27,8 +27,8 @@ from distributed import Security
 from topdown.geo.spine import BLOCK, Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
-from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler, embedded_security,
-                      workers_ignore_sigint)
+from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler,
+                      embedded_security, quiet_closing, workers_ignore_sigint)
 from ..privacy.accounting import check_budget
 from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
@@ -126,13 +126,16 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                    dashboard_address=DASHBOARD_ADDRESS, scheduler_kwargs={"dashboard": dashboard},
                                    host="127.0.0.1", silence_logs=logging.ERROR, security=embedded_security())
-        with cluster, Client(cluster) as c:
+        with quiet_closing() as quiet, cluster, Client(cluster) as c:
             c.register_plugin(QuietTaskErrors())
             log.info("embedded Dask cluster: %d worker processes (TLS, temporary credentials)", n)
             if dashboard:
                 print(f"topdown: Dask dashboard at {c.dashboard_link} (127.0.0.1 only; any local user can open it "
                       "while this command runs)", file=sys.stderr, flush=True)
-            yield c
+            try:
+                yield c
+            finally:
+                quiet()  # the client and the cluster close next
 
 
 def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
