@@ -197,6 +197,8 @@ SLOW = pytest.mark.slow
 @pytest.mark.parametrize("argv, bar, unit", [
     (["ingest", "blocks", str(DATA / "ri2010" / "ri_2010_block_demographics.csv.gz"), "--out", "{tmp}/in"],
      "ingest blocks", "steps"),
+    (["ingest", "pl94", str(Path(__file__).resolve().parents[1] / "pipeline" / "data"), "--out", "{tmp}/pl"],
+     "ingest pl94", "steps"),
     (["uncertainty", "{run}", "--out", "{tmp}/u.parquet", "--levels", "Tract"], "uncertainty persons Block (pass 2)",
      "tasks"),
     pytest.param(["evaluate", "{run}", "--truth", "{truth}", "--out", "{tmp}/ev"], "evaluate runs and samples", "tasks",
@@ -204,7 +206,7 @@ SLOW = pytest.mark.slow
     pytest.param(["replicates", "{run}", "--n", "1", "--out", "{tmp}/rep"], "replicates", "replicates", marks=SLOW),
     pytest.param(["audit", "demo", "--input", "{truth}", "--move", "440070001023003:440070001011006", "--runs", "2",
                   "--out", "{tmp}/audit"], "audit runs", "batches", marks=SLOW),
-], ids=["ingest", "uncertainty", "evaluate", "replicates", "audit"])
+], ids=["ingest", "ingest-pl94", "uncertainty", "evaluate", "replicates", "audit"])
 def test_long_commands_show_their_bars(argv, bar, unit, tmp_path, demo_run, demo_input, dask_client, monkeypatch,
                                        capsys):
     import topdown.pipeline.execution.runner as runner

@@ -384,6 +384,8 @@ def _check_equal(src: object, got: np.ndarray, published: np.ndarray, names: lis
 def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: Path | Traversable,
                       seg3: Path | Traversable, out: Path) -> Summary:
     """:func:`ingest_pl94` on explicit files (plain or gzipped), e.g. package resources."""
+    steps = Steps("ingest pl94", 3)
+    steps.start("read and check")
     header = _read_pipe(geo)
     if header.shape[1] != GEO_FIELDS:
         raise IngestError(f"{geo}: column -, row 0: expected {GEO_FIELDS} geographic-header fields, "
@@ -446,6 +448,7 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
         raise IngestError(f"{seg2}: column H0010001, row {r2[b]}: block {geocodes[b]} has household "
                           "population but no housing unit")
 
+    steps.start("allocate group quarters")
     person_block, person_cell, person_count = [], [], []
     fac_type, fac_block, fac_count = [], [], []
     fallback = 0
@@ -473,8 +476,10 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
     unit_type = np.concatenate([np.zeros(2 * nb, np.int64), *fac_type])
     unit_occ = np.concatenate([np.ones(nb, bool), np.zeros(nb, bool), np.ones(sum(len(f) for f in fac_type), bool)])
     unit_count = np.concatenate([h1[:, 1], h1[:, 2], *fac_count])
+    steps.start("write")
     n_persons, n_units = write_cef(out, geocodes, np.concatenate(person_block), np.concatenate(person_cell),
                                    np.concatenate(person_count), unit_block, unit_type, unit_occ, unit_count)
+    steps.close()
     written = int(((p1[:, 0] > 0) | (h1[:, 0] > 0)).sum())
     notes = (f"{fallback} block(s) without a facility count (HU100 = H1_001): one GQ facility per present type",) \
         if fallback else ()
