@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from itertools import combinations
 from pathlib import Path
 
@@ -296,3 +297,14 @@ def test_tabulation_of_demo(demo) -> None:
     bu = block_units(units).set_index("geoid").reindex(pub.index, fill_value=0)
     np.testing.assert_array_equal(bu[[f"u{k}" for k in range(8)]].sum(axis=1).to_numpy(), pub["HU100"].to_numpy())
     np.testing.assert_array_equal(bu[["u0", "occupied", "vacant"]].to_numpy(), pub[["H1_001", "H1_002", "H1_003"]].to_numpy())
+
+
+def test_the_words_summary_shows_no_count_beyond_its_totals(tmp_path) -> None:
+    """What ingest prints may come from confidential tables: only the block counts and the file's totals (state
+    totals, invariants of a release), and the constants of its rules, appear as numbers."""
+    summary = ingest_blocks(RI2010, tmp_path / "out")
+    allowed = {summary.blocks_read, summary.blocks_written, summary.blocks_read - summary.blocks_written,
+               summary.persons, summary.housing_units, summary.gq_facilities, 1, 2, 5, 9}
+    text = "\n".join(summary.lines()).replace(str(RI2010), "")
+    numbers = {int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", text)}
+    assert numbers <= allowed, numbers - allowed

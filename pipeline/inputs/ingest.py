@@ -691,22 +691,21 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
     return Summary(source=str(csv), blocks_read=nb,
                    blocks_written=int(((household > 0) | (occupied + vacant > 0)).sum()),
                    persons=n_persons, housing_units=n_units, gq_facilities=0,
-                   derived=_blocks_derived(hu, races, counts))
+                   derived=_blocks_derived(hu, races))
 
 
-def _blocks_derived(hu: list[str], races: str, counts: np.ndarray) -> tuple[str, ...]:
-    """What :func:`ingest_blocks` made up, in words (module docstring); ``counts`` is blocks x age x group."""
+def _blocks_derived(hu: list[str], races: str) -> tuple[str, ...]:
+    """What :func:`ingest_blocks` made up, in words (module docstring): no count of the table, which may be
+    confidential."""
     units = {(): "housing units: the table has none; occupied = ceil(persons / 2.5) per block, one vacant per 9 "
                  "occupied file-wide (derived from the population: a production run refuses this input unless [run] "
                  "weaken_privacy waives \"derived_housing_units\")",
              ("hu",): "occupied and vacant housing units: occupied = min(hu, ceil(persons / 2.5)), the rest vacant",
              ("hu_occupied", "hu_vacant"): None}[tuple(hu)]
-    collapsed = [BLOCK_GROUPS.index(g) for g in ("two", "hisp")]
-    blocks = int((counts[:, :, collapsed].sum((1, 2)) > 0).sum())
     way = ("spread person by person over the weight tables, so a block's group lies in many combinations"
            if races == "spread" else "one combination per block and group (compact)")
     return tuple(d for d in (
         units,
         "group quarters: the table has none; everybody lives in a household",
-        f"race combinations of the two-or-more-races and Hispanic persons ({blocks:,} blocks have some): not in "
+        f"race combinations of the two-or-more-races and Hispanic persons: not in "
         f"the table; {way} (--races {races}; README 'Input')") if d)
