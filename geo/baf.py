@@ -119,15 +119,12 @@ def aian_area(baf: pd.DataFrame) -> pd.Series:
 
 def places(baf: pd.DataFrame) -> pd.Series:
     """Place (incorporated place or CDP) per block: "P" + state + PLACEFP, "" outside any place."""
-    state = pd.Series(baf.index.str[:2], index=baf.index)
-    return ("P" + state + baf["placefp"]).where(baf["placefp"] != "", "").rename("place")
+    return _coded("P", baf, baf["placefp"], baf["placefp"] == "", "place")
 
 
 def mcds(baf: pd.DataFrame) -> pd.Series:
     """MCD per block: "M" + state + county + COUSUBFP, "" where COUSUBFP is blank or 00000 (not defined)."""
-    state = pd.Series(baf.index.str[:2], index=baf.index)
-    code = "M" + state + baf["countyfp"] + baf["cousubfp"]
-    return code.where(~baf["cousubfp"].isin(["", "00000"]), "").rename("mcd")
+    return _coded("M", baf, baf["countyfp"] + baf["cousubfp"], baf["cousubfp"].isin(["", "00000"]), "mcd")
 
 
 def place_mcd_entity(baf: pd.DataFrame, state: str | pd.Series | None = None,
@@ -155,8 +152,9 @@ def target_entities(baf: pd.DataFrame) -> pd.DataFrame:
 
 
 def _coded(prefix: str, baf: pd.DataFrame, code: pd.Series, blank: pd.Series, kind: str) -> pd.Series:
-    """``prefix`` + state + ``code`` per block, "" where ``blank``."""
-    return (prefix + baf.index.str[:2] + code).where(~blank, "").rename(kind)
+    """An entity code per block: ``prefix`` + state + ``code``, "" where ``blank`` (not in any such entity)."""
+    state = pd.Series(baf.index.str[:2], index=baf.index)
+    return (prefix + state + code).where(~blank, "").rename(kind)
 
 
 def baf_entities(baf: pd.DataFrame) -> list[tuple[str, pd.Series]]:
