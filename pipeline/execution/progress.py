@@ -151,13 +151,8 @@ def gather(client, futures: Sequence, desc: str, unit: str = "tasks") -> list:
     """The results of Dask ``futures`` (in their order), counted on a bar as they finish."""
     from distributed import as_completed
 
-    rep = reporter()
-    rep.check()
-    bar = rep.bar(desc, len(futures), unit)
-    for _ in as_completed(futures):
-        rep.check()
-        bar.update(1)
-    rep.close(bar)
+    for _ in track(as_completed(futures), desc, len(futures), unit):
+        pass
     return client.gather(list(futures))
 
 
