@@ -107,10 +107,9 @@ class Job:
     def result(self, timeout: float | None = None) -> Any:
         """What the call returned (a run's directory, as :func:`run` returns it), once finished; the job's
         error is raised again (:class:`Cancelled` for a cancelled job)."""
-        if not self._finished.wait(timeout):
-            raise TimeoutError(f"job {self.name} still running after {timeout} s")
-        if self._error is not None:
-            raise self._error
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
         return self._value
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
