@@ -480,6 +480,21 @@ class Manifest:
     def complete(self) -> bool:
         return self.status == "complete"
 
+    def level_sha256(self, product: str, level: str) -> dict[str, str] | None:
+        """The SHA-256 of each file of one level, by path in the run directory (None: none recorded)."""
+        per_product = (self.data.get("sha256") or {}).get(product)
+        sums = per_product.get(level) if isinstance(per_product, dict) else None
+        return sums if isinstance(sums, dict) else None
+
+    def recorded_sha256(self) -> dict[str, str]:
+        """Every SHA-256 the manifest records, by path: each level's files and the run-wide outputs."""
+        recorded: dict[str, str] = {}
+        for product in self.products:
+            for level in self.levels:
+                recorded.update(self.level_sha256(product, level) or {})
+        recorded.update(self.data.get("output_sha256") or {})
+        return recorded
+
 
 @dataclass(frozen=True)
 class Certificate:
@@ -535,12 +550,7 @@ class RunReader(RunDir):
         the manifest records a SHA-256 for still has it, and none was added beside them; raises
         :class:`RunDirError` naming the first that differs, so ``action`` stops before it writes anything.
         Entries without recorded sums (a run of an older version) are read unchecked, with a warning."""
-        data = self.manifest().data
-        recorded = dict(data.get("output_sha256") or {})
-        for levels in (data.get("sha256") or {}).values():
-            for sums in levels.values() if isinstance(levels, dict) else ():
-                recorded.update(sums if isinstance(sums, dict) else {})
-        recorded = {path: s for path, s in recorded.items() if Path(path).parts[0] in names}
+        recorded = {path: s for path, s in self.manifest().recorded_sha256().items() if Path(path).parts[0] in names}
         covered = sorted({Path(path).parts[0] for path in recorded})
         found: dict[str, str] = {}
         for name in covered:

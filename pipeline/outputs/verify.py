@@ -90,18 +90,13 @@ def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> No
     how many were checked, and which outputs no recorded sum covers (a run of an older version)."""
     from ..execution.engine import level_digests  # engine imports the products, which import this module
 
-    recorded: dict[str, str] = {}
+    recorded = manifest.recorded_sha256()
     found: dict[str, str] = {}
-    per_level = manifest.data.get("sha256", {})
     for product in manifest.products:
         for level in manifest.levels:
-            sums = per_level[product].get(level) if isinstance(per_level.get(product), dict) else None
-            if isinstance(sums, dict):
-                recorded.update(sums)
+            if manifest.level_sha256(product, level) is not None:
                 found.update(level_digests(reader, product, level))
-    run_wide = manifest.data.get("output_sha256")
-    if run_wide is not None:
-        recorded.update(run_wide)
+    if manifest.data.get("output_sha256") is not None:
         found.update(reader.output_digests(manifest.products))
     problems = changed_files(recorded, found)
     for path in sorted(recorded.keys() | found.keys()):
