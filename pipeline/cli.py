@@ -200,8 +200,8 @@ def cmd_nmf(args: argparse.Namespace) -> int:
 def cmd_uncertainty(args: argparse.Namespace) -> int:
     from .evaluation.uncertainty import uncertainty
 
-    cost = uncertainty(args.run, args.out, entities=Path(args.entities) if args.entities else None, levels=args.levels, scheduler=args.scheduler,
-                       workers=args.workers, replicates=args.replicates)
+    cost = uncertainty(args.run, args.out, entities=Path(args.entities) if args.entities else None, levels=args.levels,
+                       scheduler=args.scheduler, workers=args.workers, replicates=args.replicates)
     print(f"uncertainty of {args.run} written to {args.out}: {cost.rows} rows; {cost.wall_seconds:.1f}s wall, "
           f"{cost.worker_cpu_seconds:.1f}s worker CPU in {cost.tasks} tasks, {cost.client_cpu_seconds:.1f}s client CPU")
     return EXIT_OK
