@@ -1,0 +1,193 @@
+"""A census as data: the typed objects a census declaration (a TOML file, README "Declaring a census") is
+resolved into once, at load, and then passed along. No module looks a product or a schema up by its name.
+
+* :class:`Census`: a name, one :class:`Hierarchy` and its :class:`Product` objects in processing order.
+* :class:`Hierarchy`: ordered levels (the first is the root, one node; the last the leaf, one node per
+  record geography) and how a record's geography maps to each level: fixed-width prefixes of one geocode
+  column (the U.S.) or one input column per level (codes of any length and alphabet).
+* :class:`Product`: a histogram :class:`~topdown.vocab.schema.Schema` (attributes and recodes), the
+  :class:`Records` it counts and how a record maps to its cell, the invariants and constraints it knows
+  (a documented vocabulary, :data:`CONSTRAINT_RHS` and :data:`INVARIANT_KINDS`), and its default queries.
+
+This module holds data only; how a product is tabulated, constrained, written and verified is in the
+pipeline, driven by these fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .schema import Schema
+
+#: What a constraint's right-hand side is, per node (the vocabulary of ``[census.products.P.constraints]``):
+#: ``zero`` a structural zero (every answer = 0); ``total`` the node's invariant total (needs the ``total``
+#: invariant at that level or below); ``unit_lower`` / ``unit_upper`` the unit-based bounds of
+#: :class:`UnitBounds` per answer of the bounded attribute; ``occupied`` the node's occupied housing units;
+#: ``housing_units`` the node's housing-unit count.
+RhsKind = Literal["zero", "total", "unit_lower", "unit_upper", "occupied", "housing_units"]
+CONSTRAINT_RHS: tuple[str, ...] = ("zero", "total", "unit_lower", "unit_upper", "occupied", "housing_units")
+
+#: What an invariant publishes (the vocabulary of ``[census.products.P.invariants]``): ``total`` the node's
+#: record total; ``unit_counts`` the units of each type (housing units and GQ facilities); ``unit_total`` their
+#: sum; ``housing_units`` the housing-unit count.
+InvariantKind = Literal["total", "unit_counts", "unit_total", "housing_units"]
+INVARIANT_KINDS: tuple[str, ...] = ("total", "unit_counts", "unit_total", "housing_units")
+
+Sense = Literal["==", "<=", ">="]
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One histogram dimension: ``size`` levels 0..size-1, read from input ``column``.
+
+    ``values`` (optional) maps an input value to a level (for input codes that are not 0..size-1, or
+    booleans); without it the column holds the level itself. ``labels`` names the levels (docs, MDF)."""
+
+    name: str
+    size: int
+    column: str
+    labels: tuple[str, ...] | None = None
+    values: tuple[tuple[object, int], ...] | None = None
+
+
+@dataclass(frozen=True)
+class Records:
+    """An input record file (``<name>.parquet`` or ``<name>/**.parquet``) a product counts, and the records
+    of it that it counts: ``where`` keeps records whose column equals one of the listed values."""
+
+    name: str
+    where: tuple[tuple[str, tuple[object, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
+class UnitBounds:
+    """Unit-based bounds on the answers of ``attribute`` (its levels are the unit types of the units records'
+    ``type_column``): persons of type k >= units of type k x ``min_per_unit[k]`` and <= units x ``cap[k]``,
+    tightened where the node's total is invariant (README, "Declaring a census")."""
+
+    attribute: str
+    min_per_unit: tuple[int, ...]
+    cap: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ConstraintSpec:
+    """A named constraint a configuration may declare at a level: ``query(node) <sense> rhs(node)``."""
+
+    name: str
+    query: str
+    sense: Sense
+    rhs: RhsKind
+
+
+@dataclass(frozen=True)
+class InvariantSpec:
+    """A named invariant a configuration may declare at a level."""
+
+    name: str
+    kind: InvariantKind
+
+
+@dataclass(frozen=True)
+class Product:
+    """One product of a census: everything the pipeline does differently for it, as data."""
+
+    schema: Schema
+    records: Records
+    attributes: tuple[Attribute, ...]  # in schema dimension order
+    invariants: dict[str, InvariantSpec] = field(default_factory=dict)
+    constraints: dict[str, ConstraintSpec] = field(default_factory=dict)
+    unit_bounds: UnitBounds | None = None
+    evaluation_queries: tuple[str, ...] = ("total", "detailed")
+    uncertainty_queries: tuple[str, ...] = ("total",)
+    #: The MDF layout: "generic" (geocode per level and one column per attribute) or a named U.S. layout
+    #: ("pl94_persons", "pl94_units").
+    mdf: str = "generic"
+
+    @property
+    def name(self) -> str:
+        return self.schema.name
+
+    @property
+    def total_invariant(self) -> bool:
+        """Whether the record total is an invariant this product knows (state totals, the ``tot`` rows)."""
+        return any(s.kind == "total" for s in self.invariants.values())
+
+    @property
+    def feasibility_queries(self) -> tuple[str, ...]:
+        """Per-node answers the feasibility checks and the total invariant need."""
+        return tuple(sorted({"total"} | {c.query for c in self.constraints.values()}))
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of a hierarchy: ``width`` characters of the geocode column (prefix hierarchies) or the
+    input ``column`` holding its codes (column hierarchies); the root has neither (its one node is named
+    ``root_code``)."""
+
+    name: str
+    width: int | None = None
+    column: str | None = None
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Ordered levels, top-down. ``geocode`` names the records' geocode column of a prefix hierarchy (None
+    for a column hierarchy); ``pattern`` is a regular expression every leaf geocode must match.
+    ``us`` switches on the U.S. features: the AIAN and optimized spines, block assignment files, the State
+    level's role (whole-state totals)."""
+
+    levels: tuple[Level, ...]
+    geocode: str | None = None
+    pattern: str | None = None
+    root_code: str = "US"
+    us: bool = False
+    state: str | None = None  # the level whose totals are whole-state totals on the AIAN spine (U.S. only)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(level.name for level in self.levels)
+
+    @property
+    def root(self) -> str:
+        return self.levels[0].name
+
+    @property
+    def leaf(self) -> str:
+        return self.levels[-1].name
+
+    @property
+    def by_prefix(self) -> bool:
+        return self.geocode is not None
+
+
+@dataclass(frozen=True)
+class Units:
+    """The census's unit records (``<name>.parquet``), the source of unit-based invariants and constraints:
+    ``type_column`` holds the unit type 0..types-1 (0 housing unit, then group-quarters types in the order of
+    the bounded attribute's levels), ``occupied_column`` whether a housing unit is occupied."""
+
+    name: str = "units"
+    type_column: str = "unit_type"
+    types: int = 8
+    occupied_column: str = "occupied"
+
+
+@dataclass(frozen=True)
+class Census:
+    """A declared census: its hierarchy, its unit records (None: a census without them; then no invariant or
+    constraint may depend on units) and its products, in the order runs process them."""
+
+    name: str
+    hierarchy: Hierarchy
+    products: tuple[Product, ...]
+    units: Units | None = None
+    source: str = "<memory>"
+
+    def product(self, name: str) -> Product:
+        """The product called ``name`` (for the declaration loader and the command line only)."""
+        for p in self.products:
+            if p.name == name:
+                return p
+        raise KeyError(f"census {self.name!r} has no product {name!r} (products: "
+                       f"{', '.join(p.name for p in self.products)})")
