@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from topdown.pipeline.privacy import audit as A
-from topdown.pipeline.privacy.accounting import rho_for_epsilon, zcdp_to_epsilon
+from topdown.pipeline.privacy.budget import rho_for_epsilon, zcdp_to_epsilon
 from topdown.pipeline.configuration.config import config_from_dict, load_config
 from topdown.pipeline.evaluation.eval_report import _fmt_epl
 from topdown.pipeline.evaluation.evaluate import EvalOptions, evaluate

@@ -8,8 +8,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from topdown.pipeline.privacy.accounting import (Allocation, allocate, check_budget, epsilon_delta_curve,
-                                         zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
+from topdown.pipeline.privacy.accounting import Allocation, allocate, check_budget
+from topdown.pipeline.privacy.budget import (NEIGHBOURS, PureEpsilon, Rho, epsilon_delta_curve, rho_for_epsilon,
+                                             zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
 from topdown.pipeline.privacy.certificate import certificate, check_path_condition, render_certificate
 from topdown.pipeline.configuration.config import BudgetConfig, ConfigError, config_from_dict, load_config
 from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geometric_variance
@@ -30,19 +31,21 @@ def budget(**overrides) -> BudgetConfig:
 # ------------------------------------------------------------------------------------------ allocation
 def test_allocation_by_hand() -> None:
     a = allocate(budget(), "B", "detailed")
-    assert a == Allocation("B", "detailed", "discrete_gaussian", Fraction(3, 8), Fraction(3, 8), None,
-                           Fraction(8, 3), None, discrete_gaussian_variance(Fraction(8, 3)))
+    assert a == Allocation("B", "detailed", Fraction(3, 8), Rho(Fraction(3, 8)))
+    assert a.budget.sigma2() == Fraction(8, 3) and a.variance == discrete_gaussian_variance(Fraction(8, 3))
     assert a.measured and not a.noiseless
     moved = allocate(budget(), "B", "detailed", plb=Fraction(1, 4))          # budget moved by bypassing
-    assert (moved.share, moved.rho, moved.sigma2) == (Fraction(3, 16), Fraction(3, 16), Fraction(16, 3))
-    assert allocate(budget(rho="1/10"), "A", "total").sigma2 == 20
+    assert (moved.share, moved.budget, moved.budget.sigma2()) == (Fraction(3, 16), Rho(Fraction(3, 16)), Fraction(16, 3))
+    assert allocate(budget(rho="1/10"), "A", "total").budget.sigma2() == 20
 
 
 def test_unmeasured_and_infinite_allocations() -> None:
     off = allocate(budget(), "A", "total", plb=Fraction(0))
-    assert not off.measured and off.variance == math.inf and off.sigma2 is None and off.rho == 0
+    assert not off.measured and off.variance == math.inf and off.budget == Rho(Fraction(0))
+    assert off.budget.sigma2() is None and off.exact_probability == 0.0
     inf = allocate(budget(rho="inf"), "B", "total")
-    assert inf.noiseless and inf.variance == 0.0 and inf.rho is None and inf.sigma2 is None
+    assert inf.noiseless and inf.variance == 0.0 and inf.budget == Rho(None) and inf.budget.sigma2() is None
+    assert inf.exact_probability == 1.0
     with pytest.raises(ValueError, match="outside"):
         allocate(budget(), "A", "total", plb=Fraction(3, 2))
 
@@ -50,7 +53,8 @@ def test_unmeasured_and_infinite_allocations() -> None:
 def test_geometric_allocation() -> None:
     b = budget(mechanism="geometric", rho=None, epsilon="1/4")
     a = allocate(b, "B", "detailed")
-    assert (a.epsilon, a.sensitivity, a.rho, a.sigma2) == (Fraction(3, 32), 2, None, None)
+    assert a.budget == PureEpsilon(Fraction(3, 32))
+    assert a.budget.parameters() == {"epsilon": "3/32", "sensitivity": 2}
     q = math.exp(-3 / 64)
     assert a.variance == pytest.approx(2 * q / (1 - q) ** 2, rel=1e-12)
     assert a.variance == geometric_variance(Fraction(3, 32), 2)
@@ -142,13 +146,13 @@ def test_production_preset_matches_the_facts() -> None:
     config = load_config("pl94_production_2021")
     b = config.persons.budget
     assert b.rho == PRODUCTION_RHO and config.run.products == ["persons", "units"]
-    total = sum((allocate(b, lv, q).rho for lv in b.levels for q in b.queries[lv]), Fraction(0))
-    assert total == PRODUCTION_RHO                                               # facts section 3.3 sanity
+    total = sum(allocate(b, lv, q).budget for lv in b.levels for q in b.queries[lv])
+    assert total == b.total == Rho(PRODUCTION_RHO)                              # facts section 3.3 sanity
     assert "total" not in b.queries["US"]
     level_rho = {lv: float(b.levels[lv] * b.rho) for lv in b.levels}
     assert level_rho["US"] == pytest.approx(0.06486, abs=1e-5)
     assert level_rho["Block_Group"] == pytest.approx(0.78327, abs=1e-5)
-    sigma2 = {(lv, q): float(allocate(b, lv, q).sigma2) for lv in b.levels for q in b.queries[lv]}
+    sigma2 = {(lv, q): float(allocate(b, lv, q).budget.sigma2()) for lv in b.levels for q in b.queries[lv]}
     assert sigma2[("State", "total")] == pytest.approx(1.209, abs=1e-3)
     assert sigma2[("Block", "total")] == pytest.approx(7963, abs=1)
     assert sigma2[("Tract", "hispanic * cenrace")] == pytest.approx(4.953, abs=1e-3)
@@ -165,7 +169,8 @@ def test_e2e_preset_is_pure_dp_geometric() -> None:
     b = config.persons.budget
     assert (b.mechanism, b.epsilon, config.run.products) == ("geometric", Fraction(1, 4), ["persons"])
     a = allocate(b, "County", "votingage * hispanic * cenrace")
-    assert a.epsilon == Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40) and a.sensitivity == 2
+    assert a.budget == PureEpsilon(Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40))
+    assert a.budget.parameters()["sensitivity"] == 2
     assert "hh_lb_occupied" in config.persons.constraints["Block"]
 
 
@@ -234,8 +239,6 @@ def test_path_condition() -> None:
 
 
 def test_rho_for_epsilon_inverts_the_conversion():
-    from topdown.pipeline.privacy.accounting import rho_for_epsilon
-
     delta = Fraction(1, 10**10)
     for eps in (0.5, 1, 4, 10, 17.14):
         rho = rho_for_epsilon(eps, delta)
@@ -250,14 +253,14 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
     Delta_2^2 / (2 rho) with the certificate's rho under the relation the certificate names."""
     import scipy.sparse as sp
 
+    from topdown.pipeline.privacy import budget as B
     from topdown.pipeline.privacy import measure as M
-    from topdown.pipeline.privacy.accounting import NEIGHBOURS
 
     cfg = load_config(preset)
     drawn = []
-    monkeypatch.setattr(M, "geometric_many", lambda srcs, eps, sens, size: drawn.append(("geometric", eps, sens))
+    monkeypatch.setattr(B, "geometric_many", lambda srcs, eps, sens, size: drawn.append(("geometric", eps, sens))
                         or np.zeros((len(srcs), size), dtype=np.int64))
-    monkeypatch.setattr(M, "discrete_gaussian_many", lambda srcs, sigma2, size: drawn.append(("dg", sigma2, None))
+    monkeypatch.setattr(B, "discrete_gaussian_many", lambda srcs, sigma2, size: drawn.append(("dg", sigma2, None))
                         or np.zeros((len(srcs), size), dtype=np.int64))
     cert = certificate(cfg)
     product = cfg.run.products[0]

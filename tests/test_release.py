@@ -12,7 +12,7 @@ import pytest
 
 from rel_inputs import leaked_secrets
 from topdown.pipeline import load_config, run
-from topdown.pipeline.privacy.accounting import zcdp_to_epsilon
+from topdown.pipeline.privacy.budget import zcdp_to_epsilon
 from topdown.pipeline.privacy.certificate import _composed_loss, render_certificate
 from topdown.pipeline.cli import EXIT_RUNDIR, main
 from topdown.pipeline.privacy.release import SecondRelease

@@ -33,9 +33,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from topdown.geo.spine import BLOCK
+from topdown.pipeline.privacy.budget import INFINITE, KINDS, Budget, Rho
 from topdown.vocab.schema import SCHEMAS
-
-INFINITE = "inf"
 
 
 class ConfigError(ValueError):
@@ -93,7 +92,8 @@ class _Strict(BaseModel):
 
 
 class BudgetConfig(_Strict):
-    """Privacy budget of one product: total, mechanism, level and query proportions."""
+    """Privacy budget of one product: total, mechanism, level and query proportions. The total, typed:
+    :attr:`total` (``privacy/budget.py``)."""
 
     mechanism: Literal["discrete_gaussian", "geometric"] = "discrete_gaussian"
     rho: TotalBudget | None = Field(default=None, description="total rho (zCDP), or 'inf' for no noise")
@@ -103,11 +103,19 @@ class BudgetConfig(_Strict):
     queries: dict[str, dict[str, FractionField]]
     infinite: bool = False
 
+    @property
+    def total(self) -> Budget:
+        """The product's total budget: :class:`~topdown.pipeline.privacy.budget.Rho` for the discrete Gaussian,
+        :class:`~topdown.pipeline.privacy.budget.PureEpsilon` for the geometric mechanism; infinite for "inf"."""
+        kind = KINDS[self.mechanism]
+        return kind(None if self.infinite else getattr(self, kind.key))
+
     @model_validator(mode="before")
     @classmethod
     def _mark_infinite(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            total = data.get("rho") if data.get("mechanism", "discrete_gaussian") == "discrete_gaussian" else data.get("epsilon")
+            kind = KINDS.get(data.get("mechanism", Rho.mechanism))
+            total = data.get(kind.key) if kind is not None else None
             if isinstance(total, str) and total.strip().lower() in ("inf", "infinity"):
                 data = {**data, "infinite": True}
         return data
@@ -119,16 +127,12 @@ class BudgetConfig(_Strict):
             if value is not None and value > MAX_FLOAT:
                 raise ValueError(f"{key} = {shown(value)} is too large to compute with (above {MAX_FLOAT:.3g}); "
                                  "use \"inf\" for a zero-noise test run")
-        if self.mechanism == "discrete_gaussian":
-            if self.rho is None and not self.infinite:
-                raise ValueError("discrete_gaussian needs 'rho' (an exact fraction, or \"inf\" for a zero-noise test run)")
-            if self.rho is not None and self.rho <= 0:
-                raise ValueError(f"rho must be positive, got {self.rho}")
-        else:
-            if self.epsilon is None and not self.infinite:
-                raise ValueError("geometric needs 'epsilon' (an exact fraction, or \"inf\" for a zero-noise test run)")
-            if self.epsilon is not None and self.epsilon <= 0:
-                raise ValueError(f"epsilon must be positive, got {self.epsilon}")
+        key = KINDS[self.mechanism].key
+        value = getattr(self, key)
+        if value is None and not self.infinite:
+            raise ValueError(f"{self.mechanism} needs '{key}' (an exact fraction, or \"inf\" for a zero-noise test run)")
+        if value is not None and value <= 0:
+            raise ValueError(f"{key} must be positive, got {value}")
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
         return self
@@ -390,9 +394,8 @@ def check_production(config: Config) -> None:
     where = config.source
     for product in config.run.products:
         budget = config.product(product).budget
-        total_key = "rho" if budget.mechanism == "discrete_gaussian" else "epsilon"
         if budget.infinite:
-            raise ConfigError(f"{where}: {product}.budget.{total_key} = \"inf\" is refused in mode = \"production\": "
+            raise ConfigError(f"{where}: {product}.budget.{budget.total.key} = \"inf\" is refused in mode = \"production\": "
                               "an infinite budget adds no noise and publishes exact counts (use mode = \"test\")")
         measured = [BLOCK] if config.run.algorithm == "block_by_block" else list(budget.levels)
         for level in measured:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import nullcontext
+from fractions import Fraction
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -48,6 +49,7 @@ from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
 from topdown.vocab.schema import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
+from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
 
@@ -195,17 +197,13 @@ class RunView:
         cert = self.reader.certificate().products.get(product) if self.reader.certificate_path.exists() else None
         if not cert or cert.get("epsilon") == "inf":
             return None, {}
-        from fractions import Fraction
-
-        from ..privacy.accounting import zcdp_to_epsilon
-
         total = float(cert["epsilon_float"] if "epsilon_float" in cert else cert["epsilon"])
+        delta = Fraction(cert["delta"])
         per: dict[tuple[str, str], float] = {}
         for row in cert.get("queries", []):
-            if row.get("rho") not in (None, "0", "inf"):
-                per[(row["level"], row["query"])] = zcdp_to_epsilon(Fraction(row["rho"]), Fraction(cert["delta"]))
-            elif row.get("epsilon") not in (None, "0", "inf"):
-                per[(row["level"], row["query"])] = float(Fraction(row["epsilon"]))
+            query = of_entry({**row, "mechanism": cert["mechanism"]})
+            if not query.zero and not query.infinite:
+                per[(row["level"], row["query"])] = query.epsilon_at(delta)
         return total, per
 
     def truth_at(self, blocks: pd.DataFrame, level: str) -> M.SparseHist:

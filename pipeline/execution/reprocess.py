@@ -40,6 +40,7 @@ from .rundir import MEASURED, RunDir, RunDirError, RunReader, check_out, is_run_
 from .runner import Plan, _level_names, execute, opened
 from ..products import PRODUCTS
 from ..configuration.sources import Published
+from ..privacy.budget import KINDS
 from ..privacy.measure import MEASUREMENT_PARQUET
 
 log = logging.getLogger("topdown")
@@ -213,10 +214,11 @@ def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
         if m is None:
             raise ConfigError(f"{where}: run.products lists {product!r}; the measurement file has no such product")
         budget = config.product(product).budget
-        total = budget.rho if budget.mechanism == "discrete_gaussian" else budget.epsilon
-        if budget.mechanism != m["mechanism"]:
+        total = budget.total
+        recorded = KINDS.get(m["mechanism"])
+        if recorded is None or not isinstance(total, recorded):
             raise ConfigError(f"{where}: {product}.budget.mechanism differs from the measurement file's {m['mechanism']!r}")
-        if m.get("rho") is not None and str(total if total is not None else "inf") != str(m["rho"]):
+        if m.get("rho") is not None and str(total) != str(m["rho"]):
             raise ConfigError(f"{where}: {product}.budget.rho differs from the measurement file's {m['rho']}")
         for level in meta["levels"]:
             if list(budget.queries.get(level, {})) != list(m["queries"].get(level, [])):

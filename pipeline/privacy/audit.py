@@ -18,7 +18,7 @@ and reproducible, and the first N runs of a larger audit are those of a smaller 
 
 Known answer (tests/test_audit.py). Pure DP with the geometric mechanism gives a query with budget
 epsilon_q noise P(Z = z) proportional to exp(-epsilon_q |z| / 2): the project's neighbour relation is
-bounded (change one record), under which a marginal has L1 sensitivity 2 (accounting.NEIGHBOURS).
+bounded (change one record), under which a marginal has L1 sensitivity 2 (budget.NEIGHBOURS).
 Moving one person changes the FROM block's count by -1 and the TO block's by +1. For one count X = c + Z
 (far from 0, so non-negativity never binds) and the event {X >= c + k}, P_D / P_D' = P(Z >= k) / P(Z >= k+1)
 = exp(epsilon_q / 2) for every k >= 0 and less for k < 0, and no event on X does better since the pmf ratio
@@ -335,7 +335,7 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
 def theoretical_epsilons(config: Config, product: str) -> dict[tuple[str, str], float]:
     """Per (level, query) measured: the epsilon of that one measurement (pure DP epsilon_q; zCDP rho_q
     converted at the product's delta)."""
-    from .accounting import allocate, zcdp_to_epsilon
+    from .accounting import allocate
 
     budget = config.product(product).budget
     out = {}
@@ -343,7 +343,7 @@ def theoretical_epsilons(config: Config, product: str) -> dict[tuple[str, str], 
         for query in queries:
             a = allocate(budget, level, query)
             if a.measured and not a.noiseless:
-                out[(level, query)] = float(a.epsilon) if a.epsilon is not None else zcdp_to_epsilon(a.rho, budget.delta)
+                out[(level, query)] = a.budget.epsilon_at(budget.delta)
     return out
 
 

@@ -12,8 +12,8 @@ import math
 from fractions import Fraction
 from typing import Any, Mapping
 
-from .accounting import (NEIGHBOURS, allocate, check_budget, check_noise, epsilon_delta_curve, pure_dp_as_zcdp,
-                         zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
+from .accounting import allocate, check_budget, check_noise
+from .budget import INFINITE, NEIGHBOURS, Rho, compose, of_entry, zcdp_to_epsilon_bun_steinke
 from ..configuration.config import Config, ConfigError, ProductConfig
 from ..products import PRODUCTS
 from ..execution.rundir import SCHEMA_VERSION
@@ -21,7 +21,6 @@ from topdown.vocab.schema import SCHEMAS
 
 #: The deltas of the reported epsilon-delta curve.
 CURVE_DELTAS = tuple(10.0 ** -k for k in range(6, 15))
-INFINITE = "inf"
 
 PathShares = Mapping[str, Mapping[str, Fraction]]
 
@@ -53,35 +52,23 @@ def check_path_condition(path_shares: PathShares, levels: list[str] | None = Non
             "min_share": {k: str(v) for k, v in lo.items()}, "max_share": {k: str(v) for k, v in hi.items()}}
 
 
-def _fraction_str(value: Fraction | None) -> str:
-    return INFINITE if value is None else str(value)
-
-
 def _product_certificate(name: str, product: ProductConfig, path_shares: PathShares | None) -> dict[str, Any]:
     budget = product.budget
     levels = list(budget.levels)
     check_budget(budget, levels, SCHEMAS[name], where=f"{name}.budget")
-    zcdp = budget.mechanism == "discrete_gaussian"
-    total = budget.rho if zcdp else budget.epsilon
-    unit = "rho" if zcdp else "epsilon"
+    total = budget.total
     level_rows, query_rows = [], []
     for level in levels:
         level_rows.append({"level": level, "share": str(budget.levels[level]),
-                           unit: _fraction_str(None if total is None else budget.levels[level] * total)})
+                           total.key: str(total * budget.levels[level])})
         for query in budget.queries[level]:
             a = allocate(budget, level, query)
-            row: dict[str, Any] = {"level": level, "query": query, "share": str(a.share)}
-            if zcdp:
-                row.update(rho=_fraction_str(a.rho), sigma2=_fraction_str(a.sigma2),
-                           sigma2_float=None if a.sigma2 is None else float(a.sigma2))
-            else:
-                row.update(epsilon=_fraction_str(a.epsilon), sensitivity=a.sensitivity)
-            row["variance"] = a.variance
-            query_rows.append(row)
+            query_rows.append({"level": level, "query": query, "share": str(a.share),
+                               **a.budget.parameters(NEIGHBOURS), "variance": a.variance})
     cert: dict[str, Any] = {
         "product": name,
-        "mechanism": budget.mechanism,
-        "framework": ("rho-zCDP" if zcdp else "pure epsilon-DP") + ", " + NEIGHBOURS.description,
+        "mechanism": total.mechanism,
+        "framework": total.framework + ", " + NEIGHBOURS.description,
         "levels": level_rows,
         "queries": query_rows,
         "queries_note": "per-query values for a node holding its level's share; a node whose share was moved "
@@ -89,36 +76,12 @@ def _product_certificate(name: str, product: ProductConfig, path_shares: PathSha
         "path_condition": (check_path_condition(path_shares, levels) if path_shares is not None
                            else {"holds": True, "note": "every node has its level's share; level shares sum to 1"}),
     }
-    if total is None:
-        cert.update({unit: INFINITE, "epsilon": INFINITE, "delta": "0",
+    if total.infinite:
+        cert.update({total.key: INFINITE, "epsilon": INFINITE, "delta": "0",
                      "note": "infinite budget: no noise is added, the output is NOT private (tests only)"})
         return cert
-    if zcdp:
-        delta = budget.delta
-        cert.update({"rho": str(total), "rho_float": float(total), "delta": str(delta), "delta_float": float(delta),
-                     "epsilon": zcdp_to_epsilon(total, delta),
-                     "epsilon_bun_steinke": zcdp_to_epsilon_bun_steinke(total, delta),
-                     "conversion": "Canonne-Kamath-Steinke 2020 (tight); Bun-Steinke 2016 for comparison",
-                     "curve": [{"delta": d, "epsilon": e} for d, e in epsilon_delta_curve(total, CURVE_DELTAS)]})
-    else:
-        cert.update({"epsilon": str(total), "epsilon_float": float(total), "delta": "0", "delta_float": 0.0,
-                     "curve": [{"delta": d, "epsilon": float(total)} for d in CURVE_DELTAS]})
+    cert.update(total.certified(budget.delta, CURVE_DELTAS))
     return cert
-
-
-def _product_rho(product: dict[str, Any]) -> Fraction | None:
-    """A product's total as zCDP rho (pure epsilon-DP implies epsilon^2/2-zCDP, Bun-Steinke 2016 Prop. 1.4);
-    None for an infinite budget."""
-    if product["epsilon"] == INFINITE:
-        return None
-    if product["mechanism"] == "discrete_gaussian":
-        return Fraction(product["rho"])
-    return pure_dp_as_zcdp(Fraction(product["epsilon"]))
-
-
-def _product_epsilon(product: dict[str, Any]) -> float:
-    """A product's epsilon at its own delta (pure DP: its epsilon)."""
-    return product["epsilon"] if product["mechanism"] == "discrete_gaussian" else product["epsilon_float"]
 
 
 def composed(entries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
@@ -128,25 +91,24 @@ def composed(entries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     of the products' deltas) by the CKS conversion. The Bureau's published figure (19.61 for the 2021
     redistricting release: persons 17.14 + units 2.47) adds the products' epsilons, each at its own delta,
     so it holds at the sum of the deltas (basic composition of (epsilon, delta)-DP)."""
-    rhos = {name: _product_rho(p) for name, p in entries.items()}
-    if any(r is None for r in rhos.values()):
+    budgets = {name: of_entry(p) for name, p in entries.items()}
+    total = compose(budgets.values())
+    if total.infinite:
         return {"products": list(entries), "rho": INFINITE, "epsilon": INFINITE,
                 "note": "a product has an infinite budget: the release is NOT private"}
-    if all(p["mechanism"] == "geometric" for p in entries.values()):
-        eps = sum((Fraction(p["epsilon"]) for p in entries.values()), Fraction(0))
-        return {"products": list(entries), "framework": "pure epsilon-DP (epsilons add)", "epsilon": str(eps),
-                "epsilon_float": float(eps), "delta": "0"}
-    rho = sum(rhos.values(), Fraction(0))
-    deltas = [Fraction(p["delta"]) for p in entries.values() if p["mechanism"] == "discrete_gaussian"]
-    delta = min(deltas)
+    if total.pure:
+        return {"products": list(entries), "framework": "pure epsilon-DP (epsilons add)", "epsilon": str(total),
+                "epsilon_float": float(total.value), "delta": "0"}
+    assert isinstance(total, Rho) and total.value is not None
+    delta = min(Fraction(entries[name]["delta"]) for name, b in budgets.items() if not b.pure)
     bureau_delta = sum((Fraction(p["delta"]) for p in entries.values()), Fraction(0))
     return {
         "products": list(entries),
         "framework": "rho-zCDP (rhos add; pure epsilon-DP counted as epsilon^2/2-zCDP)",
-        "rho": str(rho), "rho_float": float(rho), "delta": str(delta), "delta_float": float(delta),
-        "epsilon": zcdp_to_epsilon(rho, delta),
-        "epsilon_bun_steinke": zcdp_to_epsilon_bun_steinke(rho, delta),
-        "epsilon_bureau": sum(_product_epsilon(p) for p in entries.values()),
+        "rho": str(total), "rho_float": float(total.value), "delta": str(delta), "delta_float": float(delta),
+        "epsilon": total.epsilon_at(delta),
+        "epsilon_bun_steinke": zcdp_to_epsilon_bun_steinke(total.value, delta),
+        "epsilon_bureau": sum(b.epsilon_at(Fraction(entries[name]["delta"])) for name, b in budgets.items()),
         "epsilon_bureau_delta": str(bureau_delta), "epsilon_bureau_delta_float": float(bureau_delta),
         "conversion": "epsilon: CKS 2020 (tight) of the summed rho at delta; epsilon_bureau: the products' "
                       "epsilons added (the Bureau's published accounting, e.g. 17.14 + 2.47 = 19.61), which "
@@ -222,17 +184,15 @@ def _composed_loss(draws: list[dict[str, Any]]) -> dict[str, Any]:
     """Sequential composition of one product's draws (summaries of :func:`draw_summary`): rho adds under
     zCDP; a pure epsilon-DP draw counts as epsilon^2/2-zCDP (Bun and Steinke 2016, Proposition 1.4);
     only pure-DP draws: epsilon adds."""
-    if any(INFINITE in (d.get("rho"), d.get("epsilon")) for d in draws):
+    budgets = [of_entry(d) for d in draws]
+    total = compose(budgets)
+    if total.infinite:
         return {"draws": len(draws), "rho": INFINITE, "epsilon": INFINITE, "note": "a draw had an infinite budget"}
-    zcdp = [d for d in draws if d["mechanism"] == "discrete_gaussian"]
-    if not zcdp:
-        eps = sum((Fraction(d["epsilon"]) for d in draws), Fraction(0))
-        return {"draws": len(draws), "epsilon": str(eps), "epsilon_float": float(eps), "delta": "0"}
-    rho = sum((Fraction(d["rho"]) if d["mechanism"] == "discrete_gaussian" else pure_dp_as_zcdp(Fraction(d["epsilon"]))
-               for d in draws), Fraction(0))
-    delta = Fraction(zcdp[-1]["delta"])
-    return {"draws": len(draws), "rho": str(rho), "rho_float": float(rho), "delta": str(delta),
-            "epsilon": zcdp_to_epsilon(rho, delta)}
+    if total.pure:
+        return {"draws": len(draws), "epsilon": str(total), "epsilon_float": float(total.value), "delta": "0"}
+    delta = [Fraction(d["delta"]) for d, b in zip(draws, budgets) if not b.pure][-1]
+    return {"draws": len(draws), "rho": str(total), "rho_float": float(total.value), "delta": str(delta),
+            "epsilon": total.epsilon_at(delta)}
 
 
 def with_draws(cert: dict[str, Any], prior: list[dict[str, Any]]) -> dict[str, Any]:
@@ -288,19 +248,19 @@ def render_certificate(cert: dict[str, Any]) -> str:
         lines.append(f"[{name}] {p['mechanism']}, {p['framework']}")
         if "note" in p:
             lines.append(f"  {p['note']}")
-        if p["mechanism"] == "discrete_gaussian" and p["rho"] != INFINITE:
+        total = of_entry(p)
+        if not total.infinite and not total.pure:
             lines.append(f"  total rho = {p['rho']} = {p['rho_float']:.6g}")
             lines.append(f"  (epsilon, delta) = ({p['epsilon']:.4f}, {p['delta_float']:.0e})  "
                          f"[Bun-Steinke: {p['epsilon_bun_steinke']:.4f}]")
             lines.append("  epsilon at other deltas: " +
                          ", ".join(f"{c['delta']:.0e}: {c['epsilon']:.2f}" for c in p["curve"]))
-        elif p["mechanism"] == "geometric" and p["epsilon"] != INFINITE:
+        elif not total.infinite:
             lines.append(f"  total epsilon = {p['epsilon']} = {p['epsilon_float']:.6g} (pure DP, delta = 0)")
-        unit = "rho" if p["mechanism"] == "discrete_gaussian" else "epsilon"
         lines.append("  per level:")
-        lines += _table(p["levels"], ["level", "share", unit])
+        lines += _table(p["levels"], ["level", "share", total.key])
         lines.append("  per query:")
-        cols = ["level", "query", "share", unit] + (["sigma2_float"] if unit == "rho" else ["sensitivity"]) + ["variance"]
+        cols = ["level", "query", "share", total.key, total.noise_column, "variance"]
         lines += _table(p["queries"], cols)
         pc = p["path_condition"]
         lines.append(f"  path condition (Theorem 2): {'holds' if pc['holds'] else 'FAILS'}"

@@ -14,12 +14,11 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
-from .accounting import Allocation, allocate
+from .accounting import allocate
 from ..configuration.config import BudgetConfig
 from ..inputs.validate import InputError
-from .mechanisms import discrete_gaussian_many, geometric_many
 from topdown.vocab.queries import build_query
-from .rng import RandomSource, noise_sources
+from .rng import noise_sources
 from topdown.vocab.schema import Schema
 
 
@@ -30,14 +29,6 @@ class NodeMeasurements:
     query: str
     values: np.ndarray
     variance: np.ndarray
-
-
-def _noise(alloc: Allocation, sources: list[RandomSource], size: int) -> np.ndarray:
-    """Noise rows for many (node, query) streams at once (row i from ``sources[i]``; the same draws as one
-    stream at a time), with the allocation's sigma2 or epsilon and sensitivity (accounting.NEIGHBOURS)."""
-    if alloc.sigma2 is not None:
-        return discrete_gaussian_many(sources, alloc.sigma2, size)
-    return geometric_many(sources, alloc.epsilon, alloc.sensitivity, size)
 
 
 def measure(
@@ -71,7 +62,7 @@ def measure(
                 variance[idx] = 0.0
             else:
                 sources = noise_sources(mode, seed, product, level, [geocodes[i] for i in nodes], query)
-                values[idx] = true[idx] + _noise(alloc, sources, q.n_answers)
+                values[idx] = true[idx] + alloc.noise(sources, q.n_answers)  # same draws as one stream at a time
                 variance[idx] = alloc.variance
         out.append(NodeMeasurements(query, values, variance))
         measured = np.flatnonzero(np.isfinite(variance))
