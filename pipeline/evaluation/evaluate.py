@@ -195,16 +195,16 @@ class RunView:
         """The product's certified epsilon and, per (level, query) measured, the epsilon of that one
         measurement (zCDP rho_q converted at the product's delta; pure DP epsilon_q), from certificate.json."""
         cert = self.reader.certificate().products.get(product) if self.reader.certificate_path.exists() else None
-        if not cert or cert.get("epsilon") == "inf":
+        total = of_entry(cert) if cert else None
+        if total is None or total.infinite:
             return None, {}
-        total = float(cert["epsilon_float"] if "epsilon_float" in cert else cert["epsilon"])
         delta = Fraction(cert["delta"])
         per: dict[tuple[str, str], float] = {}
         for row in cert.get("queries", []):
             query = of_entry({**row, "mechanism": cert["mechanism"]})
             if not query.zero and not query.infinite:
                 per[(row["level"], row["query"])] = query.epsilon_at(delta)
-        return total, per
+        return total.epsilon_at(delta), per
 
     def truth_at(self, blocks: pd.DataFrame, level: str) -> M.SparseHist:
         """True block histograms rolled up to ``level`` by this run's spine."""

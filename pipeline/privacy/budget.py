@@ -91,6 +91,8 @@ class Budget:
     noise_column: ClassVar[str]
 
     def __post_init__(self) -> None:
+        if type(self) is Budget:
+            raise TypeError("Budget is abstract: use Rho (zCDP) or PureEpsilon (pure DP)")
         if self.value is not None:
             value = _exact(self.value, f"{self.key}")
             if value < 0:
