@@ -94,7 +94,7 @@ class Budget:
         if type(self) is Budget:
             raise TypeError("Budget is abstract: use Rho (zCDP) or PureEpsilon (pure DP)")
         if self.value is not None:
-            value = _exact(self.value, f"{self.key}")
+            value = _exact(self.value, self.key)
             if value < 0:
                 raise ValueError(f"{self.key} must be non-negative, got {value}")
             object.__setattr__(self, "value", value)
