@@ -16,7 +16,7 @@ import pyarrow as pa
 from . import GeographyError, one_line
 
 FANOUT_CUTOFF = 12  # production default (facts 6.4)
-GQ_TYPES = 7        # unit types 1..7 are the major GQ types (DESIGN.md section 2)
+GQ_TYPES = 7        # unit types 1..7 are the major GQ types (vocab/schema.py: the hhgq levels)
 
 
 def read_units(path: Path | str) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The geographic spine as a table: one row per tabulation block, one column per level (DESIGN.md section 2).
+"""The geographic spine as a table: one row per tabulation block, one column per level (DESIGN.md, the map).
 
 Three kinds (facts 6.1-6.5; paper sections 7.4-7.5):
 
