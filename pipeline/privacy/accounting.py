@@ -3,12 +3,13 @@
 zCDP (discrete Gaussian, 2020 production): a query q at a node with geolevel budget share PLB gets
 rho_q = qprop * PLB * rho_total and noise N_Z(0, sigma2), sigma2 = 1 / rho_q. Every query is a marginal
 (each cell counted by exactly one answer), so changing one record moves at most two answers by one:
-squared L2 sensitivity 2 under bounded neighbours, and 2 / (2 sigma2) = rho_q (facts file section 3.2;
-seed 003 Appendix B, Theorem 2). Composition over the queries of a node and over the nodes on a block's
+squared L2 sensitivity 2 under bounded neighbours, and 2 / (2 sigma2) = rho_q (the Bureau's
+``source/programs/engine/curve.py`` in GitHub uscensusbureau/DAS_2020_Redistricting_Production_Code;
+Abowd et al. 2022, Appendix B, Theorem 2). Composition over the queries of a node and over the nodes on a block's
 path sums to rho_total when the proportions sum to one (Theorem 2, conditions 3 and 4).
 
 Pure DP (geometric, 2018 End-to-End): epsilon_q = qprop * PLB * epsilon_total with L1 sensitivity 2
-(bounded neighbours; facts section 10.1), noise ~ exp(-epsilon_q |y| / 2).
+(bounded neighbours; uscensusbureau/census2020-das-e2e ``programs/engine/primitives.py``), noise ~ exp(-epsilon_q |y| / 2).
 """
 from __future__ import annotations
 
@@ -43,13 +44,13 @@ class NeighbourRelation:
 
 
 #: Bounded neighbours (change one record): a marginal counts the record in one answer before and one after,
-#: so at most two answers move by one (L1 = 2, squared L2 = 2; facts sections 3.2 and 10.1).
+#: so at most two answers move by one (L1 = 2, squared L2 = 2; the Bureau's ``curve.py`` and the E2E ``primitives.py``).
 NEIGHBOURS = NeighbourRelation("bounded neighbours (change one record)", l1_sensitivity=2, l2_sensitivity_squared=2)
 
 
 def check_budget(budget: BudgetConfig, levels: list[str], schema: Schema, where: str = "budget") -> None:
     """Raise :class:`ConfigError` naming the offending entry unless ``budget`` is a valid strategy for
-    ``levels`` on ``schema`` (facts file section 3.4; Theorem 2 conditions 1-3)."""
+    ``levels`` on ``schema`` (the Bureau's ``source/programs/engine/budget.py``; Theorem 2 conditions 1-3)."""
     known = set(levels)
     for section, keys in (("levels", budget.levels), ("queries", budget.queries)):
         for level in keys:
@@ -248,7 +249,7 @@ def _zcdp_epsilon_at(alpha: float, rho: float, log_inv_delta: float) -> float:
 
 def zcdp_to_epsilon(rho: Fraction, delta: Fraction | float) -> float:
     """Smallest epsilon with rho-zCDP => (epsilon, delta)-DP by the tight conversion of Canonne, Kamath &
-    Steinke (2020), the bound the Bureau's code reports (``curve.py``, facts file section 3.1):
+    Steinke (2020), the bound the Bureau's code reports (``source/programs/engine/curve.py``, ``zCDPEpsDeltaCurve``):
     delta = exp((alpha-1)(alpha rho - epsilon)) / (alpha-1) * (1 - 1/alpha)^alpha, minimised over alpha > 1."""
     r, lid = _check_rho_delta(rho, delta)
     if r == 0:
@@ -272,7 +273,7 @@ def zcdp_to_epsilon(rho: Fraction, delta: Fraction | float) -> float:
 
 
 def zcdp_to_epsilon_bun_steinke(rho: Fraction, delta: Fraction | float) -> float:
-    """The looser Bun-Steinke (2016) conversion epsilon = rho + 2 sqrt(rho log(1/delta)) (seed 003 App. B)."""
+    """The looser Bun-Steinke (2016) conversion epsilon = rho + 2 sqrt(rho log(1/delta)) (Abowd et al. 2022, App. B)."""
     r, lid = _check_rho_delta(rho, delta)
     return r + 2 * math.sqrt(r * lid)
 
