@@ -8,10 +8,10 @@ uscensusbureau/DAS_2020_Redistricting_Production_Code, "DAS-2020"; Abowd et al. 
   that each node nests in one branch; node geocodes are prefixed by the AIAN flag ("1" or "0");
 * optimized: the AIAN split plus custom block groups (``geo.blockgroups``).
 
-Bypassing (DAS-2020 `optimize_spine.py`, `bypass_geounit`): a parent with exactly one child carries the child's geolevel budget as well as
-its own; the child gets none (it is copied from its parent). ``budget_levels`` records these moves. The
-condition of Theorem 2 (paper, Appendix B) is that along every root-to-block path each level's budget
-proportion is used exactly once; ``check_path_condition`` verifies it.
+Bypassing (DAS-2020 `optimize_spine.py`, `bypass_geounit`): a parent with exactly one child carries the
+child's geolevel budget as well as its own; the child gets none (it is copied from its parent).
+``budget_levels`` records these moves. The condition of Theorem 2 (paper, Appendix B) is that along every
+root-to-block path each level's budget proportion is used exactly once; ``check_path_condition`` verifies it.
 """
 from __future__ import annotations
 
@@ -285,7 +285,8 @@ def standard_spine(geoids: pd.Series, bypass_single_children: bool = False) -> S
 
 
 def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool = True) -> Spine:
-    """The AIAN spine (DAS-2020 `define_spines.py`, `aian_spine`; Abowd et al. 2022, section 7.4): each node's geocode is [AIAN flag] + its prefix."""
+    """The AIAN spine (DAS-2020 `define_spines.py`, `aian_spine`; Abowd et al. 2022, section 7.4): each
+    node's geocode is [AIAN flag] + its prefix."""
     geoids = _block_geoids(geoids)
     spine = Spine(list(LEVELS), _prefixed_table(geoids, _aligned_flag(aian, geoids)), kind="aian")
     return bypass(spine) if bypass_single_children else spine
@@ -294,7 +295,8 @@ def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool 
 def optimized_spine(geoids: pd.Series, entities: pd.DataFrame, gq_signature: pd.Series | None,
                     aian: pd.Series, fanout_cutoff: int = FANOUT_CUTOFF,
                     bypass_single_children: bool = True) -> Spine:
-    """The optimized spine (DAS-2020 `optimize_spine.py`; Abowd et al. 2022, section 7.5): AIAN split, custom block groups, bypassing.
+    """The optimized spine (DAS-2020 `optimize_spine.py`; Abowd et al. 2022, section 7.5): AIAN split,
+    custom block groups, bypassing.
 
     ``entities`` (indexed by geoid) holds one column per targeted off-spine entity code (production:
     place/MCD and DAS AIAN area); ``gq_signature`` (indexed by geoid) the 7-character GQ signature, or

@@ -1,4 +1,5 @@
-"""The failsafe (the Bureau's backup feasibility step, DAS-2020 `sequential_optimizers.py`): when a parent's problem is infeasible or a solve fails, relax in a fixed order.
+"""The failsafe (the Bureau's backup feasibility step, DAS-2020 `sequential_optimizers.py`): when a parent's
+problem is infeasible or a solve fails, relax in a fixed order.
 
 Levels, each tried only if the previous one failed, each recorded in ``ParentSolution.failsafe``:
 

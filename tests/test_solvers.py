@@ -41,7 +41,8 @@ def random_truth(rng: np.random.Generator, k: int, n_cells: int, people: int) ->
 
 
 def invariant_constraints(rng: np.random.Generator, truth: np.ndarray) -> list[Constraint]:
-    """hhgq_total_lb/ub (DAS-2020 `calculateRightHandSideHhgqTotal`, no state total) from synthetic facility counts, and nurse_nva_0."""
+    """hhgq_total_lb/ub (DAS-2020 `calculateRightHandSideHhgqTotal`, no state total) from synthetic facility
+    counts, and nurse_nva_0."""
     per_type = build_query(PERSONS, "hhgq").answer(truth)
     facilities = np.where(per_type > 0, np.minimum(per_type, rng.integers(1, 3, per_type.shape)), 0)
     facilities[:, 0] = per_type[:, 0] > 0

@@ -1,4 +1,5 @@
-"""End to end with the AIAN and optimized spines (DESIGN.md items 5 and 13; Abowd et al. 2022, sections 7.4-7.5) on real 2020 Rhode Island blocks.
+"""End to end with the AIAN and optimized spines (DESIGN.md items 5 and 13; Abowd et al. 2022, sections
+7.4-7.5) on real 2020 Rhode Island blocks.
 
 The input is synthetic (``write_synthetic``) with its block GEOIDs remapped onto real 2020 RI blocks
 from the block assignment files: tract 44009051101 and one block of 44009051102 hold the 25 blocks of

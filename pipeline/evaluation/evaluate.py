@@ -11,7 +11,7 @@ Writes (into ``out``)::
     summary.parquet         run, seed, product, level, query, n, n_answers, mean_abs_error (paper Tables 9-10:
                             per-geounit L1 averaged over geounits), mean_abs_cell_error, median_abs_error,
                             max_abs_error, signed residual quantiles q0.005..q0.995 over all answers
-    errors_by_bin.parquet   TOTAL error by true-population bin per level (DAS-2020 accuracy_metrics.py; paper Tables 11-12)
+    errors_by_bin.parquet   TOTAL error by true-population bin per level (DAS-2020 accuracy_metrics; paper Tables 11-12)
     blau.parquet            TOTAL error by Blau-index quintile per level (paper Table 13)
     homogeneity.parquet     TOTAL bias by homogeneity index per level (Petti & Flaxman 2020, Figure 3)
     entities.parquet        off-spine entities: TOTAL error and largest-group share within 5 points, by bin

@@ -9,7 +9,8 @@ Abowd et al. 2022, Appendix B, Theorem 2). Composition over the queries of a nod
 path sums to rho_total when the proportions sum to one (Theorem 2, conditions 3 and 4).
 
 Pure DP (geometric, 2018 End-to-End): epsilon_q = qprop * PLB * epsilon_total with L1 sensitivity 2
-(bounded neighbours; uscensusbureau/census2020-das-e2e ``programs/engine/primitives.py``), noise ~ exp(-epsilon_q |y| / 2).
+(bounded neighbours; uscensusbureau/census2020-das-e2e ``programs/engine/primitives.py``), noise ~
+exp(-epsilon_q |y| / 2).
 """
 from __future__ import annotations
 

@@ -4,12 +4,14 @@ Distributions (all budgets are exact ``Fraction``s; no float ever decides an out
 
 * ``discrete_gaussian(source, sigma2, size)``: P(Y = y) proportional to exp(-y^2 / (2 sigma2)), y in Z
   (Canonne, Kamath & Steinke 2020, "CKS", Algorithm 3; as the Bureau's
-  ``source/programs/engine/discrete_gaussian_utility.py``, GitHub uscensusbureau/DAS_2020_Redistricting_Production_Code). With t = floor(sigma)+1,
-  draw Y from the discrete Laplace distribution P(Y = y) ~ exp(-|y|/t) and accept it with probability
+  ``source/programs/engine/discrete_gaussian_utility.py``, GitHub
+  uscensusbureau/DAS_2020_Redistricting_Production_Code). With t = floor(sigma)+1, draw Y from the discrete
+  Laplace distribution P(Y = y) ~ exp(-|y|/t) and accept it with probability
   exp(-gamma(Y)), gamma(y) = (|y| - sigma2/t)^2 / (2 sigma2) = (|y| t d - n)^2 / (2 t^2 d n) for
   sigma2 = n/d. Accepted values are exactly discrete-Gaussian (CKS section 5).
 * ``geometric(source, epsilon, sensitivity, size)``: the two-sided geometric (discrete Laplace)
-  distribution P(Y = y) ~ q^|y|, q = exp(-epsilon/sensitivity) (the Bureau's ``primitives.py``, ``RationalGeometricMechanism``; the 2018 End-to-End test, Petti & Flaxman 2019).
+  distribution P(Y = y) ~ q^|y|, q = exp(-epsilon/sensitivity) (the Bureau's ``primitives.py``,
+  ``RationalGeometricMechanism``; the 2018 End-to-End test, Petti & Flaxman 2019).
 
 Discrete Laplace with ratio q = exp(-lam) (lam rational) is drawn by inversion: for a uniform real V in
 [0, 1), X = max{x >= 0 : V < q^x} has P(X >= x) = q^x, i.e. P(X = x) = (1 - q) q^x; a fair sign bit B
