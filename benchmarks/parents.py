@@ -6,7 +6,8 @@ seconds), ours_cpu_s (median CPU seconds: the figure to use on a shared, loaded 
 where our time goes (model build and compile, L2 QPs, tau LPs, rounder LPs) and the process's peak RSS.
 Usage: python benchmarks/parents.py [--cases bg15,bg80,tract5,county30,state60 (default)]
        [--repeats 3] [--no-floor] [--steps] [--split-above N] [--split-cost C] [--split-group G]
-Cases at the 2020 national averages of children per parent (seed 003 Table 2; benchmarks/projection.py):
+Cases at the 2020 national averages of children per parent (Abowd et al. 2022, the TDA paper, Table 2;
+benchmarks/projection.py):
 bg14, tract5, county24, state40, us88; the largest parents: state250 (a state of 250 counties, Texas-like)
 and county2000 (a county of 2,000 tracts, Los Angeles-like); state215 (the California-sized synthetic state:
 215 counties, 39.5 M persons).

@@ -1,6 +1,8 @@
 """Single-pass against multi-pass estimation (issue 4), same data, seed and budget.
 
-multi: the production orderings (facts 4.5): at State..Block_Group the L2 estimation and the rounder
+multi: the production orderings (uscensusbureau/DAS_2020_Redistricting_Production_Code
+`source/programs/strategies/strategies.py`, `Strategy1b_ST_CTY_TR_BG_isoTot_Ordering_dsepJune3`):
+at State..Block_Group the L2 estimation and the rounder
   isolate the total in pass 0, then fit everything else with bands (eq. 7.6) around pass 0's answers.
 single: every level's L2 passes and rounder passes concatenated into one pass each (the rounder's
   queries stay laminar: total, hhgq, hhgq * hispanic, ..., detailed).

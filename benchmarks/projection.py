@@ -1,7 +1,7 @@
 """Core-hours of a national persons run, projected from measured costs (issue 7).
 
-National 2020 node counts (seed 003 Table 2, production spine): 1 US, 88 state parts, 3,496 counties,
-84,589 tracts, 409,548 custom block groups, 5,892,698 populated blocks. The level whose children are L
+National 2020 node counts (Abowd et al. 2022, the TDA paper, Table 2, production spine): 1 US, 88 state parts,
+3,496 counties, 84,589 tracts, 409,548 custom block groups, 5,892,698 populated blocks. The level whose children are L
 has as many parents as the level above L has nodes, with the national average children per parent.
 
 Two sources of cost, per level:

@@ -1,4 +1,4 @@
-"""The AIAN state parts' totals (facts 2.6): the Bureau's State hhgq bounds against this project's.
+"""The AIAN state parts' totals (DESIGN.md item 13): the Bureau's State hhgq bounds against this project's.
 
 The Bureau bounds persons by hhgq type at the State level with each *part's* total T: a part without GQ
 facilities gets lb_0 = ub_0 = T, so the published total of that part is its true total, and the other

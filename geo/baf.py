@@ -1,4 +1,6 @@
-"""Census block assignment files (BAFs) and the entity codes the spine needs (facts 6.2).
+"""Census block assignment files (BAFs) and the entity codes the spine needs (the Bureau's production code,
+GitHub uscensusbureau/DAS_2020_Redistricting_Production_Code ("DAS-2020"): `source/etc/AIANNHCE_ranges.csv`,
+`source/programs/geographic_spines/define_spines.py`, `geocode_mapping`).
 
 A BAF is pipe-delimited with a header row, one row per tabulation block keyed by ``BLOCKID`` (the
 15-character block GEOID), e.g. ``BlockAssign_ST44_RI_MCD.txt`` with ``BLOCKID|COUNTYFP|COUSUBFP``. An
@@ -25,10 +27,10 @@ KNOWN_COLUMNS: dict[str, dict[str, str]] = {
     "VTD": {"COUNTYFP": "vtd_countyfp", "DISTRICT": "vtd_district"},
 }
 
-# Strong-MCD states (facts 6.2, `table_reader.py` default): CT ME MA MI MN NH NJ NY PA RI VT WI.
+# Strong-MCD states (DAS-2020 `source/programs/reader/table_reader.py` default): CT ME MA MI MN NH NJ NY PA RI VT WI.
 STRONG_MCD_STATES = frozenset({"09", "23", "25", "26", "27", "33", "34", "36", "42", "44", "50", "55"})
 
-# Included AIANNHCE ranges (facts 6.2, production `aian_areas`), inclusive.
+# Included AIANNHCE ranges (DAS-2020 `source/etc/AIANNHCE_ranges.csv`, production `aian_areas`), inclusive.
 AIAN_RANGES = ((1, 4799), (4800, 4989), (5000, 5499), (5500, 5899), (5900, 5999), (6000, 7999), (9000, 9499))
 FORBIDDEN_AIAN = (4990, 4999)
 NOT_AIAN = "9999"
@@ -92,7 +94,7 @@ def read_baf_dir(directory: Path | str) -> pd.DataFrame:
 
 
 def aian_flags(aiannhce: pd.Series) -> pd.Series:
-    """True where the AIANNHCE code is in an included AIAN range (facts 6.2); blank or 9999 is False.
+    """True where the AIANNHCE code is in an included AIAN range (`AIAN_RANGES`); blank or 9999 is False.
 
     Raises on codes 4990-4999 (asserted absent in production) and on codes that are not 4 digits.
     """
@@ -113,7 +115,7 @@ def aian_flags(aiannhce: pd.Series) -> pd.Series:
 
 
 def aian_area(baf: pd.DataFrame) -> pd.Series:
-    """DAS AIAN area code per block: AIANNHCE inside an included area, else "9999" (facts 6.2)."""
+    """DAS AIAN area code per block: AIANNHCE inside an included area, else "9999" (DAS-2020 `define_spines.py`)."""
     return baf["aiannhce"].where(aian_flags(baf["aiannhce"]), NOT_AIAN).rename("aian_area")
 
 
@@ -129,7 +131,8 @@ def mcds(baf: pd.DataFrame) -> pd.Series:
 
 def place_mcd_entity(baf: pd.DataFrame, state: str | pd.Series | None = None,
                      strong_mcd_states: frozenset[str] = STRONG_MCD_STATES) -> pd.Series:
-    """The targeted place/MCD entity per block (facts 6.2; paper section 7.5).
+    """The targeted place/MCD entity per block (DAS-2020 `define_spines.py`, `geocode_mapping`;
+Abowd et al. 2022, section 7.5).
 
     In a strong-MCD state and outside AIAN areas: the MCD (see ``mcds``); elsewhere the place (see
     ``places``). ``state`` (2-digit FIPS, one for all blocks or one per block) defaults to the first two
@@ -147,7 +150,8 @@ def place_mcd_entity(baf: pd.DataFrame, state: str | pd.Series | None = None,
 
 
 def target_entities(baf: pd.DataFrame) -> pd.DataFrame:
-    """The production off-spine entities per block: place/MCD code and DAS AIAN area (facts 6.4 step 2)."""
+    """The production off-spine entities per block: place/MCD code and DAS AIAN area (DAS-2020 `define_spines.py`,
+`call_opt_spine`)."""
     return pd.concat([place_mcd_entity(baf), aian_area(baf)], axis=1)
 
 

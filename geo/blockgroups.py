@@ -1,4 +1,5 @@
-"""Custom block groups of the optimized spine (facts 6.4 steps 1 and 5; paper section 7.5).
+"""Custom block groups of the optimized spine (DAS-2020 `source/programs/geographic_spines/optimize_spine.py`;
+Abowd et al. 2022, section 7.5).
 
 Within each tract, blocks sorted by GEOID are grouped by their "intersect entity" (the off-spine entity
 codes plus the 7-character GQ signature) and each group is cut into consecutive chunks of at most
@@ -15,8 +16,8 @@ import pyarrow as pa
 
 from . import GeographyError, one_line
 
-FANOUT_CUTOFF = 12  # production default (facts 6.4)
-GQ_TYPES = 7        # unit types 1..7 are the major GQ types (DESIGN.md section 2)
+FANOUT_CUTOFF = 12  # production default (DAS-2020 `table_reader.py`)
+GQ_TYPES = 7        # unit types 1..7 are the major GQ types (vocab/schema.py: the hhgq levels)
 
 
 def read_units(path: Path | str) -> pd.DataFrame:
@@ -29,7 +30,8 @@ def read_units(path: Path | str) -> pd.DataFrame:
 
 
 def gq_signatures(units: pd.DataFrame, geoids: pd.Series) -> pd.Series:
-    """Per block, 7 characters: "1" at position t-1 if the block has a facility of GQ type t (facts 6.4 step 1).
+    """Per block, 7 characters: "1" at position t-1 if the block has a facility of GQ type t
+    (optimize_spine.py's first step).
 
     ``units`` has columns ``geoid`` and ``unit_type`` (0 housing unit, 1..7 GQ types). Blocks without GQ
     facilities (or without units) get "0000000". Indexed by ``geoids``.

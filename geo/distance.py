@@ -1,11 +1,12 @@
-"""Off-spine entity distance (OSED; facts 6.4 step 6; paper section 7.5).
+"""Off-spine entity distance (OSED; DAS-2020 `source/programs/geographic_spines/optimize_spine.py`; Abowd et al. 2022,
+section 7.5).
 
 The OSED of an entity k is the minimal number of on-spine geounits added or subtracted to form k. It is
 computed bottom-up: for a unit u, ``c_k(u)`` is the cost of forming u's part of k and ``c_notk(u)`` the
 cost of forming the rest of u. A block in k has (1, 0), a block outside k (0, 1). At a unit with
 children sums ``S_k`` and ``S_notk``: ``c_k = min(S_k, S_notk + 1)`` (either build k's part, or take u and
 subtract the rest) and ``c_notk = min(S_k + 1, S_notk)``. The distance is ``c_k`` at the root. (At a
-block group this reduces to the facts' ``min(a, b+1)`` and ``min(a+1, b)``.)
+block group this reduces to the Bureau's ``min(a, b+1)`` and ``min(a+1, b)``.)
 """
 from __future__ import annotations
 

@@ -1,16 +1,17 @@
-"""The geographic spine as a table: one row per tabulation block, one column per level (DESIGN.md section 2).
+"""The geographic spine as a table: one row per tabulation block, one column per level (DESIGN.md, the map).
 
-Three kinds (facts 6.1-6.5; paper sections 7.4-7.5):
+Three kinds (the Bureau's `source/programs/geographic_spines/define_spines.py` in GitHub
+uscensusbureau/DAS_2020_Redistricting_Production_Code, "DAS-2020"; Abowd et al. 2022, sections 7.4-7.5):
 
 * standard: the tabulation hierarchy US > State > County > Tract > Block_Group > Block by GEOID prefixes;
 * aian: every state, county, tract and block group is split into its AIAN part and its non-AIAN part, so
   that each node nests in one branch; node geocodes are prefixed by the AIAN flag ("1" or "0");
 * optimized: the AIAN split plus custom block groups (``geo.blockgroups``).
 
-Bypassing (facts 6.5): a parent with exactly one child carries the child's geolevel budget as well as
-its own; the child gets none (it is copied from its parent). ``budget_levels`` records these moves. The
-condition of Theorem 2 (paper, Appendix B) is that along every root-to-block path each level's budget
-proportion is used exactly once; ``check_path_condition`` verifies it.
+Bypassing (DAS-2020 `optimize_spine.py`, `bypass_geounit`): a parent with exactly one child carries the
+child's geolevel budget as well as its own; the child gets none (it is copied from its parent).
+``budget_levels`` records these moves. The condition of Theorem 2 (paper, Appendix B) is that along every
+root-to-block path each level's budget proportion is used exactly once; ``check_path_condition`` verifies it.
 """
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ class Spine:
         return self.table.groupby(level)[below].nunique().rename("fanout")
 
     def budget_levels(self, level: str, geocode: str) -> tuple[str, ...]:
-        """Levels whose geolevel budget proportions node (level, geocode) carries (facts 6.5)."""
+        """Levels whose geolevel budget proportions node (level, geocode) carries (bypassing)."""
         return self.moves.get(level, {}).get(geocode, (level,))
 
     def to_arrow(self) -> pa.Table:
@@ -185,7 +186,7 @@ def check_path_condition(spine: Spine) -> None:
 
 
 def bypass(spine: Spine) -> Spine:
-    """Bypass every parent with exactly one child, bottom-up, at every level (facts 6.5).
+    """Bypass every parent with exactly one child, bottom-up, at every level (DAS-2020 `optimize_spine.py`).
 
     The parent then carries its own and the child's budget levels (which may already include levels
     moved up from below) and the child carries none.
@@ -278,13 +279,14 @@ def _aligned_flag(aian: pd.Series, geoids: pd.Series) -> pd.Series:
 
 
 def standard_spine(geoids: pd.Series, bypass_single_children: bool = False) -> Spine:
-    """The tabulation spine by GEOID prefixes (facts 6.1); optionally bypassed."""
+    """The tabulation spine by GEOID prefixes (DAS-2020 `define_spines.py`); optionally bypassed."""
     spine = Spine(list(LEVELS), _prefixed_table(_block_geoids(geoids), None), kind="standard")
     return bypass(spine) if bypass_single_children else spine
 
 
 def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool = True) -> Spine:
-    """The AIAN spine (facts 6.3; paper section 7.4): each node's geocode is [AIAN flag] + its prefix."""
+    """The AIAN spine (DAS-2020 `define_spines.py`, `aian_spine`; Abowd et al. 2022, section 7.4): each
+    node's geocode is [AIAN flag] + its prefix."""
     geoids = _block_geoids(geoids)
     spine = Spine(list(LEVELS), _prefixed_table(geoids, _aligned_flag(aian, geoids)), kind="aian")
     return bypass(spine) if bypass_single_children else spine
@@ -293,7 +295,8 @@ def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool 
 def optimized_spine(geoids: pd.Series, entities: pd.DataFrame, gq_signature: pd.Series | None,
                     aian: pd.Series, fanout_cutoff: int = FANOUT_CUTOFF,
                     bypass_single_children: bool = True) -> Spine:
-    """The optimized spine (facts 6.4-6.5; paper section 7.5): AIAN split, custom block groups, bypassing.
+    """The optimized spine (DAS-2020 `optimize_spine.py`; Abowd et al. 2022, section 7.5): AIAN split,
+    custom block groups, bypassing.
 
     ``entities`` (indexed by geoid) holds one column per targeted off-spine entity code (production:
     place/MCD and DAS AIAN area); ``gq_signature`` (indexed by geoid) the 7-character GQ signature, or

@@ -7,7 +7,7 @@ Problems come in one box form: columns with bounds ``lb <= z <= ub`` and rows ``
 (the same floating-point results on every x86-64 machine); HiGHS dual simplex, one thread, for the LPs (a
 simplex vertex, which the rounder's totally unimodular flow form needs). ``clarabel-highs`` keeps
 Clarabel for the QPs (the default before PIQP: about 3x the CPU per QP, solutions within solver
-tolerance; DESIGN.md item 33), qdldl below 30k columns and faer above. Gurobi (gurobi.py) implements the
+tolerance; DESIGN.md item 27), qdldl below 30k columns and faer above. Gurobi (gurobi.py) implements the
 same two methods.
 """
 from __future__ import annotations

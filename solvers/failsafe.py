@@ -1,4 +1,5 @@
-"""The failsafe (facts 4.8): when a parent's problem is infeasible or a solve fails, relax in a fixed order.
+"""The failsafe (the Bureau's backup feasibility step, DAS-2020 `sequential_optimizers.py`): when a parent's
+problem is infeasible or a solve fails, relax in a fixed order.
 
 Levels, each tried only if the previous one failed, each recorded in ``ParentSolution.failsafe``:
 
@@ -7,7 +8,7 @@ Levels, each tried only if the previous one failed, each recorded in ``ParentSol
    re-solved once without them.
 2. step 2, ``relax_parent`` (not at the root): the Bureau's backup feasibility step. The parent equality
    is replaced by per-cell slacks sp/sn (sum_c x - sp + sn = parent) while the parent's marginal over the
-   other dimensions (for persons: votingage x hispanic x cenrace, facts 4.8's ``minimalSchema = hhgq``)
+   other dimensions (for persons: votingage x hispanic x cenrace, the Bureau's ``minimalSchema = hhgq``)
    stays exact; every edit constraint (GQ lower/upper bounds, structural zeros, nurse_nva_0, the
    group totals) stays exact. The slack LP minimizes the parent slack, then the passes keep
    sum(sp + sn) <= optimum + 1 (as the Bureau's ``backupFeasOptimize``) and the rounder prices slack.

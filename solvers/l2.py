@@ -1,7 +1,8 @@
 """Multi-pass weighted non-negative least squares (eq. 7.5) with tau bands between passes (eq. 7.6).
 
 Pass k minimizes sum over its queries q and children c with finite variance of
-(1/var_qc) ||Q_q x_c - y_qc||^2; the ``detailed`` term enters only the last pass (facts 4.4). After
+(1/var_qc) ||Q_q x_c - y_qc||^2; the ``detailed`` term enters only the last pass (DAS-2020
+``l2_dataIndep_npass_optimizer.py``). After
 pass k < K-1 the tau LP gives t*, and every later pass keeps |Q x - Q x*_k| <= t* + tau_slack for
 pass k's queries (accumulating). Since Q x is an auxiliary column, a band is a column bound.
 Counts are solved as z = x / s with s = max(1, magnitude / 1e4) (solver_notes pitfall 4).

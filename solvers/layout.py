@@ -3,9 +3,9 @@
 Columns: one ``x`` per (child, cell) in play, one auxiliary ``a`` per (query, child, answer) that
 covers at least one ``x`` of that child (none for a query whose grouping is the identity on cells: it
 uses the ``x`` columns, as ``detailed``), and, when the parent equality is relaxed (failsafe steps 2-3,
-facts 4.8), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families, all linear with 0/+-1
-coefficients: ``definitions`` (a = sum of a finer query's aux columns when one refines it, else the
-sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (steps 2-3 only), the
+DAS-2020 ``sequential_optimizers.py``), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families,
+all linear with 0/+-1 coefficients: ``definitions`` (a = sum of a finer query's aux columns when one
+refines it, else the sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (steps 2-3 only), the
 problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, direct) read this.
 """
 from __future__ import annotations
@@ -177,12 +177,13 @@ def _validate(problem: ParentProblem) -> None:
 
 
 def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: bool) -> np.ndarray:
-    """bool[n_children, ncells]: cells that get a variable (facts 4.2, plus child structural zeros)."""
+    """bool[n_children, ncells]: cells that get a variable (DAS-2020 `findDesiredIndices`, plus child
+    structural zeros)."""
     schema, k = problem.schema, problem.n_children
     if problem.parent_hist is None:
         base = np.ones(schema.ncells, dtype=bool)
     elif relax_parent:
-        # Facts 4.8: a cell is in play if the parent's marginal over the first dimension is > 0.
+        # Backup feasibility (DAS-2020): a cell is in play if the parent's marginal over the first dimension is > 0.
         marg = np.asarray(problem.parent_hist).reshape(schema.shape).sum(axis=0, keepdims=True)
         base = np.broadcast_to(marg > 0, schema.shape).reshape(-1)
     else:
@@ -204,8 +205,8 @@ def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, r
     """float[n_children, n_answers]: the most each child's answer can be given the parent (inf at the root).
 
     An inequality beyond its cap (or a lower bound <= 0) cannot bind and is left out of the model: the
-    hhgq upper bounds 99999 x units (facts 2.3) are up to 1e10 against tau bands of 1e-3 in scaled
-    units, a range that makes the interior-point solver report spurious infeasibility.
+    hhgq upper bounds 99999 x units (DAS-2020 `calculateRightHandSideHhgqTotal`) are up to 1e10 against tau
+    bands of 1e-3 in scaled units, a range that makes the interior-point solver report spurious infeasibility.
     """
     k = problem.n_children
     if problem.parent_hist is None:

@@ -2,7 +2,7 @@
 
 Sequence per failsafe level (failsafe.py): layout (layout.py) -> Pyomo model compiled once (model.py)
 -> multi-pass L2 with tau bands (l2.py, eqs. 7.5-7.6) -> multi-pass rounder (rounder.py, eq. 7.7) ->
-check of every row on the integer result. Shortcuts (facts 4.1): an all-zero parent gives zeros, a
+check of every row on the integer result. Shortcuts (as DAS-2020 `topdown_engine.py`): an all-zero parent gives zeros, a
 single child (not at the root) gets the parent's histogram. A parent with more than
 ``problem.split_above`` children, or children x non-zero parent cells above ``problem.split_cost``, is
 solved in two stages through groups of children (split.py).

@@ -12,7 +12,7 @@ def tau_lp(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, l
     """min t s.t. the structural rows, the current column bounds and |z[band_cols] - answers| <= t.
 
     ``answers`` are pass k's values of the band columns (``Q x*_k``). Returns the LP result; its
-    objective is t* (facts 4.4 ``findOptimalTol``).
+    objective is t* (DAS-2020 ``findOptimalTol``).
     """
     m, n = a.shape
     nb = band_cols.size

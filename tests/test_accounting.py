@@ -99,8 +99,8 @@ def test_check_budget_accepts_valid_and_prefixes_location() -> None:
 
 # ---------------------------------------------------------------------------------------- conversions
 def test_production_epsilon_and_bun_steinke_values_of_the_paper() -> None:
-    assert round(zcdp_to_epsilon(PRODUCTION_RHO, Fraction(1, 10 ** 10)), 2) == 17.14      # facts section 3.1
-    # seed 003 section 8.1 quotes the Bun-Steinke conversion for the April 2021 budgets
+    assert round(zcdp_to_epsilon(PRODUCTION_RHO, Fraction(1, 10 ** 10)), 2) == 17.14      # DAS-2020 curve.py
+    # Abowd et al. 2022, section 8.1, quotes the Bun-Steinke conversion for the April 2021 budgets
     assert round(zcdp_to_epsilon_bun_steinke(Fraction(1095, 1000), 1e-10), 2) == 11.14
     assert round(zcdp_to_epsilon_bun_steinke(Fraction(1885, 10000), 1e-10), 2) == 4.36
     assert zcdp_to_epsilon(Fraction(0), 1e-10) == 0.0
@@ -147,7 +147,7 @@ def test_production_preset_matches_the_facts() -> None:
     b = config.persons.budget
     assert b.rho == PRODUCTION_RHO and config.run.products == ["persons", "units"]
     total = sum(allocate(b, lv, q).budget for lv in b.levels for q in b.queries[lv])
-    assert total == b.total == Rho(PRODUCTION_RHO)                              # facts section 3.3 sanity
+    assert total == b.total == Rho(PRODUCTION_RHO)                              # strategies.py sanity
     assert "total" not in b.queries["US"]
     level_rho = {lv: float(b.levels[lv] * b.rho) for lv in b.levels}
     assert level_rho["US"] == pytest.approx(0.06486, abs=1e-5)

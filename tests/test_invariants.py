@@ -1,4 +1,4 @@
-"""Constraint right-hand sides (facts file sections 2.3-2.6), hand-checked."""
+"""Constraint right-hand sides (DAS-2020 `source/programs/constraints/`), hand-checked."""
 import numpy as np
 import pandas as pd
 import pytest
@@ -79,9 +79,9 @@ def test_infeasible_truth_is_reported_without_counts():
 
 
 def test_a_part_of_a_state_is_not_pinned_by_its_total():
-    """Facts 2.6: with its total T, a node without GQ facilities gets lb_0 = ub_0 = T (the Bureau's rule pins
-    an AIAN part's total). A part's total is not invariant (NaN): it gets the bounds without a total, while a
-    node that is a whole state keeps the bounds with its (invariant) total."""
+    """The Bureau's rule (DESIGN.md item 13): with its total T, a node without GQ facilities gets
+    lb_0 = ub_0 = T (the Bureau's rule pins an AIAN part's total). A part's total is not invariant (NaN): it
+    gets the bounds without a total, while a node that is a whole state keeps the bounds with its (invariant) total."""
     u = np.array([[5, 0, 0, 0, 0, 0, 0, 0], [5, 0, 0, 0, 0, 0, 0, 0]])
     lb, ub = _hhgq_bounds(u, np.array([40.0, 40.0]))
     assert lb[0, 0] == ub[0, 0] == 40  # the pinning the Bureau's rule implies

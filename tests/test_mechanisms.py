@@ -23,7 +23,7 @@ from topdown.pipeline.privacy.rng import OSSource, SeededSource, make_source, no
 
 P_THRESHOLD = 1e-4
 Z_THRESHOLD = 5.0
-#: 1/sigma2 = qprop * gprop * rho with production denominators (Block total query, facts section 3.3).
+#: 1/sigma2 = qprop * gprop * rho with production denominators (Block total query, DAS-2020 strategies.py).
 BLOCK_TOTAL_SIGMA2 = 1 / (Fraction(5, 4097) * Fraction(165, 4099) * Fraction(293764, 114921))
 
 
@@ -109,7 +109,7 @@ def test_discrete_gaussian_variance_function() -> None:
     k = np.arange(-200, 201, dtype=float)
     w = np.exp(-k ** 2 / (2 * s2))
     assert discrete_gaussian_variance(Fraction(6, 5)) == pytest.approx(float((k ** 2 * w).sum() / w.sum()), rel=1e-12)
-    assert discrete_gaussian_variance(Fraction(6, 5)) == pytest.approx(1.2, rel=1e-7)  # facts section 3.2
+    assert discrete_gaussian_variance(Fraction(6, 5)) == pytest.approx(1.2, rel=1e-7)  # DAS-2020 primitives.py
     assert discrete_gaussian_variance(Fraction(1, 10)) < 0.1                            # far below sigma2
 
 

@@ -56,7 +56,7 @@ def test_constraint_rows_hold_invariants_and_constraints_only(planted_nmf):
     assert set(state.loc[state["kind"] == "invariant", "name"]) == {"gqhh_vect", "tot"}
     lb = block[(block["name"] == "hhgq_total_lb")].set_index("geocode")["value"]
     vect = block[(block["name"] == "gqhh_vect")].set_index("geocode")["value"]
-    for g in lb.index:  # at least one person per occupied GQ facility (facts 2.3)
+    for g in lb.index:  # at least one person per occupied GQ facility (hhgq_total_lb)
         assert np.array_equal(lb[g][1:], vect[g][1:])
 
 

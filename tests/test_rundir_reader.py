@@ -2,10 +2,12 @@
 run that reads its own spine back."""
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 
 import pytest
+from conftest import REPO
 
 from topdown.pipeline.products import PRODUCTS
 from topdown.pipeline.execution.rundir import SCHEMA_VERSION, RunDirError, RunReader
@@ -69,3 +71,43 @@ def test_a_runs_spine_of_an_older_version_or_damaged(demo_run, tmp_path):
     reader.spine_path.write_bytes(b"not a Parquet file")
     with pytest.raises(RunDirError, match=r"spine.parquet: not a readable spine file \(ArrowInvalid"):
         reader.spine()
+
+
+#: The modules that read a run directory (issue 29 item 4): verify, evaluate, nmf, uncertainty, replicates,
+#: reprocess and release. They read through RunReader and construct no RunDir (the writer); the one exception
+#: is reprocess's writer of the new run directory it makes (``RunDir(out)``).
+READERS = ("pipeline/outputs/verify.py", "pipeline/evaluation/evaluate.py", "pipeline/execution/nmf.py",
+           "pipeline/evaluation/uncertainty.py", "pipeline/evaluation/replicates.py",
+           "pipeline/execution/reprocess.py", "pipeline/privacy/release.py")
+WRITES_ITS_OWN = {("pipeline/execution/reprocess.py", "reprocess", "out")}
+
+
+def _constructions(path, cls: str) -> list[tuple[str, str]]:
+    """(enclosing function, first argument's source) of every call of ``cls`` (by name or attribute) in ``path``."""
+    found = []
+
+    def visit(node, func: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if isinstance(child, ast.Call):
+                f = child.func
+                if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) == cls:
+                    found.append((func, ast.unparse(child.args[0]) if child.args else ""))
+            visit(child, name)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return found
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_readers_read_through_the_reader_and_construct_no_writer(name):
+    path = REPO / name
+    writers = [c for c in _constructions(path, "RunDir") if (name, *c) not in WRITES_ITS_OWN]
+    assert not writers, f"{name} constructs RunDir (read through RunReader): {writers}"
+    assert _constructions(path, "RunReader"), f"{name} does not read through RunReader"
+
+
+def test_the_construction_scan_sees_calls_inside_functions(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import x\n\ndef f(a):\n    r = x.RunDir(a)\n    return RunDir(a / 'b')\n")
+    assert _constructions(src, "RunDir") == [("f", "a"), ("f", "a / 'b'")]

@@ -1,4 +1,4 @@
-"""Schema cell order, cenrace order and marginal queries (facts file sections 1.1-1.3)."""
+"""Schema cell order, cenrace order and marginal queries (DAS-2020 `schemamaker.py`, `cenrace.py`, `querybase.py`)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -2,9 +2,9 @@
 
 On Rhode Island 2010 the State -> County parent (1M persons, 5 counties) needed failsafe step 1:
 Clarabel reported "DualInfeasible" for an L2 pass, which a QP with a diagonal PSD objective cannot be.
-Cause: the hhgq upper bounds 99999 x units (facts 2.3) reach 1e10 while the tau bands are ~1e-3 wide
-in scaled units. Fixes (solvers/layout.py, solvers/backends.py): inequalities that cannot bind given
-the parent are left out of the model, and a dual-infeasibility verdict on such a QP is re-solved with
+Cause: the hhgq upper bounds 99999 x units (DAS-2020 `calculateRightHandSideHhgqTotal`) reach 1e10 while the
+tau bands are ~1e-3 wide in scaled units. Fixes (solvers/layout.py, solvers/backends.py): inequalities that
+cannot bind given the parent are left out of the model, and a dual-infeasibility verdict on such a QP is re-solved with
 strict infeasibility tolerances. ``dense_parent`` below failed (failsafe, for seed 4 exhausted) before.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ ROUNDER_PASSES = [["total"], ["hhgq", "hhgq * hispanic", "hhgq * hispanic * cenr
 
 
 def random_truth(rng: np.random.Generator, k: int, n_cells: int, people: int) -> np.ndarray:
-    """k child histograms on a few person cells; no minors in nursing facilities (facts 2.4)."""
+    """k child histograms on a few person cells; no minors in nursing facilities (`nurse_nva_0`)."""
     hh, va, _, _ = PERSONS.unravel(np.arange(PERSONS.ncells))
     allowed = np.flatnonzero(~((hh == 3) & (va == 0)))
     cells = rng.choice(allowed, n_cells, replace=False)
@@ -41,7 +41,8 @@ def random_truth(rng: np.random.Generator, k: int, n_cells: int, people: int) ->
 
 
 def invariant_constraints(rng: np.random.Generator, truth: np.ndarray) -> list[Constraint]:
-    """hhgq_total_lb/ub (facts 2.3, no state total) from synthetic facility counts, and nurse_nva_0."""
+    """hhgq_total_lb/ub (DAS-2020 `calculateRightHandSideHhgqTotal`, no state total) from synthetic facility
+    counts, and nurse_nva_0."""
     per_type = build_query(PERSONS, "hhgq").answer(truth)
     facilities = np.where(per_type > 0, np.minimum(per_type, rng.integers(1, 3, per_type.shape)), 0)
     facilities[:, 0] = per_type[:, 0] > 0
@@ -260,7 +261,7 @@ def _marginal_over_hhgq(hist: np.ndarray) -> np.ndarray:
 
 def test_failsafe_relaxes_the_parent_before_any_edit_constraint():
     """The parent moves the persons of a GQ type into households: the children cannot meet their GQ lower
-    bounds under the exact parent. Relaxing the parent along hhgq (facts 4.8) is enough and comes first:
+    bounds under the exact parent. Relaxing the parent along hhgq (DESIGN.md item 8) is enough and comes first:
     every edit constraint holds exactly (relaxing the bound instead would also have been feasible)."""
     rng = np.random.default_rng(3)
     truth = random_truth(rng, k=3, n_cells=12, people=20)
@@ -325,7 +326,7 @@ def test_failsafe_exhausted_raises():
                            Constraint("also_total", "total", "==", np.array([[12.0]]))]
     with pytest.raises(FailsafeExhausted, match="parent 'parent'") as exc:
         solve_parent(problem)
-    assert "relax" not in str(exc.value)  # at the root only the exact problem is tried (facts 4.8)
+    assert "relax" not in str(exc.value)  # at the root only the exact problem is tried (DESIGN.md item 8)
 
 
 def test_failsafe_exhausted_exits_with_the_estimation_code(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""End to end with the AIAN and optimized spines (facts 2.6, 6.3-6.5) on real 2020 Rhode Island blocks.
+"""End to end with the AIAN and optimized spines (DESIGN.md items 5 and 13; Abowd et al. 2022, sections
+7.4-7.5) on real 2020 Rhode Island blocks.
 
 The input is synthetic (``write_synthetic``) with its block GEOIDs remapped onto real 2020 RI blocks
 from the block assignment files: tract 44009051101 and one block of 44009051102 hold the 25 blocks of
@@ -118,7 +119,7 @@ def test_run_completes_and_verifies(spine_run):
     kind, run_dir, _ = spine_run
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["spine"] == kind
-    assert manifest["failsafe"] == []  # the US -> State group total (facts 2.6) needs no relaxation
+    assert manifest["failsafe"] == []  # the US -> State group total (DESIGN.md item 5) needs no relaxation
     report = verify_run(run_dir)
     assert report.ok, report.failures
 

@@ -12,8 +12,9 @@ so the level loop (engine.py) and the task (tasks.py) are the same for a run and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 import pyarrow.dataset as ds
@@ -24,8 +25,19 @@ from ..privacy.measure import MEASUREMENT_PARQUET, NodeMeasurements, from_table,
 from ..execution.rundir import write_table
 from topdown.vocab.schema import SCHEMAS
 
-if TYPE_CHECKING:
-    from ..execution.tasks import Chunk
+
+class Chunk(Protocol):
+    """What a source reads of a chunk (``execution.tasks.Chunk``; named here so that no import cycle forms)."""
+
+    product: str
+    cfg: Any  # ProductConfig
+    level: str
+    children: list[str]
+    child_plb: list[Fraction]
+    child_hist: Any  # scipy CSR of the true child histograms, or None when reprocessing
+    mode: str
+    seed: int | None
+    measurements_path: str | None
 
 
 class MeasurementSource:

@@ -11,7 +11,7 @@ Writes (into ``out``)::
     summary.parquet         run, seed, product, level, query, n, n_answers, mean_abs_error (paper Tables 9-10:
                             per-geounit L1 averaged over geounits), mean_abs_cell_error, median_abs_error,
                             max_abs_error, signed residual quantiles q0.005..q0.995 over all answers
-    errors_by_bin.parquet   TOTAL error by true-population bin per level (facts 8; paper Tables 11-12)
+    errors_by_bin.parquet   TOTAL error by true-population bin per level (DAS-2020 accuracy_metrics; paper Tables 11-12)
     blau.parquet            TOTAL error by Blau-index quintile per level (paper Table 13)
     homogeneity.parquet     TOTAL bias by homogeneity index per level (Petti & Flaxman 2020, Figure 3)
     entities.parquet        off-spine entities: TOTAL error and largest-group share within 5 points, by bin
@@ -53,9 +53,9 @@ from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
 
-#: Blau index cells: hispanic x majorRaces, 14 cells (facts 8).
+#: Blau index cells: hispanic x majorRaces, 14 cells (DAS-2020 accuracy_metrics.py).
 BLAU_QUERY = "hispanic * majorRaces"
-#: Largest-group share query for off-spine entities (facts 8, "L1 relative").
+#: Largest-group share query for off-spine entities (DAS-2020 accuracy_metrics.py, "L1 relative").
 SHARE_QUERY = "hispanic * cenrace_7lev_two_comb"
 SAMPLING_RATES: tuple[float, ...] = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
 #: Petti & Flaxman's total count (TC) and age/race/ethnicity stratified count (SC).
@@ -281,7 +281,7 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
     for product in view.manifest.products:
         if product not in truth.blocks:
             continue
-        person_metrics = product == PERSONS.name  # metrics defined on person records (facts 8)
+        person_metrics = product == PERSONS.name  # metrics defined on person records (metrics.py)
         extra = opts.sampling_queries if person_metrics else ()
         queries = list(dict.fromkeys(["total", *opts.queries.get(product, ("total",)), *extra, *opts.replicate_queries]))
         for level in view.levels:

@@ -2,12 +2,16 @@
 
 Conventions. The *error* (residual) of an estimate is ``protected - true`` (paper section 9, Table 12: empty
 blocks have positive median error; Petti & Flaxman 2020 "DP count minus precise count"). The Bureau's
-``accuracy_metrics.py`` reports quantiles of ``true - protected`` (facts 8), i.e. the mirror image.
+``accuracy_metrics.py`` reports quantiles of ``true - protected``, i.e. the mirror image.
 Quantiles use the inverted-CDF definition (the smallest observed value whose CDF reaches q), so they are
 observed errors, as in the paper's Tables 11-12.
 
-Sources: facts file section 8 (bins, quantiles, Blau index, largest-share error); TopDown paper (seed 003)
-section 9, Tables 9-13; Petti & Flaxman 2020 (seed 001) and Flaxman 2019 (seed 004): homogeneity index,
+Sources: the Bureau's ``source/programs/metrics/accuracy_metrics.py`` in GitHub
+uscensusbureau/DAS_2020_Redistricting_Production_Code ("DAS-2020"; bins, quantiles, Blau index,
+largest-share error); Abowd et al. (2022), "The 2020 Census Disclosure Avoidance System TopDown
+Algorithm" ("the paper"), section 9, Tables 9-13; Petti & Flaxman (2020), "Differential privacy in the
+2020 US census: what will it do?" (Gates Open Research 3:1722) and Flaxman (2019), "Empirical
+quantification of privacy loss with examples relevant to the 2020 US Census": homogeneity index,
 empirical privacy loss, simple-random-sampling baselines.
 """
 from __future__ import annotations
@@ -21,19 +25,19 @@ from scipy.special import logsumexp
 
 from topdown.vocab.queries import Query
 
-#: Signed-error quantiles reported per bin (facts 8; paper Tables 11-12).
+#: Signed-error quantiles reported per bin (DAS-2020 accuracy_metrics.py; paper Tables 11-12).
 QUANTILES: tuple[float, ...] = (0.005, 0.025, 0.05, 0.25, 0.5, 0.75, 0.95, 0.975, 0.995)
 
-#: Left edges of true-population bins [edge_i, edge_{i+1}); the last bin is open (facts 8).
+#: Left edges of true-population bins [edge_i, edge_{i+1}); the last bin is open (DAS-2020 accuracy_metrics.py).
 BLOCK_BINS: tuple[int, ...] = (0, 1, 10, 100, 1000)  # 0, 1-9, 10-99, 100-999, 1000+
 COUNTY_BINS: tuple[int, ...] = (0, 1001, 10000, 100000, 1000000)  # <=1000, 1001-9999, ..., >999999
-#: Off-spine entity bins: the AIAN-area bins of facts 8 (0-99, 100-999, 1000-9999, 10000+).
+#: Off-spine entity bins: the AIAN-area bins of DAS-2020 accuracy_metrics.py (0-99, 100-999, 1000-9999, 10000+).
 ENTITY_BINS: tuple[int, ...] = (0, 100, 1000, 10000)
 
 #: Statistics over fewer geounits than this are suppressed (issue 13 item 6): evaluate.suppress_small, the report.
 MIN_NODES = 3
 
-#: Largest-share tolerance: 5 percentage points (facts 8, "L1 relative", share <= 0.05).
+#: Largest-share tolerance: 5 percentage points (DAS-2020 "L1 relative", share <= 0.05).
 SHARE_TOLERANCE = 0.05
 
 
@@ -97,7 +101,7 @@ def quantile_column(q: float) -> str:
 
 def errors_by_bin(true: np.ndarray, err: np.ndarray, edges: Sequence[int], qs: Sequence[float] = QUANTILES
                   ) -> pd.DataFrame:
-    """Error distribution of one query answer per geounit, by true-count bin (facts 8; paper Tables 11-12).
+    """Error distribution of one query answer per geounit, by true-count bin (DAS-2020; paper Tables 11-12).
 
     One row per bin (all bins, empty ones with n = 0) and a final row ``bin = "all"``.
     """
@@ -195,7 +199,7 @@ def nonzero_cells(hist: SparseHist) -> np.ndarray:
     return np.bincount(keys // (2**31), minlength=hist.n_units)
 
 
-# -- Blau index (facts 8 `print_blau_quintile_errors`; paper Table 13) ------------------------------
+# -- Blau index (DAS-2020 `print_blau_quintile_errors`; paper Table 13) -----------------------------
 
 def blau_index(counts: np.ndarray) -> np.ndarray:
     """Blau diversity 1 - sum_i n_i^2 / N^2 per row of ``counts[units, groups]``; NaN where N = 0."""
@@ -249,7 +253,7 @@ def bias_by_homogeneity(index: np.ndarray, err: np.ndarray) -> pd.DataFrame:
     return out.reset_index()
 
 
-# -- largest-group share (facts 8 "L1 relative") ------------------------------------------------------
+# -- largest-group share (DAS-2020 "L1 relative") -----------------------------------------------------
 
 def largest_share_error(est: np.ndarray, true: np.ndarray) -> np.ndarray:
     """Per geounit |est_k / est_total - true_k / true_total| where k is the answer LARGEST in the protected

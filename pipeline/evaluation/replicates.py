@@ -73,7 +73,6 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
                scheduler: str | None = None, workers: int | None = None) -> dict:
     """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
     from ..configuration.config import ConfigError
-    from ..execution.rundir import RunReader
     from ..execution.runner import dask_client, run as run_topdown
 
     run, out = Path(run), Path(out)

@@ -51,7 +51,7 @@ from ..inputs.validate import InputError
 from .levels import level_constraints, published_units
 from .progress import track
 from ..products import PRODUCTS
-from .rundir import MEASURED, RunDir, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
+from .rundir import MEASURED, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
 from topdown.vocab.schema import SCHEMAS
 
 FORMAT = "topdown-nmf/1"
@@ -116,7 +116,6 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     config = reader.config()
     check_out(out_dir, "the noisy measurement file (an earlier one is not replaced)", lambda _: False)
     reader.check_sums(MEASURED, "writing the noisy measurement file")
-    rundir = RunDir(run_dir)
     spine = reader.spine()
     cert = reader.certificate().data
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
@@ -127,7 +126,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
         for product in config.run.products:
             cfg = config.product(product)
             schema = SCHEMAS[product]
-            inv_path = run_dir / "invariants" / f"{product}.parquet"
+            inv_path = reader.invariants(product)
             units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
             # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
             units = [u.assign(occupied=np.nan) for u in units]
@@ -137,7 +136,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
                 base = tmp / product / f"{lv}.parquet"
                 shares = node_shares(spine, cfg.budget, lv)
                 qshares = cfg.budget.queries.get(lv, {})
-                parts = sorted(rundir.measurements(product, lv).glob("part-*.parquet"))
+                parts = sorted(reader.measurements(product, lv).glob("part-*.parquet"))
                 (base / "DPQuery").mkdir(parents=True, exist_ok=True)
                 for i, part in enumerate(parts):
                     long = pq.read_table(part).to_pandas()

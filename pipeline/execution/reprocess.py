@@ -85,7 +85,7 @@ def apply_changes(config: Config, changes: str | Path) -> Config:
     return config_from_dict(_deep_merge(config.model_dump(mode="json"), read_toml(path)), source=str(path))
 
 
-def read_invariants(src: RunDir, product: str) -> pd.DataFrame:
+def read_invariants(src: RunReader, product: str) -> pd.DataFrame:
     """The published invariants of ``product``. The units MDF needs the block GQ-facility counts, which runs
     before config.json published with the persons invariants only; they are taken from there."""
     inv = pd.read_parquet(src.invariants(product))
@@ -111,7 +111,7 @@ def tree_sha256(root: Path) -> str:
     return h.hexdigest()
 
 
-def source_hashes(src: RunDir) -> dict[str, str]:
+def source_hashes(src: RunReader) -> dict[str, str]:
     """The SHA-256 of everything a reprocessing reads from ``src`` (its "input")."""
     names = [n for n in MEASURED if n != "certificate.json"]
     return {name: tree_sha256(src.root / name) for name in names if (src.root / name).exists()}
@@ -274,7 +274,7 @@ def identity(source: str | Path, changes: str | Path | None = None, spine: str |
     if is_nmf(source):
         return load_config(changes).digest(), nmf_hashes(Path(source), Path(spine))
     before = RunReader(source).config()
-    return (apply_changes(before, changes) if changes else before).digest(), source_hashes(RunDir(source))
+    return (apply_changes(before, changes) if changes else before).digest(), source_hashes(RunReader(source))
 
 
 def reprocess(

@@ -3,12 +3,14 @@
 zCDP (discrete Gaussian, 2020 production): a query q at a node with geolevel budget share PLB gets
 rho_q = qprop * PLB * rho_total and noise N_Z(0, sigma2), sigma2 = 1 / rho_q. Every query is a marginal
 (each cell counted by exactly one answer), so changing one record moves at most two answers by one:
-squared L2 sensitivity 2 under bounded neighbours, and 2 / (2 sigma2) = rho_q (facts file section 3.2;
-seed 003 Appendix B, Theorem 2). Composition over the queries of a node and over the nodes on a block's
+squared L2 sensitivity 2 under bounded neighbours, and 2 / (2 sigma2) = rho_q (the Bureau's
+``source/programs/engine/curve.py`` in GitHub uscensusbureau/DAS_2020_Redistricting_Production_Code;
+Abowd et al. 2022, Appendix B, Theorem 2). Composition over the queries of a node and over the nodes on a block's
 path sums to rho_total when the proportions sum to one (Theorem 2, conditions 3 and 4).
 
 Pure DP (geometric, 2018 End-to-End): epsilon_q = qprop * PLB * epsilon_total with L1 sensitivity 2
-(bounded neighbours; facts section 10.1), noise ~ exp(-epsilon_q |y| / 2).
+(bounded neighbours; uscensusbureau/census2020-das-e2e ``programs/engine/primitives.py``), noise ~
+exp(-epsilon_q |y| / 2).
 
 Both are one computation on the typed total (``budget.py``): a query's budget is ``total * (qprop * PLB)``.
 """
@@ -31,7 +33,7 @@ from topdown.vocab.schema import Schema
 
 def check_budget(budget: BudgetConfig, levels: list[str], schema: Schema, where: str = "budget") -> None:
     """Raise :class:`ConfigError` naming the offending entry unless ``budget`` is a valid strategy for
-    ``levels`` on ``schema`` (facts file section 3.4; Theorem 2 conditions 1-3)."""
+    ``levels`` on ``schema`` (the Bureau's ``source/programs/engine/budget.py``; Theorem 2 conditions 1-3)."""
     known = set(levels)
     for section, keys in (("levels", budget.levels), ("queries", budget.queries)):
         for level in keys:

@@ -5,7 +5,8 @@ FROM to block TO (a bounded neighbour: one record changed). For every node on th
 every audited query, the count of the answer that holds the moved person is recorded; for each threshold
 event {error >= k} and its complement, where error = output - (true count in D), the frequencies in the
 two samples give a log-ratio, and Clopper-Pearson bounds give a lower confidence bound on it (Ding et al.
-2018; Flaxman 2019, seed 004, "direct estimate"). The largest lower bound over the events is a lower
+2018; Flaxman 2019, "Empirical quantification of privacy loss
+with examples relevant to the 2020 US Census", "direct estimate"). The largest lower bound over the events is a lower
 confidence bound on the privacy loss that this count shows; it can never prove more than the truth.
 
 Runs are cheap because only what the audited counts depend on is computed: a node's estimate depends on

@@ -2,7 +2,8 @@
 
 ``certificate(config)`` is a JSON-ready dict (written as ``certificate.json``); ``render_certificate``
 prints it as text tables. Exact quantities are fraction strings ("p/q"); floats are for reading only.
-The composition argument is seed 003 Appendix B, Theorem 2: per-query proportions of every level sum to 1
+The composition argument is Abowd et al. 2022 ("The 2020 Census Disclosure Avoidance System TopDown
+Algorithm"), Appendix B, Theorem 2: per-query proportions of every level sum to 1
 (checked by :func:`check_budget`) and the node shares on every block's path sum to 1
 (:func:`check_path_condition`, for spines that move budget between levels by bypassing).
 """

@@ -1,4 +1,4 @@
-"""Noisy measurements of every configured query at a set of nodes (DESIGN.md section 3, step 5).
+"""Noisy measurements of every configured query at a set of nodes (DESIGN.md, the map: measure, per level).
 
 Noise for (node, query) is drawn from a stream keyed by (run seed, product, level, node geocode, query)
 (``rng.noise_key``), so the answers do not depend on how nodes are grouped into tasks or on the number of

@@ -3,12 +3,15 @@
 Distributions (all budgets are exact ``Fraction``s; no float ever decides an outcome on its own):
 
 * ``discrete_gaussian(source, sigma2, size)``: P(Y = y) proportional to exp(-y^2 / (2 sigma2)), y in Z
-  (Canonne, Kamath & Steinke 2020, "CKS", Algorithm 3; facts file section 5.1). With t = floor(sigma)+1,
-  draw Y from the discrete Laplace distribution P(Y = y) ~ exp(-|y|/t) and accept it with probability
+  (Canonne, Kamath & Steinke 2020, "CKS", Algorithm 3; as the Bureau's
+  ``source/programs/engine/discrete_gaussian_utility.py``, GitHub
+  uscensusbureau/DAS_2020_Redistricting_Production_Code). With t = floor(sigma)+1, draw Y from the discrete
+  Laplace distribution P(Y = y) ~ exp(-|y|/t) and accept it with probability
   exp(-gamma(Y)), gamma(y) = (|y| - sigma2/t)^2 / (2 sigma2) = (|y| t d - n)^2 / (2 t^2 d n) for
   sigma2 = n/d. Accepted values are exactly discrete-Gaussian (CKS section 5).
 * ``geometric(source, epsilon, sensitivity, size)``: the two-sided geometric (discrete Laplace)
-  distribution P(Y = y) ~ q^|y|, q = exp(-epsilon/sensitivity) (facts section 5.4, seed 000).
+  distribution P(Y = y) ~ q^|y|, q = exp(-epsilon/sensitivity) (the Bureau's ``primitives.py``,
+  ``RationalGeometricMechanism``; the 2018 End-to-End test, Petti & Flaxman 2019).
 
 Discrete Laplace with ratio q = exp(-lam) (lam rational) is drawn by inversion: for a uniform real V in
 [0, 1), X = max{x >= 0 : V < q^x} has P(X >= x) = q^x, i.e. P(X = x) = (1 - q) q^x; a fair sign bit B
@@ -332,7 +335,8 @@ def geometric(source: RandomSource, epsilon: Fraction, sensitivity: int, size: i
 
 def discrete_gaussian_variance(sigma2: Fraction) -> float:
     """Variance of N_Z(0, sigma2): sum n^2 e^(-n^2/2s2) / sum e^(-n^2/2s2) over |n| <= 50 sigma, and
-    sigma2 itself above 100 where the two agree to double precision (facts file section 3.2)."""
+    sigma2 itself above 100 where the two agree to double precision (the Bureau's ``primitives.py``,
+    ``computeDiscreteGaussianVariance``)."""
     sigma2 = _as_fraction(sigma2, "sigma2")
     s2 = float(sigma2)
     if s2 > 100:

@@ -9,12 +9,11 @@ everything the directory held.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .certificate import draw_summary
 from ..configuration.config import Config
-from ..execution.rundir import RunDir, RunDirError
+from ..execution.rundir import RunDir, RunDirError, RunReader
 
 
 class SecondRelease(RunDirError):
@@ -25,12 +24,11 @@ def _levels_text(levels: dict[str, list[str]]) -> str:
     return "; ".join(f"{product}: {', '.join(lv)}" for product, lv in levels.items())
 
 
-def _old_certificate(rundir: RunDir) -> dict[str, Any] | None:
+def _old_certificate(reader: RunReader) -> dict[str, Any] | None:
     try:
-        cert = json.loads((rundir.root / "certificate.json").read_text())
-    except (OSError, ValueError):
+        return reader.certificate().data
+    except RunDirError:  # missing, unreadable or of a newer version
         return None
-    return cert if isinstance(cert, dict) else None
 
 
 def prior_draws(rundir: RunDir, config: Config, manifest: dict, resume: bool, redraw: bool) -> list[dict[str, Any]]:
@@ -41,13 +39,14 @@ def prior_draws(rundir: RunDir, config: Config, manifest: dict, resume: bool, re
     measurements are in place and ``redraw`` is not set, or when it is set but the earlier draw's
     certificate is missing, so that the composition cannot be stated.
     """
-    released = rundir.measured_levels()
+    reader = RunReader(rundir.root)  # the directory's earlier outputs are read through the one reader
+    released = reader.measured_levels()
     if config.run.mode != "production":
-        return [] if not resume else list((_old_certificate(rundir) or {}).get("draws", {}).get("prior", []))
+        return [] if not resume else list((_old_certificate(reader) or {}).get("draws", {}).get("prior", []))
     completed = manifest.get("completed", {}) if resume else {}
     again = {p: [lv for lv in levels if lv not in completed.get(p, [])] for p, levels in released.items()}
     again = {p: levels for p, levels in again.items() if levels}
-    old = _old_certificate(rundir)
+    old = _old_certificate(reader)
     history = list((old or {}).get("draws", {}).get("prior", []))
     if not again:
         return history

@@ -6,10 +6,11 @@ Two sources sit behind one interface, :class:`RandomSource`:
   the seed and the stream's key parts; the pipeline keys every stream by ``(product, level, geocode,
   query)`` (:func:`noise_key`). A node's noise therefore depends only on the run seed, the product, the
   level, the node and the query, never on the worker, partition or order in which nodes are processed
-  (DESIGN.md section 4), and two streams never share a key (domain separation: a 15-character custom
+  (DESIGN.md item 2), and two streams never share a key (domain separation: a 15-character custom
   block group code equal to a block GEOID, or the same geocode in two products, get different noise).
 * :class:`OSSource` (production mode): words from ``os.urandom``, the operating system's CSPRNG. The
-  Bureau mixed Intel RDRAND into the same kernel source (facts file section 5.2); no seed, not
+  Bureau mixed Intel RDRAND into the same kernel source (``source/programs/engine/rngs.py`` in GitHub
+  uscensusbureau/DAS_2020_Redistricting_Production_Code); no seed, not
   reproducible by design.
 
 :meth:`RandomSource.integers` draws exact uniform integers in ``[0, m)`` by rejection (no modulo bias).
