@@ -44,11 +44,19 @@ class Schema:
     dims: tuple[tuple[str, int], ...]
     recodes: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
 
+    def _key(self) -> tuple:
+        """What makes two schemas equal: name, dimensions and recodes (queries are cached by schema)."""
+        key = self.__dict__.get("_key_cache")
+        if key is None:
+            key = (self.name, self.dims, tuple(sorted(self.recodes.items())))
+            object.__setattr__(self, "_key_cache", key)
+        return key
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Schema) and (self.name, self.dims) == (other.name, other.dims)
+        return isinstance(other, Schema) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((self.name, self.dims))
+        return hash(self._key())
 
     @property
     def shape(self) -> tuple[int, ...]:

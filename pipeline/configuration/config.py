@@ -33,13 +33,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from topdown.geo.spine import BLOCK
+
+from .errors import ConfigError
 from topdown.vocab.schema import SCHEMAS
 
 INFINITE = "inf"
-
-
-class ConfigError(ValueError):
-    """A configuration file is invalid; the message names the file and the key."""
 
 
 def parse_fraction(value: Any) -> Fraction:

@@ -1,0 +1,236 @@
+"""Census declarations (issue 29, items 1, 2 and 5): the loader reads a ``[census]`` table into the typed
+objects of vocab/census.py, and refuses a bad declaration with one line naming the file, the key and the value."""
+from __future__ import annotations
+
+import copy
+import re
+from itertools import product as iproduct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topdown.pipeline.configuration.census import census_from_dict, load_census
+from topdown.pipeline.configuration.errors import ConfigError
+from topdown.vocab.census import MAX_CELLS
+from topdown.vocab.queries import build_query
+
+#: A small valid declaration: a prefix hierarchy, unit records, one product with every kind of declaration.
+SMALL = {
+    "name": "small",
+    "hierarchy": {"geocode": "geoid", "pattern": r"\d{6}", "root_code": "ALL",
+                  "levels": [{"name": "Nation"}, {"name": "Region", "width": 2}, {"name": "Leaf", "width": 6}]},
+    "units": {"types": 3},
+    "products": {"people": {
+        "evaluation_queries": ["total", "kind * age"],
+        "attributes": [{"name": "kind", "size": 3}, {"name": "age", "size": 4, "column": "age_group"},
+                       {"name": "sex", "size": 2, "values": [["F", 0], ["M", 1]]}],
+        "recodes": {"adult": {"attribute": "age", "groups": [[2, 3]]},
+                    "young_old": {"attribute": "age", "groups": [[0, 1], [3]]},
+                    "home": {"attribute": "kind", "groups": [[0]]}},
+        "invariants": {"tot": "total", "units_vect": "unit_counts"},
+        "constraints": {"total": {"query": "total", "sense": "==", "rhs": "total"},
+                        "kind_lb": {"query": "kind", "sense": ">=", "rhs": "unit_lower"},
+                        "home_occ": {"query": "home", "sense": ">=", "rhs": "occupied"},
+                        "no_child_kind2": {"zero_where": {"kind": [2], "age": [0]}}},
+        "unit_bounds": {"attribute": "kind", "min_per_unit": [0, 1, 1], "cap": [99, 99, 99]},
+    }},
+}
+
+
+def declare(**edits) -> dict:
+    """SMALL with ``edits``: dotted key (``products.people.recodes.adult.groups``) -> value (None deletes)."""
+    data = copy.deepcopy(SMALL)
+    for dotted, value in edits.items():
+        *path, last = dotted.split("__")
+        node = data
+        for k in path:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        if value is None:
+            del node[last]
+        elif isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+def test_the_small_declaration_loads():
+    census = census_from_dict(SMALL, source="small.toml")
+    assert census.name == "small" and census.hierarchy.names == ("Nation", "Region", "Leaf")
+    assert census.hierarchy.by_prefix and census.hierarchy.root_code == "ALL"
+    (people,) = census.products
+    assert people.name == "people" and people.schema.shape == (3, 4, 2)
+    assert people.attributes[1].column == "age_group" and people.attributes[2].values == (("F", 0), ("M", 1))
+    assert people.records.name == "people"
+    zero = people.constraints["no_child_kind2"]
+    assert (zero.sense, zero.rhs) == ("==", "zero")
+    q = build_query(people.schema, zero.query)
+    counted = np.flatnonzero(q.groups >= 0)
+    kind, age, _ = people.schema.unravel(counted)
+    assert q.n_answers == 1 and set(kind) == {2} and set(age) == {0} and counted.size == 2
+    assert people.total_invariant and people.unit_bounds.min_per_unit == (0, 1, 1)
+
+
+def test_a_column_hierarchy_loads():
+    census = census_from_dict(declare(hierarchy={"levels": [{"name": "Nation"}, {"name": "Region", "column": "reg"},
+                                                            {"name": "District", "column": "dist"}]}))
+    assert not census.hierarchy.by_prefix and census.hierarchy.levels[2].column == "dist"
+
+
+def _refused(data: dict, *fragments: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        census_from_dict(data, source="decl.toml")
+    msg = str(err.value)
+    assert msg.startswith("decl.toml: ") and "\n" not in msg, msg
+    for f in fragments:
+        assert f in msg, (f, msg)
+    return msg
+
+
+#: One bad declaration per case: the edit and the fragments its message must hold (key and value).
+BAD = {
+    "unknown attribute in a query": (
+        {"products__people__evaluation_queries": ["total", "kind * colour"]},
+        ("census.products.people.evaluation_queries[1]", "'colour'")),
+    "unknown attribute in a recode": (
+        {"products__people__recodes__adult": {"attribute": "agee", "groups": [[1]]}},
+        ("census.products.people.recodes.adult.attribute", "'agee'")),
+    "unknown attribute in a constraint": (
+        {"products__people__constraints__kind_lb": {"query": "knd", "sense": ">=", "rhs": "unit_lower"}},
+        ("census.products.people.constraints.kind_lb.query", "'knd'")),
+    "unknown attribute in a structural zero": (
+        {"products__people__constraints__no_child_kind2": {"zero_where": {"kind": [2], "agee": [0]}}},
+        ("census.products.people.constraints.no_child_kind2.zero_where.agee", "'agee'")),
+    "unknown attribute in unit_bounds": (
+        {"products__people__unit_bounds__attribute": "sex2"},
+        ("census.products.people.unit_bounds.attribute", "'sex2'")),
+    "recode level out of range": (
+        {"products__people__recodes__adult__groups": [[2, 4]]},
+        ("census.products.people.recodes.adult.groups[0]", "got 4", "0..3")),
+    "recode level in two groups": (
+        {"products__people__recodes__young_old__groups": [[0, 1], [1, 3]]},
+        ("census.products.people.recodes.young_old.groups[1]", "another group", "got 1")),
+    "structural zero level out of range": (
+        {"products__people__constraints__no_child_kind2": {"zero_where": {"kind": [3]}}},
+        ("census.products.people.constraints.no_child_kind2.zero_where.kind", "got 3")),
+    "query term that does not parse": (
+        {"products__people__constraints__home_occ": {"query": "home * ", "sense": ">=", "rhs": "occupied"}},
+        ("census.products.people.constraints.home_occ.query", "'home * '")),
+    "two terms on one attribute": (
+        {"products__people__evaluation_queries": ["age * adult"]},
+        ("census.products.people.evaluation_queries[0]", "two terms", "'age * adult'")),
+    "root level with a width": (
+        {"hierarchy__levels": [{"name": "Nation", "width": 1}, {"name": "Leaf", "width": 6}]},
+        ("census.hierarchy.levels[0]", "neither width nor column")),
+    "level with both width and column": (
+        {"hierarchy__levels__1": {"name": "Region", "width": 2, "column": "reg"}},
+        ("census.hierarchy.levels[1]", "exactly one of width", "'reg'")),
+    "level with neither width nor column": (
+        {"hierarchy__levels__1": {"name": "Region"}},
+        ("census.hierarchy.levels[1]", "exactly one of width", "'Region'")),
+    "widths not increasing": (
+        {"hierarchy__levels__2": {"name": "Leaf", "width": 2}},
+        ("census.hierarchy.levels[2].width", "must increase", "got 2")),
+    "width above the pattern's length": (
+        {"hierarchy__levels__2": {"name": "Leaf", "width": 7}},
+        ("census.hierarchy.levels[2].width", "pattern", "(6)", "got 7")),
+    "constraint rhs outside the vocabulary": (
+        {"products__people__constraints__total": {"query": "total", "sense": "==", "rhs": "totl"}},
+        ("census.products.people.constraints.total.rhs", "'totl'", "unit_lower")),
+    "constraint sense outside the vocabulary": (
+        {"products__people__constraints__total": {"query": "total", "sense": "=", "rhs": "total"}},
+        ("census.products.people.constraints.total.sense", "got '='")),
+    "invariant kind outside the vocabulary": (
+        {"products__people__invariants__tot": "grand_total"},
+        ("census.products.people.invariants.tot", "'grand_total'", "unit_counts")),
+    "constraint needing units without [census.units]": (
+        {"units": None, "products__people__invariants": {"tot": "total"}, "products__people__unit_bounds": None,
+         "products__people__constraints": {"home_occ": {"query": "home", "sense": ">=", "rhs": "occupied"}}},
+        ("census.products.people.constraints.home_occ.rhs", "[census.units]", "'occupied'")),
+    "invariant needing units without [census.units]": (
+        {"units": None, "products__people__unit_bounds": None, "products__people__constraints": {}},
+        ("census.products.people.invariants.units_vect", "[census.units]", "'unit_counts'")),
+    "unit_bounds list of the wrong length": (
+        {"products__people__unit_bounds__cap": [99, 99]},
+        ("census.products.people.unit_bounds.cap", "2 values", "size 3", "[99, 99]")),
+    "histogram above the cell limit": (
+        {"products__people__attributes": [{"name": "a", "size": 1000}, {"name": "b", "size": 1001}]},
+        ("census.products.people.attributes", "1,001,000 cells", f"limit of {MAX_CELLS:,} cells", "1000 x 1001")),
+    "unknown key": (
+        {"products__people__recode": {}},
+        ("census.products.people.recode", "unknown key")),
+    "unknown MDF layout": (
+        {"products__people__mdf": "dhc"},
+        ("census.products.people.mdf", "'dhc'", "generic")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_declarations_are_refused_with_the_key_and_value(case):
+    edits, fragments = BAD[case]
+    _refused(declare(**edits), *fragments)
+
+
+def test_a_bad_file_is_named(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('[census]\nname = "x"\n[census.hierarchy]\nlevels = [{ name = "A" }, { name = "B" }]\n'
+                    '[census.products.p]\nattributes = [{ name = "a", size = 0 }]\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: census.hierarchy.levels[1]: a level below the root")):
+        load_census(path)
+    path.write_text("[census\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_census(path)
+    with pytest.raises(ConfigError, match=r"no such census declaration file or preset \(presets: .*pl94"):
+        load_census(tmp_path / "absent")
+
+
+# Any declared recode, and any cross of declared terms, is the query build_query builds from the schema.
+_ATTRS = st.lists(st.integers(1, 6), min_size=1, max_size=4)
+
+
+@st.composite
+def _declared(draw):
+    sizes = draw(_ATTRS)
+    names = [f"a{i}" for i in range(len(sizes))]
+    recodes = {}
+    for j in range(draw(st.integers(0, 4))):
+        axis = draw(st.integers(0, len(sizes) - 1))
+        levels = draw(st.permutations(range(sizes[axis])))
+        kept = levels[:draw(st.integers(1, sizes[axis]))]
+        cuts = sorted(draw(st.sets(st.integers(1, max(1, len(kept) - 1)), max_size=len(kept) - 1)))
+        groups = [list(kept[a:b]) for a, b in zip([0, *cuts], [*cuts, len(kept)]) if kept[a:b]]
+        recodes[f"r{j}"] = {"attribute": names[axis], "groups": groups}
+    terms = draw(st.lists(st.sampled_from(names + list(recodes)), max_size=3))
+    return sizes, names, recodes, terms
+
+
+@settings(max_examples=60, deadline=None)
+@given(_declared())
+def test_declared_recodes_and_queries_round_trip(drawn):
+    sizes, names, recodes, terms = drawn
+    data = declare(products={"p": {"attributes": [{"name": n, "size": s} for n, s in zip(names, sizes)],
+                                   "recodes": recodes}}, units=None)
+    schema = census_from_dict(data).products[0].schema
+    assert schema.dims == tuple(zip(names, sizes))
+    for rname, spec in recodes.items():
+        assert schema.recodes[rname] == (spec["attribute"], tuple(tuple(g) for g in spec["groups"]))
+    axes = {}
+    for t in terms:
+        axis = names.index(recodes[t]["attribute"] if t in recodes else t)
+        if axis in axes:
+            return  # two terms on one axis: build_query refuses it (tested above)
+        axes[axis] = [[k] for k in range(sizes[axis])] if t in names else recodes[t]["groups"]
+    name = " * ".join(terms) if terms else "total"
+    q = build_query(schema, name)
+    # From first principles: the answer of a cell is the row-major index of its groups over the crossed axes.
+    for cell, levels in enumerate(iproduct(*(range(s) for s in sizes))):
+        index, excluded = 0, False
+        for axis in sorted(axes):
+            group = [i for i, g in enumerate(axes[axis]) if levels[axis] in g]
+            excluded |= not group
+            index = index * len(axes[axis]) + (group[0] if group else 0)
+        assert q.groups[cell] == (-1 if excluded else index)
+    assert q.n_answers == int(np.prod([len(g) for g in axes.values()]))
