@@ -290,7 +290,7 @@ def _problem(chunk, task):
     """The ParentProblem run_chunk builds for ``task`` (same measurements and settings)."""
     import numpy as np
 
-    from topdown.vocab.schema import SCHEMAS
+    from topdown.pipeline.configuration.census import SCHEMAS
     from topdown.vocab.problem import Measurement, ParentProblem
 
     measured = chunk.source.noisy(chunk)

@@ -16,7 +16,9 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
-from topdown.vocab.schema import PERSONS, UNITS, Schema
+from topdown.vocab.schema import Schema
+
+from topdown.pipeline.configuration.census import PERSONS, UNITS
 
 from .execution.invariants import (PERSON_CONSTRAINTS, PERSON_INVARIANTS, UNIT_COLUMNS, UNIT_CONSTRAINTS, UNIT_INVARIANTS,
                          ConstraintDef, LevelConstraints, person_constraints, unit_constraints)

@@ -204,7 +204,7 @@ def test_block_metadata_on_the_shards_equals_the_in_memory_levels(multi_single, 
     from topdown.geo.spine import build_spine
     from topdown.pipeline.execution.levels import build_levels
     from topdown.pipeline.inputs.tabulate import block_histograms, block_units
-    from topdown.vocab.schema import PERSONS
+    from topdown.pipeline.configuration.census import PERSONS
 
     monkeypatch.setattr(dataplane, "SHARD_BLOCKS", 300)
     config = multi_config()

@@ -234,3 +234,92 @@ def test_declared_recodes_and_queries_round_trip(drawn):
             index = index * len(axes[axis]) + (group[0] if group else 0)
         assert q.groups[cell] == (-1 if excluded else index)
     assert q.n_answers == int(np.prod([len(g) for g in axes.values()]))
+
+
+# P.L. 94-171 declared (issue 29 item 2): conf/census/pl94.toml gives the persons schema the Python code gave,
+# cell for cell. The expected values are computed here from first principles.
+def _census_race_order() -> list[tuple[int, ...]]:
+    """The 63 race combinations in Census order: 6-bit membership strings (White most significant), '1' before
+    '0', the empty one dropped, stable-sorted by the number of races."""
+    strings = [s for s in ("".join(b) for b in iproduct("10", repeat=6)) if "1" in s]
+    strings.sort(key=lambda s: s.count("1"))
+    return [tuple(int(c) for c in s) for s in strings]
+
+
+def _expected_pl94_recodes() -> dict[str, tuple[str, tuple[tuple[int, ...], ...]]]:
+    combos = _census_race_order()
+    of = lambda pred: tuple(i for i, c in enumerate(combos) if pred(c))  # noqa: E731
+    races = ("white", "black", "aian", "asian", "nhpi", "sor")
+    return {
+        "hhinstlevels": ("hhgq", ((0,), (1, 2, 3, 4), (5, 6, 7))),
+        "gqlevels": ("hhgq", tuple((k,) for k in range(1, 8))),
+        "householdTotal": ("hhgq", ((0,),)),
+        "gqTotal": ("hhgq", (tuple(range(1, 8)),)),
+        "gqNursingTotal": ("hhgq", ((3,),)),
+        "nonvoting": ("votingage", ((0,),)),
+        "voting": ("votingage", ((1,),)),
+        "majorRaces": ("cenrace", tuple((k,) for k in range(6)) + (of(lambda c: sum(c) > 1),)),
+        # White alone; Black alone or Black + White; ... SOR alone or SOR + White; everything else.
+        "cenrace_7lev_two_comb": ("cenrace", ((0,),) + tuple(
+            of(lambda c, r=r: c == tuple(int(i == r) for i in range(6)))
+            + of(lambda c, r=r: c == tuple(int(i in (0, r)) for i in range(6))) for r in range(1, 6))
+            + (tuple(i for i in range(63) if i not in (0, *range(1, 11))),)),
+        "numraces": ("cenrace", tuple(of(lambda c, k=k: sum(c) == k) for k in range(1, 7))),
+        **{f"{race}Combo": ("cenrace", (of(lambda c, r=r: c[r] == 1),)) for r, race in enumerate(races)},
+    }
+
+
+def _expected_groups(dims: list[tuple[str, int]], recodes: dict, name: str) -> np.ndarray:
+    """A query's answer per cell (-1: not counted), row-major over the dimensions, by enumeration."""
+    if name == "total":
+        return np.zeros(int(np.prod([s for _, s in dims])), dtype=np.int64)
+    if name == "detailed":
+        name = " * ".join(d for d, _ in dims)
+    factors = {}
+    for term in name.split(" * "):
+        dim, groups = recodes[term] if term in recodes else (term, tuple((k,) for k in range(dict(dims)[term])))
+        factors[dim] = groups
+    out = []
+    for levels in iproduct(*(range(s) for _, s in dims)):
+        index, excluded = 0, False
+        for (dim, _), level in zip(dims, levels):
+            if dim in factors:
+                g = [i for i, grp in enumerate(factors[dim]) if level in grp]
+                excluded |= not g
+                index = index * len(factors[dim]) + (g[0] if g else 0)
+        out.append(-1 if excluded else index)
+    return np.array(out)
+
+
+def test_pl94_declaration_is_the_old_persons_schema_cell_for_cell():
+    from topdown.pipeline.configuration.config import load_config
+
+    pl94 = load_census("pl94")
+    persons, units = pl94.products
+    dims = [("hhgq", 8), ("votingage", 2), ("hispanic", 2), ("cenrace", 63)]
+    assert list(persons.schema.dims) == dims and persons.schema.ncells == 2016
+    expected = _expected_pl94_recodes()
+    assert persons.schema.recodes == expected  # every recode's groups, in order
+    assert units.schema.dims == (("occupancy", 2),)
+    assert units.schema.recodes == {"occupied": ("occupancy", ((0,),)), "vacant": ("occupancy", ((1,),))}
+    # Every query of the production strategy (budgets and estimation passes), and the constraints' queries.
+    config = load_config("pl94_production_2021")
+    cfg = config.product("persons")
+    names = {q for level in cfg.budget.queries.values() for q in level}
+    names |= {q for passes in (*cfg.estimation.l2_passes.values(), *cfg.estimation.rounder_passes.values())
+              for group in passes for q in group}
+    names |= {c.query for c in persons.constraints.values()} | set(persons.evaluation_queries)
+    assert {"detailed", "votingage * hispanic * cenrace", "hhinstlevels"} <= names
+    for name in sorted(names):
+        got = build_query(persons.schema, name).groups
+        assert np.array_equal(got, _expected_groups(dims, expected, name)), name
+    # The declared vocabulary of the persons product (constraints and invariants).
+    assert {n: (c.query, c.sense, c.rhs) for n, c in persons.constraints.items()} == {
+        "total": ("total", "==", "total"), "hhgq_total_lb": ("hhgq", ">=", "unit_lower"),
+        "hhgq_total_ub": ("hhgq", "<=", "unit_upper"), "nurse_nva_0": ("gqNursingTotal * nonvoting", "==", "zero"),
+        "hh_lb_occupied": ("householdTotal", ">=", "occupied")}
+    assert {n: i.kind for n, i in persons.invariants.items()} == {
+        "tot": "total", "gqhh_vect": "unit_counts", "gqhh_tot": "unit_total"}
+    assert persons.unit_bounds.min_per_unit == (0,) + (1,) * 7 and persons.unit_bounds.cap == (99999,) * 8
+    assert pl94.hierarchy.names == ("US", "State", "County", "Tract", "Block_Group", "Block")
+    assert [lv.width for lv in pl94.hierarchy.levels] == [None, 2, 5, 11, 12, 15]

@@ -6,7 +6,8 @@ import numpy as np
 
 from topdown.pipeline.evaluation.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import PERSONS, Schema
+from topdown.vocab.schema import Schema
+from topdown.pipeline.configuration.census import PERSONS
 
 TOY = Schema("toy", dims=(("hhgq", 3), ("votingage", 2), ("cenrace", 3)),
              recodes={"inst": ("hhgq", ((0,), (1, 2))), "white": ("cenrace", ((0,),))})

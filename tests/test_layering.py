@@ -60,7 +60,8 @@ def test_no_module_compares_a_product_name_or_a_level_role():
     from topdown.geo.spine import BLOCK, ROOT, STATE
     from topdown.pipeline.products import PRODUCTS
 
-    definitions = {REPO / "pipeline" / "products.py", REPO / "geo" / "spine.py", REPO / "vocab" / "schema.py"}
+    definitions = {REPO / "pipeline" / "products.py", REPO / "geo" / "spine.py",
+                   REPO / "pipeline" / "configuration" / "census.py"}
     names = set(PRODUCTS) | {ROOT, STATE, BLOCK}
     files = [f for top in ("pipeline", "solvers", "geo", "vocab") for f in sorted((REPO / top).rglob("*.py"))
              if f not in definitions]

@@ -24,7 +24,7 @@ from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.privacy.measure import from_table, measure
 from topdown.pipeline.execution.reprocess import changed_keys, reprocess
 from topdown.pipeline.execution.rundir import sha256_file
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.outputs.verify import verify_run
 
 

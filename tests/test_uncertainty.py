@@ -20,7 +20,7 @@ from topdown.pipeline.execution.levels import build_levels
 from topdown.pipeline.privacy.measure import measure
 from topdown.vocab.queries import build_query
 from topdown.pipeline.execution.rundir import RunDir, write_table
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.inputs.tabulate import block_histograms, block_units
 from topdown.pipeline.evaluation.uncertainty import Z90, uncertainty
 from conftest import DATA

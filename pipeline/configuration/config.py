@@ -35,7 +35,7 @@ else:  # pragma: no cover
 from topdown.geo.spine import BLOCK
 
 from .errors import ConfigError
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 
 INFINITE = "inf"
 

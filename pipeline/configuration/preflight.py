@@ -15,7 +15,7 @@ import pandas as pd
 from .config import Config, ConfigError, waiver_hint
 from ..privacy.accounting import check_noise
 from topdown.vocab.queries import QueryError, build_query
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 from ..inputs.ingest import derived_units
 from ..inputs.validate import InputError
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from ..inputs.validate import InputError
 from ..privacy.measure import MEASUREMENT_PARQUET, NodeMeasurements, from_table, measure
 from ..execution.rundir import write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 
 if TYPE_CHECKING:
     from ..execution.tasks import Chunk

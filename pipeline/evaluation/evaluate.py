@@ -46,7 +46,7 @@ from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
+from topdown.pipeline.configuration.census import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms
 
 log = logging.getLogger("topdown")

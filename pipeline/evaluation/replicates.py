@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, SCHEMAS, UNITS
 
 from ..execution.progress import track
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table

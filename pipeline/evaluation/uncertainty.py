@@ -35,7 +35,7 @@ from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writi
 from ..products import PRODUCTS
 from ..execution.progress import gather
 from .evaluate import entities_on_spine, load_entities
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 
 log = logging.getLogger("topdown")
 

@@ -37,7 +37,7 @@ from topdown.geo.spine import is_sorted, sorted_factorize
 from .levels import holding, node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
+from topdown.pipeline.configuration.census import PERSONS, SCHEMAS
 from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET

@@ -27,7 +27,7 @@ from ..configuration.config import Config
 from .levels import Level, holding
 from .progress import reporter
 from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_json_atomic, write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunk
 from .tasks import Chunk, ChunkResult, ParentTask, windowed

@@ -52,7 +52,7 @@ from .levels import level_constraints, published_units
 from .progress import track
 from ..products import PRODUCTS
 from .rundir import MEASURED, RunDir, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 
 FORMAT = "topdown-nmf/1"
 SIGNS = {"==": "=", "<=": "<=", ">=": ">="}

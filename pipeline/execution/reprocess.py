@@ -30,7 +30,7 @@ from topdown.geo.spine import Spine
 from ..configuration.config import (Config, ConfigError, _deep_merge, config_from_dict, differing_keys, load_config,
                                     read_toml, resolve_config_path)
 from .engine import ProgressFn
-from topdown.vocab.schema import PERSONS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, UNITS
 
 from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE

@@ -45,7 +45,7 @@ from ..products import PRODUCTS
 from .private_files import private_dir
 from .rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, check_out, is_run_dir, sha256_file,
                      write_json_atomic, write_table)
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
 

@@ -18,7 +18,7 @@ from topdown.vocab.problem import Constraint, FailsafeStep, GroupTotal, Measurem
 
 from ..configuration.config import ProductConfig
 from .rundir import sha256_file
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 from ..configuration.sources import DRAW, MeasurementSource
 
 

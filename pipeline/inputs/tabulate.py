@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from topdown.vocab.schema import N_UNIT_TYPES, PERSONS, UNITS, Schema
+from topdown.vocab.schema import Schema
+
+from topdown.pipeline.configuration.census import N_UNIT_TYPES, PERSONS, UNITS
 
 
 def _sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:

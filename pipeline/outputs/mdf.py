@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 
 #: MDF person columns (facts 7.2), all strings as in the Census MDF.
 PERSON_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",

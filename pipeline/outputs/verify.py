@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from topdown.geo.spine import STATE
-from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, SCHEMAS, UNITS
 
 from ..execution.invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf

@@ -48,7 +48,7 @@ from ..execution.progress import gather
 from topdown.vocab.queries import build_query
 from ..execution.private_files import private_dir, seal
 from ..execution.rundir import check_out, write_json_atomic, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
+from topdown.pipeline.configuration.census import PERSONS, SCHEMAS
 from ..inputs.tabulate import block_histograms, block_units
 from ..execution.tasks import run_chunk
 from ..inputs.validate import validate_input

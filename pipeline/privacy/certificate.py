@@ -17,7 +17,7 @@ from .accounting import (NEIGHBOURS, allocate, check_budget, check_noise, epsilo
 from ..configuration.config import Config, ConfigError, ProductConfig
 from ..products import PRODUCTS
 from ..execution.rundir import SCHEMA_VERSION
-from topdown.vocab.schema import SCHEMAS
+from topdown.pipeline.configuration.census import SCHEMAS
 
 #: The deltas of the reported epsilon-delta curve.
 CURVE_DELTAS = tuple(10.0 ** -k for k in range(6, 15))
