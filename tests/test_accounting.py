@@ -140,7 +140,7 @@ def test_presets_load_and_pass_budget_checks(name: str) -> None:
 
 def test_production_preset_matches_the_facts() -> None:
     config = load_config("pl94_production_2021")
-    b = config.persons.budget
+    b = config.product("persons").budget
     assert b.rho == PRODUCTION_RHO and config.run.products == ["persons", "units"]
     total = sum((allocate(b, lv, q).rho for lv in b.levels for q in b.queries[lv]), Fraction(0))
     assert total == PRODUCTION_RHO                                               # facts section 3.3 sanity
@@ -153,20 +153,20 @@ def test_production_preset_matches_the_facts() -> None:
     assert sigma2[("Block", "total")] == pytest.approx(7963, abs=1)
     assert sigma2[("Tract", "hispanic * cenrace")] == pytest.approx(4.953, abs=1e-3)
     assert sigma2[("Block_Group", "detailed")] == pytest.approx(4.063, abs=1e-3)
-    assert config.persons.invariants == {"State": ["tot"], "Block": ["gqhh_vect", "gqhh_tot"]}
-    assert config.persons.constraints["Block"] == ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"]
-    u = config.units
+    assert config.product("persons").invariants == {"State": ["tot"], "Block": ["gqhh_vect", "gqhh_tot"]}
+    assert config.product("persons").constraints["Block"] == ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"]
+    u = config.product("units")
     assert u.budget.rho == Fraction(3379, 12343) ** 2 and u.invariants == {"Block": ["hu_tot"]}
     assert u.budget.levels["County"] == Fraction(7, 82) and u.budget.levels["Tract"] == Fraction(364, 1025)
 
 
 def test_e2e_preset_is_pure_dp_geometric() -> None:
     config = load_config("e2e_1940")
-    b = config.persons.budget
+    b = config.product("persons").budget
     assert (b.mechanism, b.epsilon, config.run.products) == ("geometric", Fraction(1, 4), ["persons"])
     a = allocate(b, "County", "votingage * hispanic * cenrace")
     assert a.epsilon == Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40) and a.sensitivity == 2
-    assert "hh_lb_occupied" in config.persons.constraints["Block"]
+    assert "hh_lb_occupied" in config.product("persons").constraints["Block"]
 
 
 # ----------------------------------------------------------------------------------------- certificate

@@ -323,3 +323,89 @@ def test_pl94_declaration_is_the_old_persons_schema_cell_for_cell():
     assert persons.unit_bounds.min_per_unit == (0,) + (1,) * 7 and persons.unit_bounds.cap == (99999,) * 8
     assert pl94.hierarchy.names == ("US", "State", "County", "Tract", "Block_Group", "Block")
     assert [lv.width for lv in pl94.hierarchy.levels] == [None, 2, 5, 11, 12, 15]
+
+
+# A run configuration selects its census (issue 29 item 3): [run] census = preset or file, or inline tables.
+PL94_TEXT = (Path(__file__).resolve().parents[1] / "conf" / "census" / "pl94.toml").read_text()
+
+
+def test_the_default_census_leaves_config_json_unchanged(tmp_path):
+    from topdown.pipeline.configuration.config import config_from_dict, load_config, read_toml
+
+    default = load_config("demo")
+    assert default.census.name == "pl94" and [p.name for p in default.census.products] == ["persons", "units"]
+    dumped = default.model_dump(mode="json")
+    assert list(dumped) == ["run", "persons", "units"] and "census" not in dumped["run"]
+    named = tmp_path / "named.toml"
+    named.write_text('include = "demo.toml"\n[run]\ncensus = "pl94"\n')
+    assert load_config(named).digest() == default.digest()
+    # A census file elsewhere is part of the configuration (and of its hash), and survives a round trip.
+    (tmp_path / "mine.toml").write_text(PL94_TEXT.replace('name = "pl94"', 'name = "mine"'))
+    mine = tmp_path / "run.toml"
+    mine.write_text('include = "demo.toml"\n[run]\ncensus = "mine.toml"\n')
+    config = load_config(mine)
+    assert config.census.name == "mine" and config.model_dump(mode="json")["run"]["census"] == "mine.toml"
+    assert config.digest() != default.digest()
+    # Inline [census] tables: the configuration's JSON holds them, and validates again from it.
+    inline = tmp_path / "inline.toml"
+    inline.write_text('include = "demo.toml"\n' + PL94_TEXT.replace('name = "pl94"', 'name = "inline"'))
+    config = load_config(inline)
+    assert config.census.name == "inline" and config.model_dump(mode="json")["census"]["name"] == "inline"
+    again = config_from_dict(config.model_dump(mode="json"), source="again")
+    assert again.census.name == "inline" and again.digest() == config.digest()
+    assert config.product("persons") == default.product("persons")
+    data = read_toml(inline)
+    data["run"]["census"] = "pl94"
+    with pytest.raises(ConfigError, match="declare the census one way"):
+        config_from_dict(data, source="both.toml")
+
+
+@pytest.mark.parametrize("toml, fragments", [
+    ('[run]\nproducts = ["persons", "households"]\n', ("run.products", "'households'", "census 'pl94'")),
+    ('[households.budget]\nrho = "1"\n', ("[households]", "not a product of census 'pl94'")),
+    ('[persons.invariants]\nCounty = ["tot", "population"]\n', ("[persons.invariants].County", "'population'")),
+    ('[persons.constraints]\nDistrict = ["total"]\n', ("[persons.constraints]", "'District'", "Block_Group")),
+    ('[persons.estimation.l2_passes]\nDistrict = [["total"]]\n', ("persons.estimation.l2_passes.District",
+                                                                   "unknown level")),
+    ('[run]\ncensus = "no_such_census"\n', ("no_such_census", "no such census declaration", "pl94")),
+])
+def test_configurations_are_checked_against_their_census(tmp_path, toml, fragments):
+    from topdown.pipeline.configuration.config import load_config
+
+    path = tmp_path / "bad.toml"
+    path.write_text('include = "demo.toml"\n' + toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "\n" not in str(err.value)
+    for f in fragments:
+        assert f in str(err.value), (f, str(err.value))
+
+
+@pytest.mark.parametrize("setup, fragments", [
+    # a census file named by [run] census
+    (lambda: ('[run]\ncensus = "decl.toml"\n',
+              PL94_TEXT.replace('gqNursingTotal = { attribute = "hhgq", groups = [[3]] }',
+                                'gqNursingTotal = { attribute = "hhgq", groups = [[8]] }')),
+     ("decl.toml", "census.products.persons.recodes.gqNursingTotal.groups[0]", "got 8", "0..7")),
+    (lambda: ('[run]\ncensus = "decl.toml"\n',
+              PL94_TEXT.replace('query = "gqNursingTotal * nonvoting"', 'query = "gqNursingTotal * nonvotign"')),
+     ("decl.toml", "census.products.persons.constraints.nurse_nva_0.query", "'nonvotign'")),
+    # inline [census] tables
+    (lambda: (PL94_TEXT + '[[census.products.persons.attributes]]\nname = "age"\nsize = 500\n', None),
+     ("bad.toml", "census.products.persons.attributes", "1,008,000 cells", "limit of 1,000,000 cells")),
+    (lambda: (PL94_TEXT.replace('{ name = "Tract", width = 11 }', '{ name = "Tract", width = 11, column = "t" }'),
+              None),
+     ("bad.toml", "census.hierarchy.levels[3]", "exactly one of width", "'t'")),
+])
+def test_bad_declarations_through_topdown_run(tmp_path, setup, fragments):
+    from cli_subprocess import assert_clean_failure, snapshot, topdown
+
+    toml, decl = setup()
+    if decl is not None:
+        (tmp_path / "decl.toml").write_text(decl)
+    (tmp_path / "bad.toml").write_text('include = "demo.toml"\n' + toml)
+    before = snapshot(tmp_path)
+    outcome = topdown("run", "bad.toml", "--out", "run", "--input", "no-input", "--workers", "1", "--quiet",
+                      cwd=tmp_path, timeout=120)
+    assert_clean_failure(outcome, 2, *fragments)
+    assert snapshot(tmp_path) == before  # nothing written

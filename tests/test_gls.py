@@ -89,7 +89,7 @@ def test_two_pass_gls_equals_brute_force():
 def test_person_histogram_is_eight_blocks_of_eight():
     from topdown.pipeline.configuration.config import load_config
 
-    queries = tuple(load_config("demo").persons.budget.queries["Block"])
+    queries = tuple(load_config("demo").product("persons").budget.queries["Block"])
     alg = KronAlgebra(PERSONS, queries)
     assert (alg.n_classes, alg.d) == (8, 8)
     p = alg.precision(np.ones(len(queries)))

@@ -91,21 +91,6 @@ def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: st
     return {name for lv in levels[levels.index(level):] for name in cfg_map.get(lv, [])}
 
 
-def check_names(product: str, cfg: ProductConfig, levels: list[str]) -> None:
-    """Unknown invariant or constraint names and unknown levels are configuration errors."""
-    from ..configuration.config import ConfigError
-    from ..products import PRODUCTS
-
-    spec = PRODUCTS[product]
-    for table, known in (("constraints", tuple(spec.constraints)), ("invariants", spec.invariants)):
-        for level, names in getattr(cfg, table).items():
-            if level not in levels:
-                raise ConfigError(f"[{product}.{table}] names level {level!r}; levels are {', '.join(levels)}")
-            for name in names:
-                if name not in known:
-                    raise ConfigError(f"[{product}.{table}].{level}: unknown {table[:-1]} {name!r}; known: {', '.join(known)}")
-
-
 def _hhgq_bounds(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bounds on persons by hhgq type (facts 2.3); rows whose ``total`` is NaN (not an
     invariant) get the bounds without a total."""

@@ -35,7 +35,7 @@ from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabul
                         write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, read_level_output, write_level_histograms)
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names, invariant_rows
+from .invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
 from .levels import Level, rollup, shares
 from .memory import limit_heaps, release_memory
 from .progress import Steps, chain, reporter
@@ -153,7 +153,6 @@ def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
     cfg = config.product(product)
     schema = SCHEMAS[product]
     check_budget(cfg.budget, spine_levels, schema, where=f"{product}.budget")
-    check_names(product, cfg, spine_levels)
     for table in ("l2_passes", "rounder_passes"):
         passes = getattr(cfg.estimation, table)
         for level in spine_levels:
