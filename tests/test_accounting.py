@@ -126,9 +126,10 @@ def test_epsilon_delta_curve_is_decreasing_in_delta() -> None:
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_load_and_pass_budget_checks(name: str) -> None:
     config = load_config(name)
-    for product in config.run.products:
+    for spec in config.run_products:
+        product = spec.name
         b = config.product(product).budget
-        check_budget(b, list(b.levels), SCHEMAS[product])
+        check_budget(b, list(b.levels), spec.schema)
         est = config.product(product).estimation
         for level, props in b.queries.items():       # every measured query is estimated in some L2 pass
             in_l2 = {q for pass_ in est.l2_passes[level] for q in pass_}
@@ -263,7 +264,7 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
     product = cfg.run.products[0]
     pcfg = cfg.product(product)
     level = next(iter(pcfg.budget.levels))
-    schema = SCHEMAS[product]
+    schema = cfg.run_products[0].schema
     M.measure(product, schema, pcfg.budget, level, ["x"], [pcfg.budget.levels[level]],
               sp.csr_matrix(np.ones((1, schema.ncells), dtype=np.int64)), "test", 1)
     rows = {r["query"]: r for r in cert[product]["queries"] if r["level"] == level}

@@ -4,11 +4,25 @@ import pandas as pd
 import pytest
 
 from topdown.pipeline.configuration.config import config_from_dict
-from topdown.pipeline.execution.invariants import (
-    GQ_CAP, PERSON_CONSTRAINTS, InvariantError, LevelConstraints, _hhgq_bounds, check_feasible, person_constraints,
-)
+from topdown.pipeline.configuration.census import PERSONS_PRODUCT
+from topdown.pipeline.execution.invariants import InvariantError, LevelConstraints, bind, check_feasible, level_rhs, unit_bounds
+
+GQ_CAP = 99999  # the P.L. 94-171 declaration's cap on persons per unit
+
+
+def _hhgq_bounds(u, total):
+    return unit_bounds(u, total, PERSONS_PRODUCT.unit_bounds)
+
+
+def person_constraints(*args):
+    return level_rhs(PERSONS_PRODUCT, *args)
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
+
+
+def test_the_declared_unit_bounds_are_the_bureaus():
+    assert PERSONS_PRODUCT.unit_bounds.cap == (GQ_CAP,) * 8
+    assert PERSONS_PRODUCT.unit_bounds.min_per_unit == (0, 1, 1, 1, 1, 1, 1, 1)
 
 
 def test_bounds_without_total_invariant():
@@ -72,7 +86,7 @@ def test_constraints_propagate_and_state_takes_the_stricter():
 
 
 def test_infeasible_truth_is_reported_without_counts():
-    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": PERSON_CONSTRAINTS["hhgq_total_lb"].bind(np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
+    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": bind(PERSONS_PRODUCT.constraints["hhgq_total_lb"], np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
     with pytest.raises(InvariantError, match="440010001001000") as err:
         check_feasible("Block", cons, {"hhgq": np.array([[7, 3, 0, 0, 0, 0, 0, 0]])})
     assert "3" not in str(err.value).replace("440010001001000", "")

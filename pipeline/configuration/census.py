@@ -417,9 +417,10 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
 # The default census (P.L. 94-171, conf/census/pl94.toml), loaded once: the objects of the code that runs on it
 # whatever the configuration says (the shipped U.S. inputs, ingest and synth, the pinned evaluations).
 PL94: Census = default_census()
-PERSONS: Schema = PL94.product("persons").schema
+PERSONS_PRODUCT: Product = PL94.product("persons")
+PERSONS: Schema = PERSONS_PRODUCT.schema
 UNITS: Schema = PL94.product("units").schema
 SCHEMAS: dict[str, Schema] = {p.name: p.schema for p in PL94.products}
 #: Unit types: 0 housing unit, 1..7 the major group-quarters types (in the order of hhgq's levels).
 N_UNIT_TYPES: int = PL94.units.types
-HHGQ_LABELS: tuple[str, ...] = PL94.product("persons").attributes[0].labels
+HHGQ_LABELS: tuple[str, ...] = PERSONS_PRODUCT.attributes[0].labels

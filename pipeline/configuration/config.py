@@ -33,7 +33,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from topdown.geo.spine import BLOCK
-from topdown.vocab.census import Census
+from topdown.vocab.census import Census, Product
 
 from .census import DEFAULT_CENSUS, census_from_dict, load_census
 from .errors import ConfigError
@@ -325,6 +325,12 @@ class Config(_Strict):
 
     def product(self, name: str) -> ProductConfig:
         return self.products[name]
+
+    @property
+    def run_products(self) -> list[Product]:
+        """The census's products this run processes, in ``[run] products`` order (resolved at load)."""
+        by_name = {p.name: p for p in self.census.products}
+        return [by_name[name] for name in self.run.products]
 
     def with_overrides(self, **run_fields: Any) -> "Config":
         """A copy with some ``[run]`` fields replaced (validated again)."""

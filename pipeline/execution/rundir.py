@@ -510,8 +510,6 @@ class Certificate:
 
     @classmethod
     def read(cls, path: Path) -> "Certificate":
-        from ..products import PRODUCTS
-
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -519,7 +517,8 @@ class Certificate:
         if not isinstance(data, dict):
             raise RunDirError(f"{path}: a certificate is a JSON object, found {type(data).__name__}")
         return cls(path, _schema_version(data, path), str(data.get("run", "")), str(data.get("mode", "")),
-                   bool(data.get("private", False)), {n: data[n] for n in PRODUCTS if isinstance(data.get(n), dict)},
+                   bool(data.get("private", False)),
+                   {n: e for n, e in data.items() if isinstance(e, dict) and e.get("product") == n},
                    data)
 
 
