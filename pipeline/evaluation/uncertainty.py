@@ -61,8 +61,7 @@ class Source:
         m = reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
         spine = reader.spine()
         table = spine.table[["geoid", *spine.levels]].astype(str)
-        products = [p for p in reader.config().census.products if p.name in m.products]
-        src = cls(path, list(spine.levels), products, table)
+        src = cls(path, list(spine.levels), reader.products(), table)
         for i, level in enumerate(src.levels):
             nodes = pd.Index(np.sort(table[level].unique()))
             src.nodes.append(nodes)

@@ -613,6 +613,19 @@ class RunReader(RunDir):
                               f"{manifest.data.get('config_hash', '?')[:12]}")
         return config
 
+    def products(self) -> list:
+        """The run's products (``vocab.census.Product``), as its configuration declares them, in the manifest's
+        order; a run without a readable configuration is read as one of the default census (P.L. 94-171)."""
+        from ..configuration.census import default_census
+        from ..configuration.config import ConfigError
+
+        try:
+            census = self.config().census
+        except (RunDirError, ConfigError):
+            census = default_census()
+        names = self.manifest().products
+        return sorted((p for p in census.products if p.name in names), key=lambda p: names.index(p.name))
+
     def spine_table(self):
         """``spine.parquet`` as a frame of strings (geoid + one column per level)."""
         return pq.read_table(self.spine_path).to_pandas().astype(str)

@@ -22,11 +22,9 @@ from topdown.geo.spine import STATE
 from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 
-from ..configuration.census import PL94
-from ..configuration.errors import ConfigError
 from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf
-from ..execution.rundir import Manifest, RunDirError, RunReader, changed_files
+from ..execution.rundir import Manifest, RunReader, changed_files
 
 
 @dataclass
@@ -126,15 +124,9 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
-    try:
-        census = reader.config().census
-    except (RunDirError, ConfigError):  # its loss is a failed SHA-256 check; the products are checked as P.L. 94-171's
-        census = PL94
-    for product in census.products:
-        if product.name in manifest.products:
-            _verify_product(reader, product, levels, spine, rep,
-                            {p for (pr, _, p) in relaxed if pr == product.name},
-                            totals_invariant=manifest.algorithm != "block_by_block")
+    for product in reader.products():  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
+        _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product.name},
+                        totals_invariant=manifest.algorithm != "block_by_block")
 
 
 def _verify_product(reader: RunReader, spec: Product, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
