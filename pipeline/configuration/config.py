@@ -2,7 +2,8 @@
 
 Layout of a configuration file (see ``conf/demo.toml``)::
 
-    [run]                      name, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
+    [run]                      name, census, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
+    [census.*]                 the census inline, instead of [run] census (README, "Declaring a census")
     [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
@@ -10,7 +11,7 @@ Layout of a configuration file (see ``conf/demo.toml``)::
                                split_above, split_cost, split_group, backend
     [persons.invariants]       <Level> = [invariant names]
     [persons.constraints]      <Level> = [constraint names]
-    [units.*]                  the same for the housing-unit product
+    [units.*]                  the same for the housing-unit product (one table per product of the census)
 
 A preset may be included with ``include = "pl94_production_2021.toml"`` at the top level; tables of
 the including file override the preset's key by key.

@@ -139,7 +139,7 @@ def level_rhs(
     for spec in sorted((s for s in product.constraints.values() if s.name in active), key=lambda s: RHS_ORDER.index(s.rhs)):
         if spec.rhs in ("unit_lower", "unit_upper"):
             if bounds is None:
-                u = nodes[UNIT_COLUMNS].to_numpy(dtype=np.int64)
+                u = nodes[UNIT_COLUMNS[:len(product.unit_bounds.cap)]].to_numpy(dtype=np.int64)  # types 0..k-1
                 bounds = _unit_bounds_by_rows(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None,
                                               product.unit_bounds)
             value, from_children = bounds[spec.rhs == "unit_upper"], summed(spec.name)
