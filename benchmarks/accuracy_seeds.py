@@ -28,7 +28,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from topdown.pipeline import load_config, run
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.inputs.tabulate import block_histograms
 from topdown.pipeline.outputs.verify import verify_run
 

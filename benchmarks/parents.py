@@ -26,7 +26,8 @@ import numpy as np
 
 from topdown.pipeline.configuration.config import EstimationConfig
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
+from topdown.pipeline.configuration.census import PERSONS
+from topdown.pipeline.inputs.ingest import CENRACE_COMBOS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
 from topdown.solvers.direct import compile_direct
 from topdown.solvers.model import compile_pyomo

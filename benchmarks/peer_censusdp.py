@@ -68,7 +68,7 @@ import pandas as pd
 
 from topdown.geo.spine import BLOCK, LEVELS, PREFIX, STATE
 from topdown.pipeline.configuration.config import load_config
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 
 REPO = Path(__file__).resolve().parents[1]
 THREADS = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")}

@@ -290,13 +290,12 @@ def _problem(chunk, task):
     """The ParentProblem run_chunk builds for ``task`` (same measurements and settings)."""
     import numpy as np
 
-    from topdown.vocab.schema import SCHEMAS
     from topdown.vocab.problem import Measurement, ParentProblem
 
     measured = chunk.source.noisy(chunk)
     rows, cfg = task.child_rows, chunk.cfg
     return ParentProblem(
-        schema=SCHEMAS[chunk.product], parent=task.parent, children=task.children, parent_hist=task.parent_hist,
+        schema=chunk.product.schema, parent=task.parent, children=task.children, parent_hist=task.parent_hist,
         measurements=[Measurement(m.query, m.values[rows], np.where(m.variance[rows] == 0, 1.0, m.variance[rows]))
                       for m in measured],
         constraints=task.constraints, group_totals=task.group_totals,

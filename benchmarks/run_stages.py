@@ -312,7 +312,7 @@ def main() -> None:
             try:
                 with wrapped(runner, "read_input", lambda *a, **k: "ingest", tracker), \
                      wrapped(runner, "build_spine", lambda *a, **k: "spine", tracker), \
-                     wrapped(runner, "tabulate_levels", lambda client, config, product, *a, **k: f"{product}.tabulate",
+                     wrapped(runner, "tabulate_levels", lambda client, config, product, *a, **k: f"{product.name}.tabulate",
                              tracker), \
                      wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product}.mdf", tracker):
                     t1 = time.perf_counter()

@@ -14,7 +14,7 @@ from topdown.pipeline.privacy.budget import (NEIGHBOURS, PureEpsilon, Rho, epsil
 from topdown.pipeline.privacy.certificate import certificate, check_path_condition, render_certificate
 from topdown.pipeline.configuration.config import BudgetConfig, ConfigError, config_from_dict, load_config
 from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geometric_variance
-from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, SCHEMAS, UNITS
 
 PRODUCTION_RHO = Fraction(293764, 114921)
 PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940")
@@ -130,9 +130,10 @@ def test_epsilon_delta_curve_is_decreasing_in_delta() -> None:
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_load_and_pass_budget_checks(name: str) -> None:
     config = load_config(name)
-    for product in config.run.products:
+    for spec in config.run_products:
+        product = spec.name
         b = config.product(product).budget
-        check_budget(b, list(b.levels), SCHEMAS[product])
+        check_budget(b, list(b.levels), spec.schema)
         est = config.product(product).estimation
         for level, props in b.queries.items():       # every measured query is estimated in some L2 pass
             in_l2 = {q for pass_ in est.l2_passes[level] for q in pass_}
@@ -144,7 +145,7 @@ def test_presets_load_and_pass_budget_checks(name: str) -> None:
 
 def test_production_preset_matches_the_facts() -> None:
     config = load_config("pl94_production_2021")
-    b = config.persons.budget
+    b = config.product("persons").budget
     assert b.rho == PRODUCTION_RHO and config.run.products == ["persons", "units"]
     total = sum(allocate(b, lv, q).budget for lv in b.levels for q in b.queries[lv])
     assert total == b.total == Rho(PRODUCTION_RHO)                              # strategies.py sanity
@@ -157,21 +158,21 @@ def test_production_preset_matches_the_facts() -> None:
     assert sigma2[("Block", "total")] == pytest.approx(7963, abs=1)
     assert sigma2[("Tract", "hispanic * cenrace")] == pytest.approx(4.953, abs=1e-3)
     assert sigma2[("Block_Group", "detailed")] == pytest.approx(4.063, abs=1e-3)
-    assert config.persons.invariants == {"State": ["tot"], "Block": ["gqhh_vect", "gqhh_tot"]}
-    assert config.persons.constraints["Block"] == ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"]
-    u = config.units
+    assert config.product("persons").invariants == {"State": ["tot"], "Block": ["gqhh_vect", "gqhh_tot"]}
+    assert config.product("persons").constraints["Block"] == ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"]
+    u = config.product("units")
     assert u.budget.rho == Fraction(3379, 12343) ** 2 and u.invariants == {"Block": ["hu_tot"]}
     assert u.budget.levels["County"] == Fraction(7, 82) and u.budget.levels["Tract"] == Fraction(364, 1025)
 
 
 def test_e2e_preset_is_pure_dp_geometric() -> None:
     config = load_config("e2e_1940")
-    b = config.persons.budget
+    b = config.product("persons").budget
     assert (b.mechanism, b.epsilon, config.run.products) == ("geometric", Fraction(1, 4), ["persons"])
     a = allocate(b, "County", "votingage * hispanic * cenrace")
     assert a.budget == PureEpsilon(Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40))
     assert a.budget.parameters()["sensitivity"] == 2
-    assert "hh_lb_occupied" in config.persons.constraints["Block"]
+    assert "hh_lb_occupied" in config.product("persons").constraints["Block"]
 
 
 # ----------------------------------------------------------------------------------------- certificate
@@ -266,7 +267,7 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
     product = cfg.run.products[0]
     pcfg = cfg.product(product)
     level = next(iter(pcfg.budget.levels))
-    schema = SCHEMAS[product]
+    schema = cfg.run_products[0].schema
     M.measure(product, schema, pcfg.budget, level, ["x"], [pcfg.budget.levels[level]],
               sp.csr_matrix(np.ones((1, schema.ncells), dtype=np.int64)), "test", 1)
     rows = {r["query"]: r for r in cert[product]["queries"] if r["level"] == level}

@@ -204,16 +204,16 @@ def test_block_metadata_on_the_shards_equals_the_in_memory_levels(multi_single, 
     from topdown.geo.spine import build_spine
     from topdown.pipeline.execution.levels import build_levels
     from topdown.pipeline.inputs.tabulate import block_histograms, block_units
-    from topdown.vocab.schema import PERSONS
+    from topdown.pipeline.configuration.census import PERSONS_PRODUCT
 
     monkeypatch.setattr(dataplane, "SHARD_BLOCKS", 300)
     config = multi_config()
     files = dataplane.find_input(multi_single)
     data = dataplane.read_input(dask_client, files)
     spine = build_spine("standard", dataplane.block_geoids(data))
-    levels = dataplane.tabulate_levels(dask_client, config, "persons", spine, data, files)
+    levels = dataplane.tabulate_levels(dask_client, config, PERSONS_PRODUCT, spine, data, files)
     persons, units = (multi_tables[k].to_pandas() for k in ("persons", "units"))
-    memory = build_levels("persons", PERSONS, config.product("persons"), spine, block_histograms(persons),
+    memory = build_levels(PERSONS_PRODUCT, config.product("persons"), spine, block_histograms(persons),
                           block_units(units).set_index("geoid"))
     blocks = levels[-1]
     assert blocks.units is None and blocks.constraints is None and len(blocks.meta) > 2

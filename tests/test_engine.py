@@ -8,6 +8,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from topdown.pipeline.configuration.config import load_config
+from topdown.pipeline.configuration.census import PERSONS_PRODUCT
 from topdown.pipeline.execution.engine import CHUNK_CHILDREN, make_chunks
 from topdown.pipeline.execution.levels import Level
 
@@ -29,7 +30,7 @@ def test_chunks_hold_whole_parents_and_the_huge_parent_costs_most(tmp_path):
     parent_of = np.repeat(np.arange(sizes.size), sizes)
     nnz = np.array([3] + [4] * 60)
     parent_hist = sp.csr_matrix(np.array([[1] * k + [0] * (4 - k) for k in nnz], dtype=np.int64))
-    chunks, order = make_chunks("persons", load_config("demo"), _level("Tract", parent_of.size, parent_of),
+    chunks, order = make_chunks(PERSONS_PRODUCT, load_config("demo"), _level("Tract", parent_of.size, parent_of),
                                 _level("County", sizes.size, None), parent_hist, str(tmp_path))
     assert sorted(np.concatenate([[int(c[-5:]) for c in ch.children] for ch in chunks]).tolist()) == \
         list(range(parent_of.size))

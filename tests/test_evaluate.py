@@ -12,7 +12,7 @@ from conftest import DATA
 from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, entities_on_spine, evaluate,
                                                   load_entities)
 from topdown.pipeline.execution.rundir import RunDirError, write_table
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
 B1, B2, B3, B4 = "440010001001000", "440010001001001", "440010001002000", "440030002001000"

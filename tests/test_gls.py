@@ -6,7 +6,8 @@ import numpy as np
 
 from topdown.pipeline.evaluation.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import PERSONS, Schema
+from topdown.vocab.schema import Schema
+from topdown.pipeline.configuration.census import PERSONS
 
 TOY = Schema("toy", dims=(("hhgq", 3), ("votingage", 2), ("cenrace", 3)),
              recodes={"inst": ("hhgq", ((0,), (1, 2))), "white": ("cenrace", ((0,),))})
@@ -88,7 +89,7 @@ def test_two_pass_gls_equals_brute_force():
 def test_person_histogram_is_eight_blocks_of_eight():
     from topdown.pipeline.configuration.config import load_config
 
-    queries = tuple(load_config("demo").persons.budget.queries["Block"])
+    queries = tuple(load_config("demo").product("persons").budget.queries["Block"])
     alg = KronAlgebra(PERSONS, queries)
     assert (alg.n_classes, alg.d) == (8, 8)
     p = alg.precision(np.ones(len(queries)))

@@ -4,11 +4,25 @@ import pandas as pd
 import pytest
 
 from topdown.pipeline.configuration.config import config_from_dict
-from topdown.pipeline.execution.invariants import (
-    GQ_CAP, PERSON_CONSTRAINTS, InvariantError, LevelConstraints, _hhgq_bounds, check_feasible, person_constraints,
-)
+from topdown.pipeline.configuration.census import PERSONS_PRODUCT
+from topdown.pipeline.execution.invariants import InvariantError, LevelConstraints, bind, check_feasible, level_rhs, unit_bounds
+
+GQ_CAP = 99999  # the P.L. 94-171 declaration's cap on persons per unit
+
+
+def _hhgq_bounds(u, total):
+    return unit_bounds(u, total, PERSONS_PRODUCT.unit_bounds)
+
+
+def person_constraints(*args):
+    return level_rhs(PERSONS_PRODUCT, *args)
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
+
+
+def test_the_declared_unit_bounds_are_the_bureaus():
+    assert PERSONS_PRODUCT.unit_bounds.cap == (GQ_CAP,) * 8
+    assert PERSONS_PRODUCT.unit_bounds.min_per_unit == (0, 1, 1, 1, 1, 1, 1, 1)
 
 
 def test_bounds_without_total_invariant():
@@ -72,7 +86,7 @@ def test_constraints_propagate_and_state_takes_the_stricter():
 
 
 def test_infeasible_truth_is_reported_without_counts():
-    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": PERSON_CONSTRAINTS["hhgq_total_lb"].bind(np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
+    cons = LevelConstraints(pd.Index(["440010001001000"]), {"hhgq_total_lb": bind(PERSONS_PRODUCT.constraints["hhgq_total_lb"], np.array([[0, 5, 0, 0, 0, 0, 0, 0.]]))})
     with pytest.raises(InvariantError, match="440010001001000") as err:
         check_feasible("Block", cons, {"hhgq": np.array([[7, 3, 0, 0, 0, 0, 0, 0]])})
     assert "3" not in str(err.value).replace("440010001001000", "")
@@ -92,3 +106,37 @@ def test_a_part_of_a_state_is_not_pinned_by_its_total():
     cs = person_constraints(_cfg(), LEVELS, "State", parts, None, None)
     assert cs.rhs["hhgq_total_lb"].rhs[0].tolist() == [0] * 8
     assert cs.rhs["hhgq_total_ub"].rhs[0, 0] == 5 * GQ_CAP and np.isfinite(cs.rhs["hhgq_total_ub"].rhs).all()
+
+
+def test_units_right_hand_sides_are_the_housing_unit_counts_where_configured():
+    from topdown.pipeline.configuration.census import PL94
+    from topdown.pipeline.configuration.config import load_config
+
+    units_product = PL94.products[1]
+    cfg = load_config("demo").product("units")  # [units.constraints] Block = ["total"]
+    nodes = _units([[3, 1, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 2]])
+    for level in ("Block", "Tract", "US"):  # configured at the blocks: its sums bind every level above
+        cons = level_rhs(units_product, cfg, LEVELS, level, nodes, None, None)
+        assert list(cons.rhs) == ["total"] and cons.rhs["total"].rhs.tolist() == [[3], [0]]
+        assert (cons.rhs["total"].query, cons.rhs["total"].sense) == ("total", "==")
+
+
+def test_a_declared_products_right_hand_sides_come_from_its_kinds():
+    """A product declared from scratch: structural zeros as predicates, unit bounds with its own minimum and
+    cap, bound in the order of their kinds (unit bounds, zeros, totals)."""
+    from test_declaration import SMALL
+
+    from topdown.pipeline.configuration.census import census_from_dict
+
+    census = census_from_dict(SMALL)
+    people = census.products[0]
+    levels = list(census.hierarchy.names)
+    cfg = _cfg().model_copy(update={"invariants": {"Region": ["tot"]},
+                                    "constraints": {"Region": ["total"], "Leaf": ["kind_lb", "no_child_kind2"]}})
+    leaf = pd.DataFrame([[2, 1, 0, 0, 0, 0, 0, 0]], columns=[f"u{k}" for k in range(8)]).assign(occupied=1)
+    cl = level_rhs(people, cfg, levels, "Leaf", leaf, None, None)
+    assert list(cl.rhs) == ["kind_lb", "no_child_kind2"]
+    assert cl.rhs["kind_lb"].rhs.tolist() == [[0, 1, 0]] and cl.rhs["no_child_kind2"].rhs.tolist() == [[0]]
+    region = leaf.assign(tot=[7])
+    cr = level_rhs(people, cfg, levels, "Region", region, cl, np.array([0]))
+    assert list(cr.rhs) == ["kind_lb", "no_child_kind2", "total"] and cr.rhs["total"].rhs.tolist() == [[7]]

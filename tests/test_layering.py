@@ -167,14 +167,17 @@ def _compared_names(path, names: set[str]) -> list[str]:
 
 
 def test_no_module_compares_a_product_name_or_a_level_role():
-    """Products are looked up in the registry (pipeline/products.py) and level roles read from the spine
-    (geo/spine.py: ROOT, STATE, BLOCK): no other module compares their names (issue 15, items 1 and 5)."""
+    """Products are resolved once, by the declaration loader (pipeline/configuration/census.py), into objects
+    that are passed along, and level roles are read from the spine (geo/spine.py: ROOT, STATE, BLOCK): no
+    other module compares their names (issue 15, items 1 and 5; issue 29, item 4)."""
     from topdown.geo.spine import BLOCK, ROOT, STATE
-    from topdown.pipeline.products import PRODUCTS
+    from topdown.pipeline.configuration.census import census_presets, load_census
 
-    definitions = {REPO / "pipeline" / "products.py", REPO / "geo" / "spine.py", REPO / "vocab" / "schema.py"}
-    names = set(PRODUCTS) | {ROOT, STATE, BLOCK}
+    definitions = {REPO / "geo" / "spine.py", REPO / "pipeline" / "configuration" / "census.py"}
+    names = {p.name for preset in census_presets() for p in load_census(preset).products} | {ROOT, STATE, BLOCK}
+    assert {"persons", "units"} <= names
     files = [f for top in ("pipeline", "solvers", "geo", "vocab") for f in sorted((REPO / top).rglob("*.py"))
              if f not in definitions]
     found = [hit for f in files for hit in _compared_names(f, names)]
     assert not found, found
+    assert not (REPO / "pipeline" / "products.py").exists()  # the product registry is gone

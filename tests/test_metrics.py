@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from topdown.pipeline.evaluation import metrics as M
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 
 
 def test_mean_abs_error():

@@ -24,7 +24,7 @@ from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.privacy.measure import from_table, measure
 from topdown.pipeline.execution.reprocess import changed_keys, reprocess
 from topdown.pipeline.execution.rundir import sha256_file
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.outputs.verify import verify_run
 
 
@@ -36,16 +36,16 @@ def _files(root: Path, sub: str) -> dict[str, bytes]:
 def _no_confidential_reads(monkeypatch, tmp_path) -> None:
     """Reprocessing must not tabulate or even open an input: the functions that do raise here, and the
     run's configured input ("demo-input", relative) does not exist in the working directory."""
-    import topdown.pipeline.products as products
     import topdown.pipeline.execution.runner as runner
+    import topdown.pipeline.inputs.tabulate as tabulate
 
     def refuse(*args, **kwargs):
         raise AssertionError("reprocessing read the confidential input")
 
     for name in ("read_input", "tabulate_levels", "find_input", "_input_dir"):
         monkeypatch.setattr(runner, name, refuse)
-    for name in ("block_histograms", "units_histograms"):  # every product's tabulation
-        monkeypatch.setattr(products, name, refuse)
+    for name in ("tabulate", "block_histograms", "units_histograms"):  # every product's tabulation
+        monkeypatch.setattr(tabulate, name, refuse)
     monkeypatch.chdir(tmp_path)
 
 

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topdown.vocab.queries import QueryError, build_query
-from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, UNITS, cenrace_index
+from topdown.pipeline.configuration.census import PERSONS, UNITS
+from topdown.pipeline.inputs.ingest import CENRACE_COMBOS, cenrace_index
 
 
 def test_cell_order_is_row_major():

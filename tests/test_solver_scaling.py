@@ -14,7 +14,7 @@ import pytest
 
 import topdown.solvers.layout as layout_mod
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
 from topdown.solvers.backends import ClarabelHighs, PiqpHighs
 from topdown.solvers.direct import compile_direct

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import PERSONS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, UNITS
 from topdown.solvers import (Constraint, FailsafeExhausted, GroupTotal, Measurement, ParentProblem,
                              ProblemError, solve_parent)
 from topdown.solvers.backends import DEFAULT_BACKEND

@@ -291,6 +291,8 @@ def test_reprocessing_and_the_measurement_file_keep_the_whole_state_totals(spine
                 == {p.relative_to(again): p.read_bytes() for p in again.rglob("*") if p.is_file()}), sub
     published = pd.read_parquet(run_dir / "invariants" / "persons.parquet")
     published = published[published["level"] == WHOLE_STATE].set_index("geocode")["tot"]
-    from_file = _nmf_invariants(read_nmf(write_nmf(run_dir, tmp_path / "nmf")), "persons")
+    from topdown.pipeline.configuration.census import PL94
+
+    from_file = _nmf_invariants(read_nmf(write_nmf(run_dir, tmp_path / "nmf")), PL94.products[0], list(PL94.products))
     from_file = from_file[from_file["level"] == WHOLE_STATE].set_index("geocode")["tot"]
     assert len(published) and from_file.sort_index().to_dict() == published.sort_index().to_dict()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_solvers import assert_valid, make_problem, random_truth
 
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from topdown.solvers import Constraint, GroupTotal, Measurement, ParentProblem, solve_parent
 from topdown.solvers.split import group_problem, group_size, groups_of, member_problem, split_cost, wants_split
 

@@ -20,7 +20,7 @@ from topdown.pipeline.execution.levels import build_levels
 from topdown.pipeline.privacy.measure import measure
 from topdown.vocab.queries import build_query
 from topdown.pipeline.execution.rundir import RunDir, write_table
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.pipeline.inputs.tabulate import block_histograms, block_units
 from topdown.pipeline.evaluation.uncertainty import Z90, uncertainty
 from conftest import DATA
@@ -50,7 +50,7 @@ def small_levels():
     config = load_config("demo").with_overrides(spine="standard")
     cfg = config.product("persons")
     spine = build_spine("standard", pd.Series(sorted(persons["geoid"].unique()), name="geoid"))
-    levels = build_levels("persons", PERSONS, cfg, spine, block_histograms(persons),
+    levels = build_levels(PERSONS_PRODUCT, cfg, spine, block_histograms(persons),
                           block_units(units).set_index("geoid"))
     return config, spine, levels
 

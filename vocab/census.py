@@ -191,3 +191,12 @@ class Census:
                 return p
         raise KeyError(f"census {self.name!r} has no product {name!r} (products: "
                        f"{', '.join(p.name for p in self.products)})")
+
+
+#: The MDF layouts a product may declare: ``generic`` (a geocode per level and one column per attribute) and
+#: the U.S. P.L. 94-171 layouts.
+MDF_LAYOUTS: tuple[str, ...] = ("generic", "pl94_persons", "pl94_units")
+
+#: The largest histogram a product may declare (cells). The solvers hold dense per-node answers of every
+#: measured query; the DHC 1940 persons histogram has 44,544 cells, the P.L. 94-171 one 2,016.
+MAX_CELLS = 1_000_000

@@ -2,7 +2,8 @@
 
 Layout of a configuration file (see ``conf/demo.toml``)::
 
-    [run]                      name, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
+    [run]                      name, census, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
+    [census.*]                 the census inline, instead of [run] census (README, "Declaring a census")
     [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
@@ -10,7 +11,7 @@ Layout of a configuration file (see ``conf/demo.toml``)::
                                split_above, split_cost, split_group, backend
     [persons.invariants]       <Level> = [invariant names]
     [persons.constraints]      <Level> = [constraint names]
-    [units.*]                  the same for the housing-unit product
+    [units.*]                  the same for the housing-unit product (one table per product of the census)
 
 A preset may be included with ``include = "pl94_production_2021.toml"`` at the top level; tables of
 the including file override the preset's key by key.
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, SerializerFunctionWrapHandler,
-                      Strict, ValidationError, model_serializer, model_validator)
+                      SkipValidation, Strict, ValidationError, model_serializer, model_validator)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,11 +35,10 @@ else:  # pragma: no cover
 
 from topdown.geo.spine import BLOCK
 from topdown.pipeline.privacy.budget import INFINITE, KINDS, Budget, Rho
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Census, Product
 
-
-class ConfigError(ValueError):
-    """A configuration file is invalid; the message names the file and the key."""
+from .census import DEFAULT_CENSUS, census_from_dict, load_census
+from .errors import ConfigError
 
 
 def parse_fraction(value: Any) -> Fraction:
@@ -192,8 +192,9 @@ def waiver_hint(check: str) -> str:
 
 class RunSection(_Strict):
     name: str = "topdown"
-    products: list[Literal[tuple(SCHEMAS)]] = Field(default=[next(iter(SCHEMAS))], min_length=1,  # type: ignore[valid-type]
-                                                    max_length=len(SCHEMAS))
+    census: str = Field(default=DEFAULT_CENSUS, description=(
+        "the census declaration: a preset under conf/census/ or a TOML file (README, \"Declaring a census\")"))
+    products: list[str] = Field(min_length=1, description="products to run (default: the census's first)")
     spine: Literal["standard", "aian", "optimized"] = "standard"
     mode: Literal["test", "production"] = Field(default="production", description=(
         "production (the default): noise from the OS CSPRNG, no seed; test: seeded, reproducible noise that "
@@ -213,6 +214,8 @@ class RunSection(_Strict):
         data = handler(self)
         if not data.get("weaken_privacy"):
             data.pop("weaken_privacy", None)
+        if data.get("census") == DEFAULT_CENSUS:  # likewise the default census
+            data.pop("census", None)
         return data
 
     @model_validator(mode="after")
@@ -235,19 +238,90 @@ LOCATIONS = ("input", "baf")
 
 
 class Config(_Strict):
-    """A whole run configuration."""
+    """A whole run configuration: ``[run]``, the census it runs on (``[run] census`` or inline ``[census]``
+    tables), and one table per product of that census (``[persons]``, ``[units]``), by product name."""
 
-    run: RunSection = RunSection()
-    persons: ProductConfig | None = None
-    units: ProductConfig | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    run: RunSection
+    products: dict[str, ProductConfig] = Field(default_factory=dict)
+    census: SkipValidation[Census] = Field(exclude=True)  # resolved once, from run.census or census_table
+    census_table: dict | None = Field(default=None, exclude=True)  # an inline [census] table, as written
     source: str = Field(default="<memory>", exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_census(cls, data: Any) -> Any:
+        """The census from ``[run] census`` or an inline ``[census]`` table; the top-level tables named after
+        its products become :attr:`products`; ``[run] products`` defaults to its first product."""
+        if not isinstance(data, dict) or isinstance(data.get("census"), Census):
+            return data
+        data = dict(data)
+        source = data.get("source", "<memory>")
+        run = data.get("run", {})
+        run = dict(run) if isinstance(run, dict) else run.model_dump()
+        table = data.pop("census", None)
+        if table is not None:
+            if "census" in run:
+                raise ConfigError(f"{source}: [run] census and a [census] table: declare the census one way")
+            census = census_from_dict(table if isinstance(table, dict) else {}, source=source)
+        else:
+            census = load_census(_census_location(run.get("census", DEFAULT_CENSUS), source))
+        names = [p.name for p in census.products]
+        run.setdefault("products", names[:1])
+        products = dict(data.pop("products", {}) or {})
+        for name in names:
+            value = data.pop(name, None)
+            if value is not None:
+                products[name] = value
+        for key in data:
+            if key not in ("run", "source", "census_table"):
+                raise ConfigError(f"{source}: [{key}]: not a product of census {census.name!r} (products: "
+                                  f"{', '.join(names)})")
+        return {**data, "run": run, "products": products, "census": census, "census_table": table}
 
     @model_validator(mode="after")
     def _check_products(self) -> "Config":
+        """Product and level names are the census's."""
+        names = [p.name for p in self.census.products]
         for product in self.run.products:
-            if getattr(self, product) is None:
+            if product not in names:
+                raise ConfigError(f"{self.source}: run.products: {product!r} is not a product of census "
+                                  f"{self.census.name!r} (products: {', '.join(names)})")
+            if product not in self.products:
                 raise ValueError(f"run.products lists {product!r} but there is no [{product}] table")
+        levels = self.census.hierarchy.names
+        for product, cfg in self.products.items():
+            spec = self.census.product(product)
+            for key, by_level in (("budget.levels", cfg.budget.levels), ("budget.queries", cfg.budget.queries),
+                                  ("estimation.l2_passes", cfg.estimation.l2_passes),
+                                  ("estimation.rounder_passes", cfg.estimation.rounder_passes)):
+                for level in by_level:
+                    if level not in levels:
+                        raise ConfigError(f"{self.source}: {product}.{key}.{level}: unknown level (levels of census "
+                                          f"{self.census.name!r}: {', '.join(levels)})")
+            for table, known in (("constraints", spec.constraints), ("invariants", spec.invariants)):
+                for level, listed in getattr(cfg, table).items():
+                    if level not in levels:
+                        raise ConfigError(f"{self.source}: [{product}.{table}] names level {level!r}; levels are "
+                                          f"{', '.join(levels)}")
+                    for name in listed:
+                        if name not in known:
+                            raise ConfigError(f"{self.source}: [{product}.{table}].{level}: unknown {table[:-1]} "
+                                              f"{name!r}; known: {', '.join(known)}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _products_by_name(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """``{"run": ..., "<product>": ... or null per product of the census, "census": the inline table}``:
+        the form of the configuration file (config.json and the config hash of a P.L. 94-171 run are those of a
+        configuration written before censuses were declared)."""
+        data = handler(self)
+        products = data.pop("products", {})
+        out = {"run": data.pop("run"), **{p.name: products.get(p.name) for p in self.census.products}, **data}
+        if self.census_table is not None:
+            out["census"] = self.census_table
+        return out
 
     def waived(self, check: str) -> bool:
         """Whether ``[run] weaken_privacy`` waives the production check ``check`` (one of :data:`WAIVERS`)."""
@@ -255,9 +329,13 @@ class Config(_Strict):
         return check in self.run.weaken_privacy
 
     def product(self, name: str) -> ProductConfig:
-        cfg = getattr(self, name)
-        assert cfg is not None
-        return cfg
+        return self.products[name]
+
+    @property
+    def run_products(self) -> list[Product]:
+        """The census's products this run processes, in ``[run] products`` order (resolved at load)."""
+        by_name = {p.name: p for p in self.census.products}
+        return [by_name[name] for name in self.run.products]
 
     def with_overrides(self, **run_fields: Any) -> "Config":
         """A copy with some ``[run]`` fields replaced (validated again)."""
@@ -274,6 +352,15 @@ class Config(_Strict):
         for key in LOCATIONS:
             data["run"].pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _census_location(value: Any, source: str) -> str | Path:
+    """``[run] census``: a preset name, or a file (relative to the working directory, else to the configuration
+    file's folder)."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{source}: run.census: expected a census preset name or a file path (got {value!r})")
+    beside = Path(source).parent / value
+    return beside if not Path(value).is_file() and beside.is_file() else value
 
 
 def _deep_merge(base: dict, top: dict) -> dict:
@@ -379,6 +466,9 @@ def config_from_dict(data: dict, source: str = "<memory>") -> Config:
     try:
         config = Config.model_validate({**data, "source": source})
     except ValidationError as exc:
+        for err in exc.errors():  # a census or name check's own message (it names the file and key)
+            if isinstance(err.get("ctx", {}).get("error"), ConfigError):
+                raise err["ctx"]["error"] from None
         raise ConfigError(_format_validation_error(source, exc)) from None
     check_production(config)
     return config

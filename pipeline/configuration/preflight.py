@@ -15,7 +15,6 @@ import pandas as pd
 from .config import Config, ConfigError, waiver_hint
 from ..privacy.accounting import check_noise
 from topdown.vocab.queries import QueryError, build_query
-from topdown.vocab.schema import SCHEMAS
 from ..inputs.ingest import derived_units
 from ..inputs.validate import InputError
 
@@ -42,8 +41,8 @@ def check_workers(workers: int | None) -> None:
 
 def check_pass_queries(config: Config) -> None:
     """Every query named in ``l2_passes`` and ``rounder_passes`` parses against the product's schema."""
-    for product in config.run.products:
-        cfg = config.product(product)
+    for spec in config.run_products:
+        product, cfg = spec.name, config.product(spec.name)
         for table in ("l2_passes", "rounder_passes"):
             for level, passes in getattr(cfg.estimation, table).items():
                 for i, names in enumerate(passes):
@@ -51,7 +50,7 @@ def check_pass_queries(config: Config) -> None:
                         raise ConfigError(f"{config.source}: [{product}.estimation.{table}].{level}: pass {i} is empty")
                     for name in names:
                         try:
-                            build_query(SCHEMAS[product], name)
+                            build_query(spec.schema, name)
                         except QueryError as exc:
                             raise ConfigError(f"{config.source}: [{product}.estimation.{table}].{level}, pass {i}: "
                                               f"{exc}") from None

@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 from ..inputs.validate import InputError
 from ..privacy.measure import MEASUREMENT_PARQUET, NodeMeasurements, from_table, measure
 from ..execution.rundir import write_table
-from topdown.vocab.schema import SCHEMAS
 
 
 class Chunk(Protocol):
@@ -65,7 +64,7 @@ class Draw(MeasurementSource):
     draws: ClassVar[bool] = True
 
     def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
-        measured, table = measure(chunk.product, SCHEMAS[chunk.product], chunk.cfg.budget, chunk.level,
+        measured, table = measure(chunk.product.name, chunk.product.schema, chunk.cfg.budget, chunk.level,
                                   chunk.children, chunk.child_plb, chunk.child_hist, chunk.mode, chunk.seed)
         if chunk.measurements_path is not None:  # None: kept in memory (the audit's repeated runs)
             write_table(table, Path(chunk.measurements_path), **MEASUREMENT_PARQUET)
@@ -105,7 +104,7 @@ class Published(MeasurementSource):
         else:
             table = pd.DataFrame(columns=["geocode", "query", "answer", "value", "variance"])
         where = f"{Path(files[0]).parent}" if files else f"published measurements of {chunk.level}"
-        return from_table(SCHEMAS[chunk.product], queries, chunk.children, table, where=where)
+        return from_table(chunk.product.schema, queries, chunk.children, table, where=where)
 
 
 def _geocode_range(path: Path) -> tuple[str | None, str | None]:

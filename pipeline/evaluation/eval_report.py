@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 from .metrics import MIN_NODES
 
 #: Query of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: SC, at the county level).

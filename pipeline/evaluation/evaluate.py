@@ -42,13 +42,14 @@ from . import metrics as M
 from .metrics import MIN_NODES
 from topdown.geo import one_line
 from topdown.vocab.queries import build_query
-from ..products import PRODUCTS
 from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
-from ..inputs.tabulate import block_histograms
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, PL94
+from topdown.vocab.census import Product
+from ..inputs.tabulate import block_histograms, tabulate
+from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS
 from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
@@ -76,8 +77,8 @@ class EvaluationError(ValueError):
 class EvalOptions:
     """What to compute. Queries are per product; ``dense_limit`` caps dense per-geounit answer arrays."""
 
-    queries: dict[str, tuple[str, ...]] = field(default_factory=lambda: {name: p.evaluation_queries
-                                                                         for name, p in PRODUCTS.items()})
+    queries: dict[str, tuple[str, ...]] = field(default_factory=lambda: {p.name: p.evaluation_queries
+                                                                         for p in PL94.products})
     sampling_rates: tuple[float, ...] = SAMPLING_RATES
     sampling_replicates: int = 1
     sampling_seed: int = 0
@@ -113,7 +114,8 @@ def load_truth(truth: Path) -> Truth:
     units = pd.concat([pd.read_parquet(f, columns=["geoid", "unit_type", "occupied"]) for f in files.units],
                       ignore_index=True)
     units["geoid"] = units["geoid"].astype(str)
-    return Truth({name: p.tabulate(persons, units) for name, p in PRODUCTS.items()}, persons)
+    records = {PERSON_RECORDS: persons, UNIT_RECORDS: units}
+    return Truth({p.name: tabulate(p, records) for p in PL94.products}, persons)
 
 
 def load_entities(path: Path) -> pd.DataFrame:
@@ -259,9 +261,9 @@ def _epl_row(qe: M.QueryErrors, opts: EvalOptions) -> dict:
             "range_lo": float(res.x.min()) if res.x.size else None, "range_hi": float(res.x.max()) if res.x.size else None}
 
 
-def _level_metrics(run: str, seed: Any, product: str, level: str, true: M.SparseHist, est: M.SparseHist,
+def _level_metrics(run: str, seed: Any, spec: Product, level: str, true: M.SparseHist, est: M.SparseHist,
                    queries: Sequence[str], opts: EvalOptions) -> tuple[list[dict], list[dict], dict[str, M.QueryErrors]]:
-    schema = SCHEMAS[product]
+    product, schema = spec.name, spec.schema
     summary, epl, kept = [], [], {}
     for name in queries:
         qe = M.query_errors(true, est, build_query(schema, name), opts.dense_limit)
@@ -278,15 +280,16 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
     out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
     replicates: dict[tuple[str, str, str], pd.Series] = {}
     seed = view.seed
-    for product in view.manifest.products:
-        if product not in truth.blocks:
+    for spec in PL94.products:  # the truth is tabulated as P.L. 94-171's products
+        product = spec.name
+        if product not in view.manifest.products or product not in truth.blocks:
             continue
         person_metrics = product == PERSONS.name  # metrics defined on person records (metrics.py)
         extra = opts.sampling_queries if person_metrics else ()
         queries = list(dict.fromkeys(["total", *opts.queries.get(product, ("total",)), *extra, *opts.replicate_queries]))
         for level in view.levels:
             true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
-            summary, epl, kept = _level_metrics(label, seed, product, level, true, est, queries, opts)
+            summary, epl, kept = _level_metrics(label, seed, spec, level, true, est, queries, opts)
             eps_total, eps_query = view.theoretical_epsilon(product)
             out["summary"] += summary
             out["epl"] += [{**row, "epsilon_query": eps_query.get((level, row["query"])), "epsilon_total": eps_total}
@@ -363,7 +366,7 @@ def sampling_replicate(root: Path, truth: Truth, rate: float, replicate: int, op
     rows = []
     for level in view.levels:
         true, est = view.truth_at(truth.blocks[PERSONS.name], level), view.truth_at(scaled, level)
-        summary, epl, _ = _level_metrics("srs", None, PERSONS.name, level, true, est, opts.sampling_queries, opts)
+        summary, epl, _ = _level_metrics("srs", None, PERSONS_PRODUCT, level, true, est, opts.sampling_queries, opts)
         for s, e in zip(summary, epl):
             rows.append({"rate": rate, "replicate": replicate, "sampling_seed": opts.sampling_seed,
                          "level": level, "query": s["query"], "n": s["n"], "mean_abs_error": s["mean_abs_error"],

@@ -8,7 +8,7 @@ from typing import Collection
 import numpy as np
 import pandas as pd
 
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
 
 
 def interval_table(unc: pd.DataFrame, levels: tuple[str, ...] = ("Tract", "place"), per_level: int = 5,

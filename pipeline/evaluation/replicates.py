@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, UNITS
+from topdown.vocab.census import Product
 
 from ..execution.progress import track
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
@@ -107,17 +108,17 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
 
 
 # ------------------------------------------------------------------------------------------ statistics
-def _block_hist(run_dir: Path, product: str, geoids: pd.Index) -> sp.csr_matrix:
+def _block_hist(run_dir: Path, product: Product, geoids: pd.Index) -> sp.csr_matrix:
     """The run's block histograms (its MDF tabulated) as a CSR matrix with rows in ``geoids`` order."""
     spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
     leaf = spine.columns[-1]
-    table = pd.read_parquet(run_dir / "histograms" / product / f"level={leaf}")
+    table = pd.read_parquet(run_dir / "histograms" / product.name / f"level={leaf}")
     geo = spine.set_index(leaf)["geoid"].reindex(table["geocode"].astype(str)).to_numpy()
     rows = geoids.get_indexer(geo)
     if (rows < 0).any():
         raise RunDirError(f"{run_dir}: block {geo[np.flatnonzero(rows < 0)[0]]} is not in the original run's spine")
     return sp.csr_matrix((table["count"].to_numpy(np.float64), (rows, table["cell"].to_numpy())),
-                         shape=(len(geoids), SCHEMAS[product].ncells))
+                         shape=(len(geoids), product.schema.ncells))
 
 
 def _aggregators(src, entities: pd.DataFrame | None) -> dict[str, tuple[pd.Index, sp.csr_matrix]]:
@@ -155,17 +156,19 @@ def add_replicate_columns(parts: list[Path], src, rep_dir: Path, staging: Path,
     tables = [pq.read_table(p).to_pandas() for p in parts]
     needed = {(r.product, r.level, r.query) for tb in tables for r in tb[["product", "level", "query"]].drop_duplicates().itertuples()}
     published, acc1, acc2 = {}, {}, {}
-    for product in {k[0] for k in needed}:
-        base = _block_hist(src.root, product, geoids)
-        keys = [k for k in needed if k[0] == product]
+    for spec in src.products:
+        keys = [k for k in needed if k[0] == spec.name]
+        if not keys:
+            continue
+        base = _block_hist(src.root, spec, geoids)
         for k in keys:
-            m = build_query(SCHEMAS[product], k[2]).matrix().T.tocsc()
+            m = build_query(spec.schema, k[2]).matrix().T.tocsc()
             published[k] = np.asarray((aggs[k[1]][1] @ base @ m).todense())
             acc1[k], acc2[k] = np.zeros_like(published[k]), np.zeros_like(published[k])
         for rep in reps:
-            h = _block_hist(rep, product, geoids)
+            h = _block_hist(rep, spec, geoids)
             for k in keys:
-                m = build_query(SCHEMAS[product], k[2]).matrix().T.tocsc()
+                m = build_query(spec.schema, k[2]).matrix().T.tocsc()
                 v = np.asarray((aggs[k[1]][1] @ h @ m).todense())
                 acc1[k] += v
                 acc2[k] += (v - published[k]) ** 2

@@ -32,10 +32,9 @@ from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance
                   segment_sum, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
-from ..products import PRODUCTS
 from ..execution.progress import gather
 from .evaluate import entities_on_spine, load_entities
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Product
 
 log = logging.getLogger("topdown")
 
@@ -50,7 +49,7 @@ class Source:
 
     root: Path
     levels: list[str]
-    products: list[str]
+    products: list[Product]  # the run's, as its configuration declares them
     spine: pd.DataFrame  # geoid + one column per level (strings)
     nodes: list[pd.Index] = field(default_factory=list)
     parents: list[np.ndarray | None] = field(default_factory=list)
@@ -62,7 +61,7 @@ class Source:
         m = reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
         spine = reader.spine()
         table = spine.table[["geoid", *spine.levels]].astype(str)
-        src = cls(path, list(spine.levels), m.products, table)
+        src = cls(path, list(spine.levels), reader.products(), table)
         for i, level in enumerate(src.levels):
             nodes = pd.Index(np.sort(table[level].unique()))
             src.nodes.append(nodes)
@@ -160,7 +159,7 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
 # ---------------------------------------------------------------------------------------- block tasks
 @dataclass
 class LeafTask:
-    product: str
+    product: Product
     part: str
     queries: tuple[str, ...]
     level: str
@@ -169,10 +168,10 @@ class LeafTask:
 
 
 def _leaf_local(t: LeafTask):
-    alg = KronAlgebra(SCHEMAS[t.product], t.queries)
-    rows, weights, info = node_arrays(alg, read_part(Path(t.part)), t.nodes, f"{t.product} {t.level} {t.part}")
+    alg = KronAlgebra(t.product.schema, t.queries)
+    rows, weights, info = node_arrays(alg, read_part(Path(t.part)), t.nodes, f"{t.product.name} {t.level} {t.part}")
     sig, inv_sig = np.unique(weights, axis=0, return_inverse=True)
-    v_minus = leaf_covariance(alg.precision(sig), f"{t.product} {t.level}")
+    v_minus = leaf_covariance(alg.precision(sig), f"{t.product.name} {t.level}")
     b_minus = alg.apply(v_minus[inv_sig.ravel()], info)
     return alg, rows, weights, inv_sig.ravel(), v_minus, b_minus
 
@@ -211,7 +210,7 @@ def leaf_pass2(t: LeafPass2) -> dict:
     v_key = top_down_cov(v_minus[key[:, 0]], a_key, t.parent_v[key[:, 1]])
     b = top_down_est(alg, b_minus, a_key[kinv], t.parent_b[p], t.parent_s_est[p])
     if t.write_rows:
-        frame = cell_rows(alg, t.product, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries)
+        frame = cell_rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries)
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), t.out, compression="zstd")
     sums: dict[int, np.ndarray] = {}
     for r, bb in zip(rows, b):
@@ -313,7 +312,7 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     try:
         with dask_client(client, scheduler, workers) as dclient:
             for product in src.products:
-                wanted = queries[product] if queries else PRODUCTS[product].uncertainty_queries
+                wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
         if replicates is not None:
             from .replicates import add_replicate_columns
@@ -338,13 +337,14 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     return cost
 
 
-def _product(dclient, src: Source, product: str, out_queries: tuple[str, ...], want: set[str],
+def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], want: set[str],
              entities: pd.DataFrame | None, staging: Path, cost: Cost) -> list[Path]:
-    alg = KronAlgebra(SCHEMAS[product], measured_queries(src, product))
+    product = spec.name
+    alg = KronAlgebra(spec.schema, measured_queries(src, product))
     leaf = len(src.levels) - 1
     n_leaf = len(src.nodes[leaf])
     upper = [_full_level(alg, src, product, i) for i in range(leaf)]
-    common = dict(product=product, queries=alg.queries, level=src.levels[leaf], nodes=src.nodes[leaf],
+    common = dict(product=spec, queries=alg.queries, level=src.levels[leaf], nodes=src.nodes[leaf],
                   parents=src.parents[leaf])
     parts = src.parts(product, src.levels[leaf])
     futures = [dclient.submit(leaf_pass1, LeafTask(part=str(p), **common), pure=False) for p in parts]

@@ -31,17 +31,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from .invariants import UNIT_COLUMNS, LevelConstraints, infeasible, infeasible_error, invariant_rows
+from .invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
 from topdown.geo.spine import is_sorted, sorted_factorize
 
 from .levels import holding, node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
+from topdown.pipeline.configuration.census import PERSONS
+from topdown.vocab.census import Product
 from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
-from ..outputs.mdf import MDF_PARQUET
-from ..products import PRODUCTS
+from ..outputs.mdf import MDF_PARQUET, product_mdf
 from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_units, raise_block_problem
 
 #: Input records per read task (whole row groups; a bigger row group is a task alone).
@@ -241,7 +241,7 @@ def _hhgq_matrix() -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(cells.size, np.int64), (cells, cells // CELLS_PER_HHGQ)), shape=(cells.size, 8))
 
 
-def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray,
+def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray,
                    names: pd.Index | None, parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
                    runs: list[tuple[np.ndarray, np.ndarray]]) -> Shard:
     """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers`) and
@@ -249,7 +249,7 @@ def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Ind
     person read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
     node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
     summed per node of the level above."""
-    schema, spec = SCHEMAS[product], PRODUCTS[product]
+    schema = product.schema
     blocks = _geoid_strings(blocks) if isinstance(blocks, np.ndarray) else blocks
     names = blocks if names is None else names
     inverses = [np.repeat(values, lengths) for values, lengths in runs]
@@ -260,15 +260,15 @@ def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Ind
         problem = _persons_problem(parts, blocks, hist, units[:, :8])
     else:
         hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
-    cons = spec.level_constraints(cfg, levels, levels[-1], frame, None, None)
-    bad = infeasible(cons, node_answers(product, schema, hist))
+    cons = level_rhs(product, cfg, levels, levels[-1], frame, None, None)
+    bad = infeasible(cons, node_answers(product, hist))
     partials, answers, sums, below = [], [], [], {}
     for i, inverse in enumerate(inverses):
         rows, local = np.unique(inverse, return_inverse=True)
         agg = sp.csr_matrix((np.ones(len(local), np.int64), (local, np.arange(len(local)))), shape=(len(rows), len(local)))
         partial = (agg @ hist).tocsr()
         partials.append((rows, partial))
-        answers.append(node_answers(product, schema, partial))
+        answers.append(node_answers(product, partial))
         sums.append(agg @ units)
         if i == len(inverses) - 1:  # the level above the blocks: their right-hand sides summed per node
             for name, c in cons.rhs.items():
@@ -331,12 +331,12 @@ def hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
                          "count": coo.data[keep].astype(np.int64)}).sort_values(["geocode", "cell"], kind="stable")
 
 
-def write_county_mdf(product: str, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str) -> None:
+def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str) -> None:
     """Write one county's MDF part from the committed block-level parts (``rows``: the county's block rows in
     GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``)."""
     meta = meta_rows(metas, rows)
-    hist = read_rows(files, list(meta.units.index), SCHEMAS[product].ncells)
-    write_table(PRODUCTS[product].mdf(np.asarray(meta.geoids), hist, meta.units), Path(path), **MDF_PARQUET)
+    hist = read_rows(files, list(meta.units.index), product.schema.ncells)
+    write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units), Path(path), **MDF_PARQUET)
 
 
 def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
@@ -349,7 +349,7 @@ def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: li
     come pickled (engine.estimate_level)."""
     if isinstance(chunk, bytes):
         chunk = pickle.loads(chunk)
-    ncells = SCHEMAS[chunk.product].ncells
+    ncells = chunk.product.schema.ncells
     if child_parts is not None:
         chunk.child_hist = rows_of(child_parts, child_rows, ncells)
     if child_meta is not None:
@@ -427,7 +427,7 @@ def _block_units(frames: list[pd.DataFrame], blocks: pd.Index) -> np.ndarray:
     return units
 
 
-def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: InputFiles) -> list:
+def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, files: InputFiles) -> list:
     """Every level of ``product`` with its invariants and constraints (checked) in the driver and its true
     histograms on the workers (``Level.parts``): one shard task per :data:`SHARD_BLOCKS` blocks. The block
     level's unit counts and constraints stay on the shards too (``Level.meta``): the driver holds per block
@@ -436,13 +436,13 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
 
     from .levels import Level, LevelPart, _geography, _plb, levels_from_units
 
-    cfg = config.product(product)
+    cfg = config.product(product.name)
     tab_geoid, geo, parents = _geography(spine)
     release_memory()
     names = geo[-1].nodes  # the block level's geocodes, in the spine's block order (that of tab_geoid)
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
-    persons = PRODUCTS[product].records == PERSON_RECORDS
+    persons = product.records.name == PERSON_RECORDS
     unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
     sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(inp.persons, inp.person_geoids, shard_parts)]
@@ -492,10 +492,9 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
         if name in bad:
             raise infeasible_error(geo[-1].name, name, *bad[name])
     release_memory()
-    spec = PRODUCTS[product]
     levels = levels_from_units(product, cfg, spine, geo, parents,
                                [pd.DataFrame(u, index=g.nodes, columns=columns) for g, u in zip(above, sums)], answers,
-                               LevelConstraints(above[-1].nodes, {k: spec.constraints[k].bind(v) for k, v in below.items()}))
+                               LevelConstraints(above[-1].nodes, {k: bind(product.constraints[k], v) for k, v in below.items()}))
     del answers, sums, below
     levels.append(Level(geo[-1].name, names, parents[-1], None, None, None, _plb(cfg, spine, geo[-1].name, names), None))
     levels[-1].meta = [LevelPart(client.submit(shard_meta, fut, pure=False), lo, hi)
@@ -566,13 +565,13 @@ def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:
     return bool(((frame["geoid"] == block) & (frame[f"u{k}"] > 0)).any())
 
 
-def write_mdf(client, rundir, product: str, spine, blocks, estimated) -> None:
+def write_mdf(client, rundir, product: Product, spine, blocks, estimated) -> None:
     """Write the MDF of ``product`` on the workers, one task per county, from the committed block level
     (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit counts are
     on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
     geoids = block_geoids_in_order(spine)  # node order
     county = counties(geoids)
-    final = rundir.mdf(product)
+    final = rundir.mdf(product.name)
     staged = rundir.staging(final)
 
     def submit(i: int):

@@ -27,7 +27,7 @@ from ..configuration.config import Config
 from .levels import Level, holding
 from .progress import reporter
 from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_json_atomic, write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunk
 from .tasks import Chunk, ChunkResult, ParentTask, windowed
@@ -84,7 +84,7 @@ class ChunkPlan:
 
 
 def make_chunks(
-    product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
+    product: Product, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
     staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
 ) -> tuple[list[Chunk], np.ndarray]:
     """Every chunk of :func:`chunk_plan`, built, and the child order they follow."""
@@ -93,7 +93,7 @@ def make_chunks(
 
 
 def chunk_plan(
-    product: str, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
+    product: Product, config: Config, level: Level, parent_level: Level | None, parent_hist: sp.csr_matrix | None,
     staging_dir: str | None, independent: bool = False, source: MeasurementSource = DRAW,
     parent_nnz: np.ndarray | None = None,
 ) -> ChunkPlan:
@@ -106,7 +106,7 @@ def chunk_plan(
     Without ``parent_hist`` (the partitioned run: the task reads its parents, dataplane.run_part_chunk),
     ``parent_nnz`` gives each parent's count of non-zero cells, and the parent tasks' histograms are None.
     """
-    cfg = config.product(product)
+    cfg = config.product(product.name)
     common = dict(product=product, level=level.name, cfg=cfg, mode=config.run.mode, seed=config.run.seed)
     n = len(level)
     if independent or parent_level is None:
@@ -186,7 +186,7 @@ class LevelOutput:
 
 
 def estimate_level(
-    client: Client, rundir: RunDir, product: str, config: Config, level: Level, parent_level: Level | None,
+    client: Client, rundir: RunDir, product: Product, config: Config, level: Level, parent_level: Level | None,
     parent: LevelOutput | None, progress: ProgressFn | None = None, independent: bool = False,
     source: MeasurementSource = DRAW,
 ) -> tuple[LevelOutput, LevelReport]:
@@ -194,14 +194,15 @@ def estimate_level(
     and histograms are written by the tasks and committed atomically. The true histograms of the children
     come from ``level.parts`` (on the workers), the parents' estimates from ``parent``'s files."""
     start = time.perf_counter()
-    mdir = rundir.measurements(product, level.name)
-    hdir = rundir.histograms(product, level.name)
+    name = product.name
+    mdir = rundir.measurements(name, level.name)
+    hdir = rundir.histograms(name, level.name)
     plan = chunk_plan(product, config, level, parent_level, None, str(rundir.staging(mdir)), independent, source,
                       parent_nnz=None if parent is None else parent.nnz)
     if source.draws:
         rundir.staging(mdir).mkdir(parents=True, exist_ok=True)
     rundir.staging(hdir).mkdir(parents=True, exist_ok=True)
-    records = rundir.chunk_records(product, level.name)
+    records = rundir.chunk_records(name, level.name)
     tally = _Tally(len(level))  # the driver keeps no chunk result, only the level's arrays and sums
     finished = set()
     for i in range(len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
@@ -209,12 +210,12 @@ def estimate_level(
             tally.add(res, plan.rows(i))
             finished.add(i)
     if finished:
-        log.info("%s %s: %d of %d chunks finished by an earlier run, reused", product, level.name, len(finished),
+        log.info("%s %s: %d of %d chunks finished by an earlier run, reused", name, level.name, len(finished),
                  len(plan))
         if progress:
-            progress(product, level.name, len(finished), len(plan))
+            progress(name, level.name, len(finished), len(plan))
     if len(finished) < len(plan):  # the level's bar from its start; a cancelled job stops here
-        reporter().tasks(product, level.name, len(finished), len(plan))
+        reporter().tasks(name, level.name, len(finished), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
     digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
     todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in finished]
@@ -228,7 +229,7 @@ def estimate_level(
         # third of the objects a chunk unpickles to (benchmarks/RESULTS.md, "Driver memory, third round").
         return client.submit(run_part_chunk, pickle.dumps(plan.build(i), protocol=5), rows, parts, parent_files,
                              str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta,
-                             key=f"{product}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
+                             key=f"{name}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
 
     done = len(finished)
     for fut in windowed(client, submit, todo):  # a bounded number of chunks in the driver and the scheduler
@@ -237,7 +238,7 @@ def estimate_level(
         tally.add(res, plan.rows(res.index))
         done += 1
         if progress:
-            progress(product, level.name, done, len(plan))
+            progress(name, level.name, done, len(plan))
     if source.draws:
         rundir.commit(mdir)
     rundir.commit(hdir)
@@ -321,7 +322,7 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
         files["measurements"] = Path(chunk.measurements_path)
     meta, problem = _unverified(record, files)
     if problem is not None:
-        distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product} {chunk.level}",
+        distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product.name} {chunk.level}",
                  f"Delete {record} to recompute that chunk (a new draw of unreleased noise), then --resume")
         return None
     return ChunkResult(chunk.index, chunk.children, None, meta["failsafe"], meta["solved"], meta["copied"], 0.0,
@@ -357,12 +358,12 @@ def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, 
     return None if path is None else f"{rundir.root / path}: {problems[path]}"
 
 
-def read_level_histograms(rundir: RunDir, product: str, level: Level) -> sp.csr_matrix:
+def read_level_histograms(rundir: RunDir, product: Product, level: Level) -> sp.csr_matrix:
     """Estimated histograms of a level already written, in the driver (the block-by-block roll-up)."""
-    table = pq.read_table(rundir.histograms(product, level.name)).to_pandas()
+    table = pq.read_table(rundir.histograms(product.name, level.name)).to_pandas()
     rows = level.nodes.get_indexer(table["geocode"].astype(str))
     return sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
-                         shape=(len(level), SCHEMAS[product].ncells), dtype=np.int64)
+                         shape=(len(level), product.schema.ncells), dtype=np.int64)
 
 
 def read_level_output(rundir: RunDir, product: str, level: Level) -> LevelOutput:

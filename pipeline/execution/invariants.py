@@ -22,41 +22,23 @@ import numpy as np
 import pandas as pd
 
 from topdown.geo.spine import STATE
-from topdown.vocab.problem import Constraint, Sense
+from topdown.vocab.census import ConstraintSpec, Product, UnitBounds
+from topdown.vocab.problem import Constraint
+from topdown.vocab.queries import build_query
 
-from ..configuration.config import ProductConfig
+from ..configuration.config import ConfigError, ProductConfig
 
 UNIT_COLUMNS = [f"u{k}" for k in range(8)]
-GQ_CAP = 99999
-MIN_PER_UNIT = np.array([0, 1, 1, 1, 1, 1, 1, 1])
+#: The order constraints are bound in (the solvers' rows; the feasibility checks report the first violated),
+#: by right-hand side kind, then in declaration order.
+RHS_ORDER = ("unit_lower", "unit_upper", "zero", "occupied", "housing_units", "total")
 
 
-
-@dataclass(frozen=True)
-class ConstraintDef:
-    """A named constraint: ``query(node) <sense> rhs(node)``; :meth:`bind` gives it the right-hand sides."""
-
-    name: str
-    query: str
-    sense: Sense
-
-    def bind(self, rhs: np.ndarray) -> Constraint:
-        """The constraint with right-hand sides ``rhs[n_nodes, n_answers]``."""
-        return Constraint(self.name, self.query, self.sense, rhs)
+def bind(spec: ConstraintSpec, rhs: np.ndarray) -> Constraint:
+    """The declared constraint with right-hand sides ``rhs[n_nodes, n_answers]``."""
+    return Constraint(spec.name, spec.query, spec.sense, rhs)
 
 
-def _defs(*defs: ConstraintDef) -> dict[str, ConstraintDef]:
-    return {d.name: d for d in defs}
-
-
-#: The constraints each product knows (facts 2.3-2.5), each defined once: name, query and sense.
-PERSON_CONSTRAINTS = _defs(ConstraintDef("total", "total", "=="), ConstraintDef("hhgq_total_lb", "hhgq", ">="),
-                           ConstraintDef("hhgq_total_ub", "hhgq", "<="),
-                           ConstraintDef("nurse_nva_0", "gqNursingTotal * nonvoting", "=="),
-                           ConstraintDef("hh_lb_occupied", "householdTotal", ">="))
-UNIT_CONSTRAINTS = _defs(ConstraintDef("total", "total", "=="))
-PERSON_INVARIANTS = ("tot", "gqhh_vect", "gqhh_tot")
-UNIT_INVARIANTS = ("hu_tot",)
 #: The ``level`` of the rows of ``invariants/persons.parquet`` that hold each whole state's total.
 WHOLE_STATE = "whole_state"
 
@@ -91,26 +73,11 @@ def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: st
     return {name for lv in levels[levels.index(level):] for name in cfg_map.get(lv, [])}
 
 
-def check_names(product: str, cfg: ProductConfig, levels: list[str]) -> None:
-    """Unknown invariant or constraint names and unknown levels are configuration errors."""
-    from ..configuration.config import ConfigError
-    from ..products import PRODUCTS
-
-    spec = PRODUCTS[product]
-    for table, known in (("constraints", tuple(spec.constraints)), ("invariants", spec.invariants)):
-        for level, names in getattr(cfg, table).items():
-            if level not in levels:
-                raise ConfigError(f"[{product}.{table}] names level {level!r}; levels are {', '.join(levels)}")
-            for name in names:
-                if name not in known:
-                    raise ConfigError(f"[{product}.{table}].{level}: unknown {table[:-1]} {name!r}; known: {', '.join(known)}")
-
-
-def _hhgq_bounds(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds on persons by hhgq type (facts 2.3); rows whose ``total`` is NaN (not an
+def unit_bounds(u: np.ndarray, total: np.ndarray | None, bounds: UnitBounds) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds on records by unit type (facts 2.3); rows whose ``total`` is NaN (not an
     invariant) get the bounds without a total."""
-    lower = u * MIN_PER_UNIT
-    upper = u * GQ_CAP
+    lower = u * np.asarray(bounds.min_per_unit)
+    upper = u * np.asarray(bounds.cap)
     if total is None:
         return lower.astype(float), upper.astype(float)
     known = np.isfinite(total)[:, None]
@@ -128,32 +95,37 @@ def _hhgq_bounds(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, n
 BOUND_ROWS = 50_000
 
 
-def _hhgq_bounds_by_rows(u: np.ndarray, total: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_hhgq_bounds` of :data:`BOUND_ROWS` rows at a time (the same values)."""
+def _unit_bounds_by_rows(u: np.ndarray, total: np.ndarray | None, bounds: UnitBounds) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`unit_bounds` of :data:`BOUND_ROWS` rows at a time (the same values)."""
     lb, ub = np.empty(u.shape), np.empty(u.shape)
     for lo in range(0, len(u), BOUND_ROWS):
         rows = slice(lo, lo + BOUND_ROWS)
-        lb[rows], ub[rows] = _hhgq_bounds(u[rows], None if total is None else total[rows])
+        lb[rows], ub[rows] = unit_bounds(u[rows], None if total is None else total[rows], bounds)
     return lb, ub
 
 
-def person_constraints(
-    cfg: ProductConfig, levels: list[str], level: str, nodes: pd.DataFrame, child_rhs: LevelConstraints | None,
-    child_parent: np.ndarray | None,
-) -> LevelConstraints:
-    """Constraint right-hand sides of the persons product at one level.
+def total_invariants(product: Product) -> list[str]:
+    """The names of the product's invariants of kind ``total`` (their values are the ``tot`` column)."""
+    return [name for name, spec in product.invariants.items() if spec.kind == "total"]
 
-    ``nodes`` has columns u0..u7, occupied and (if invariant here) tot. ``child_rhs`` are the
-    right-hand sides one level down and ``child_parent`` maps each child row to its row here, for the
-    sum propagation (None at the block level).
-    """
+
+def level_rhs(
+    product: Product, cfg: ProductConfig, levels: list[str], level: str, nodes: pd.DataFrame,
+    child_rhs: LevelConstraints | None, child_parent: np.ndarray | None,
+) -> LevelConstraints:
+    """Constraint right-hand sides of ``product`` at one level, from each declared constraint's kind.
+
+    ``nodes`` has columns u0..u7, occupied and (if invariant here) tot. ``child_rhs`` are the right-hand sides
+    one level down and ``child_parent`` maps each child row to its row here, for the sum propagation (None at
+    the lowest level). A constraint configured at a level applies at every level above it (its right-hand
+    sides are sums), except ``total``, which applies where configured (it needs the total invariant)."""
     active = configured_below(cfg.constraints, levels, level)
     here = set(cfg.constraints.get(level, []))
     n = len(nodes)
-    u = nodes[UNIT_COLUMNS].to_numpy(dtype=np.int64)
-    has_tot = "tot" in nodes.columns and nodes["tot"].notna().any() and "tot" in cfg.invariants.get(level, [])
+    totals = total_invariants(product)
+    has_tot = "tot" in nodes.columns and nodes["tot"].notna().any() and bool(set(totals) & set(cfg.invariants.get(level, [])))
+    above_state = level in levels[: levels.index(STATE)] if STATE in levels else False
     rhs: dict[str, Constraint] = {}
-    defs = PERSON_CONSTRAINTS
 
     def summed(name: str) -> np.ndarray | None:
         if child_rhs is None or name not in child_rhs.rhs:
@@ -163,35 +135,35 @@ def person_constraints(
         np.add.at(out, child_parent, vals)
         return out
 
-    if {"hhgq_total_lb", "hhgq_total_ub"} & active:
-        above_state = level in levels[: levels.index(STATE)] if STATE in levels else False
-        lb, ub = _hhgq_bounds_by_rows(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None)
-        slb, sub = summed("hhgq_total_lb"), summed("hhgq_total_ub")
-        if above_state and slb is not None:
-            lb, ub = slb, sub
-        elif has_tot and slb is not None:
-            lb, ub = np.maximum(lb, slb), np.minimum(ub, sub)
-        if "hhgq_total_lb" in active:
-            rhs["hhgq_total_lb"] = defs["hhgq_total_lb"].bind(lb)
-        if "hhgq_total_ub" in active:
-            rhs["hhgq_total_ub"] = defs["hhgq_total_ub"].bind(ub)
-    if "nurse_nva_0" in active:
-        rhs["nurse_nva_0"] = defs["nurse_nva_0"].bind(np.zeros((n, 1)))
-    if "hh_lb_occupied" in active:
-        rhs["hh_lb_occupied"] = defs["hh_lb_occupied"].bind(nodes[["occupied"]].to_numpy(dtype=float))
-    if "total" in here:
-        if "tot" not in nodes.columns or nodes["tot"].isna().any():
-            from ..configuration.config import ConfigError
-            raise ConfigError(f"constraint 'total' at {level} needs the invariant 'tot' at {level} or below, and "
-                              "nodes that are whole states (on a spine that splits states into AIAN parts the whole "
-                              "state's total binds the parts as a group; a part's total is not invariant)")
-        rhs["total"] = defs["total"].bind(nodes[["tot"]].to_numpy(dtype=float))
+    bounds: tuple[np.ndarray, np.ndarray] | None = None
+    for spec in sorted((s for s in product.constraints.values() if s.name in active), key=lambda s: RHS_ORDER.index(s.rhs)):
+        if spec.rhs in ("unit_lower", "unit_upper"):
+            if bounds is None:
+                u = nodes[UNIT_COLUMNS[:len(product.unit_bounds.cap)]].to_numpy(dtype=np.int64)  # types 0..k-1
+                bounds = _unit_bounds_by_rows(u, nodes["tot"].to_numpy(dtype=float) if has_tot else None,
+                                              product.unit_bounds)
+            value, from_children = bounds[spec.rhs == "unit_upper"], summed(spec.name)
+            if above_state and from_children is not None:
+                value = from_children
+            elif has_tot and from_children is not None:
+                value = (np.minimum if spec.rhs == "unit_upper" else np.maximum)(value, from_children)
+        elif spec.rhs == "zero":
+            value = np.zeros((n, build_query(product.schema, spec.query).n_answers))
+        elif spec.rhs == "occupied":
+            value = nodes[["occupied"]].to_numpy(dtype=float)
+        elif spec.rhs == "housing_units":
+            value = nodes[["u0"]].to_numpy(dtype=float)
+        else:  # total
+            if spec.name not in here:
+                continue
+            if "tot" not in nodes.columns or nodes["tot"].isna().any():
+                raise ConfigError(f"constraint {spec.name!r} at {level} needs the invariant "
+                                  f"{(totals or ['tot'])[0]!r} at {level} or below, and nodes that are whole states (on "
+                                  "a spine that splits states into AIAN parts the whole state's total binds the parts "
+                                  "as a group; a part's total is not invariant)")
+            value = nodes[["tot"]].to_numpy(dtype=float)
+        rhs[spec.name] = bind(spec, value)
     return LevelConstraints(nodes.index, rhs)
-
-
-def unit_constraints(nodes: pd.DataFrame) -> LevelConstraints:
-    """The housing-unit product: the housing-unit count of every node is invariant (block HU counts sum up)."""
-    return LevelConstraints(nodes.index, {"total": UNIT_CONSTRAINTS["total"].bind(nodes[["u0"]].to_numpy(dtype=float))})
 
 
 def infeasible(cons: LevelConstraints, true_answers: dict[str, np.ndarray]) -> dict[str, tuple[int, int]]:

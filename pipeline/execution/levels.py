@@ -16,11 +16,11 @@ import scipy.sparse as sp
 
 from topdown.geo.spine import Spine, is_sorted, sorted_factorize
 
-from ..configuration.config import ProductConfig
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, check_feasible, configured_below
-from ..products import PRODUCTS
+from ..configuration.config import ConfigError, ProductConfig
+from .invariants import (UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, check_feasible, configured_below,
+                         level_rhs, total_invariants)
+from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
-from topdown.vocab.schema import Schema
 
 
 @dataclass
@@ -144,7 +144,7 @@ def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarra
     return tab_geoid, geo, parents
 
 
-def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
+def level_constraints(product: Product, cfg: ProductConfig, levels: list[str], units: list[pd.DataFrame],
                       parents: list[np.ndarray | None], below: LevelConstraints | None = None) -> list[LevelConstraints]:
     """Constraint right-hand sides of every level, bottom-up (they propagate as sums), from the public
     invariants only: ``units[i]`` is level i's node frame (u0..u7, occupied, and tot where invariant) and
@@ -153,13 +153,12 @@ def level_constraints(product: str, cfg: ProductConfig, levels: list[str], units
     block level's right-hand sides summed per node of the last level given (a partitioned run's shards sum
     them), which gives the same sums."""
     cons: list[LevelConstraints | None] = [None] * len(units)
-    rhs_of = PRODUCTS[product].level_constraints
     for i in range(len(units) - 1, -1, -1):
         if i + 1 < len(units):
             child, child_parent = cons[i + 1], parents[i + 1]
         else:
             child, child_parent = below, None if below is None else np.arange(len(units[i]))
-        cons[i] = rhs_of(cfg, levels, levels[i], units[i], child, child_parent)
+        cons[i] = level_rhs(product, cfg, levels, levels[i], units[i], child, child_parent)
     return cons
 
 
@@ -179,7 +178,7 @@ def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> Shares
 
 
 def build_levels(
-    product: str, schema: Schema, cfg: ProductConfig, spine: Spine, block_hist: pd.DataFrame, block_units: pd.DataFrame,
+    product: Product, cfg: ProductConfig, spine: Spine, block_hist: pd.DataFrame, block_units: pd.DataFrame,
 ) -> list[Level]:
     """True histograms, invariants and constraint right-hand sides at every level, top-down, in memory (the
     audit's repeated runs; a run keeps the histograms on its workers, dataplane.py).
@@ -188,22 +187,22 @@ def build_levels(
     """
     geography = _geography(spine)
     tab_geoid, geo, _ = geography
-    bhist = block_matrix(block_hist, tab_geoid, schema.ncells)
+    bhist = block_matrix(block_hist, tab_geoid, product.schema.ncells)
     hists = [(g.agg @ bhist).tocsr() for g in geo]
-    answers = [node_answers(product, schema, h) for h in hists]
+    answers = [node_answers(product, h) for h in hists]
     levels = levels_from_answers(product, cfg, spine, geography, block_units, answers)
     for level, hist in zip(levels, hists):
         level.hist = hist
     return levels
 
 
-def node_answers(product: str, schema: Schema, hist: sp.csr_matrix) -> dict[str, np.ndarray]:
+def node_answers(product: Product, hist: sp.csr_matrix) -> dict[str, np.ndarray]:
     """Per node (rows of ``hist``) the answers of the queries the feasibility checks and total invariants need."""
-    return {q: np.asarray((build_query(schema, q).matrix() @ hist.T).T.todense())
-            for q in PRODUCTS[product].feasibility_queries}
+    return {q: np.asarray((build_query(product.schema, q).matrix() @ hist.T).T.todense())
+            for q in product.feasibility_queries}
 
 
-def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, geography: tuple, block_units: pd.DataFrame,
+def levels_from_answers(product: Product, cfg: ProductConfig, spine: Spine, geography: tuple, block_units: pd.DataFrame,
                         answers: list[dict[str, np.ndarray]]) -> list[Level]:
     """Every level's nodes, invariants and constraint right-hand sides, top-down, from the spine's
     ``geography`` (:func:`_geography`, computed once by the caller), the public block unit counts and, per
@@ -218,7 +217,7 @@ def levels_from_answers(product: str, cfg: ProductConfig, spine: Spine, geograph
     return levels_from_units(product, cfg, spine, geo, parents, units, answers)
 
 
-def levels_from_units(product: str, cfg: ProductConfig, spine: Spine, geo: list, parents: list[np.ndarray | None],
+def levels_from_units(product: Product, cfg: ProductConfig, spine: Spine, geo: list, parents: list[np.ndarray | None],
                       units: list[pd.DataFrame], answers: list[dict[str, np.ndarray]],
                       below: LevelConstraints | None = None) -> list[Level]:
     """The levels ``geo[:len(units)]`` from their node frames (u0..u7, occupied) and true answers: invariant
@@ -227,8 +226,8 @@ def levels_from_units(product: str, cfg: ProductConfig, spine: Spine, geo: list,
     totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
     for i, g in enumerate(geo[:len(units)]):
-        if (PRODUCTS[product].total_invariant and state_level is not None and i <= state_level
-                and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
+        if (state_level is not None and i <= state_level  # only a declared total
+                and set(total_invariants(product)) & configured_below(cfg.invariants, spine.levels, g.name)):
             units[i] = units[i].assign(tot=_invariant_totals(totals[i].astype(float), g.state if i == state_level else None))
     cons = level_constraints(product, cfg, spine.levels, units, parents, below)
     for g, ans, c in reversed(list(zip(geo, answers, cons))):  # the lowest infeasible level is reported
@@ -282,15 +281,14 @@ def published_units(spine: Spine, invariants: pd.DataFrame, where: str = "invari
     return units, parents, [g.state for g in geo], state_total
 
 
-def public_levels(product: str, cfg: ProductConfig, spine: Spine, invariants: pd.DataFrame,
+def public_levels(product: Product, cfg: ProductConfig, spine: Spine, invariants: pd.DataFrame,
                   where: str = "invariants") -> list[Level]:
     """The levels rebuilt from public data only, for reprocessing: the spine and the published invariants
     (:func:`published_units`); no histogram (``hist`` is None). Constraints are rebuilt from the invariants
     exactly as :func:`build_levels` builds them from the same values."""
-    from ..configuration.config import ConfigError
-
-    if any("hh_lb_occupied" in names for names in cfg.constraints.values()):
-        raise ConfigError(f"[{product}.constraints] hh_lb_occupied needs the occupied housing units of every "
+    occupied = {s.name for s in product.constraints.values() if s.rhs == "occupied"}
+    if used := sorted(occupied & {n for names in cfg.constraints.values() for n in names}):
+        raise ConfigError(f"[{product.name}.constraints] {used[0]} needs the occupied housing units of every "
                           "node, which are not invariant and not published; it cannot be rebuilt by reprocessing")
     units, parents, states, state_total = published_units(spine, invariants, where)
     state_level = spine.state_index

@@ -48,11 +48,11 @@ import pyarrow.parquet as pq
 from topdown.geo.spine import Spine
 
 from ..inputs.validate import InputError
+from .invariants import UNIT_COLUMNS
 from .levels import level_constraints, published_units
 from .progress import track
-from ..products import PRODUCTS
 from .rundir import MEASURED, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Product
 
 FORMAT = "topdown-nmf/1"
 SIGNS = {"==": "=", "<=": "<=", ">=": ">="}
@@ -85,14 +85,22 @@ def _dpquery_table(long: pd.DataFrame, shares: dict[str, Fraction], query_shares
     })
 
 
-def _constraint_table(product: str, nodes: pd.Index, units: pd.DataFrame, cons,
+def nmf_invariants(product: Product) -> list[tuple[str, tuple[str, ...], str]]:
+    """The rows of ``product``'s invariants in the NMF, from their declared kinds, in the order unit counts,
+    totals, housing units: (name, the invariants file's columns, query). ``unit_total`` is the sum of the
+    ``unit_counts`` row and has no row of its own."""
+    columns = {"unit_counts": (tuple(UNIT_COLUMNS), ""), "total": (("tot",), "total"), "housing_units": (("u0",), "total")}
+    return [(name, *columns[kind]) for kind in columns for name, spec in product.invariants.items() if spec.kind == kind]
+
+
+def _constraint_table(product: Product, nodes: pd.Index, units: pd.DataFrame, cons,
                       whole_states: pd.Series | None = None) -> pa.Table:
     """Invariant and constraint rows of one level, in (geocode, kind, name) order; ``whole_states``: the
     whole-state totals of states split into parts (rows geocode = state FIPS)."""
     rows: list[tuple] = []
     if whole_states is not None:
         rows += [(str(g), WHOLE_STATE_TOTAL, "invariant", "total", "=", [float(v)]) for g, v in whole_states.items()]
-    for name, cols, query in PRODUCTS[product].nmf_invariants:
+    for name, cols, query in nmf_invariants(product):
         if all(c in units.columns for c in cols):
             vals = units[list(cols)].to_numpy(dtype=float)
             rows += [(g, name, "invariant", query, "=", list(v)) for g, v in zip(nodes, vals) if not np.isnan(v).any()]
@@ -123,15 +131,15 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     with removed_on_failure(tmp):  # complete or absent
         meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(), "levels": spine.levels,
                 "spine": spine.kind, "products": {}}
-        for product in config.run.products:
+        for spec in config.run_products:
+            product, schema = spec.name, spec.schema
             cfg = config.product(product)
-            schema = SCHEMAS[product]
             inv_path = reader.invariants(product)
             units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
             # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
             units = [u.assign(occupied=np.nan) for u in units]
             nodes = [u.index for u in units]
-            cons = level_constraints(product, cfg, spine.levels, units, parents)
+            cons = level_constraints(spec, cfg, spine.levels, units, parents)
             for lv, n, u, c in track(list(zip(spine.levels, nodes, units, cons)), f"nmf {product}", unit="levels"):
                 base = tmp / product / f"{lv}.parquet"
                 shares = node_shares(spine, cfg.budget, lv)
@@ -143,7 +151,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
                     if len(long):
                         write_table(_dpquery_table(long, shares, qshares), base / "DPQuery" / f"part-{i:05d}.parquet")
                 split = state_total is not None and "tot" in u.columns and u["tot"].isna().any()  # a state in parts
-                write_table(_constraint_table(product, n, u, c, state_total if split else None),
+                write_table(_constraint_table(spec, n, u, c, state_total if split else None),
                             base / "Constraint" / "part-00000.parquet")
             meta["products"][product] = {
                 "mechanism": cert[product]["mechanism"], "rho": cert[product].get("rho"),

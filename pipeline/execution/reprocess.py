@@ -30,15 +30,14 @@ from topdown.geo.spine import Spine
 from ..configuration.config import (Config, ConfigError, _deep_merge, config_from_dict, differing_keys, load_config,
                                     read_toml, resolve_config_path)
 from .engine import ProgressFn
-from topdown.vocab.schema import PERSONS, UNITS
+from topdown.vocab.census import Product
 
 from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import Level, public_levels
-from .nmf import WHOLE_STATE_TOTAL
+from .nmf import WHOLE_STATE_TOTAL, nmf_invariants
 from .rundir import MEASURED, RunDir, RunDirError, RunReader, check_out, is_run_dir, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
-from ..products import PRODUCTS
 from ..configuration.sources import Published
 from ..privacy.budget import KINDS
 from ..privacy.measure import MEASUREMENT_PARQUET
@@ -59,9 +58,9 @@ ZERO_LOSS = {"rho": "0", "epsilon": "0", "delta": "0",
                     "no noise drawn and no confidential data read"}
 
 
-def _post_processing(key: str) -> bool:
+def _post_processing(key: str, products: list[str]) -> bool:
     for allowed in POST_PROCESSING:
-        for product in PRODUCTS:
+        for product in products:
             prefix = allowed.replace("<product>", product)
             if key == prefix or key.startswith(prefix + "."):
                 return True
@@ -71,7 +70,8 @@ def _post_processing(key: str) -> bool:
 def changed_keys(before: Config, after: Config, where: str) -> list[str]:
     """The dotted keys ``after`` changes; raises :class:`ConfigError` naming the first measured one."""
     changed = differing_keys(before.model_dump(mode="json"), after.model_dump(mode="json"))
-    measured = [k for k in changed if not _post_processing(k)]
+    products = [p.name for p in after.census.products]
+    measured = [k for k in changed if not _post_processing(k, products)]
     if measured:
         raise ConfigError(f"{where}: {measured[0]} changes what was measured (reprocessing may change only "
                           f"{', '.join(POST_PROCESSING)}); run a new release for it instead")
@@ -85,16 +85,26 @@ def apply_changes(config: Config, changes: str | Path) -> Config:
     return config_from_dict(_deep_merge(config.model_dump(mode="json"), read_toml(path)), source=str(path))
 
 
-def read_invariants(src: RunReader, product: str) -> pd.DataFrame:
-    """The published invariants of ``product``. The units MDF needs the block GQ-facility counts, which runs
-    before config.json published with the persons invariants only; they are taken from there."""
-    inv = pd.read_parquet(src.invariants(product))
+def _unit_donors(product: Product, products: list[Product]) -> list[Product]:
+    """The products whose invariants hold every node's unit counts (kind ``unit_counts``), when ``product``'s
+    do not: the U.S. units MDF needs the block GQ-facility counts, which runs before config.json published
+    with the persons invariants only."""
+    return [p for p in products if p is not product and any(s.kind == "unit_counts" for s in p.invariants.values())]
+
+
+def read_invariants(src: RunReader, product: Product, products: list[Product]) -> pd.DataFrame:
+    """The published invariants of ``product``, with the unit counts it lacks taken from another product's
+    (:func:`_unit_donors`)."""
+    inv = pd.read_parquet(src.invariants(product.name))
     inv["geocode"] = inv["geocode"].astype(str)
-    if product == UNITS.name and not set(UNIT_COLUMNS) <= set(inv.columns):
-        other = src.invariants(PERSONS.name)
-        if not other.exists():
-            raise FileNotFoundError(f"{src.invariants(product)}: no GQ-facility counts (u1..u7), and no persons "
-                                    "invariants to take them from")
+    if not set(UNIT_COLUMNS) <= set(inv.columns):
+        other = next((src.invariants(p.name) for p in _unit_donors(product, products)
+                      if src.invariants(p.name).exists()), None)
+        if other is None:
+            if product.mdf == "pl94_units":
+                raise FileNotFoundError(f"{src.invariants(product.name)}: no GQ-facility counts (u1..u7), and no "
+                                        "invariants of another product to take them from")
+            return inv
         gq = pd.read_parquet(other, columns=["level", "geocode", *UNIT_COLUMNS[1:]])
         gq["geocode"] = gq["geocode"].astype(str)
         inv = inv.merge(gq, on=["level", "geocode"], how="left")
@@ -171,7 +181,8 @@ def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
             link_tree(src.root / name, staged)
             rd.commit(final)
 
-    return _Source(config, src.spine(), {p: read_invariants(src, p) for p in config.run.products}, cert,
+    return _Source(config, src.spine(), {p.name: read_invariants(src, p, config.run_products)
+                                         for p in config.run_products}, cert,
                    source_hashes(src), publish)
 
 
@@ -180,10 +191,11 @@ def nmf_hashes(nmf_dir: Path, spine: Path) -> dict[str, str]:
     return {"nmf": tree_sha256(nmf_dir), "spine": tree_sha256(spine)}
 
 
-def _nmf_invariants(nmf, product: str) -> pd.DataFrame:
-    """The invariants of a noisy measurement file's Constraint rows as a run's invariants table."""
+def _nmf_invariants(nmf, product: Product, products: list[Product]) -> pd.DataFrame:
+    """The invariants of a noisy measurement file's Constraint rows as a run's invariants table (with the unit
+    counts ``product`` lacks from another product's, :func:`_unit_donors`)."""
     frames = []
-    for level, con in nmf.constraints[product].items():
+    for level, con in nmf.constraints[product.name].items():
         inv = con[con["kind"] == "invariant"]
         whole = inv[inv["name"] == WHOLE_STATE_TOTAL]  # a split state's total: the invariants' whole_state rows
         if len(whole):
@@ -191,15 +203,17 @@ def _nmf_invariants(nmf, product: str) -> pd.DataFrame:
                                         "tot": [v[0] for v in whole["value"]]}))
             inv = inv[inv["name"] != WHOLE_STATE_TOTAL]
         frame = pd.DataFrame(index=pd.Index(sorted(set(inv["geocode"].astype(str))), name="geocode"))
-        for name, columns in (("gqhh_vect", UNIT_COLUMNS), ("tot", ["tot"]), ("hu_tot", ["u0"])):
+        for name, columns, _ in nmf_invariants(product):
             rows = inv[inv["name"] == name]
             if len(rows):
                 values = np.vstack(rows["value"].to_numpy())
-                frame = frame.join(pd.DataFrame(values, columns=columns, index=rows["geocode"].astype(str).to_numpy()))
+                frame = frame.join(pd.DataFrame(values, columns=list(columns),
+                                                index=rows["geocode"].astype(str).to_numpy()))
         frames.append(frame.reset_index().assign(level=level))
     out = pd.concat(frames, ignore_index=True)
-    if product == UNITS.name and PERSONS.name in nmf.constraints and "u1" not in out.columns:
-        gq = _nmf_invariants(nmf, PERSONS.name)[["level", "geocode", *UNIT_COLUMNS[1:]]]
+    donors = [p for p in _unit_donors(product, products) if p.name in nmf.constraints]
+    if donors and "u1" not in out.columns:
+        gq = _nmf_invariants(nmf, donors[0], products)[["level", "geocode", *UNIT_COLUMNS[1:]]]
         out = out.merge(gq, on=["level", "geocode"], how="left")
     return out
 
@@ -245,7 +259,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
         for level in spine.levels:
             if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
                 raise InputError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
-    invariants = {p: _nmf_invariants(nmf, p) for p in config.run.products}
+    invariants = {p.name: _nmf_invariants(nmf, p, config.run_products) for p in config.run_products}
     of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}
     cert = reprocessing_certificate(
@@ -294,9 +308,9 @@ def reprocess(
     src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}
-    for product in config.run.products:
+    for product in config.run_products:
         _level_names(config, product, src.spine.levels)
-        levels[product] = public_levels(product, config.product(product), src.spine, src.invariants[product],
+        levels[product.name] = public_levels(product, config.product(product.name), src.spine, src.invariants[product.name],
                                         where=f"invariants of {source}")
     of = src.certificate["reprocessing_of"]
     log.info("reprocessing %s into %s: no noise is drawn%s", source, out,

@@ -510,8 +510,6 @@ class Certificate:
 
     @classmethod
     def read(cls, path: Path) -> "Certificate":
-        from ..products import PRODUCTS
-
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -519,7 +517,8 @@ class Certificate:
         if not isinstance(data, dict):
             raise RunDirError(f"{path}: a certificate is a JSON object, found {type(data).__name__}")
         return cls(path, _schema_version(data, path), str(data.get("run", "")), str(data.get("mode", "")),
-                   bool(data.get("private", False)), {n: data[n] for n in PRODUCTS if isinstance(data.get(n), dict)},
+                   bool(data.get("private", False)),
+                   {n: e for n, e in data.items() if isinstance(e, dict) and e.get("product") == n},
                    data)
 
 
@@ -613,6 +612,19 @@ class RunReader(RunDir):
             raise RunDirError(f"{self.root}: configuration {config.source} does not match the run's config hash "
                               f"{manifest.data.get('config_hash', '?')[:12]}")
         return config
+
+    def products(self) -> list:
+        """The run's products (``vocab.census.Product``), as its configuration declares them, in the manifest's
+        order; a run without a readable configuration is read as one of the default census (P.L. 94-171)."""
+        from ..configuration.census import default_census
+        from ..configuration.config import ConfigError
+
+        try:
+            census = self.config().census
+        except (RunDirError, ConfigError):
+            census = default_census()
+        names = self.manifest().products
+        return sorted((p for p in census.products if p.name in names), key=lambda p: names.index(p.name))
 
     def spine_table(self):
         """``spine.parquet`` as a frame of strings (geoid + one column per level)."""

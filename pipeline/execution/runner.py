@@ -35,17 +35,16 @@ from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabul
                         write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, read_level_output, write_level_histograms)
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, check_names, invariant_rows
+from .invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
 from .levels import Level, rollup, shares
 from .memory import limit_heaps, release_memory
 from .progress import Steps, chain, reporter
 from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
-from ..products import PRODUCTS
 from .private_files import private_dir
 from .rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, check_out, is_run_dir, sha256_file,
                      write_json_atomic, write_table)
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
 
@@ -149,11 +148,10 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
     return path
 
 
-def _level_names(config: Config, product: str, spine_levels: list[str]) -> None:
+def _level_names(config: Config, spec: Product, spine_levels: list[str]) -> None:
+    product = spec.name
     cfg = config.product(product)
-    schema = SCHEMAS[product]
-    check_budget(cfg.budget, spine_levels, schema, where=f"{product}.budget")
-    check_names(product, cfg, spine_levels)
+    check_budget(cfg.budget, spine_levels, spec.schema, where=f"{product}.budget")
     for table in ("l2_passes", "rounder_passes"):
         passes = getattr(cfg.estimation, table)
         for level in spine_levels:
@@ -306,27 +304,27 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
                             units=gq_presence(dclient, data) if config.run.spine == "optimized" else None)
         del geoids
         release_memory()
-        for product in config.run.products:
+        for product in config.run_products:
             _level_names(config, product, spine.levels)
         timings["spine"] = time.perf_counter() - t
 
         cert = with_draws(certificate(config, {p: _path_shares(spine, config.product(p).budget)
                                                for p in config.run.products}), prior or [])
         all_levels: dict[str, list[Level]] = {}
-        for product in config.run.products:
+        for product in config.run_products:
             t = time.perf_counter()
-            steps.start(f"tabulate {product}")
-            all_levels[product] = tabulate_levels(dclient, config, product, spine, data, files)
+            steps.start(f"tabulate {product.name}")
+            all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files)
             release_memory()
-            timings[f"{product}.tabulate"] = time.perf_counter() - t
+            timings[f"{product.name}.tabulate"] = time.perf_counter() - t
         del data  # the shards hold the true histograms now
         release_memory()
         steps.close()
 
         def publish(rd: RunDir) -> None:
             write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
-            for product in config.run.products:
-                _write_invariants(dclient, rd, product, all_levels[product])
+            for product in config.run_products:
+                _write_invariants(dclient, rd, product, all_levels[product.name])
 
         plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
         return execute(config, rundir, manifest, plan, dclient, None, None, progress, t0, security, fresh=fresh)
@@ -372,14 +370,14 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
         })
         rundir.write_manifest(manifest)
 
-        for product in config.run.products:
-            levels = plan.levels[product]
+        for product in config.run_products:
+            levels = plan.levels[product.name]
             blocks = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
-                                       lambda level: plan.source(rundir, product, level))
+                                       lambda level: plan.source(rundir, product.name, level))
             t = time.perf_counter()
             write_mdf(dclient, rundir, product, plan.spine, levels[-1], blocks)
             release_memory()
-            timings[f"{product}.mdf"] = time.perf_counter() - t
+            timings[f"{product.name}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
     shutil.rmtree(rundir.root / STAGING, ignore_errors=True)
     manifest["output_sha256"] = rundir.output_digests(list(config.run.products))  # verify re-checks them
@@ -436,9 +434,10 @@ class PathShares(Mapping):
         return {self.blocks[i]: self._path(i) for i in np.sort(first)}
 
 
-def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, levels: list[Level], manifest: dict,
+def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, levels: list[Level], manifest: dict,
                       progress: ProgressFn | None, source: Callable[[Level], MeasurementSource]):
     """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
+    product = spec.name
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
     digests = manifest.setdefault("sha256", {}).setdefault(product, {})
@@ -457,7 +456,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
             distrust(problem, config.run.mode, f"{product} {level.name}",
                      "Run again without --resume (with --redraw: a second release) or restore the level's files")
             done.remove(level.name)
-        hist, report = estimate_level(dclient, rundir, product, config, level, parent, hist, progress,
+        hist, report = estimate_level(dclient, rundir, spec, config, level, parent, hist, progress,
                                       independent=by_block, source=source(level))
         _log_report(product, report)
         release_memory()
@@ -469,7 +468,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
         manifest["timings"][f"{product}.{level.name}"] = round(report.seconds, 3)
         rundir.write_manifest(manifest)
     if by_block:  # the roll-up of the block-by-block algorithm runs in the driver
-        up = read_level_histograms(rundir, product, level)
+        up = read_level_histograms(rundir, spec, level)
         for child, level in zip(levels[:0:-1], levels[-2::-1]):
             up = sp.csr_matrix((np.ones(len(child)), (child.parent, np.arange(len(child)))),
                                shape=(len(level), len(child))) @ up
@@ -490,19 +489,19 @@ def block_by_block_config(config: Config) -> Config:
     return config_from_dict(data, source=config.source)
 
 
-def _log_report(product: str, r: LevelReport) -> None:
-    log.info("%s %s: %d parents (%d solved, %d copied) in %d tasks, %.1fs%s", product, r.level, r.parents, r.solved,
+def _log_report(name: str, r: LevelReport) -> None:
+    log.info("%s %s: %d parents (%d solved, %d copied) in %d tasks, %.1fs%s", name, r.level, r.parents, r.solved,
              r.copied, r.tasks, r.seconds, f", failsafe for {len(r.failsafe)} parent(s)" if r.failsafe else "")
 
 
-def _write_invariants(client, rundir: RunDir, product: str, levels: list[Level]) -> None:
+def _write_invariants(client, rundir: RunDir, product: Product, levels: list[Level]) -> None:
     """The declared-public invariants (facts 2.8): the unit and GQ-facility counts of every node (sums of
     block invariants) and, for persons, the US total (``tot`` of the US row) and each whole state's total
     (rows of level ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
     no total: only declared invariants are written. A partitioned run's block rows are on the shards
     (``Level.meta``): a worker adds them and writes the file."""
     frames = []
-    total = PRODUCTS[product].total_invariant
+    total = product.total_invariant
     blocks = levels[-1] if levels[-1].units is None else None
     for level in levels[:-1] if blocks is not None else levels:
         tot = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
@@ -511,7 +510,7 @@ def _write_invariants(client, rundir: RunDir, product: str, levels: list[Level])
             whole = level.units[UNIT_COLUMNS].groupby(level.state).sum()
             frames.append(whole.assign(tot=level.state_total.reindex(whole.index).to_numpy(dtype=float))
                           .reset_index(names="geocode").assign(level=WHOLE_STATE))
-    path = rundir.invariants(product)
+    path = rundir.invariants(product.name)
     if blocks is None:
         write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
     else:

@@ -18,7 +18,7 @@ from topdown.vocab.problem import Constraint, FailsafeStep, GroupTotal, Measurem
 
 from ..configuration.config import ProductConfig
 from .rundir import sha256_file
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 
 
@@ -43,7 +43,7 @@ class Chunk:
     """Whole parents of one level, processed by one task."""
 
     index: int
-    product: str
+    product: Product
     level: str  # the children's level
     cfg: ProductConfig
     mode: str
@@ -122,7 +122,7 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
     else:
         backend = BACKENDS[name]
     start = time.perf_counter()
-    schema = SCHEMAS[chunk.product]
+    schema = chunk.product.schema
     cfg = chunk.cfg
     measured = chunk.source.noisy(chunk)
     measurements_sha256 = (sha256_file(Path(chunk.measurements_path))

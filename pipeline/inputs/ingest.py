@@ -96,7 +96,22 @@ from ..execution.private_files import private_dir, seal
 from ..execution.progress import Steps
 from ..execution.rundir import check_out, replace_dir, writable_dir
 from . import RACE_CHOICES
-from topdown.vocab.schema import CENRACE_COMBOS, PERSONS, cenrace_index
+from topdown.pipeline.configuration.census import PERSONS
+
+#: The six races (White, Black, AIAN, Asian, NHPI, SOR) by their alone-or-in-combination recodes in the
+#: P.L. 94-171 declaration (conf/census/pl94.toml).
+RACE_COMBO_RECODES = ("whiteCombo", "blackCombo", "aianCombo", "asianCombo", "nhpiCombo", "sorCombo")
+#: CENRACE_COMBOS[i] is the 6-tuple of race-membership bits of cenrace level i (the declared Census order).
+CENRACE_COMBOS: tuple[tuple[int, ...], ...] = tuple(
+    tuple(int(i in PERSONS.recodes[r][1][0]) for r in RACE_COMBO_RECODES)
+    for i in range(PERSONS.shape[PERSONS.axis("cenrace")]))
+_COMBO_INDEX = {combo: i for i, combo in enumerate(CENRACE_COMBOS)}
+
+
+def cenrace_index(bits: tuple[int, ...]) -> int:
+    """The cenrace level of a race-membership 6-tuple."""
+    return _COMBO_INDEX[tuple(int(b) for b in bits)]
+
 
 NRACE = 63
 NURSING, JUVENILE = 3, 2

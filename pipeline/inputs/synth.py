@@ -35,7 +35,8 @@ from ..configuration.config import ConfigError
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
 from ..execution.rundir import writable_dir
 from .validate import PERSON_RECORDS, UNIT_RECORDS
-from topdown.vocab.schema import CENRACE_COMBOS, PERSONS
+from topdown.pipeline.configuration.census import PERSONS
+from topdown.pipeline.inputs.ingest import CENRACE_COMBOS
 
 #: Groups: Hispanic, then not-Hispanic White, Black, AIAN, Asian, NHPI, SOR, two or more races.
 GROUP_SHARES = np.array([0.18, 0.60, 0.12, 0.007, 0.058, 0.002, 0.005, 0.028])

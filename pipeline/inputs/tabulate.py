@@ -8,7 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from topdown.vocab.schema import N_UNIT_TYPES, PERSONS, UNITS, Schema
+from topdown.vocab.schema import Schema
+
+from topdown.pipeline.configuration.census import N_UNIT_TYPES, PERSONS, UNITS
+from topdown.vocab.census import Attribute, Product
 
 
 def _sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:
@@ -54,3 +57,25 @@ def units_histograms(units: pd.DataFrame) -> pd.DataFrame:
     occupancy = np.where(hu["occupied"].to_numpy(bool), 0, 1)
     cells = UNITS.cell_index(occupancy)
     return _sparse_counts(hu["geoid"], np.asarray(cells), UNITS.ncells)
+
+
+def attribute_levels(attribute: Attribute, column: pd.Series) -> np.ndarray:
+    """Each record's level of ``attribute``: the column itself, or its declared ``values`` mapped to levels."""
+    if attribute.values is None:
+        return column.to_numpy()
+    values = column.to_numpy()
+    levels = np.full(len(values), -1, dtype=np.int64)
+    for value, level in attribute.values:
+        levels[values == value] = level
+    return levels
+
+
+def tabulate(product: Product, records: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Long-format block histograms ``geocode, cell, count`` of ``product`` from the input's record frames
+    (``records[name]``, with ``geoid`` and the attributes' columns): its records (those its ``where`` keeps),
+    each counted in the cell of its attributes' levels."""
+    frame = records[product.records.name]
+    for column, values in product.records.where:
+        frame = frame[frame[column].isin(values)]
+    cells = product.schema.cell_index(*(attribute_levels(a, frame[a.column]) for a in product.attributes))
+    return _sparse_counts(frame["geoid"], np.asarray(cells), product.schema.ncells)

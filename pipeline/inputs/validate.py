@@ -26,14 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..configuration.census import PL94
+
 #: The input's two record files (kinds): persons.parquet (or persons/) and units.parquet (or units/).
 PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
 GEOID_LEN = 15
 NURSING = 3
 
-#: Integer columns and their legal closed ranges (facts file 1.5, "Config legal values").
-PERSON_CODES: dict[str, tuple[int, int]] = {"hhgq": (0, 7), "votingage": (0, 1), "hispanic": (0, 1), "cenrace": (0, 62)}
-UNIT_CODES: dict[str, tuple[int, int]] = {"unit_type": (0, 7)}
+#: Integer columns and their legal closed ranges, from the P.L. 94-171 declaration (conf/census/pl94.toml).
+PERSON_CODES: dict[str, tuple[int, int]] = {a.column: (0, a.size - 1) for a in PL94.product(PERSON_RECORDS).attributes}
+UNIT_CODES: dict[str, tuple[int, int]] = {PL94.units.type_column: (0, PL94.units.types - 1)}
 PERSON_COLUMNS = ("geoid", *PERSON_CODES)
 UNIT_COLUMNS = ("geoid", "unit_type", "occupied")
 

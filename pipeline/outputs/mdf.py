@@ -10,7 +10,10 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
-from topdown.vocab.schema import PERSONS
+from topdown.pipeline.configuration.census import PERSONS
+from topdown.vocab.census import Product
+
+from ..configuration.errors import ConfigError
 
 #: MDF person columns (facts 7.2), all strings as in the Census MDF.
 PERSON_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",
@@ -90,3 +93,18 @@ def tabulate_person_mdf(mdf: pd.DataFrame) -> pd.DataFrame:
                               (mdf["CENHISP"] == "2").to_numpy().astype(int), mdf["CENRACE"].astype(int).to_numpy() - 1)
     return (pd.DataFrame({"geocode": geoid, "cell": cell}).groupby(["geocode", "cell"]).size()
             .rename("count").reset_index())
+
+
+#: Facility counts of a block's unit frame (``u1..u7``: group-quarters facilities of each type).
+GQ_FACILITIES = [f"u{k}" for k in range(1, 8)]
+
+
+def product_mdf(product: Product, geoids: np.ndarray, hist: sp.csr_matrix, units: pd.DataFrame) -> pa.Table:
+    """One county's MDF rows in ``product``'s declared layout (``geoids`` its blocks, ``hist`` their estimated
+    histograms, ``units`` their invariant unit counts u0..u7)."""
+    if product.mdf == "pl94_persons":
+        return person_mdf(geoids, hist)
+    if product.mdf == "pl94_units":
+        return unit_mdf(geoids, hist, units[GQ_FACILITIES].to_numpy().sum(axis=1))
+    raise ConfigError(f"product {product.name!r}: MDF layout {product.mdf!r} is not available in this version "
+                      "(layouts: pl94_persons, pl94_units)")

@@ -19,9 +19,10 @@ import pandas as pd
 import pyarrow as pa
 
 from topdown.geo.spine import STATE
-from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
+from topdown.vocab.census import Product
+from topdown.vocab.queries import build_query
 
-from ..execution.invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
+from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE
 from .mdf import tabulate_person_mdf
 from ..execution.rundir import Manifest, RunReader, changed_files
 
@@ -123,16 +124,14 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
-    for product in manifest.products:
-        _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
+    for product in reader.products():  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
+        _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product.name},
                         totals_invariant=manifest.algorithm != "block_by_block")
 
 
-def _verify_product(reader: RunReader, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
+def _verify_product(reader: RunReader, spec: Product, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
                     relaxed: set[str], totals_invariant: bool) -> None:
-    from ..products import PRODUCTS
-
-    schema = SCHEMAS[product]
+    product, schema = spec.name, spec.schema
     inv = reader.table(reader.invariants(product))
     hists = {}
     for level in levels:
@@ -157,15 +156,16 @@ def _verify_product(reader: RunReader, product: str, levels: list[str], spine: p
         bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
         rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
                              f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
-    PRODUCTS[product].verify(reader, hists, inv, spine, rep, totals_invariant)
+    _verify_declared(spec, hists, inv, spine, rep, totals_invariant)
+    if spec.mdf in MDF_CHECKS:
+        MDF_CHECKS[spec.mdf](reader, spec, hists, spine, rep)
 
 
-def verify_persons(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
-                   rep: VerifyReport, totals_invariant: bool) -> None:
-    """The persons product: its invariants and constraints hold, and its MDF tabulates back to the blocks."""
+def _verify_person_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+                       rep: VerifyReport) -> None:
+    """The P.L. 94-171 persons MDF tabulates back to the block histograms."""
     levels = list(hists)
-    _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant)
-    mdf = reader.table(reader.mdf(PERSONS.name))
+    mdf = reader.table(reader.mdf(spec.name))
     tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
     block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
                                     right_on=levels[-1])
@@ -173,39 +173,54 @@ def verify_persons(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.Da
     tab = tab.set_index(["geocode", "cell"])["count"]
     tab.index.names = ["geoid", "cell"]
     rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
-              "persons MDF does not tabulate back to the block histograms")
+              f"{spec.name} MDF does not tabulate back to the block histograms")
 
 
-def verify_units(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
-                 rep: VerifyReport, totals_invariant: bool) -> None:
-    """The units product: housing-unit counts equal their invariant, and the MDF has one row per unit."""
-    levels = list(hists)
-    for level in levels:
-        totals = hists[level].groupby("geocode")["count"].sum()
-        u0 = inv[inv["level"] == level].set_index("geocode")["u0"]
-        diff = totals.reindex(u0.index, fill_value=0) - u0
-        rep.check(bool((diff == 0).all()), f"units {level}: housing-unit counts differ from the invariant")
-    mdf = reader.table(reader.mdf(UNITS.name))
+def _verify_unit_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+                     rep: VerifyReport) -> None:
+    """The P.L. 94-171 units MDF has one housing-unit row per unit of the block histograms."""
+    mdf = reader.table(reader.mdf(spec.name))
     hu = int((mdf["RTYPE"] == "2").sum())
-    rep.check(hu == int(hists[levels[-1]]["count"].sum()), "units MDF housing-unit rows differ from the block histograms")
+    rep.check(hu == int(hists[list(hists)[-1]]["count"].sum()),
+              f"{spec.name} MDF housing-unit rows differ from the block histograms")
 
 
-def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str], spine: pd.DataFrame,
-                              rep: VerifyReport, totals_invariant: bool) -> None:
-    hhgq_of_cell = PERSONS.unravel(np.arange(PERSONS.ncells))[0]
-    nurse_minor = PERSONS.cell_index(3, 0, 0, 0)
-    for level in levels:
+#: The MDF checks of the declared layouts (``Product.mdf``).
+MDF_CHECKS = {"pl94_persons": _verify_person_mdf, "pl94_units": _verify_unit_mdf}
+
+
+def _verify_declared(spec: Product, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
+                     rep: VerifyReport, totals_invariant: bool) -> None:
+    """The product's declared invariants and constraints hold at every level: its unit bounds, its structural
+    zeros, its total (a state's as the sum over its parts) and its housing-unit counts."""
+    product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
+    type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
+    zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
+    kinds = {s.kind for s in spec.invariants.values()}
+    for level in hists:
         h = hists[level]
         lv_inv = inv[inv["level"] == level].set_index("geocode")
-        by_type = (h.assign(hhgq=hhgq_of_cell[h["cell"].to_numpy()]).groupby(["geocode", "hhgq"])["count"].sum()
-                   .unstack(fill_value=0).reindex(columns=range(8), fill_value=0).reindex(lv_inv.index, fill_value=0))
-        u = lv_inv[UNIT_COLUMNS].to_numpy()
-        p = by_type.to_numpy()
-        rep.check(bool((p[:, 1:] >= u[:, 1:]).all()), f"persons {level}: fewer GQ residents than GQ facilities of a type")
-        rep.check(bool((p <= u * GQ_CAP).all()), f"persons {level}: persons of a type with no unit of that type")
-        minors = h[(h["cell"] >= nurse_minor) & (h["cell"] < nurse_minor + 2 * 63) & (h["count"] > 0)]
-        rep.check(minors.empty, f"persons {level}: persons under 18 in nursing facilities")
-        if not totals_invariant or "tot" not in lv_inv.columns:
+        if bounds is not None:
+            size = len(bounds.cap)
+            by_type = (h.assign(kind=type_of_cell[h["cell"].to_numpy()]).groupby(["geocode", "kind"])["count"].sum()
+                       .unstack(fill_value=0).reindex(columns=range(size), fill_value=0)
+                       .reindex(lv_inv.index, fill_value=0))
+            u = lv_inv[UNIT_COLUMNS[:size]].to_numpy()
+            p = by_type.to_numpy()
+            rep.check(bool((p >= u * np.asarray(bounds.min_per_unit)).all()),
+                      f"{product} {level}: fewer records of a {bounds.attribute} type than its units require")
+            rep.check(bool((p <= u * np.asarray(bounds.cap)).all()),
+                      f"{product} {level}: more records of a {bounds.attribute} type than its units allow "
+                      "(or records of a type with no unit of that type)")
+        for name, cells in zeros.items():
+            rep.check(not bool((cells[h["cell"].to_numpy()] & (h["count"].to_numpy() > 0)).any()),
+                      f"{product} {level}: structural zero {name!r} violated")
+        if "housing_units" in kinds:
+            totals = h.groupby("geocode")["count"].sum()
+            u0 = lv_inv["u0"]
+            diff = totals.reindex(u0.index, fill_value=0) - u0
+            rep.check(bool((diff == 0).all()), f"{product} {level}: housing-unit counts differ from the invariant")
+        if not spec.total_invariant or not totals_invariant or "tot" not in lv_inv.columns:
             continue
         totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
         whole = inv[inv["level"] == WHOLE_STATE].set_index("geocode")["tot"]
@@ -213,6 +228,6 @@ def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str],
             state = spine.drop_duplicates(STATE).set_index(STATE)["geoid"].str[:2]
             got = totals.groupby(state.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
             rep.check(bool((got == whole).all()),
-                      "persons State: a state's total (the sum over its parts) differs from its invariant")
+                      f"{product} State: a state's total (the sum over its parts) differs from its invariant")
         elif lv_inv["tot"].notna().any():
-            rep.check(bool((totals == lv_inv["tot"]).all()), f"persons {level}: total differs from its invariant")
+            rep.check(bool((totals == lv_inv["tot"]).all()), f"{product} {level}: total differs from its invariant")

@@ -49,7 +49,8 @@ from ..execution.progress import gather
 from topdown.vocab.queries import build_query
 from ..execution.private_files import private_dir, seal
 from ..execution.rundir import check_out, write_json_atomic, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
+from topdown.vocab.census import Product
 from ..inputs.tabulate import block_histograms, block_units
 from ..execution.tasks import run_chunk
 from ..inputs.validate import validate_input
@@ -175,7 +176,7 @@ class Target:
 class Plan:
     """What one run computes: sub-levels top-down (None: a level not estimated) and the audited targets."""
 
-    product: str
+    product: Product
     config: Config
     levels: list[Level | None]
     targets: list[Target]
@@ -183,11 +184,11 @@ class Plan:
     truth: np.ndarray = field(default_factory=lambda: np.zeros(0))  # true value of each target in this database
 
 
-def make_plan(product: str, config: Config, levels: list[Level], blocks: list[str], cell: int,
+def make_plan(product: Product, config: Config, levels: list[Level], blocks: list[str], cell: int,
               queries: tuple[str, ...], independent: bool) -> Plan:
     """Sub-levels holding the children of the parents on the paths of ``blocks`` (block GEOIDs equal the
     leaf nodes' codes on the standard spine; otherwise looked up by the leaf level's node index)."""
-    schema = SCHEMAS[product]
+    schema = product.schema
     leaf = levels[-1]
     start = leaf.nodes.get_indexer(blocks)
     if (start < 0).any():
@@ -270,19 +271,19 @@ class AuditResult:
 
 
 def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries: tuple[str, ...] = AUDIT_QUERIES,
-                product: str = PERSONS.name) -> tuple[Plan, Plan]:
+                product: Product = PERSONS_PRODUCT) -> tuple[Plan, Plan]:
     """The plans of D (the input) and D' (one person moved ``move[0]`` -> ``move[1]``)."""
-    if product != PERSONS.name:
-        raise AuditError("topdown audit moves a person: only the persons product can be audited")
-    if product not in config.run.products:
-        raise ConfigError(f"{config.source}: run.products does not list {product!r}")
+    if product.schema != PERSONS:
+        raise AuditError("topdown audit moves a person: only the P.L. 94-171 persons product can be audited")
+    if product.name not in config.run.products:
+        raise ConfigError(f"{config.source}: run.products does not list {product.name!r}")
     persons, units = validate_input(Path(input_dir) / "persons.parquet", Path(input_dir) / "units.parquet")
     src, dst = move
     geoids = pd.Series(np.union1d(units["geoid"].unique(), persons["geoid"].unique()), name="geoid")
     if dst not in set(geoids):
         raise AuditError(f"--move: block {dst} is not a block of the input")
     moved, record = move_one_person(persons, src, dst, set(units.loc[units["geoid"] == dst, "unit_type"].astype(int)))
-    schema = SCHEMAS[product]
+    schema = product.schema
     cell = int(schema.cell_index(*(persons.iloc[[record]][d].to_numpy() for d in schema.dim_names))[0])
     independent = config.run.algorithm == "block_by_block"
     if independent:
@@ -296,7 +297,7 @@ def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries:
     plans = []
     for name, p in (("D", persons), ("D' (one person moved)", moved)):
         try:
-            levels = build_levels(product, schema, config.product(product), spine, block_histograms(p), bunits)
+            levels = build_levels(product, config.product(product.name), spine, block_histograms(p), bunits)
         except InvariantError as exc:
             raise AuditError(f"--move {src}:{dst}: {name} is not a valid input ({exc}); move the person to a block "
                              "where the invariants and constraints allow one more of them") from None
@@ -304,7 +305,7 @@ def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries:
     return plans[0], plans[1]
 
 
-def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: str = PERSONS.name,
+def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: Product = PERSONS_PRODUCT,
           queries: tuple[str, ...] = AUDIT_QUERIES, seed: int = 0, alpha: float = AUDIT_ALPHA,
           batch: int = BATCH) -> AuditResult:
     """Run the audit on ``client`` (a Dask client); returns the per-target table (no true counts in it)."""
@@ -326,19 +327,19 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
     rows = []
     for j, t in enumerate(plans[0].targets):
         loss = threshold_event_loss(d[:, j] - truth[j], d2[:, j] - truth[j], alpha)
-        rows.append({"product": product, "level": plans[0].levels[t.level].name, "geocode": t.geocode, "query": t.query,
+        rows.append({"product": product.name, "level": plans[0].levels[t.level].name, "geocode": t.geocode, "query": t.query,
                      "path": t.path, "changed": bool(truth[j] != plans[1].truth[j]), "runs": runs,
                      "epl_lower": loss.lower, "epl_point": loss.point, "event": loss.event, "n_events": loss.n_events,
                      "alpha": alpha})
     return AuditResult(pd.DataFrame(rows), time.perf_counter() - start, runs)
 
 
-def theoretical_epsilons(config: Config, product: str) -> dict[tuple[str, str], float]:
+def theoretical_epsilons(config: Config, product: Product) -> dict[tuple[str, str], float]:
     """Per (level, query) measured: the epsilon of that one measurement (pure DP epsilon_q; zCDP rho_q
     converted at the product's delta)."""
     from .accounting import allocate
 
-    budget = config.product(product).budget
+    budget = config.product(product.name).budget
     out = {}
     for level, queries in budget.queries.items():
         for query in queries:
@@ -384,7 +385,7 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
         build_query(PERSONS, name)
     with dask_client(None, scheduler, workers) as client:
         result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
-    eps = theoretical_epsilons(config, PERSONS.name)
+    eps = theoretical_epsilons(config, PERSONS_PRODUCT)
     result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"], result.table["query"])]
     meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
             "move": move, "queries": list(names), "seed": seed, "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",

@@ -16,9 +16,8 @@ from typing import Any, Mapping
 from .accounting import allocate, check_budget, check_noise
 from .budget import INFINITE, NEIGHBOURS, Rho, compose, of_entry, zcdp_to_epsilon_bun_steinke
 from ..configuration.config import Config, ConfigError, ProductConfig
-from ..products import PRODUCTS
 from ..execution.rundir import SCHEMA_VERSION
-from topdown.vocab.schema import SCHEMAS
+from topdown.vocab.census import Product
 
 #: The deltas of the reported epsilon-delta curve.
 CURVE_DELTAS = tuple(10.0 ** -k for k in range(6, 15))
@@ -53,10 +52,10 @@ def check_path_condition(path_shares: PathShares, levels: list[str] | None = Non
             "min_share": {k: str(v) for k, v in lo.items()}, "max_share": {k: str(v) for k, v in hi.items()}}
 
 
-def _product_certificate(name: str, product: ProductConfig, path_shares: PathShares | None) -> dict[str, Any]:
-    budget = product.budget
+def _product_certificate(spec: Product, product: ProductConfig, path_shares: PathShares | None) -> dict[str, Any]:
+    name, budget = spec.name, product.budget
     levels = list(budget.levels)
-    check_budget(budget, levels, SCHEMAS[name], where=f"{name}.budget")
+    check_budget(budget, levels, spec.schema, where=f"{name}.budget")
     total = budget.total
     level_rows, query_rows = [], []
     for level in levels:
@@ -131,8 +130,8 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     """
     spine_budget = spine_budget or {}
     check_noise(config)
-    entries = {name: _product_certificate(name, config.product(name), spine_budget.get(name))
-               for name in config.run.products}
+    entries = {p.name: _product_certificate(p, config.product(p.name), spine_budget.get(p.name))
+               for p in config.run_products}
     if spine_budget:  # the nodes that hold a bypassed level's share get less noise than their level's
         check_noise(config, {name: {level: Fraction(v) for level, v in p["path_condition"]["max_share"].items()}
                              for name, p in entries.items() if "max_share" in p["path_condition"]})
@@ -203,7 +202,7 @@ def with_draws(cert: dict[str, Any], prior: list[dict[str, Any]]) -> dict[str, A
     draws: dict[str, Any] = {"count": len(prior) + 1, "prior": prior}
     if prior:
         everything = [*prior, draw_summary(cert)]
-        names = [n for n in PRODUCTS if any(n in d["products"] for d in everything)]
+        names = list(dict.fromkeys(n for d in everything for n in d["products"]))
         draws["composed"] = {n: _composed_loss([d["products"][n] for d in everything if n in d["products"]])
                              for n in names}
         draws["test_mode_draws"] = sum(d["mode"] != "production" for d in everything)
@@ -214,8 +213,8 @@ def with_draws(cert: dict[str, Any], prior: list[dict[str, Any]]) -> dict[str, A
 
 
 def products(cert: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The per-product entries of a certificate."""
-    return {name: cert[name] for name in PRODUCTS if name in cert}
+    """The per-product entries of a certificate (the entries that name themselves as a product)."""
+    return {name: entry for name, entry in cert.items() if isinstance(entry, dict) and entry.get("product") == name}
 
 
 def _fmt(value: Any, width: int) -> str:
