@@ -134,7 +134,7 @@ def test_the_2021_persons_state_total_noise() -> None:
     """The State total (level 1440/4099 x query 3773/4097): sigma2 = Delta_2^2 / (2 rho_q) = 1 / rho_q (about
     1.209); its noise is zero with probability 1 / sum_n exp(-n^2 / 2 sigma2) (about 0.36, under the
     production floor 1/2)."""
-    b = load_config("pl94_production_2021").persons.budget
+    b = load_config("pl94_production_2021").product("persons").budget
     q = b.total * (b.levels["State"] * b.queries["State"]["total"])
     assert q == Rho(PERSONS_RHO * Fraction(1440, 4099) * Fraction(3773, 4097)) and q.sigma2() == 1 / q.value
     assert float(q.sigma2()) == pytest.approx(1.209, abs=1e-3)
@@ -147,7 +147,7 @@ def test_the_2021_persons_state_total_noise() -> None:
 
 def test_pure_epsilon_noise_of_the_1940_e2e_preset() -> None:
     """Two-sided geometric with lambda = epsilon_q / Delta_1: variance 2q / (1 - q)^2, P(0) = tanh(lambda / 2)."""
-    b = load_config("e2e_1940").persons.budget
+    b = load_config("e2e_1940").product("persons").budget
     assert b.total == PureEpsilon(Fraction(1, 4)) and b.total.as_rho() == Rho(Fraction(1, 32))
     level, queries = next(iter(b.queries.items()))
     share = b.levels[level] * next(iter(queries.values()))
@@ -213,7 +213,7 @@ def test_budget_config_total_is_typed_and_serialization_is_unchanged(data, expec
 
 def test_production_presets_have_typed_totals() -> None:
     config = load_config("pl94_production_2021")
-    assert (config.persons.budget.total, config.units.budget.total) == (Rho(PERSONS_RHO), Rho(UNITS_RHO))
+    assert (config.product("persons").budget.total, config.product("units").budget.total) == (Rho(PERSONS_RHO), Rho(UNITS_RHO))
 
 
 # ------------------------------------------------------------------------------ no mechanism strings

@@ -31,13 +31,6 @@ def _imported_modules(path) -> set[str]:
 LAYERS = {"vocab": {"vocab"}, "geo": {"geo", "vocab"}, "solvers": {"solvers", "vocab"}, "conf": {"conf"},
           "pipeline": {"pipeline", "geo", "solvers", "vocab", "conf"}}
 
-#: Today's members of the one import cycle, through the product registry (pipeline/products.py), which the
-#: census declaration work removes; the integrator empties this after that merge. No other cycle is allowed.
-CYCLE_ALLOWED: frozenset[str] = frozenset({
-    "topdown.pipeline.products", "topdown.pipeline.configuration.sources", "topdown.pipeline.execution.dataplane",
-    "topdown.pipeline.execution.engine", "topdown.pipeline.execution.invariants", "topdown.pipeline.execution.levels",
-    "topdown.pipeline.execution.rundir", "topdown.pipeline.execution.tasks", "topdown.pipeline.outputs.verify",
-})
 
 
 def _module_files() -> dict[str, object]:
@@ -131,14 +124,8 @@ def test_nothing_imports_the_command_line():
 
 def test_no_import_cycles():
     graph = _import_graph()
-    cycles = [c for c in _cycles(graph) if not set(c) <= CYCLE_ALLOWED]
+    cycles = _cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(f"{len(c)} modules: {_loop(graph, c)}" for c in cycles)
-
-
-def test_the_cycle_allow_list_holds_only_cycle_members():
-    """Once a module leaves the cycle it leaves CYCLE_ALLOWED too, so the list only shrinks."""
-    members = {m for c in _cycles(_import_graph()) for m in c}
-    assert not sorted(CYCLE_ALLOWED - members), "remove from CYCLE_ALLOWED: " + str(sorted(CYCLE_ALLOWED - members))
 
 
 def test_the_cycle_finder_finds_cycles():
