@@ -89,7 +89,7 @@ FailsafeAction = Literal["drop_tau", "drop_infeasible", "relax_constraint", "rel
 class FailsafeStep:
     """One thing the failsafe did for a parent; ``message`` is the sentence the manifest records."""
 
-    step: int  # 1, 2 or 3 (facts 4.8; failsafe.py); 0 for a failed level
+    step: int  # 1, 2 or 3 (DAS-2020 ``sequential_optimizers.py``; failsafe.py); 0 for a failed level
     action: FailsafeAction
     message: str
 

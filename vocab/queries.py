@@ -1,9 +1,9 @@
 """Marginal queries on a histogram schema.
 
-A query name is ``total``, ``detailed``, a dimension name, a recode name, or a cross of these joined by
-``" * "`` (facts file section 1.3). Answers are ordered as the Kronecker product over the schema's axes in
-schema order, whatever the order in the name. Every query is represented by ``groups``: for each
-histogram cell, the index of the answer that counts it, or -1 if no answer does.
+A query name is ``total``, ``detailed``, a dimension name, a recode name, or a cross of these joined by ``" * "``
+(as DAS-2020 ``source/programs/schema/schema.py`` names them). Answers are ordered as the Kronecker product over
+the schema's axes in schema order, whatever the order in the name. Every query is represented by ``groups``: for
+each histogram cell, the index of the answer that counts it, or -1 if no answer does.
 """
 from __future__ import annotations
 

@@ -1,18 +1,19 @@
-"""Invariants and constraint right-hand sides per node (facts file sections 2.1-2.8).
+"""Invariants and constraint right-hand sides per node (the Bureau's DAS-2020 code:
+``source/programs/invariants/invariantsmaker.py``, ``source/programs/constraints/``).
 
 Node data per level is a frame indexed by node geocode with unit counts ``u0..u7`` (housing units
 and GQ facilities of each major type, sums of block values: ``gqhh_vect``), ``occupied``
 (occupied housing units), and ``tot`` (total persons) where ``tot`` is an invariant.
 
-Constraint right-hand sides follow facts 2.3: without a total invariant the hhgq bounds are
-``persons_k >= u_k * m_k`` and ``persons_k <= u_k * 99999``; with the total T invariant (State):
-``ub_k = min(T - M_k if u_k > 0 else 0, 99999 u_k)`` and ``lb_k = L_k if O_k > 0 else T``, the stricter
-of that and the sum of the children's right-hand sides; above State (US) the sum of the States'.
+Constraint right-hand sides follow DAS-2020 ``querybase_constraints.py`` (``calculateRightHandSideHhgqTotal``):
+without a total invariant the hhgq bounds are ``persons_k >= u_k * m_k`` and ``persons_k <= u_k * 99999``; with the
+total T invariant (State): ``ub_k = min(T - M_k if u_k > 0 else 0, 99999 u_k)`` and ``lb_k = L_k if O_k > 0 else
+T``, the stricter of that and the sum of the children's right-hand sides; above State (US) the sum of the States'.
 
-The total T of a State node is used only where the node is a whole state: a part of a state split by the
-AIAN spine (facts 2.6) has no invariant total (``tot`` is NaN), gets the bounds without a total, and the
-whole state's total binds the parts together as a group total. The Bureau used the part's total here,
-which pins the total of a part without GQ facilities (lb_0 = ub_0 = T) and so publishes it (DESIGN.md).
+The total T of a State node is used only where the node is a whole state: a part of a state split by the AIAN spine
+(DESIGN.md, "State totals") has no invariant total (``tot`` is NaN), gets the bounds without a total, and the whole
+state's total binds the parts together as a group total. The Bureau used the part's total here, which pins the
+total of a part without GQ facilities (lb_0 = ub_0 = T) and so publishes it (DESIGN.md).
 """
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def configured_below(cfg_map: dict[str, list[str]], levels: list[str], level: st
 
 
 def unit_bounds(u: np.ndarray, total: np.ndarray | None, bounds: UnitBounds) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bounds on records by unit type (facts 2.3); rows whose ``total`` is NaN (not an
-    invariant) get the bounds without a total."""
+    """Lower and upper bounds on records by unit type (``calculateRightHandSideHhgqTotal``); rows whose ``total``
+    is NaN (not an invariant) get the bounds without a total."""
     lower = u * np.asarray(bounds.min_per_unit)
     upper = u * np.asarray(bounds.cap)
     if total is None:

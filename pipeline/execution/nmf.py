@@ -62,7 +62,7 @@ WHOLE_STATE_TOTAL = "tot_whole_state"
 
 
 def node_shares(spine: Spine, budget, level: str) -> dict[str, Fraction]:
-    """Each node's geolevel budget share (the levels whose budget it carries, facts 6.5)."""
+    """Each node's geolevel budget share (the levels whose budget it carries after bypassing)."""
     return {g: sum((budget.levels[lv] for lv in spine.budget_levels(level, g)), Fraction(0))
             for g in spine.nodes(level)}
 

@@ -73,7 +73,7 @@ class ChunkResult:
 
 
 def _check(task: ParentTask, hist: np.ndarray, failsafe: list[FailsafeStep]) -> None:
-    """A parent whose children the failsafe let differ from it (facts 4.8) is recorded, not summed."""
+    """A parent whose children the failsafe let differ from it (DESIGN.md, "The failsafe") is recorded, not summed."""
     if hist.dtype.kind != "i" or (hist < 0).any():
         raise EstimationError(f"parent {task.parent!r}: estimate is not a non-negative integer histogram")
     relaxed = any(step.relaxes_parent for step in failsafe)

@@ -1,7 +1,7 @@
 """Demo input: the 2018 End-to-End Census Test prototype P.L. 94-171 file, Providence County RI (569 blocks).
 
 The four legacy-format files ship gzipped in ``topdown.pipeline.data`` (byte-identical to
-/work/shared/data/ri2018_e2e/ before compression; see pipeline/data/README.md) and are ingested with
+data/ri2018_e2e/ before compression; see pipeline/data/README.md) and are ingested with
 :func:`topdown.pipeline.inputs.ingest.ingest_pl94_files`, so the block tabulations of the written persons and units
 reproduce the published P1, P2, P3, P4, P5 and H1 of every block.
 

@@ -1,14 +1,15 @@
-"""Build CEF-like input (persons.parquet, units.parquet; DESIGN.md section 2) from published block tables.
+"""Build CEF-like input (persons.parquet, units.parquet, README "Input") from published block tables.
 
 Both readers write one row per person and one row per unit, sorted by geoid and then by the codes in column
 order (persons: hhgq, votingage, hispanic, cenrace; units: unit_type, occupied with False first). The output
 is a deterministic function of the input. Blocks with neither persons nor units produce no rows (the DAS has
-no such blocks, facts 1.5).
+no such blocks; DAS-2020 ``cef_validator_classes.py``).
 
 P.L. 94-171 legacy files (:func:`ingest_pl94`), summary level 750 only
 --------------------------------------------------------------------------
-The tables pin the (votingage x hispanic x cenrace) cross of every block exactly (facts 1.1-1.2 cell order;
-P1 race cells 003-008, 011-025, 027-046, 048-062, 064-069, 071 are cenrace 0..62 in order):
+The tables pin the (votingage x hispanic x cenrace) cross of every block exactly (DAS-2020 ``schemamaker.py`` and
+``cenrace.py`` cell order; P1 race cells 003-008, 011-025, 027-046, 048-062, 064-069, 071 are cenrace 0..62 in
+order):
 
 * 18+, not Hispanic: P4 race cell; 18+, Hispanic: P3 - P4;
 * under 18, not Hispanic: P2 - P4; under 18, Hispanic: (P1 - P2) - (P3 - P4).
@@ -20,7 +21,8 @@ What the tables leave open is allocated as follows.
    (votingage, hispanic, cenrace) cells: first the 18+ cells, then the under-18 cells (juvenile facilities,
    type 2, take under-18 cells first); within each age group cells are taken whole, largest remaining count
    first, ties to the lower cell index, until the type's count is met. Nursing-facility persons come only
-   from 18+ cells (structural zero ``nurse_nva_0``, facts 2.4); if the block has too few, it is an error.
+   from 18+ cells (structural zero ``nurse_nva_0``, DAS-2020 ``Constraints_PL94.py``); if the block has too
+   few, it is an error.
    Everybody left is in a household (hhgq 0).
 2. GQ facilities. The prototype's geographic-header HU100 counts housing units plus GQ facilities
    (data README caveat 4), so the block has F = HU100 - H1_001 facilities. Every GQ type with persons gets
