@@ -32,7 +32,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from topdown.geo.spine import BLOCK
+from topdown.geo.spine import BLOCK, US_HIERARCHY
+from topdown.vocab.census import Hierarchy
 from topdown.vocab.schema import SCHEMAS
 
 INFINITE = "inf"
@@ -243,6 +244,9 @@ class Config(_Strict):
         for product in self.run.products:
             if getattr(self, product) is None:
                 raise ValueError(f"run.products lists {product!r} but there is no [{product}] table")
+        if self.run.spine != "standard" and not census_hierarchy(self).us:
+            raise ValueError(f"run.spine = {self.run.spine!r} is a U.S. spine (AIAN areas, block assignment files); "
+                             "this census's hierarchy is not the U.S. one (us = false): use spine = \"standard\"")
         return self
 
     def waived(self, check: str) -> bool:
@@ -404,3 +408,9 @@ def check_production(config: Config) -> None:
                     raise ConfigError(f"{where}: {product}.budget.queries.{level}.\"{query}\" = 0 is refused in mode = "
                                       "\"production\": a listed query with no budget is not measured; remove it or "
                                       "give it a positive share")
+
+
+def census_hierarchy(config: Config) -> Hierarchy:
+    """The hierarchy a run's spine is built on: its declared census's (``config.census``), else the U.S. one."""
+    census = getattr(config, "census", None)
+    return US_HIERARCHY if census is None else census.hierarchy

@@ -30,7 +30,8 @@ from ..privacy.certificate import certificate, with_draws
 from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler,
                       embedded_security, quiet_closing, workers_ignore_sigint)
 from ..privacy.accounting import check_budget
-from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
+from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict, differing_keys, leaves,
+                                    load_config)
 from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
                         write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
@@ -303,7 +304,8 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
         if baf is not None:
             check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
         spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
-                            units=gq_presence(dclient, data) if config.run.spine == "optimized" else None)
+                            units=gq_presence(dclient, data) if config.run.spine == "optimized" else None,
+                            hierarchy=census_hierarchy(config))
         del geoids
         release_memory()
         for product in config.run.products:
