@@ -223,6 +223,20 @@ def bypass(spine: Spine) -> Spine:
     return result
 
 
+def nesting_problem(codes: pd.DataFrame, hierarchy: Hierarchy) -> tuple[str, str, str, str, str] | None:
+    """The first code of ``codes`` (one column per level below the root, named by the level) under two parents,
+    top-down, as (level, code, parent level, the two smallest parent codes), or None."""
+    names = hierarchy.names
+    for parent, child in zip(names[1:], names[2:]):
+        pairs = codes[[child, parent]].drop_duplicates()
+        twice = pairs[pairs[child].duplicated(keep=False)]
+        if len(twice):
+            code = min(twice[child])
+            first, second = sorted(twice.loc[twice[child] == code, parent])[:2]
+            return child, str(code), parent, str(first), str(second)
+    return None
+
+
 def _block_geoids(geoids: pd.Series | pd.Index | list[str], pattern: str | None = US_HIERARCHY.pattern) -> pd.Series:
     """Validated, sorted leaf geocodes (block GEOIDs): each matches ``pattern`` (None: any non-empty string),
     none twice."""
@@ -334,14 +348,11 @@ def column_spine(codes: pd.DataFrame, hierarchy: Hierarchy) -> Spine:
         if len(bad):
             raise GeographyError(f"level {hierarchy.leaf!r}: code {bad.iloc[0]!r} does not match the declared "
                                  f"pattern {hierarchy.pattern!r}")
-    for parent, child in zip(names[1:], names[2:]):
-        pairs = table[[child, parent]].drop_duplicates()
-        twice = pairs[pairs[child].duplicated(keep=False)]
-        if len(twice):
-            code = twice[child].iloc[0]
-            first, second = sorted(twice.loc[twice[child] == code, parent])[:2]
-            raise GeographyError(f"level {child!r}: code {code!r} has two parents at level {parent!r}: "
-                                 f"{first!r} and {second!r} (each code must nest in one parent)")
+    problem = nesting_problem(table, hierarchy)
+    if problem is not None:
+        child, code, parent, first, second = problem
+        raise GeographyError(f"level {child!r}: code {code!r} has two parents at level {parent!r}: "
+                             f"{first!r} and {second!r} (each code must nest in one parent)")
     table = table.sort_values(hierarchy.leaf, ignore_index=True)
     table.insert(0, hierarchy.root, hierarchy.root_code)
     table.insert(0, "geoid", table[hierarchy.leaf])

@@ -33,7 +33,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from topdown.geo.spine import BLOCK, US_HIERARCHY
-from topdown.vocab.census import Hierarchy
+from topdown.vocab.census import Census, Hierarchy
 from topdown.vocab.schema import SCHEMAS
 
 INFINITE = "inf"
@@ -414,3 +414,10 @@ def census_hierarchy(config: Config) -> Hierarchy:
     """The hierarchy a run's spine is built on: its declared census's (``config.census``), else the U.S. one."""
     census = getattr(config, "census", None)
     return US_HIERARCHY if census is None else census.hierarchy
+
+
+def declared_census(config: Config) -> Census | None:
+    """The run's census when its input is read as declared (``validate.check_records``), None when it is read by
+    the P.L. 94-171 readers: no census, or one on the U.S. hierarchy."""
+    census = getattr(config, "census", None)
+    return None if census is None or census.hierarchy == US_HIERARCHY else census

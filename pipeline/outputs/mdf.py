@@ -1,7 +1,10 @@
 """Microdata Detail Files: one row per person or unit, with tabulation geography (facts 7.2, 7.3).
 
 Block histograms are expanded cell by cell; EPNUM / EUNUM number the rows of a block in cell order,
-so the files are deterministic.
+so the files are deterministic. The P.L. 94-171 layouts (``person_mdf``, ``unit_mdf``) are the Census MDF's;
+a declared product's ``mdf = "generic"`` layout (:func:`generic_mdf`) has one code column per level below the
+root, the record's number within its leaf (:data:`RECORD_NUMBER`) and one column per attribute (its label
+when the attribute declares labels, else its level).
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
+from topdown.vocab.census import Hierarchy, Product
 from topdown.vocab.schema import PERSONS
 
 #: MDF person columns (facts 7.2), all strings as in the Census MDF.
@@ -23,6 +27,9 @@ UNIT_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", 
 
 #: Tabulation geography columns: their characters of the block GEOID.
 GEOGRAPHY = {"TABBLKST": (0, 2), "TABBLKCOU": (2, 5), "TABTRACTCE": (5, 11), "TABBLKGRPCE": (11, 12), "TABBLK": (11, 15)}
+
+#: The generic MDF's column numbering a leaf's records, in cell order.
+RECORD_NUMBER = "record"
 
 #: ``pq.write_table`` options of an MDF part: its string columns are dictionary arrays in memory (a code per
 #: record, not a string) and plain strings to readers (the file stores no Arrow schema).
@@ -90,3 +97,34 @@ def tabulate_person_mdf(mdf: pd.DataFrame) -> pd.DataFrame:
                               (mdf["CENHISP"] == "2").to_numpy().astype(int), mdf["CENRACE"].astype(int).to_numpy() - 1)
     return (pd.DataFrame({"geocode": geoid, "cell": cell}).groupby(["geocode", "cell"]).size()
             .rename("count").reset_index())
+
+
+def generic_mdf(product: Product, codes: pd.DataFrame, hist: sp.csr_matrix) -> pa.Table:
+    """The generic MDF of a declared ``product``: one row per record of the leaf histograms ``hist`` (row i the
+    leaf whose level codes are row i of ``codes``: one column per level below the root, named by the level),
+    with those codes, :data:`RECORD_NUMBER` and one column per attribute (label, or level as an integer)."""
+    rows, cells, seq = _expand(hist)
+    frame: dict[str, pa.Array] = {}
+    for level in codes.columns:
+        values, which = np.unique(codes[level].to_numpy(dtype=object).astype(str), return_inverse=True)
+        frame[level] = _codes(values, which[rows])
+    frame[RECORD_NUMBER] = pa.array(seq.astype(np.int64))
+    for attribute, levels in zip(product.attributes, product.schema.unravel(cells)):
+        levels = np.asarray(levels)
+        frame[attribute.name] = (_codes(list(attribute.labels), levels) if attribute.labels
+                                 else pa.array(levels.astype(np.int64)))
+    return pa.table(list(frame.values()), names=list(frame))
+
+
+def tabulate_generic_mdf(mdf: pd.DataFrame, product: Product, hierarchy: Hierarchy) -> pd.DataFrame:
+    """Leaf histograms (geocode, cell, count) tabulated back from a generic MDF (for verification)."""
+    levels = []
+    for attribute in product.attributes:
+        column = mdf[attribute.name]
+        if attribute.labels:
+            levels.append(pd.Index(attribute.labels).get_indexer(column.astype(str)))
+        else:
+            levels.append(column.to_numpy(np.int64))
+    cell = product.schema.cell_index(*levels)
+    return (pd.DataFrame({"geocode": mdf[hierarchy.leaf].astype(str).to_numpy(), "cell": cell})
+            .groupby(["geocode", "cell"]).size().rename("count").reset_index())
