@@ -175,7 +175,19 @@ class Spine:
         meta = json.loads(raw)
         moves = {lvl: {g: tuple(c) for g, c in codes.items()} for lvl, codes in meta["moves"].items()}
         return cls(levels=meta["levels"], table=table.to_pandas(), moves=moves, kind=meta["kind"],
-                   state=meta.get("state", STATE))
+                   state=_state(meta))
+
+
+def _state(meta: dict) -> str | None:
+    """The state level a spine's metadata names (written only when it is not the U.S. hierarchy's)."""
+    return meta.get("state", STATE)
+
+
+def spine_state(path: Path | str) -> str | None:
+    """The state level of the spine file at ``path``, from its schema's metadata only (a file of an older
+    version, without metadata, is a U.S. spine)."""
+    raw = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
+    return STATE if raw is None else _state(json.loads(raw))
 
 
 def check_path_condition(spine: Spine) -> None:

@@ -555,11 +555,11 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     names = geo[-1].nodes  # the block level's geocodes, in the spine's block order (that of tab_geoid)
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
-    persons = PRODUCTS[product].records == PERSON_RECORDS
+    counted = _counted(inp, PRODUCTS[product])
+    persons = counted is not None
     unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
-    sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(inp.persons, inp.person_geoids, shard_parts)]
-                                                           if persons else [])
+    sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(*counted, shard_parts)] if persons else [])
     spine_numbers = _spine_numbers(tab_geoid)
     for futs, geoids, into in sources:  # the read tasks holding each shard's blocks
         for fut, g in zip(futs, geoids):
@@ -618,6 +618,14 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
                        for fut, (lo, hi) in zip(shards, ranges[i]) if hi >= lo]
     wait([p.future for level in levels for p in (*level.parts, *(level.meta or []))])
     return levels
+
+
+def _counted(inp: ReadInput, spec) -> tuple[list, list[pd.Index]] | None:
+    """The read tasks of the records a product counts (futures of BlockPart) and their blocks; None: it counts
+    the units (their occupancy)."""
+    if inp.parts:  # a declared census: its products' own read tasks
+        return inp.parts.get(spec.name)
+    return (inp.persons, inp.person_geoids) if spec.records == PERSON_RECORDS else None
 
 
 def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index) -> np.ndarray:

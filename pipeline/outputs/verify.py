@@ -8,9 +8,14 @@ parts (the AIAN spine splits a state; only the whole state's total is invariant,
 manifest records a SHA-256 for (each level's files, and the run-wide outputs: configuration, certificate,
 spine, invariants, MDF) still has it: one check per file, so a changed, truncated, swapped, lost or added
 file fails by name.
+
+A run of a declared census (its ``config.json`` holds the census) is checked by the spine's levels and the
+product's declaration (:func:`verify_declared`): its invariant totals, its unit bounds, its structural zeros
+where the run declared them, and its MDF (the generic layout tabulated back).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,11 +23,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from topdown.geo.spine import STATE
+from topdown.geo.spine import US_HIERARCHY, spine_state
+from topdown.vocab.census import Census, Hierarchy, Product
+from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
-from ..execution.invariants import GQ_CAP, UNIT_COLUMNS, WHOLE_STATE
-from .mdf import tabulate_person_mdf
+from ..configuration.config import declared_census
+from ..execution.invariants import GQ_CAP, MIN_PER_UNIT, UNIT_COLUMNS, WHOLE_STATE, configured_below
+from .mdf import tabulate_generic_mdf, tabulate_person_mdf
 from ..execution.rundir import Manifest, RunReader, changed_files
 
 
@@ -123,16 +131,26 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
+    census = _run_census(reader)
     for product in manifest.products:
         _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
-                        totals_invariant=manifest.algorithm != "block_by_block")
+                        totals_invariant=manifest.algorithm != "block_by_block", census=census)
+
+
+def _run_census(reader: RunReader) -> Census | None:
+    """The run's declared census, read as its ``config.json`` declares it (None: P.L. 94-171, whose runs write
+    no census into it)."""
+    if not reader.config_path.is_file() or "census" not in json.loads(reader.config_path.read_text()):
+        return None
+    return declared_census(reader.config())
 
 
 def _verify_product(reader: RunReader, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
-                    relaxed: set[str], totals_invariant: bool) -> None:
+                    relaxed: set[str], totals_invariant: bool, census: Census | None = None) -> None:
     from ..products import PRODUCTS
 
-    schema = SCHEMAS[product]
+    declared = None if census is None else census.product(product)
+    schema = SCHEMAS[product] if declared is None else declared.schema
     inv = reader.table(reader.invariants(product))
     hists = {}
     for level in levels:
@@ -157,23 +175,71 @@ def _verify_product(reader: RunReader, product: str, levels: list[str], spine: p
         bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
         rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
                              f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
-    PRODUCTS[product].verify(reader, hists, inv, spine, rep, totals_invariant)
+    if declared is None:
+        PRODUCTS[product].verify(reader, hists, inv, spine, rep, totals_invariant)
+    else:
+        verify_declared(reader, hists, inv, spine, rep, totals_invariant, declared, census.hierarchy)
+
+
+def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
+                    rep: VerifyReport, totals_invariant: bool, product: Product, hierarchy: Hierarchy) -> None:
+    """A declared product: its invariant totals, its unit bounds (when it declares them and the invariants
+    hold unit counts), its structural zeros at the levels the run declares them, and its generic MDF."""
+    levels = list(hists)
+    state = spine_state(reader.spine_path)
+    zeros = [c for c in product.constraints.values() if c.rhs == "zero"]
+    cfg = reader.config().product(product.name) if zeros else None
+    for level in levels:
+        h = hists[level]
+        lv_inv = inv[inv["level"] == level].set_index("geocode")
+        lv_inv.index = lv_inv.index.astype(str)
+        if product.unit_bounds is not None and set(UNIT_COLUMNS) <= set(lv_inv.columns):
+            bounds = product.unit_bounds
+            _verify_unit_bounds(product.name, level, h, lv_inv, _by_level(product.schema, bounds.attribute),
+                                np.asarray(bounds.min_per_unit), np.asarray(bounds.cap), rep)
+        active = configured_below(cfg.constraints, levels, level) if cfg is not None else set()
+        for c in zeros:
+            if c.name in active:
+                answers = build_query(product.schema, c.query).matrix() @ _dense_counts(h, product.schema.ncells)
+                rep.check(not np.asarray(answers).any(), f"{product.name} {level}: structural zero {c.name} broken")
+        _verify_totals(product.name, level, h, inv, lv_inv, spine, state, rep, totals_invariant)
+    if product.mdf == "generic":
+        tab = tabulate_generic_mdf(reader.table(reader.mdf(product.name)), product, hierarchy)
+        _check_mdf_blocks(product.name, hists[levels[-1]], spine, levels[-1], tab, rep)
+
+
+def _by_level(schema, attribute: str) -> np.ndarray:
+    """Each cell's level of ``attribute``."""
+    return np.asarray(schema.unravel(np.arange(schema.ncells))[schema.axis(attribute)])
+
+
+def _dense_counts(h: pd.DataFrame, ncells: int) -> np.ndarray:
+    """Cells x nodes counts of long histogram rows (the nodes in order of first appearance)."""
+    codes, nodes = pd.factorize(h["geocode"])
+    out = np.zeros((ncells, len(nodes)), dtype=np.int64)
+    np.add.at(out, (h["cell"].to_numpy(np.int64), codes), h["count"].to_numpy(np.int64))
+    return out
+
+
+def _check_mdf_blocks(name: str, block_hist: pd.DataFrame, spine: pd.DataFrame, leaf: str, tab: pd.DataFrame,
+                      rep: VerifyReport) -> None:
+    """The MDF tabulated back (``tab``: geocode = block GEOID, cell, count) equals the block histograms."""
+    block = block_hist.merge(spine[[leaf, "geoid"]].drop_duplicates(), left_on="geocode", right_on=leaf)
+    block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
+    tab = tab.set_index(["geocode", "cell"])["count"]
+    tab.index.names = ["geoid", "cell"]
+    rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
+              f"{name} MDF does not tabulate back to the block histograms")
 
 
 def verify_persons(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
                    rep: VerifyReport, totals_invariant: bool) -> None:
     """The persons product: its invariants and constraints hold, and its MDF tabulates back to the blocks."""
     levels = list(hists)
-    _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant)
+    _verify_person_invariants(hists, inv, levels, spine, rep, totals_invariant, spine_state(reader.spine_path))
     mdf = reader.table(reader.mdf(PERSONS.name))
     tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
-    block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
-                                    right_on=levels[-1])
-    block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
-    tab = tab.set_index(["geocode", "cell"])["count"]
-    tab.index.names = ["geoid", "cell"]
-    rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
-              "persons MDF does not tabulate back to the block histograms")
+    _check_mdf_blocks(PERSONS.name, hists[levels[-1]], spine, levels[-1], tab, rep)
 
 
 def verify_units(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
@@ -191,28 +257,43 @@ def verify_units(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.Data
 
 
 def _verify_person_invariants(hists: dict, inv: pd.DataFrame, levels: list[str], spine: pd.DataFrame,
-                              rep: VerifyReport, totals_invariant: bool) -> None:
-    hhgq_of_cell = PERSONS.unravel(np.arange(PERSONS.ncells))[0]
+                              rep: VerifyReport, totals_invariant: bool, state: str | None) -> None:
+    hhgq_of_cell = _by_level(PERSONS, PERSONS.dim_names[0])
     nurse_minor = PERSONS.cell_index(3, 0, 0, 0)
     for level in levels:
         h = hists[level]
         lv_inv = inv[inv["level"] == level].set_index("geocode")
-        by_type = (h.assign(hhgq=hhgq_of_cell[h["cell"].to_numpy()]).groupby(["geocode", "hhgq"])["count"].sum()
-                   .unstack(fill_value=0).reindex(columns=range(8), fill_value=0).reindex(lv_inv.index, fill_value=0))
-        u = lv_inv[UNIT_COLUMNS].to_numpy()
-        p = by_type.to_numpy()
-        rep.check(bool((p[:, 1:] >= u[:, 1:]).all()), f"persons {level}: fewer GQ residents than GQ facilities of a type")
-        rep.check(bool((p <= u * GQ_CAP).all()), f"persons {level}: persons of a type with no unit of that type")
+        _verify_unit_bounds(PERSONS.name, level, h, lv_inv, hhgq_of_cell, MIN_PER_UNIT, np.full(8, GQ_CAP), rep)
         minors = h[(h["cell"] >= nurse_minor) & (h["cell"] < nurse_minor + 2 * 63) & (h["count"] > 0)]
         rep.check(minors.empty, f"persons {level}: persons under 18 in nursing facilities")
-        if not totals_invariant or "tot" not in lv_inv.columns:
-            continue
-        totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
-        whole = inv[inv["level"] == WHOLE_STATE].set_index("geocode")["tot"]
-        if level == STATE and not whole.empty:  # each whole state's total is the sum over its parts (facts 2.6)
-            state = spine.drop_duplicates(STATE).set_index(STATE)["geoid"].str[:2]
-            got = totals.groupby(state.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
-            rep.check(bool((got == whole).all()),
-                      "persons State: a state's total (the sum over its parts) differs from its invariant")
-        elif lv_inv["tot"].notna().any():
-            rep.check(bool((totals == lv_inv["tot"]).all()), f"persons {level}: total differs from its invariant")
+        _verify_totals(PERSONS.name, level, h, inv, lv_inv, spine, state, rep, totals_invariant)
+
+
+def _verify_unit_bounds(name: str, level: str, h: pd.DataFrame, lv_inv: pd.DataFrame, type_of_cell: np.ndarray,
+                        min_per_unit: np.ndarray, cap: np.ndarray, rep: VerifyReport) -> None:
+    """Records of each unit type k within [units_k x min_per_unit[k], units_k x cap[k]] at every node."""
+    types = len(min_per_unit)
+    by_type = (h.assign(type=type_of_cell[h["cell"].to_numpy()]).groupby(["geocode", "type"])["count"].sum()
+               .unstack(fill_value=0).reindex(columns=range(types), fill_value=0).reindex(lv_inv.index, fill_value=0))
+    u = lv_inv[UNIT_COLUMNS[:types]].to_numpy()
+    p = by_type.to_numpy()
+    rep.check(bool((p >= u * min_per_unit).all()), f"{name} {level}: fewer GQ residents than GQ facilities of a type")
+    rep.check(bool((p <= u * cap).all()), f"{name} {level}: persons of a type with no unit of that type")
+
+
+def _verify_totals(name: str, level: str, h: pd.DataFrame, inv: pd.DataFrame, lv_inv: pd.DataFrame,
+                   spine: pd.DataFrame, state: str | None, rep: VerifyReport, totals_invariant: bool) -> None:
+    """A level's totals equal their invariant where it is declared; at the state level of a spine that splits
+    states (the U.S. AIAN spine), each whole state's total is the sum over its parts (facts 2.6)."""
+    if not totals_invariant or "tot" not in lv_inv.columns:
+        return
+    totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
+    whole = inv[inv["level"] == WHOLE_STATE].set_index("geocode")["tot"]
+    if level == state and not whole.empty:
+        width = US_HIERARCHY.levels[US_HIERARCHY.names.index(state)].width  # whole states are U.S. ones
+        states = spine.drop_duplicates(state).set_index(state)["geoid"].str[:width]
+        got = totals.groupby(states.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
+        rep.check(bool((got == whole).all()),
+                  f"{name} {level}: a state's total (the sum over its parts) differs from its invariant")
+    elif lv_inv["tot"].notna().any():
+        rep.check(bool((totals == lv_inv["tot"]).all()), f"{name} {level}: total differs from its invariant")
