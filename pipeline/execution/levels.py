@@ -226,8 +226,9 @@ def levels_from_units(product: str, cfg: ProductConfig, spine: Spine, geo: list,
     first."""
     totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
+    lowest = len(geo) - 1 if state_level is None else state_level  # a U.S. spine: totals invariant down to State
     for i, g in enumerate(geo[:len(units)]):
-        if (PRODUCTS[product].total_invariant and state_level is not None and i <= state_level
+        if (PRODUCTS[product].total_invariant and i <= lowest
                 and "tot" in configured_below(cfg.invariants, spine.levels, g.name)):  # only a declared total
             units[i] = units[i].assign(tot=_invariant_totals(totals[i].astype(float), g.state if i == state_level else None))
     cons = level_constraints(product, cfg, spine.levels, units, parents, below)
