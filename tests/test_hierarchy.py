@@ -190,6 +190,17 @@ def test_read_input_without_units_builds_the_column_spine(tmp_path, dask_client)
         dataplane.input_geography(inp, HIERARCHY)
 
 
+def test_evaluate_reads_a_declared_truth(tmp_path):
+    from topdown.pipeline.evaluation.evaluate import load_truth
+
+    frame = persons_frame()
+    _write(tmp_path / "persons.parquet", frame)
+    truth = load_truth(tmp_path, CENSUS)
+    blocks = truth.blocks["people"]
+    assert list(truth.blocks) == ["people"] and int(blocks["count"].sum()) == len(frame)
+    assert blocks.groupby("geocode")["count"].sum().to_dict() == frame["dist"].value_counts().to_dict()
+
+
 def test_a_census_needs_its_record_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="needs persons.parquet, or directories persons/"):
         dataplane.find_input(tmp_path, CENSUS)

@@ -46,8 +46,10 @@ from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
-from topdown.vocab.schema import PERSONS, SCHEMAS
-from ..inputs.tabulate import block_histograms
+from topdown.vocab.census import Census
+from topdown.vocab.schema import PERSONS, SCHEMAS, Schema
+from ..inputs.tabulate import block_histograms, sparse_counts
+from ..inputs.validate import check_records
 
 log = logging.getLogger("topdown")
 
@@ -101,9 +103,13 @@ class Truth:
     persons: pd.DataFrame
 
 
-def load_truth(truth: Path) -> Truth:
+def load_truth(truth: Path, census: Census | None = None) -> Truth:
     """Read the person and unit files of a run's input directory (one file each, or directories of
-    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies)."""
+    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies). A
+    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``);
+    its truth has no person records (the person-record metrics are P.L. 94-171's)."""
+    if census is not None:
+        return _declared_truth(truth, census)
     files = find_input(truth)  # FileNotFoundError naming what is missing
     persons = pd.concat([pd.read_parquet(f, columns=["geoid", *PERSONS.dim_names]) for f in files.persons],
                         ignore_index=True)
@@ -112,6 +118,18 @@ def load_truth(truth: Path) -> Truth:
                       ignore_index=True)
     units["geoid"] = units["geoid"].astype(str)
     return Truth({name: p.tabulate(persons, units) for name, p in PRODUCTS.items()}, persons)
+
+
+def _declared_truth(truth: Path, census: Census) -> Truth:
+    files = find_input(truth, census)
+    blocks = {}
+    for product in census.products:
+        if census.units is not None and product.records.name == census.units.name:
+            continue  # a product counting the unit records: not evaluated from a declared census's truth yet
+        read = [check_records(f, product, census.hierarchy) for f in files.persons]
+        leaf = pd.concat([r[0] for r in read], ignore_index=True)
+        blocks[product.name] = sparse_counts(leaf, np.concatenate([r[1] for r in read]), product.schema.ncells)
+    return Truth(blocks, pd.DataFrame())
 
 
 def load_entities(path: Path) -> pd.DataFrame:
@@ -173,6 +191,7 @@ class RunView:
         self.root, self.label = Path(root), label
         self.reader = RunReader(self.root)
         self.manifest = self.reader.complete_manifest("evaluating it")  # RunDirError: exit 4, as verify
+        self.census = self.reader.census()  # None: P.L. 94-171
         self.levels: list[str] = list(self.manifest.levels)
         spine = self.reader.spine_table()
         if list(spine.columns) != ["geoid", *self.levels]:
@@ -262,8 +281,9 @@ def _epl_row(qe: M.QueryErrors, opts: EvalOptions) -> dict:
 
 
 def _level_metrics(run: str, seed: Any, product: str, level: str, true: M.SparseHist, est: M.SparseHist,
-                   queries: Sequence[str], opts: EvalOptions) -> tuple[list[dict], list[dict], dict[str, M.QueryErrors]]:
-    schema = SCHEMAS[product]
+                   queries: Sequence[str], opts: EvalOptions, schema: Schema | None = None
+                   ) -> tuple[list[dict], list[dict], dict[str, M.QueryErrors]]:
+    schema = schema or SCHEMAS[product]
     summary, epl, kept = [], [], {}
     for name in queries:
         qe = M.query_errors(true, est, build_query(schema, name), opts.dense_limit)
@@ -283,12 +303,15 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
     for product in view.manifest.products:
         if product not in truth.blocks:
             continue
-        person_metrics = product == PERSONS.name  # metrics defined on person records (facts 8)
+        declared = None if view.census is None else view.census.product(product)
+        person_metrics = declared is None and product == PERSONS.name  # metrics defined on person records (facts 8)
         extra = opts.sampling_queries if person_metrics else ()
-        queries = list(dict.fromkeys(["total", *opts.queries.get(product, ("total",)), *extra, *opts.replicate_queries]))
+        asked = opts.queries.get(product, ("total",)) if declared is None else declared.evaluation_queries
+        queries = list(dict.fromkeys(["total", *asked, *extra, *opts.replicate_queries]))
         for level in view.levels:
             true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
-            summary, epl, kept = _level_metrics(label, seed, product, level, true, est, queries, opts)
+            summary, epl, kept = _level_metrics(label, seed, product, level, true, est, queries, opts,
+                                                None if declared is None else declared.schema)
             eps_total, eps_query = view.theoretical_epsilon(product)
             out["summary"] += summary
             out["epl"] += [{**row, "epsilon_query": eps_query.get((level, row["query"])), "epsilon_total": eps_total}
@@ -446,11 +469,11 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     views = [RunView(r, "check") for r in runs]  # fail fast, naming the offending directory
     out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
                     lambda p: (p / "summary.parquet").is_file())
-    truth_d = dask.delayed(load_truth)(Path(truth))
+    truth_d = dask.delayed(load_truth)(Path(truth), views[0].census)
     ent_d = (entities_on_spine(load_entities(Path(entities)), views[0].geoid_index, Path(entities))
              if entities is not None else None)
     tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
-    if PERSONS.name in RunReader(runs[0]).manifest().products:  # the SRS baseline samples person records
+    if views[0].census is None and PERSONS.name in views[0].manifest.products:  # the SRS baseline samples person records
         tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)
                   for rate in opts.sampling_rates for rep in range(opts.sampling_replicates)]
     results = compute(tasks, client, "evaluate runs and samples")  # on local threads without a client

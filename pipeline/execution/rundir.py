@@ -614,6 +614,15 @@ class RunReader(RunDir):
                               f"{manifest.data.get('config_hash', '?')[:12]}")
         return config
 
+    def census(self):
+        """The run's declared census when its input was read as declared (``config.declared_census``); None for
+        P.L. 94-171, whose runs write no census into ``config.json``."""
+        from ..configuration.config import declared_census
+
+        if not self.config_path.is_file() or "census" not in json.loads(self.config_path.read_text()):
+            return None
+        return declared_census(self.config())
+
     def spine_table(self):
         """``spine.parquet`` as a frame of strings (geoid + one column per level)."""
         return pq.read_table(self.spine_path).to_pandas().astype(str)

@@ -11,7 +11,8 @@ import pandas as pd
 from topdown.vocab.schema import N_UNIT_TYPES, PERSONS, UNITS, Schema
 
 
-def _sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:
+def sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:
+    """Long ``geocode, cell, count`` rows of records (their block geocodes and cells), non-zero cells, sorted."""
     codes, blocks = pd.factorize(geoids, sort=True)
     keys, counts = np.unique(codes.astype(np.int64) * ncells + cells.astype(np.int64), return_counts=True)
     return pd.DataFrame({
@@ -27,7 +28,7 @@ def block_histograms(persons: pd.DataFrame, schema: Schema = PERSONS) -> pd.Data
     ``persons`` needs ``geoid`` and one column per schema dimension.
     """
     cells = schema.cell_index(*(persons[name].to_numpy() for name in schema.dim_names))
-    return _sparse_counts(persons["geoid"], np.asarray(cells), schema.ncells)
+    return sparse_counts(persons["geoid"], np.asarray(cells), schema.ncells)
 
 
 def block_units(units: pd.DataFrame) -> pd.DataFrame:
@@ -53,4 +54,4 @@ def units_histograms(units: pd.DataFrame) -> pd.DataFrame:
     hu = units[units["unit_type"] == 0]
     occupancy = np.where(hu["occupied"].to_numpy(bool), 0, 1)
     cells = UNITS.cell_index(occupancy)
-    return _sparse_counts(hu["geoid"], np.asarray(cells), UNITS.ncells)
+    return sparse_counts(hu["geoid"], np.asarray(cells), UNITS.ncells)

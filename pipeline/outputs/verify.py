@@ -15,7 +15,6 @@ where the run declared them, and its MDF (the generic layout tabulated back).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from topdown.vocab.census import Census, Hierarchy, Product
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
-from ..configuration.config import declared_census
 from ..execution.invariants import GQ_CAP, MIN_PER_UNIT, UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
 from ..execution.rundir import Manifest, RunReader, changed_files
@@ -131,18 +129,10 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
-    census = _run_census(reader)
+    census = reader.census()
     for product in manifest.products:
         _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product},
                         totals_invariant=manifest.algorithm != "block_by_block", census=census)
-
-
-def _run_census(reader: RunReader) -> Census | None:
-    """The run's declared census, read as its ``config.json`` declares it (None: P.L. 94-171, whose runs write
-    no census into it)."""
-    if not reader.config_path.is_file() or "census" not in json.loads(reader.config_path.read_text()):
-        return None
-    return declared_census(reader.config())
 
 
 def _verify_product(reader: RunReader, product: str, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
