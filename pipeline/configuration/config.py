@@ -32,7 +32,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from topdown.geo.spine import BLOCK, US_HIERARCHY
+from topdown.geo.spine import US_HIERARCHY
 from topdown.vocab.census import Census, Hierarchy
 from topdown.vocab.schema import SCHEMAS
 
@@ -398,7 +398,7 @@ def check_production(config: Config) -> None:
         if budget.infinite:
             raise ConfigError(f"{where}: {product}.budget.{total_key} = \"inf\" is refused in mode = \"production\": "
                               "an infinite budget adds no noise and publishes exact counts (use mode = \"test\")")
-        measured = [BLOCK] if config.run.algorithm == "block_by_block" else list(budget.levels)
+        measured = [census_hierarchy(config).leaf] if config.run.algorithm == "block_by_block" else list(budget.levels)
         for level in measured:
             if budget.levels.get(level) == 0:
                 raise ConfigError(f"{where}: {product}.budget.levels.{level} = 0 is refused in mode = \"production\": "

@@ -24,7 +24,7 @@ import pandas as pd
 import scipy.sparse as sp
 from distributed import Security
 
-from topdown.geo.spine import BLOCK, Spine, build_spine
+from topdown.geo.spine import Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
 from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler,
@@ -487,9 +487,10 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, product: str, lev
 def block_by_block_config(config: Config) -> Config:
     """The block-by-block algorithm spends every product's whole budget on the block level."""
     data = config.model_dump(mode="json")
+    leaf = census_hierarchy(config).leaf
     for product in config.run.products:
         levels = data[product]["budget"]["levels"]
-        data[product]["budget"]["levels"] = {lv: ("1" if lv == BLOCK else "0") for lv in levels}
+        data[product]["budget"]["levels"] = {lv: ("1" if lv == leaf else "0") for lv in levels}
     return config_from_dict(data, source=config.source)
 
 
