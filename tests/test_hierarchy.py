@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -20,7 +21,7 @@ import scipy.sparse as sp
 from cli_subprocess import assert_clean_failure, topdown
 from topdown.geo import GeographyError
 from topdown.geo.spine import (LEVELS, PREFIX, US_HIERARCHY, build_spine, column_spine, spine_state, standard_spine)
-from topdown.pipeline.configuration.config import census_hierarchy, declared_census, load_config
+from topdown.pipeline.configuration.config import Config, census_hierarchy, declared_census, load_config
 from topdown.pipeline.execution import dataplane
 from topdown.pipeline.inputs.validate import InputError, check_records
 from topdown.pipeline.outputs import verify
@@ -121,6 +122,12 @@ def test_bad_column_codes(change, message):
 def test_us_spines_need_the_us_hierarchy():
     with pytest.raises(ValueError, match="'aian' is a U.S. spine"):
         build_spine("aian", codes_frame(), hierarchy=HIERARCHY)
+    # a configuration holding this census (as the declaration loader makes it) is refused at load
+    config = SimpleNamespace(run=SimpleNamespace(products=[], spine="optimized"), census=CENSUS)
+    assert census_hierarchy(config) is HIERARCHY and declared_census(config) is CENSUS
+    with pytest.raises(ValueError, match=r"run.spine = 'optimized' is a U.S. spine .*us = false"):
+        Config._check_products(config)
+    Config._check_products(SimpleNamespace(run=SimpleNamespace(products=[], spine="standard"), census=CENSUS))
 
 
 # ----------------------------------------------------------------------------------------- input records
@@ -218,6 +225,18 @@ def test_unit_checks_follow_the_declared_bounds():
     assert (np.asarray(by_type.argmax(axis=1)).ravel() == SCHEMA.unravel(np.arange(SCHEMA.ncells))[2]).all()
     pl94 = dataplane.unit_type_matrix(PERSONS, "hhgq")  # the cells of hhgq k: the k-th 1/8 of the cell index
     assert (np.asarray(pl94.argmax(axis=1)).ravel() == np.arange(PERSONS.ncells) // (PERSONS.ncells // 8)).all()
+
+
+def test_block_geocodes_of_any_common_width_are_searched_as_numbers():
+    spine = pd.Index(["000101", "000102", "120000", "999999"], dtype="str")
+    numbers = dataplane._spine_numbers(spine)
+    assert isinstance(numbers, np.ndarray) and dataplane._code_width(spine) == 6
+    assert dataplane._geoid_strings(numbers, 6).equals(spine)
+    assert dataplane._spine_rows(numbers, spine[[3, 0]], 6).tolist() == [3, 0]
+    with pytest.raises(ValueError, match="not the input's blocks"):
+        dataplane._spine_rows(numbers, pd.Index(["0000101"], dtype="str"), 6)  # 7 digits: not 101
+    letters = pd.Index(["ab1", "ab22"], dtype="str")
+    assert dataplane._spine_numbers(letters) is letters  # not numbers: searched as strings
 
 
 # ------------------------------------------------------------------------------------------------- MDF

@@ -59,6 +59,9 @@ from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_p
 ROWS_PER_TASK = 2_000_000
 #: Blocks per tabulation shard.
 SHARD_BLOCKS = 20_000
+#: Digits of a U.S. block GEOID (a spine's block geocodes of another common number of digits are searched as
+#: numbers too: :func:`_geoid_numbers`).
+GEOID_DIGITS = 15
 #: Leaves per MDF task of a column hierarchy (a prefix hierarchy's tasks are its second level's nodes).
 MDF_LEAVES = 50_000
 
@@ -307,14 +310,15 @@ def unit_bounded(spec) -> str | None:
 
 def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray,
                    names: pd.Index | None, parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
-                   runs: list[tuple[np.ndarray, np.ndarray]]) -> Shard:
-    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers`) and
+                   runs: list[tuple[np.ndarray, np.ndarray]], width: int = GEOID_DIGITS) -> Shard:
+    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers` of ``width``
+    digits) and
     geocodes ``names`` (None: the GEOIDs), unit counts from the unit read tasks' frames, histograms from the
     person read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
     node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
     summed per node of the level above."""
     schema, spec = SCHEMAS[product], PRODUCTS[product]
-    blocks = _geoid_strings(blocks) if isinstance(blocks, np.ndarray) else blocks
+    blocks = _geoid_strings(blocks, width) if isinstance(blocks, np.ndarray) else blocks
     names = blocks if names is None else names
     inverses = [np.repeat(values, lengths) for values, lengths in runs]
     units = _block_units(unit_frames, blocks)
@@ -465,13 +469,12 @@ def read_input(client, files: InputFiles, census: Census | None = None) -> ReadI
     """Read and check every input file on the workers (the records of each of ``census``'s products, and its
     unit records; None: P.L. 94-171's). The first error of the person files (in file order), then of the
     unit files, is raised here as the :class:`InputError` its task raised."""
-    utasks = read_tasks(files.units)
+    ptasks, utasks = read_tasks(files.persons), read_tasks(files.units)
     if census is None:
-        pfuts = [client.submit(read_persons, f, g, pure=False) for f, g in read_tasks(files.persons)]
+        pfuts = [client.submit(read_persons, f, g, pure=False) for f, g in ptasks]
         ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
         parts = {}
     else:
-        ptasks = read_tasks(files.persons)
         parts = {p.name: ([client.submit(read_records, f, g, p, census.hierarchy, pure=False) for f, g in ptasks], [])
                  for p in census.products if census.units is None or p.records.name != census.units.name}
         pfuts = next(iter(parts.values()))[0]
@@ -483,7 +486,7 @@ def read_input(client, files: InputFiles, census: Census | None = None) -> ReadI
         geoids += person_geoids if futs is pfuts else [client.submit(part_geoids, p, pure=False).result() for p in futs]
     geography = []
     if census is not None and not census.hierarchy.by_prefix:
-        for path, fut in [*zip([f for f, _ in read_tasks(files.persons)], pfuts), *zip([f for f, _ in utasks], ufuts)]:
+        for path, fut in [*zip([f for f, _ in ptasks], pfuts), *zip([f for f, _ in utasks], ufuts)]:
             geography.append((path, client.submit(part_geography, fut, pure=False).result()))
     return ReadInput(pfuts, person_geoids, ufuts, [f.result() for f in ugfuts], [f for f, _ in utasks], parts,
                      geography)
@@ -560,10 +563,10 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
     unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
     sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(*counted, shard_parts)] if persons else [])
-    spine_numbers = _spine_numbers(tab_geoid)
+    spine_numbers, width = _spine_numbers(tab_geoid), _code_width(tab_geoid)
     for futs, geoids, into in sources:  # the read tasks holding each shard's blocks
         for fut, g in zip(futs, geoids):
-            for s in np.unique(_spine_rows(spine_numbers, g) // SHARD_BLOCKS):
+            for s in np.unique(_spine_rows(spine_numbers, g, width) // SHARD_BLOCKS):
                 into[s].append(fut)
     # A task's arguments stay in the scheduler, in the driver, as long as its result (so that a lost worker's
     # shards can be computed again): each shard gets its GEOIDs (as numbers where they are: 8 bytes a block
@@ -575,7 +578,7 @@ def tabulate_levels(client, config, product: str, spine, inp: ReadInput, files: 
         geoids = spine_numbers[lo:hi] if isinstance(spine_numbers, np.ndarray) else tab_geoid[lo:hi]
         shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, geoids,
                                     None if same_names else names[lo:hi], shard_parts[s] if persons else None,
-                                    unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], pure=False))
+                                    unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     columns = UNIT_COLUMNS + ["occupied"]
@@ -628,13 +631,13 @@ def _counted(inp: ReadInput, spec) -> tuple[list, list[pd.Index]] | None:
     return (inp.persons, inp.person_geoids) if spec.records == PERSON_RECORDS else None
 
 
-def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index) -> np.ndarray:
+def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index, width: int = GEOID_DIGITS) -> np.ndarray:
     """Each input block's row on the spine (``spine_numbers``: :func:`_geoid_numbers` of the spine's GEOIDs in
-    block order, or the GEOIDs when they are not sorted 15-digit numbers); every block of the input must be on
-    it. Sorted numbers are searched, not hashed: a hash table over a national spine's GEOIDs costs about
-    200 bytes a block."""
+    block order, ``width`` digits each, or the GEOIDs when they are not sorted numbers); every block of the
+    input must be on it. Sorted numbers are searched, not hashed: a hash table over a national spine's GEOIDs
+    costs about 200 bytes a block."""
     if isinstance(spine_numbers, np.ndarray):
-        numbers = _geoid_numbers(geoids)
+        numbers = _geoid_numbers(geoids, width)
         rows = np.full(len(geoids), -1) if numbers is None else np.searchsorted(spine_numbers, numbers)
         if numbers is not None:
             found = rows < len(spine_numbers)
@@ -647,23 +650,31 @@ def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index) -> np.nd
     return rows
 
 
-def _geoid_numbers(geoids: pd.Index) -> np.ndarray | None:
-    """15-digit GEOIDs as int64 numbers (their order is the strings' order); None for any other string."""
+def _geoid_numbers(geoids: pd.Index, width: int | None = GEOID_DIGITS) -> np.ndarray | None:
+    """Geocodes of ``width`` digits (at most 18: an int64) as numbers (their order is the strings' order);
+    None for any other string (or no ``width``)."""
     arr = pa.array(geoids.array)
-    if len(arr) and (arr.null_count or pc.any(pc.not_equal(pc.utf8_length(arr), 15)).as_py()
-                     or not pc.all(pc.utf8_is_digit(arr)).as_py()):
+    if width is None or width > 18 or len(arr) and (
+            arr.null_count or pc.any(pc.not_equal(pc.utf8_length(arr), width)).as_py()
+            or not pc.all(pc.utf8_is_digit(arr)).as_py()):
         return None
     return pc.cast(arr, pa.int64()).to_numpy()
 
 
-def _geoid_strings(numbers: np.ndarray) -> pd.Index:
-    """The 15-digit GEOIDs of :func:`_geoid_numbers`."""
-    return pd.Index(pd.array(pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 15, "0"), dtype="str"))
+def _geoid_strings(numbers: np.ndarray, width: int = GEOID_DIGITS) -> pd.Index:
+    """The ``width``-digit geocodes of :func:`_geoid_numbers`."""
+    return pd.Index(pd.array(pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), width, "0"), dtype="str"))
+
+
+def _code_width(tab_geoid: pd.Index) -> int | None:
+    """The length of the spine's block geocodes when it may be their common one (the first one's)."""
+    return len(tab_geoid[0]) if len(tab_geoid) else None
 
 
 def _spine_numbers(tab_geoid: pd.Index) -> np.ndarray | pd.Index:
-    """What :func:`_spine_rows` searches: the spine's GEOIDs as sorted numbers, or as they are."""
-    numbers = _geoid_numbers(tab_geoid)
+    """What :func:`_spine_rows` searches: the spine's GEOIDs as sorted numbers (of any one number of digits up
+    to 18), or as they are."""
+    numbers = _geoid_numbers(tab_geoid, _code_width(tab_geoid))
     return numbers if numbers is not None and (np.diff(numbers) > 0).all() else tab_geoid
 
 
