@@ -28,7 +28,7 @@ from topdown.pipeline.outputs import verify
 from topdown.pipeline.outputs.mdf import RECORD_NUMBER, generic_mdf, tabulate_generic_mdf
 from topdown.pipeline.products import PRODUCTS
 from topdown.vocab.census import (Attribute, Census, ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records,
-                                  UnitBounds)
+                                  UnitBounds, Units)
 from topdown.vocab.schema import PERSONS, Schema
 
 #: Region > Province > District below the root: codes of unequal lengths, letters, digits and dashes.
@@ -195,6 +195,29 @@ def test_read_input_without_units_builds_the_column_spine(tmp_path, dask_client)
     with pytest.raises(InputError, match=r"persons/a\.parquet: column 'dist': District code 'e5' lies in two Province "
                                          r"codes, 'N-a' and 'S9'"):
         dataplane.input_geography(inp, HIERARCHY)
+
+
+def test_a_census_with_units_reads_them_with_its_geography(tmp_path, dask_client):
+    """Unit records carry the level columns too; a product counting them (with ``where``) reads the units file."""
+    rng = np.random.default_rng(5)
+    units = persons_frame(120, seed=8)[["region", "prov", "dist"]].assign(
+        unit_type=rng.integers(0, 3, 120), occupied=lambda f: (f["unit_type"] > 0) | (rng.random(120) < 0.7))
+    dwellings = Product(schema=Schema("dwellings", dims=(("occupied", 2),)),
+                        records=Records("units", where=(("unit_type", (0,)),)),
+                        attributes=(Attribute("occupied", 2, "occupied", values=((False, 0), (True, 1))),))
+    census = Census("atlantis", HIERARCHY, (PEOPLE, dwellings), units=Units())
+    _write(tmp_path / "persons.parquet", persons_frame())
+    _write(tmp_path / "units.parquet", units)
+    files = dataplane.find_input(tmp_path, census)
+    assert [f.name for f in (*files.persons, *files.units)] == ["persons.parquet", "units.parquet"]
+    inp = dataplane.read_input(dask_client, files, census)
+    counted = dask_client.gather(inp.parts["dwellings"][0])
+    assert sum(int(p.hist.sum()) for p in counted) == int((units["unit_type"] == 0).sum())
+    assert sum(int(p.hist[:, 1].sum()) for p in counted) == int(((units["unit_type"] == 0) & units["occupied"]).sum())
+    frames = dask_client.gather(inp.units)
+    assert sum(int(f[["u0", "u1", "u2"]].to_numpy().sum()) for f in frames) == len(units)
+    spine = build_spine("standard", dataplane.input_geography(inp, HIERARCHY), hierarchy=HIERARCHY)
+    assert set(spine.table["geoid"]) == set(persons_frame()["dist"]) | set(units["dist"])
 
 
 def test_evaluate_reads_a_declared_truth(tmp_path):

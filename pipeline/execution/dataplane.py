@@ -111,18 +111,19 @@ def find_input(root: Path | str, census: Census | None = None) -> InputFiles:
             raise FileNotFoundError(f"{single}: input file not found (the input directory needs {needs}, or "
                                     f"directories {folders} of Parquet files; see `topdown demo-data`, "
                                     "`topdown synth`, `topdown ingest`)")
-    return InputFiles(root, found[names[0]], found.get(names[1], ()), (names[0], names[1] or UNIT_RECORDS))
+    return InputFiles(root, found.get(names[0], ()), found.get(names[1], ()),
+                      (names[0] or PERSON_RECORDS, names[1] or UNIT_RECORDS))
 
 
-def census_files(census: Census) -> tuple[str, str | None]:
-    """The record files a census's input has: those its products count (one file) and its unit records (None:
-    it declares none)."""
+def census_files(census: Census) -> tuple[str | None, str | None]:
+    """The record files a census's input has: the one its products count besides the unit records (None: they
+    count unit records only) and its unit records (None: it declares none)."""
     units = None if census.units is None else census.units.name
-    counted = {p.records.name for p in census.products} - {units}
-    if len(counted) != 1:
+    counted = {p.records.name for p in census.products if not counts_units(census, p)}
+    if len(counted) > 1:
         raise InputError(f"census {census.name!r}: its products count records of {sorted(counted)}; the input "
                          "reads one record file besides the unit records")
-    return counted.pop(), units
+    return (counted.pop() if counted else None), units
 
 
 def read_tasks(files: tuple[Path, ...]) -> list[tuple[str, list[int]]]:
@@ -145,6 +146,11 @@ def read_tasks(files: tuple[Path, ...]) -> list[tuple[str, list[int]]]:
             rows += n
         tasks.append((str(f), groups))
     return tasks
+
+
+def counts_units(census: Census, product: Product) -> bool:
+    """Whether ``product`` counts the census's unit records (it then reads the units file)."""
+    return census.units is not None and product.records.name == census.units.name
 
 
 # --------------------------------------------------------------------------------------------- worker tasks
@@ -326,8 +332,9 @@ def tabulate_shard(product: str, cfg, levels: list[str], lo: int, blocks: pd.Ind
     if parts is not None:
         hist = _stack(parts, blocks, schema.ncells)
         bounded = unit_bounded(spec)
-        problem = None if bounded is None else _persons_problem(parts, blocks, hist, units[:, :8],
-                                                                unit_type_matrix(schema, bounded))
+        by_type = None if bounded is None else unit_type_matrix(schema, bounded)
+        problem = None if by_type is None else _persons_problem(parts, blocks, hist, units[:, :by_type.shape[1]],
+                                                                by_type)
     else:
         hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
     cons = spec.level_constraints(cfg, levels, levels[-1], frame, None, None)
@@ -474,10 +481,10 @@ def read_input(client, files: InputFiles, census: Census | None = None) -> ReadI
         pfuts = [client.submit(read_persons, f, g, pure=False) for f, g in ptasks]
         ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
         parts = {}
-    else:
-        parts = {p.name: ([client.submit(read_records, f, g, p, census.hierarchy, pure=False) for f, g in ptasks], [])
-                 for p in census.products if census.units is None or p.records.name != census.units.name}
-        pfuts = next(iter(parts.values()))[0]
+    else:  # each product reads its own records (a product counting the unit records reads the units file)
+        parts = {p.name: ([client.submit(read_records, f, g, p, census.hierarchy, pure=False)
+                           for f, g in (utasks if counts_units(census, p) else ptasks)], []) for p in census.products}
+        pfuts = next((parts[p.name][0] for p in census.products if not counts_units(census, p)), [])
         ufuts = [client.submit(read_units, f, g, census, pure=False) for f, g in utasks]
     gfuts = [client.submit(part_geoids, p, pure=False) for p in pfuts]
     ugfuts = [client.submit(frame_geoids, u, pure=False) for u in ufuts]

@@ -252,25 +252,25 @@ def check_records(path: Path, product: Product, hierarchy: Hierarchy, row_groups
     geo, geography = _leaf_codes(path, table, hierarchy)
     if "geoid" not in table.column_names:  # errors name a record's block by its leaf geocode
         table = table.append_column("geoid", geo)
-    keep = np.ones(table.num_rows, dtype=bool)
-    for column, values in product.records.where:
-        keep &= pc.is_in(table.column(column), pa.array(list(values))).to_numpy(zero_copy_only=False)
+    if product.records.where:  # the geography of every record is checked (the spine is built from all)
+        keep = np.ones(table.num_rows, dtype=bool)
+        for column, values in product.records.where:
+            keep &= pc.is_in(table.column(column), pa.array(list(values))).to_numpy(zero_copy_only=False)
+        table = table.filter(pa.array(keep))
     levels = []
     for a in attributes:
         if a.values is None:
             levels.append(_codes(path, table, a.column, 0, a.size - 1).astype(np.int64))
             continue
         raw, mapped = pa.array([v for v, _ in a.values]), np.array([lv for _, lv in a.values], dtype=np.int64)
-        at = pc.index_in(table.column(a.column), raw).to_numpy(zero_copy_only=False)
-        unknown = np.isnan(at) if at.dtype.kind == "f" else np.zeros(len(at), dtype=bool)
-        unknown &= keep
-        if unknown.any():
-            row = _first(unknown)
+        at = pc.index_in(table.column(a.column), raw)
+        if at.null_count:
+            row = _first(pc.is_null(at).to_numpy(zero_copy_only=False))
             raise _fail(path, a.column, _block_of(table, row), f"value not declared for attribute {a.name!r}",
                         table.column(a.column)[row].as_py())
-        levels.append(mapped[np.nan_to_num(at).astype(np.int64)])
-    leaf = pd.Series(geo.to_pandas(), dtype="str")[keep].reset_index(drop=True)
-    cells = np.asarray(product.schema.cell_index(*(lv[keep] for lv in levels)), dtype=np.int64)
+        levels.append(mapped[at.to_numpy()])
+    leaf = pd.Series(table.column("geoid").to_pandas(), dtype="str")
+    cells = np.asarray(product.schema.cell_index(*levels), dtype=np.int64)
     return leaf, cells, geography
 
 
