@@ -412,7 +412,7 @@ seed = 11
 input = "{input}"
 
 [people.budget]
-mechanism = "zcdp"
+mechanism = "discrete_gaussian"
 rho = "1"
 
 [people.budget.levels]
@@ -433,6 +433,8 @@ def _e2e_config(tmp_path: Path, input_dir: Path) -> Path:
     (tmp_path / "atlantis.toml").write_text(DECLARATION)
     queries = "".join(f'[people.budget.queries.{lv}]\n"detailed" = "1/2"\n"sex * age" = "1/2"\n'
                       for lv in HIERARCHY.names)
+    queries += "[people.estimation.l2_passes]\n" + "".join(f'{lv} = [["detailed", "sex * age"]]\n' for lv in HIERARCHY.names)
+    queries += "[people.estimation.rounder_passes]\n" + "".join(f'{lv} = [["detailed"]]\n' for lv in HIERARCHY.names)
     path = tmp_path / "run.toml"
     path.write_text(textwrap.dedent(RUN).format(census=tmp_path / "atlantis.toml", input=input_dir, queries=queries))
     return path
