@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
+from topdown.geo.spine import US_HIERARCHY
 from topdown.vocab.census import Hierarchy, Product
 from topdown.vocab.schema import PERSONS
 
@@ -25,8 +26,12 @@ UNIT_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", 
                 "TABBLK", "EUNUM", "RTYPE", "HH_STATUS"]
 
 
-#: Tabulation geography columns: their characters of the block GEOID.
-GEOGRAPHY = {"TABBLKST": (0, 2), "TABBLKCOU": (2, 5), "TABTRACTCE": (5, 11), "TABBLKGRPCE": (11, 12), "TABBLK": (11, 15)}
+#: Tabulation geography columns of the U.S. layouts: their characters of the block GEOID (the U.S. hierarchy's
+#: prefix widths; the block number is the GEOID after the tract).
+_WIDTH = {level.name: level.width for level in US_HIERARCHY.levels[1:]}
+GEOGRAPHY = {"TABBLKST": (0, _WIDTH["State"]), "TABBLKCOU": (_WIDTH["State"], _WIDTH["County"]),
+             "TABTRACTCE": (_WIDTH["County"], _WIDTH["Tract"]), "TABBLKGRPCE": (_WIDTH["Tract"], _WIDTH["Block_Group"]),
+             "TABBLK": (_WIDTH["Tract"], _WIDTH["Block"])}
 
 #: The generic MDF's column numbering a leaf's records, in cell order.
 RECORD_NUMBER = "record"
