@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from topdown.geo.spine import Spine, is_sorted, sorted_factorize
+from topdown.geo.spine import PREFIX, STATE, Spine, is_sorted, sorted_factorize
 
 from ..configuration.config import ProductConfig
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, check_feasible, configured_below
@@ -118,7 +118,8 @@ class _Geography:
         """The (real) state of each node: that of its first block (computed when asked: a block level's would
         cost a string per block)."""
         first = self.block_geoids if self.first_block is None else self.block_geoids[self.first_block]
-        return np.asarray(first.str.slice(0, 2), dtype="U2")
+        width = PREFIX[STATE]  # whole states are U.S. ones (the state-total group invariant)
+        return np.asarray(first.str.slice(0, width), dtype=f"U{width}")
 
 
 def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarray | None]]:

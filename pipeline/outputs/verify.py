@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from topdown.geo.spine import US_HIERARCHY, spine_state
+from topdown.geo.spine import PREFIX, STATE, spine_state
 from topdown.vocab.census import Census, Hierarchy, Product
 from topdown.vocab.queries import build_query
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
@@ -280,8 +280,7 @@ def _verify_totals(name: str, level: str, h: pd.DataFrame, inv: pd.DataFrame, lv
     totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
     whole = inv[inv["level"] == WHOLE_STATE].set_index("geocode")["tot"]
     if level == state and not whole.empty:
-        width = US_HIERARCHY.levels[US_HIERARCHY.names.index(state)].width  # whole states are U.S. ones
-        states = spine.drop_duplicates(state).set_index(state)["geoid"].str[:width]
+        states = spine.drop_duplicates(state).set_index(state)["geoid"].str[:PREFIX[STATE]]  # whole U.S. states
         got = totals.groupby(states.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
         rep.check(bool((got == whole).all()),
                   f"{name} {level}: a state's total (the sum over its parts) differs from its invariant")
