@@ -73,6 +73,12 @@ def test_the_us_constants_are_the_us_hierarchys_values():
     assert census_hierarchy(config) is US_HIERARCHY and declared_census(config) is None
 
 
+def test_the_pl94_declaration_states_the_us_hierarchy():
+    """conf/census/pl94.toml and US_HIERARCHY state the same levels and widths (runs once declarations load)."""
+    census = pytest.importorskip("topdown.pipeline.configuration.census")
+    assert census.default_census().hierarchy == US_HIERARCHY
+
+
 def test_a_prefix_hierarchy_of_other_widths():
     h = Hierarchy(levels=(Level("All"), Level("Zone", width=1), Level("Cell", width=3)), geocode="code",
                   pattern=r"[A-Z]\d\d", root_code="ALL")
