@@ -616,10 +616,12 @@ class RunReader(RunDir):
 
     def census(self):
         """The run's declared census when its input was read as declared (``config.declared_census``); None for
-        P.L. 94-171, whose runs write no census into ``config.json``."""
+        P.L. 94-171, whose runs name no census in ``config.json`` (neither ``[run] census`` nor a ``[census]``
+        table): their configuration is not read here."""
         from ..configuration.config import declared_census
 
-        if not self.config_path.is_file() or "census" not in json.loads(self.config_path.read_text()):
+        data = json.loads(self.config_path.read_text()) if self.config_path.is_file() else {}
+        if "census" not in data and "census" not in (data.get("run") or {}):
             return None
         return declared_census(self.config())
 
