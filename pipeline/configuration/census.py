@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import topdown.conf
+from topdown.geo.spine import US_HIERARCHY
 from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MDF_LAYOUTS, Attribute, Census,
                                   ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, Units)
 from topdown.vocab.queries import QueryError, build_query
@@ -74,6 +75,13 @@ def _load_file(path: str) -> Census:
 def default_census() -> Census:
     """The census of a run configuration that names none."""
     return load_census(DEFAULT_CENSUS)
+
+
+def read_as_declared(census: Census) -> bool:
+    """Whether a census's input is read as declared (``validate.check_records``: geography from its hierarchy,
+    attributes from its products) rather than by the readers of the U.S. P.L. 94-171 files (a census on
+    the U.S. hierarchy)."""
+    return census.hierarchy != US_HIERARCHY
 
 
 def _short(value: Any) -> str:
