@@ -583,7 +583,7 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     unit_attr = main.unit_bounds.attribute if census.units is not None and main.unit_bounds is not None else None
     first = tree.ancestor(0)
     leaf_persons = pop.bulk + np.bincount(pop.fac_leaf, pop.fac_residents, minlength=leaves).astype(np.int64)
-    top = census.hierarchy.levels[1].name.lower()
+    top = census.hierarchy.levels[1].column or census.hierarchy.levels[1].name.lower()  # the hive key
     writable_dir(out, "the synthetic input")
     staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
     kinds = [people[0].records.name] + ([census.units.name] if census.units else [])
