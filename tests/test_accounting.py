@@ -16,7 +16,7 @@ from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geom
 from topdown.vocab.schema import PERSONS, SCHEMAS, UNITS
 
 PRODUCTION_RHO = Fraction(293764, 114921)
-PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940")
+PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940", "dhc_1940", "chile_2017")
 
 
 def budget(**overrides) -> BudgetConfig:
@@ -164,9 +164,9 @@ def test_e2e_preset_is_pure_dp_geometric() -> None:
     config = load_config("e2e_1940")
     b = config.persons.budget
     assert (b.mechanism, b.epsilon, config.run.products) == ("geometric", Fraction(1, 4), ["persons"])
-    a = allocate(b, "County", "votingage * hispanic * cenrace")
-    assert a.epsilon == Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40) and a.sensitivity == 2
-    assert "hh_lb_occupied" in config.persons.constraints["Block"]
+    a = allocate(b, "County", "age18plus * hispanic * race")
+    assert a.epsilon == Fraction(1, 4) * Fraction(1, 4) * Fraction(27, 40) and a.sensitivity == 2
+    assert config.persons.constraints["Enumdist"] == ["hhgq_total_lb", "hhgq_total_ub"]
 
 
 # ----------------------------------------------------------------------------------------- certificate
@@ -229,7 +229,7 @@ def test_path_condition() -> None:
     with pytest.raises(ConfigError, match="negative share"):
         check_path_condition({"b": {"US": Fraction(-1), "State": Fraction(2)}})
     cert = certificate(load_config("e2e_1940"), spine_budget={"persons": {
-        "b": {lv: Fraction(1, 6) for lv in ["US", "State", "County", "Tract", "Block_Group", "Block"]}}})
+        "b": {lv: Fraction(1, 4) for lv in ["National", "State", "County", "Enumdist"]}}})
     assert cert["persons"]["path_condition"]["blocks"] == 1
 
 
