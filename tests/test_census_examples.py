@@ -126,6 +126,7 @@ def test_full_size_fan_outs_are_the_1940_counts(name, full):
     census = load(name)
     shape = synth_shape(census, census.product("persons"), synth_hints(census)["persons"])
     assert level_counts(census, shape, full[-1]) == full
+    assert level_counts(census, shape, 10 * full[-1])[0] == 51                # never more states than codes
     small = level_counts(census, shape, 14)
     assert small[-1] == 14 and all(1 <= a <= b for a, b in zip(small, small[1:]))
     assert 1 < small[0] < small[-1]

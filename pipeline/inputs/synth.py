@@ -339,7 +339,8 @@ class _Tree:
 def level_counts(census: Census, shape: SynthShape, leaves: int) -> list[int]:
     """Nodes per level below the root for ``leaves`` leaves: the full-size counts scaled in log space
     (count = leaves ^ (log full / log full leaves)), so that a full-size input has the declared counts and a
-    small one keeps every level (at least one node, never more than the level below)."""
+    small one keeps every level (at least one node, never more than the level below, nor than its listed
+    codes)."""
     levels = census.hierarchy.names[1:]
     full = []
     for i, level in enumerate(levels):
@@ -348,6 +349,9 @@ def level_counts(census: Census, shape: SynthShape, leaves: int) -> list[int]:
         full.append(shape.nodes.get(level, default))
     top = max(full[-1], 2)
     counts = [max(1, round(leaves ** (np.log(max(f, 1)) / np.log(top)))) for f in full[:-1]] + [leaves]
+    for i, level in enumerate(levels[:-1]):  # never more nodes than listed codes
+        if isinstance(listed := shape.codes.get(level), tuple):
+            counts[i] = min(counts[i], len(listed))
     for i in range(1, len(counts)):
         counts[i] = max(counts[i], counts[i - 1])
     for i in range(len(counts) - 2, -1, -1):
