@@ -3,6 +3,7 @@ with the published settings, ``topdown synth --census`` writes inputs of their s
 fan-outs, feasible units, structural zeros, deterministic, bounded batches), and each runs end to end."""
 from __future__ import annotations
 
+import json
 import tomllib
 from fractions import Fraction
 from pathlib import Path
@@ -342,8 +343,10 @@ def test_example_census_end_to_end(tmp_path, name):
     assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", str(tmp_path / "again")]) == 0
     assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 0
-    manifest = (run / "manifest.json").read_text()
-    assert name in manifest
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["levels"] == list(load(name).hierarchy.names) and manifest["status"] == "complete"
+    leaf = load(name).hierarchy.leaf
+    assert (run / "histograms" / "persons" / f"level={leaf}").is_dir()
 
 
 @pytest.mark.parametrize("name", CENSUSES)

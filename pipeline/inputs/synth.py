@@ -20,6 +20,11 @@ Shape, chosen to look like Rhode Island 2010 (data README, section 2) and nation
 
 The output passes :func:`topdown.pipeline.inputs.validate.validate_input`. :func:`write_partitioned` writes
 national-shaped input (many states, hive-partitioned by state) batch by batch, never holding it whole.
+
+:func:`write_census` (``topdown synth --census NAME``) writes input of any declared census's shape instead,
+driven by its declaration only: the hierarchy's levels (prefix geocode or one column per level), attributes
+(and their input ``values``), unit records and unit bounds, structural zeros, and the optional
+``[census.products.P.synth]`` table (:class:`SynthShape`: full-size node counts, codes, unit sizes, weights).
 """
 from __future__ import annotations
 
@@ -544,7 +549,7 @@ def _input_column(attribute: Attribute, levels: np.ndarray) -> pa.Array:
     return pa.array(np.asarray(table, dtype=object)[levels])
 
 
-def _geography(census: Census, tree: _Tree, leaf: np.ndarray) -> dict[str, pa.Array]:
+def _geography_columns(census: Census, tree: _Tree, leaf: np.ndarray) -> dict[str, pa.Array]:
     """The geography columns of records of the given leaves: the geocode (prefix hierarchy) or one code column
     per level below the root."""
     h = census.hierarchy
@@ -628,7 +633,7 @@ def _batch_tables(census: Census, people: list[Product], unit_products: list[Pro
     order = np.lexsort((seg_type, seg_leaf))
     rows_leaf, rows_type = np.repeat(seg_leaf[order], seg_n[order]), np.repeat(seg_type[order], seg_n[order])
     n = rows_leaf.size
-    columns = _geography(census, tree, rows_leaf)
+    columns = _geography_columns(census, tree, rows_leaf)
     for product in people:
         fixed = {unit_attr: rows_type} if unit_attr is not None and product.unit_bounds is not None else {}
         levels = _draw(product, shapes[product.name], fixed, n, rng, unit_attr)
@@ -640,7 +645,7 @@ def _batch_tables(census: Census, people: list[Product], unit_products: list[Pro
     u_n = np.concatenate([pop.bulk_units[leaf], np.ones(fac.size, np.int64)])
     u_leaf = np.repeat(seg_leaf[order], u_n[order])
     u_type = np.repeat(seg_type[order], u_n[order])
-    units = _geography(census, tree, u_leaf)
+    units = _geography_columns(census, tree, u_leaf)
     units[census.units.type_column] = pa.array(u_type.astype(np.int8))
     units[census.units.occupied_column] = pa.array(np.ones(u_leaf.size, bool))
     for product in unit_products:
