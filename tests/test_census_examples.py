@@ -15,7 +15,7 @@ import pytest
 from census_toml import load
 from cli_subprocess import assert_clean_failure, topdown
 from topdown.pipeline.inputs import synth
-from topdown.pipeline.inputs.synth import level_counts, synth_hints, synth_shape, write_census
+from topdown.pipeline.inputs.synth import level_counts, synth_hints, synth_shape, synthetic_tree, write_census
 from topdown.vocab.queries import build_query
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -295,11 +295,18 @@ def test_synth_refuses_a_used_folder_and_bad_hints(tmp_path):
     product = census.product("persons")
     for hints, key in (({"weights": {"race": [1, 2]}}, "weights.race"), ({"weights": {"nope": [1]}}, "nope"),
                        ({"nodes": {"Block": 5}}, "Block"), ({"persons_per_leaf": 0}, "persons_per_leaf"),
-                       ({"unit_size": [1]}, "unit_size"), ({"colour": 1}, "colour")):
+                       ({"unit_size": [1]}, "unit_size"), ({"colour": 1}, "colour"), ({"codes": [1]}, "codes"),
+                       ({"codes": {"State": ["01", "01"]}}, "codes.State")):
         with pytest.raises(ConfigError, match=key):
             synth_shape(census, product, hints)
     with pytest.raises(ConfigError, match="persons"):
         write_census(tmp_path / "none", census, 0, seed=1)
+    rng = np.random.default_rng(0)
+    for codes, says in (({"County": "{bogus}"}, "codes.County: format"), ({"County": "{n}"}, "not 4 characters"),
+                        ({"County": ["0010", "0030"]}, r"codes.County: \d+ nodes needed, 2 codes listed")):
+        shape = synth_shape(census, product, {"nodes": {"State": 20, "County": 50}, "codes": codes})
+        with pytest.raises(ConfigError, match=says):
+            synthetic_tree(census, shape, 400, rng)
 
 
 def test_synth_census_usage_errors_exit_2(tmp_path):

@@ -287,6 +287,9 @@ def synth_shape(census: Census, product: Product, hints: dict) -> SynthShape:
     known = {"persons_per_leaf", "nodes", "codes", "unit_size", "weights"}
     if unknown := sorted(set(hints) - known):
         raise ConfigError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(known))})")
+    for table in ("nodes", "codes", "weights"):
+        if not isinstance(hints.get(table, {}), dict):
+            raise ConfigError(f"{where}.{table}: need a table (got {hints[table]!r})")
     levels = census.hierarchy.names[1:]
     ppl = hints.get("persons_per_leaf", 1000)
     if isinstance(ppl, bool) or not isinstance(ppl, (int, float)) or not ppl >= 1:
