@@ -228,8 +228,10 @@ def _units(r: _Reader, data: Any) -> Units:
                  occupied_column=r.string(data.get("occupied_column", default.occupied_column), f"{key}.occupied_column"))
 
 
+#: ``synth`` holds the shape of ``topdown synth --census`` input (test data, not the census: read and checked by
+#: ``inputs.synth``, not carried by :class:`Product`).
 PRODUCT_KEYS = ("records", "mdf", "evaluation_queries", "uncertainty_queries", "attributes", "recodes", "invariants",
-                "constraints", "unit_bounds")
+                "constraints", "unit_bounds", "synth")
 
 
 def _records(r: _Reader, data: Any, key: str, default: str) -> Records:

@@ -500,15 +500,18 @@ def _log_report(name: str, r: LevelReport) -> None:
 
 def _write_invariants(client, rundir: RunDir, product: Product, levels: list[Level]) -> None:
     """The declared-public invariants (facts 2.8): the unit and GQ-facility counts of every node (sums of
-    block invariants) and, for persons, the US total (``tot`` of the US row) and each whole state's total
-    (rows of level ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
+    block invariants) and, for a product whose total is invariant, the total of every node where it is (``tot``:
+    the root's; a declared census's down to the level it names) and each whole U.S. state's total (rows of level
+    ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
     no total: only declared invariants are written. A partitioned run's block rows are on the shards
     (``Level.meta``): a worker adds them and writes the file."""
     frames = []
     total = product.total_invariant
     blocks = levels[-1] if levels[-1].units is None else None
     for level in levels[:-1] if blocks is not None else levels:
-        tot = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
+        # a node's total where invariant: the root, and (no U.S. state split) every level the total is declared
+        # down to; the U.S. state level's totals are the whole states' rows below
+        tot = level.units["tot"].to_numpy() if "tot" in level.units and level.state_total is None else np.nan
         frames.append(invariant_rows(level.units, level.name, tot if total else None))
         if total and level.state_total is not None:
             whole = level.units[UNIT_COLUMNS].groupby(level.state).sum()
