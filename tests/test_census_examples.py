@@ -342,12 +342,19 @@ def test_example_census_end_to_end(tmp_path, name):
     run = tmp_path / "run"
     assert main(["run", str(config), "--out", str(run), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", str(run)]) == 0
+    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 0
     assert main(["evaluate", str(run), "--truth", str(data), "--out", str(tmp_path / "eval"), "--workers", "1",
-                 "--quiet"]) == 0
+                 "--uncertainty", str(tmp_path / "u.parquet"), "--quiet"]) == 0
     assert main(["nmf", str(run), "--out", str(tmp_path / "nmf")]) == 0
     assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", str(tmp_path / "again")]) == 0
-    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 0
+    product = load(name).product("persons")
+    summary = pq.read_table(tmp_path / "eval" / "summary.parquet").to_pandas()
+    assert set(product.evaluation_queries) <= set(summary["query"])  # the declared queries, not P.L. 94-171's
+    unc = pq.read_table(tmp_path / "u.parquet").to_pandas()
+    assert set(unc["query"]) == set(product.uncertainty_queries) and set(unc["level"]) >= set(load(name).hierarchy.names)
+    coverage = pq.read_table(tmp_path / "eval" / "intervals_coverage.parquet").to_pandas()
+    assert set(coverage["level"]) <= set(load(name).hierarchy.names) and len(coverage)
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["levels"] == list(load(name).hierarchy.names) and manifest["status"] == "complete"
     leaf = load(name).hierarchy.leaf

@@ -501,14 +501,16 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     from .intervals import coverage_summary, interval_caption, interval_figure, interval_table, truth_totals
 
     unc = pd.read_parquet(opts.uncertainty)
-    spine = RunReader(run).spine_table()
+    reader = RunReader(run)
+    spine, product = reader.spine_table(), reader.products()[0].name  # the run's first product
     ent = load_entities(entities) if entities is not None else None
-    totals = truth_totals(load_truth(truth).blocks[PERSONS.name], spine, ent)
-    cov = coverage_summary(unc, totals)
+    totals = truth_totals(load_truth(truth, reader.census()).blocks[product], spine, ent)
+    cov = coverage_summary(unc, totals, product)
     if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
         cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})
     write_table(cov, out / "intervals_coverage.parquet")
-    shown, levels = interval_table(unc), list(spine.columns[1:])
+    levels = list(spine.columns[1:])
+    shown = interval_table(unc, product, (levels[max(len(levels) - 3, 0)], "place"))  # the U.S.: Tract
     figs = {"intervals": (interval_figure(shown, levels), interval_caption(shown, levels))} if opts.figures else {}
     return figs, _table(cov.set_index("level"), "Share of geounits whose 90% interval covers the true TOTAL")
 
