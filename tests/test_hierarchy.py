@@ -6,6 +6,7 @@ hand-built Census objects; the end-to-end CLI test at the end runs a configurati
 (``[run] census = PATH``)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -25,7 +26,7 @@ from topdown.pipeline.execution import dataplane
 from topdown.pipeline.inputs.validate import InputError, check_records
 from topdown.pipeline.outputs import verify
 from topdown.pipeline.outputs.mdf import RECORD_NUMBER, generic_mdf, tabulate_generic_mdf
-from topdown.pipeline.configuration.census import PERSONS, PL94, default_census
+from topdown.pipeline.configuration.census import PERSONS, PL94, default_census, read_as_declared
 from topdown.vocab.census import (Attribute, Census, ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records,
                                   UnitBounds, Units)
 from topdown.vocab.schema import Schema
@@ -76,6 +77,14 @@ def test_the_pl94_declaration_states_the_us_hierarchy():
     """conf/census/pl94.toml and US_HIERARCHY state the same levels and widths (geo may not import the loader,
     so the U.S. widths are stated in both places and kept equal here)."""
     assert default_census().hierarchy == US_HIERARCHY
+
+
+def test_only_the_default_census_is_read_by_the_us_readers():
+    """The P.L. 94-171 readers tabulate exactly the default census's products on the U.S. hierarchy; a census on
+    U.S. geography with products of its own (or another hierarchy) is read as declared."""
+    pl94 = default_census()
+    assert not read_as_declared(pl94) and read_as_declared(CENSUS)
+    assert read_as_declared(dataclasses.replace(pl94, products=pl94.products[:1]))
 
 
 def test_a_prefix_hierarchy_of_other_widths():
