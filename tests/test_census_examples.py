@@ -333,7 +333,8 @@ def _example_config(tmp_path: Path, name: str, input_dir: Path) -> Path:
 
 @pytest.mark.parametrize("name", CENSUSES)
 def test_example_census_end_to_end(tmp_path, name):
-    """synth --census, then run (test mode), verify, evaluate, nmf, reprocess and uncertainty, each exit 0."""
+    """synth --census, then run (test mode), verify, uncertainty, evaluate (with the intervals), nmf, reprocess,
+    replicates and uncertainty with them, each exit 0."""
     from topdown.pipeline.cli import main
 
     data = tmp_path / "input"
@@ -348,6 +349,10 @@ def test_example_census_end_to_end(tmp_path, name):
     assert main(["nmf", str(run), "--out", str(tmp_path / "nmf")]) == 0
     assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", str(tmp_path / "again")]) == 0
+    assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), "--workers", "1"]) == 0
+    assert main(["uncertainty", str(run), "--replicates", str(tmp_path / "reps"), "--out", str(tmp_path / "r.parquet"),
+                 "--workers", "1", "--quiet"]) == 0
+    assert pq.read_table(tmp_path / "r.parquet").to_pandas()["rep_n"].eq(2).all()
     product = load(name).product("persons")
     summary = pq.read_table(tmp_path / "eval" / "summary.parquet").to_pandas()
     assert set(product.evaluation_queries) <= set(summary["query"])  # the declared queries, not P.L. 94-171's

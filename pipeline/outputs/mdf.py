@@ -123,16 +123,17 @@ def generic_mdf(product: Product, codes: pd.DataFrame, hist: sp.csr_matrix) -> p
     return pa.table(list(frame.values()), names=list(frame))
 
 
+def generic_levels(mdf: pd.DataFrame, attribute) -> np.ndarray:
+    """Each generic MDF row's level of ``attribute`` (its column holds the level's label, or the level)."""
+    column = mdf[attribute.name]
+    if attribute.labels:
+        return pd.Index(attribute.labels).get_indexer(column.astype(str))
+    return column.to_numpy(np.int64)
+
+
 def tabulate_generic_mdf(mdf: pd.DataFrame, product: Product, hierarchy: Hierarchy) -> pd.DataFrame:
     """Leaf histograms (geocode, cell, count) tabulated back from a generic MDF (for verification)."""
-    levels = []
-    for attribute in product.attributes:
-        column = mdf[attribute.name]
-        if attribute.labels:
-            levels.append(pd.Index(attribute.labels).get_indexer(column.astype(str)))
-        else:
-            levels.append(column.to_numpy(np.int64))
-    cell = product.schema.cell_index(*levels)
+    cell = product.schema.cell_index(*(generic_levels(mdf, a) for a in product.attributes))
     return (pd.DataFrame({"geocode": mdf[hierarchy.leaf].astype(str).to_numpy(), "cell": cell})
             .groupby(["geocode", "cell"]).size().rename("count").reset_index())
 
