@@ -39,6 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from . import metrics as M
+from .eval_report import first_product
 from .metrics import MIN_NODES
 from topdown.geo import one_line
 from topdown.vocab.queries import build_query
@@ -540,11 +541,12 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
         path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
                         Path(out) if out else None, options=opts, audit=audit_dir)
     summary = pd.read_parquet(path / "summary.parquet")
-    persons = summary["product"] == PERSONS.name if "product" in summary.columns else True
+    main = first_product(summary)
+    persons = summary["product"] == main if main is not None else True
     tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",
                                                             sort=False)
     print(f"CONFIDENTIAL evaluation (computed from the true counts; do not publish) written to {path} "
           f"(report: {path / 'report.html'})" + ("" if suppress else "; statistics over fewer than 3 geounits NOT suppressed"))
-    print("mean absolute error of persons TOTAL by level:")
+    print(f"mean absolute error of {main or 'the'} TOTAL by level:")
     print(tot.to_string(float_format=lambda v: f"{v:.3f}"))
     return 0
