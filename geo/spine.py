@@ -1,12 +1,17 @@
 """The geographic spine as a table: one row per tabulation block, one column per level (DESIGN.md, the map).
 
-Three kinds (the Bureau's `source/programs/geographic_spines/define_spines.py` in GitHub
+The levels come from a declared :class:`~topdown.vocab.census.Hierarchy`: fixed-width prefixes of one
+geocode (the U.S., :data:`US_HIERARCHY`) or one input column per level (:func:`column_spine`). Three kinds
+(the Bureau's `source/programs/geographic_spines/define_spines.py` in GitHub
 uscensusbureau/DAS_2020_Redistricting_Production_Code, "DAS-2020"; Abowd et al. 2022, sections 7.4-7.5):
 
-* standard: the tabulation hierarchy US > State > County > Tract > Block_Group > Block by GEOID prefixes;
+* standard: the declared hierarchy (the U.S.: US > State > County > Tract > Block_Group > Block by GEOID
+  prefixes);
 * aian: every state, county, tract and block group is split into its AIAN part and its non-AIAN part, so
   that each node nests in one branch; node geocodes are prefixed by the AIAN flag ("1" or "0");
 * optimized: the AIAN split plus custom block groups (``geo.blockgroups``).
+
+The AIAN and optimized spines are U.S. features: only a hierarchy declared ``us = true`` has them.
 
 Bypassing (DAS-2020 `optimize_spine.py`, `bypass_geounit`): a parent with exactly one child carries the
 child's geolevel budget as well as its own; the child gets none (it is copied from its parent).
@@ -26,16 +31,26 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from topdown.vocab.census import Hierarchy, Level
+
 from . import GeographyError, one_line
 from .baf import aian_flags, read_baf_dir, target_entities
 from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures, read_units
 
-#: The level roles every spine's levels are read by: the root (one node), the state level (state totals are
-#: invariant there; the AIAN spine splits a state into parts at it) and the block level (one node per block).
-ROOT, STATE, BLOCK = "US", "State", "Block"
-LEVELS = (ROOT, STATE, "County", "Tract", "Block_Group", BLOCK)
+#: The U.S. tabulation hierarchy (DAS-2020 `define_spines.py`), the one place in Python its level names and GEOID
+#: prefix widths are stated, for the U.S. features of geo (conf/census/pl94.toml declares the same; geo may not
+#: import the declaration loader, so tests/test_hierarchy.py keeps the two equal).
+US_HIERARCHY = Hierarchy(
+    levels=(Level("US"), Level("State", width=2), Level("County", width=5), Level("Tract", width=11),
+            Level("Block_Group", width=12), Level("Block", width=15)),
+    geocode="geoid", pattern=r"\d{15}", root_code="US", us=True, state="State")
+#: The U.S. hierarchy's level roles: the root (one node), the state level (state totals are invariant there;
+#: the AIAN spine splits a state into parts at it) and the block level (one node per block), its levels and
+#: the prefix widths of the levels between root and block. Values of :data:`US_HIERARCHY` only.
+ROOT, STATE, BLOCK = US_HIERARCHY.root, US_HIERARCHY.state, US_HIERARCHY.leaf
+LEVELS = US_HIERARCHY.names
+PREFIX = {level.name: level.width for level in US_HIERARCHY.levels[1:-1]}
 KINDS = ("standard", "aian", "optimized")
-PREFIX = {STATE: 2, "County": 5, "Tract": 11, "Block_Group": 12}
 METADATA_KEY = b"topdown.spine"
 
 
@@ -51,6 +66,8 @@ class Spine:
     table: pd.DataFrame
     moves: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
     kind: str = "standard"
+    #: The level whose totals are whole-state totals (the U.S. hierarchy's; None: a hierarchy without one).
+    state: str | None = STATE
 
     def __post_init__(self) -> None:
         self.levels = list(self.levels)
@@ -96,7 +113,7 @@ class Spine:
     @property
     def state_index(self) -> int | None:
         """Position of the state level in ``levels`` (None for a spine without one)."""
-        return self.levels.index(STATE) if STATE in self.levels else None
+        return self.levels.index(self.state) if self.state in self.levels else None
 
     def nodes(self, level: str) -> pd.Series:
         """The unique node geocodes at ``level``, sorted."""
@@ -136,6 +153,8 @@ class Spine:
         table = pa.Table.from_pandas(self.table[["geoid", *self.levels]], preserve_index=False)
         meta = {"kind": self.kind, "levels": self.levels,
                 "moves": {lvl: {g: list(c) for g, c in codes.items()} for lvl, codes in self.moves.items()}}
+        if self.state != STATE:  # a declared hierarchy's (the U.S. spine's metadata stays as it was)
+            meta["state"] = self.state
         return table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta)})
 
     def to_parquet(self, path: Path | str) -> None:
@@ -157,7 +176,20 @@ class Spine:
             raise GeographyError(f"{path}: not a spine file (no {METADATA_KEY.decode()} metadata)")
         meta = json.loads(raw)
         moves = {lvl: {g: tuple(c) for g, c in codes.items()} for lvl, codes in meta["moves"].items()}
-        return cls(levels=meta["levels"], table=table.to_pandas(), moves=moves, kind=meta["kind"])
+        return cls(levels=meta["levels"], table=table.to_pandas(), moves=moves, kind=meta["kind"],
+                   state=_state(meta))
+
+
+def _state(meta: dict) -> str | None:
+    """The state level a spine's metadata names (written only when it is not the U.S. hierarchy's)."""
+    return meta.get("state", STATE)
+
+
+def spine_state(path: Path | str) -> str | None:
+    """The state level of the spine file at ``path``, from its schema's metadata only (a file of an older
+    version, without metadata, is a U.S. spine)."""
+    raw = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
+    return STATE if raw is None else _state(json.loads(raw))
 
 
 def check_path_condition(spine: Spine) -> None:
@@ -200,20 +232,37 @@ def bypass(spine: Spine) -> Spine:
         for node, only_child in only.items():
             parent_moves[node] = parent_moves.get(node, (parent,)) + child_moves.get(only_child, (child,))
             child_moves[only_child] = ()
-    result = Spine(spine.levels, spine.table, {lvl: m for lvl, m in moves.items() if m}, spine.kind)
+    result = Spine(spine.levels, spine.table, {lvl: m for lvl, m in moves.items() if m}, spine.kind, spine.state)
     check_path_condition(result)
     return result
 
 
-def _block_geoids(geoids: pd.Series | pd.Index | list[str]) -> pd.Series:
-    """Validated, sorted 15-digit block GEOIDs."""
+def nesting_problem(codes: pd.DataFrame, hierarchy: Hierarchy) -> tuple[str, str, str, str, str] | None:
+    """The first code of ``codes`` (one column per level below the root, named by the level) under two parents,
+    top-down, as (level, code, parent level, the two smallest parent codes), or None."""
+    names = hierarchy.names
+    for parent, child in zip(names[1:], names[2:]):
+        pairs = codes[[child, parent]].drop_duplicates()
+        twice = pairs[pairs[child].duplicated(keep=False)]
+        if len(twice):
+            code = min(twice[child])
+            first, second = sorted(twice.loc[twice[child] == code, parent])[:2]
+            return child, str(code), parent, str(first), str(second)
+    return None
+
+
+def _block_geoids(geoids: pd.Series | pd.Index | list[str], pattern: str | None = US_HIERARCHY.pattern) -> pd.Series:
+    """Validated, sorted leaf geocodes (block GEOIDs): each matches ``pattern`` (None: any non-empty string),
+    none twice."""
     if isinstance(geoids, (pd.Series, pd.Index)) and geoids.dtype == "str":
         values = pd.Series(geoids.array)  # Arrow strings stay so: no Python object per block
     else:
         values = pd.Series(np.asarray(geoids, dtype=object)).astype(str)
-    bad = values[~values.str.fullmatch(r"\d{15}")]
+    bad = values[~values.str.fullmatch(pattern or ".+")]
     if len(bad):
-        raise ValueError(f"block GEOID {bad.iloc[0]!r} (row {bad.index[0]}) is not 15 digits")
+        shown = "is not 15 digits" if pattern == US_HIERARCHY.pattern else \
+            f"does not match the declared pattern {pattern!r}" if pattern else "is empty"
+        raise ValueError(f"block GEOID {bad.iloc[0]!r} (row {bad.index[0]}) {shown}")
     ordered = values if is_sorted(values) else values.sort_values(ignore_index=True)  # an input's are sorted
     if _has_duplicates(ordered):
         raise ValueError(f"block GEOID {values[values.duplicated()].iloc[0]} appears twice")
@@ -261,12 +310,13 @@ def _nests_sorted(parent: pd.Series, child: pd.Series) -> bool:
     return not (same_child & (np.diff(parent_codes[0]) != 0)).any()
 
 
-def _prefixed_table(geoids: pd.Series, flag: pd.Series | None) -> pd.DataFrame:
-    """The tabulation prefixes per level, each prefixed by ``flag`` when given; Block is the GEOID."""
-    table = {"geoid": geoids, ROOT: pd.Series(ROOT, index=geoids.index)}
-    for level, width in PREFIX.items():
-        table[level] = geoids.str[:width] if flag is None else flag + geoids.str[:width]
-    table[BLOCK] = geoids
+def _prefixed_table(geoids: pd.Series, flag: pd.Series | None, hierarchy: Hierarchy = US_HIERARCHY) -> pd.DataFrame:
+    """The prefixes per level of a prefix hierarchy, each prefixed by ``flag`` when given; the leaf is the
+    geocode itself, the root its ``root_code``."""
+    table = {"geoid": geoids, hierarchy.root: pd.Series(hierarchy.root_code, index=geoids.index)}
+    for level in hierarchy.levels[1:-1]:
+        table[level.name] = geoids.str[:level.width] if flag is None else flag + geoids.str[:level.width]
+    table[hierarchy.leaf] = geoids
     return pd.DataFrame(table)
 
 
@@ -278,10 +328,49 @@ def _aligned_flag(aian: pd.Series, geoids: pd.Series) -> pd.Series:
     return pd.Series(np.where(flags.astype(bool).to_numpy(), "1", "0"), index=geoids.index)
 
 
-def standard_spine(geoids: pd.Series, bypass_single_children: bool = False) -> Spine:
-    """The tabulation spine by GEOID prefixes (DAS-2020 `define_spines.py`); optionally bypassed."""
-    spine = Spine(list(LEVELS), _prefixed_table(_block_geoids(geoids), None), kind="standard")
+def standard_spine(geoids: pd.Series | pd.DataFrame, bypass_single_children: bool = False,
+                   hierarchy: Hierarchy = US_HIERARCHY) -> Spine:
+    """The tabulation spine of ``hierarchy`` (the U.S.: by GEOID prefixes, DAS-2020 `define_spines.py`); optionally bypassed.
+    A prefix hierarchy takes the leaf geocodes, a column hierarchy the frame of :func:`column_spine`."""
+    if hierarchy.by_prefix:
+        table = _prefixed_table(_block_geoids(geoids, hierarchy.pattern), None, hierarchy)
+        spine = Spine(list(hierarchy.names), table, kind="standard", state=hierarchy.state)
+    else:
+        spine = column_spine(geoids, hierarchy)
     return bypass(spine) if bypass_single_children else spine
+
+
+def column_spine(codes: pd.DataFrame, hierarchy: Hierarchy) -> Spine:
+    """The spine of a column hierarchy from ``codes``: one row per leaf (duplicates allowed) and one column per
+    level below the root, named by the level, holding its codes (strings of any length and alphabet; the
+    leaf level's codes are the blocks' geocodes). Raises :class:`GeographyError` naming the level and the
+    code of a missing or empty code, a leaf code off the declared pattern, or a code under two parents."""
+    names = list(hierarchy.names)
+    missing = [n for n in names[1:] if n not in codes.columns]
+    if missing:
+        raise GeographyError(f"no codes of level {missing[0]!r} (have {list(codes.columns)})")
+    table = codes[names[1:]].drop_duplicates(ignore_index=True)
+    for name in names[1:]:
+        values = table[name]
+        empty = values.isna() | (values.astype(str).str.len() == 0)
+        if empty.any():
+            raise GeographyError(f"level {name!r}: an empty code (a leaf's {name} code is missing)")
+        table[name] = values.astype("str")
+    leaf = table[hierarchy.leaf]
+    if hierarchy.pattern:
+        bad = leaf[~leaf.str.fullmatch(hierarchy.pattern)]
+        if len(bad):
+            raise GeographyError(f"level {hierarchy.leaf!r}: code {bad.iloc[0]!r} does not match the declared "
+                                 f"pattern {hierarchy.pattern!r}")
+    problem = nesting_problem(table, hierarchy)
+    if problem is not None:
+        child, code, parent, first, second = problem
+        raise GeographyError(f"level {child!r}: code {code!r} has two parents at level {parent!r}: "
+                             f"{first!r} and {second!r} (each code must nest in one parent)")
+    table = table.sort_values(hierarchy.leaf, ignore_index=True)
+    table.insert(0, hierarchy.root, hierarchy.root_code)
+    table.insert(0, "geoid", table[hierarchy.leaf])
+    return Spine(names, table, kind="standard", state=hierarchy.state)
 
 
 def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool = True) -> Spine:
@@ -342,17 +431,21 @@ def _baf_for(geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None, kind:
     return baf.reindex(index, fill_value="")
 
 
-def build_spine(kind: str, geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None = None,
-                units: pd.DataFrame | Path | str | None = None) -> Spine:
-    """Build a spine of ``kind`` ("standard", "aian", "optimized") for the blocks ``geoids``.
+def build_spine(kind: str, geoids: pd.Series | pd.DataFrame, baf_dir: Path | str | pd.DataFrame | None = None,
+                units: pd.DataFrame | Path | str | None = None, hierarchy: Hierarchy = US_HIERARCHY) -> Spine:
+    """Build a spine of ``kind`` ("standard", "aian", "optimized") of ``hierarchy`` for the blocks ``geoids``
+    (a column hierarchy's: the frame of :func:`column_spine`).
 
-    aian and optimized need ``baf_dir`` (a BAF directory, or a frame from ``read_baf_dir``); optimized takes the GQ signature from ``units`` (a units
-    table or the path of a units parquet with columns geoid, unit_type, occupied) when given.
+    aian and optimized are U.S. spines (a hierarchy with ``us``); they need ``baf_dir`` (a BAF directory, or a
+    frame from ``read_baf_dir``); optimized takes the GQ signature from ``units`` (a units table or the path
+    of a units parquet with columns geoid, unit_type, occupied) when given.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown spine kind {kind!r}; expected one of {KINDS}")
     if kind == "standard":
-        return standard_spine(geoids)
+        return standard_spine(geoids, hierarchy=hierarchy)
+    if not hierarchy.us:
+        raise ValueError(f"spine kind {kind!r} is a U.S. spine; this census's hierarchy is not the U.S. one")
     baf = _baf_for(geoids, baf_dir, kind)
     aian = aian_flags(baf["aiannhce"])
     if kind == "aian":

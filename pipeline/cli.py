@@ -136,8 +136,13 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    from .configuration.config import ConfigError
     from .inputs.synth import write_partitioned, write_synthetic
 
+    if args.census is not None:
+        return _synth_census(args)
+    if args.blocks is None:
+        raise ConfigError("synth needs --blocks N (P.L. 94-171 shaped input) or --census NAME --persons N")
     if args.states is None and args.persons is None:
         write_synthetic(Path(args.out), blocks=args.blocks, seed=args.seed)
         print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
@@ -146,6 +151,28 @@ def cmd_synth(args: argparse.Namespace) -> int:
                                        states=args.states or 1)
     print(f"synthetic input ({args.blocks} blocks in {args.states or 1} state(s), {persons} persons, {units} units, "
           f"seed {args.seed}) written to {args.out}/persons/ and {args.out}/units/ (hive-partitioned by state)")
+    return EXIT_OK
+
+
+def _synth_census(args: argparse.Namespace) -> int:
+    """``synth --census NAME --persons N``: an input of a declared census's shape."""
+    from .configuration.config import ConfigError, preset_dir
+
+    if args.blocks is not None or args.states is not None:
+        raise ConfigError("--census takes --persons N, not --blocks or --states (those shape P.L. 94-171 input)")
+    if args.persons is None:
+        raise ConfigError(f"--census {args.census} needs --persons N (about how many persons to write)")
+    shipped = sorted(p.stem for p in (preset_dir() / "census").glob("*.toml"))
+    if not Path(args.census).is_file() and args.census not in shipped:
+        raise ConfigError(f"--census {args.census}: no such declaration file or shipped census (censuses: "
+                          f"{', '.join(shipped)})")
+    from .configuration.census import load_census  # the declaration loader (issue 29)
+    from .inputs.synth import write_census
+
+    census = load_census(args.census)
+    written = write_census(Path(args.out), census, persons=args.persons, seed=args.seed)
+    files = ", ".join(f"{n} {kind} records in {args.out}/{kind}/" for kind, n in written.items())
+    print(f"synthetic input of census {census.name} (seed {args.seed}): {files}")
     return EXIT_OK
 
 
@@ -374,10 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_demo_data)
 
     p = _command(sub, "synth", help="write synthetic census-like input")
-    p.add_argument("--blocks", type=int, required=True, help="number of blocks (at least 1)")
+    p.add_argument("--blocks", type=int, help="number of blocks (at least 1) of P.L. 94-171 shaped input")
+    p.add_argument("--census", help="a declared census (shipped name such as e2e_1940, dhc_1940, chile_2017, or a "
+                   "declaration file): write input of its shape, exactly --persons persons, hive-partitioned by "
+                   "the first level below the root")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
-    p.add_argument("--persons", type=int, help="about this many persons (the block sizes are scaled); writes the "
-                   "partitioned layout")
+    p.add_argument("--persons", type=int, help="with --census: the number of persons; else about this many persons "
+                   "(the block sizes are scaled), in the partitioned layout")
     p.add_argument("--states", type=int, help="spread the blocks over this many states, written hive-partitioned by "
                    "state (persons/state=SS/, units/state=SS/), streaming, a batch of blocks at a time")
     p.add_argument("out", help="directory to write the input into")

@@ -17,7 +17,7 @@ from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geom
 from topdown.pipeline.configuration.census import PERSONS, SCHEMAS, UNITS
 
 PRODUCTION_RHO = Fraction(293764, 114921)
-PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940")
+PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940", "dhc_1940", "chile_2017")
 
 
 def budget(**overrides) -> BudgetConfig:
@@ -169,10 +169,10 @@ def test_e2e_preset_is_pure_dp_geometric() -> None:
     config = load_config("e2e_1940")
     b = config.product("persons").budget
     assert (b.mechanism, b.epsilon, config.run.products) == ("geometric", Fraction(1, 4), ["persons"])
-    a = allocate(b, "County", "votingage * hispanic * cenrace")
-    assert a.budget == PureEpsilon(Fraction(1, 4) * Fraction(1, 6) * Fraction(27, 40))
+    a = allocate(b, "County", "age18plus * hispanic * race")
+    assert a.budget == PureEpsilon(Fraction(1, 4) * Fraction(1, 4) * Fraction(27, 40))
     assert a.budget.parameters()["sensitivity"] == 2
-    assert "hh_lb_occupied" in config.product("persons").constraints["Block"]
+    assert config.product("persons").constraints["Enumdist"] == ["hhgq_total_lb", "hhgq_total_ub"]
 
 
 # ----------------------------------------------------------------------------------------- certificate
@@ -235,7 +235,7 @@ def test_path_condition() -> None:
     with pytest.raises(ConfigError, match="negative share"):
         check_path_condition({"b": {"US": Fraction(-1), "State": Fraction(2)}})
     cert = certificate(load_config("e2e_1940"), spine_budget={"persons": {
-        "b": {lv: Fraction(1, 6) for lv in ["US", "State", "County", "Tract", "Block_Group", "Block"]}}})
+        "b": {lv: Fraction(1, 4) for lv in ["National", "State", "County", "Enumdist"]}}})
     assert cert["persons"]["path_condition"]["blocks"] == 1
 
 

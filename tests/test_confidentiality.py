@@ -153,8 +153,8 @@ REFUSED = [
      "persons.budget", "rho must be positive"),
     ("zero epsilon", 'include = "e2e_1940.toml"\n[persons.budget]\nepsilon = "0"\n',
      "persons.budget", "epsilon must be positive"),
-    ("zero level share", 'include = "e2e_1940.toml"\n[persons.budget.levels]\nUS = "0"\nState = "1/3"\n',
-     "persons.budget.levels.US", "would not be measured"),
+    ("zero level share", 'include = "e2e_1940.toml"\n[persons.budget.levels]\nNational = "0"\nState = "1/2"\n',
+     "persons.budget.levels.National", "would not be measured"),
     ("zero query share", 'include = "e2e_1940.toml"\n[persons.budget.queries.County]\n"detailed" = "0"\n'
      '"hhgq" = "13/40"\n', 'persons.budget.queries.County."detailed"', "not measured"),
     ("seed", 'include = "pl94_production_2021.toml"\n[run]\nseed = 7\n', "run", "refuses a seed"),

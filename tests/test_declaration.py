@@ -162,6 +162,9 @@ BAD = {
     "unknown key": (
         {"products__people__recode": {}},
         ("census.products.people.recode", "unknown key")),
+    "more unit types than the invariants hold": (
+        {"units__types": 9},
+        ("census.units.types", "at most 8 unit types", "got 9")),
     "unknown MDF layout": (
         {"products__people__mdf": "dhc"},
         ("census.products.people.mdf", "'dhc'", "generic")),

@@ -236,7 +236,7 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
                         "ci90_low": [0, 0, 0, 0], "ci90_high": [10, 10, 10, 10]})
     truth = pd.Series([5, 50, 5, 5], index=pd.MultiIndex.from_tuples(
         [("Tract", "t1"), ("Tract", "t2"), ("Block_Group", "b1"), ("place", "4459000")]))
-    cov = coverage_summary(unc, truth)
+    cov = coverage_summary(unc, truth, "persons")
     assert cov["level"].tolist() == ["Tract", "Block_Group", "place"]
     assert cov["geounits"].dtype == np.int64 and cov["geounits"].tolist() == [2, 1, 1]
     assert R.formatted(cov)["geounits"].tolist() == ["2", "1", "1"]

@@ -217,4 +217,4 @@ def test_report_shows_intervals_and_coverage_summary_only(demo_run, demo_input, 
     assert 'alt="intervals"' in html and "covers the true TOTAL" in html
     cov = pd.read_parquet(out / "intervals_coverage.parquet").set_index("level")
     assert cov.loc["Block_Group", "geounits"] == 28 and 0.5 <= cov.loc["Block_Group", "gls_covers"] <= 1
-    assert "truth" not in interval_table(pd.read_parquet(unc)).columns
+    assert "truth" not in interval_table(pd.read_parquet(unc), "persons", ("Tract", "place")).columns

@@ -195,8 +195,12 @@ class Census:
 
 #: The MDF layouts a product may declare: ``generic`` (a geocode per level and one column per attribute) and
 #: the U.S. P.L. 94-171 layouts.
-MDF_LAYOUTS: tuple[str, ...] = ("generic", "pl94_persons", "pl94_units")
+#: The generic MDF layout (one code column per level below the root, the record's number, one column per attribute).
+GENERIC_MDF = "generic"
+MDF_LAYOUTS: tuple[str, ...] = (GENERIC_MDF, "pl94_persons", "pl94_units")
 
 #: The largest histogram a product may declare (cells). The solvers hold dense per-node answers of every
 #: measured query; the DHC 1940 persons histogram has 44,544 cells, the P.L. 94-171 one 2,016.
 MAX_CELLS = 1_000_000
+#: The most unit types a census may declare (``[census.units] types``): the invariants' unit columns u0..u7.
+MAX_UNIT_TYPES = 8

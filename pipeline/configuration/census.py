@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import topdown.conf
-from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MDF_LAYOUTS, Attribute, Census,
+from topdown.geo.spine import US_HIERARCHY
+from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MAX_UNIT_TYPES, MDF_LAYOUTS, Attribute, Census,
                                   ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, Units)
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
@@ -74,6 +75,14 @@ def _load_file(path: str) -> Census:
 def default_census() -> Census:
     """The census of a run configuration that names none."""
     return load_census(DEFAULT_CENSUS)
+
+
+def read_as_declared(census: Census) -> bool:
+    """Whether a census's input is read as declared (``validate.check_records``: geography from its hierarchy,
+    attributes from its products) rather than by the fast readers of the U.S. P.L. 94-171 files, which read
+    exactly the default census's products on the U.S. hierarchy (any other census on U.S. geography is read
+    as declared)."""
+    return census.hierarchy != US_HIERARCHY or census.products != default_census().products
 
 
 def _short(value: Any) -> str:
@@ -214,14 +223,19 @@ def _units(r: _Reader, data: Any) -> Units:
     key = "census.units"
     data = r.table(data, key, ("name", "type_column", "types", "occupied_column"))
     default = Units()
+    types = r.integer(data.get("types", default.types), f"{key}.types", 1)
+    if types > MAX_UNIT_TYPES:
+        raise r.fail(f"{key}.types", f"at most {MAX_UNIT_TYPES} unit types", types)
     return Units(name=r.string(data.get("name", default.name), f"{key}.name"),
                  type_column=r.string(data.get("type_column", default.type_column), f"{key}.type_column"),
-                 types=r.integer(data.get("types", default.types), f"{key}.types", 1),
+                 types=types,
                  occupied_column=r.string(data.get("occupied_column", default.occupied_column), f"{key}.occupied_column"))
 
 
+#: ``synth`` holds the shape of ``topdown synth --census`` input (test data, not the census: read and checked by
+#: ``inputs.synth``, not carried by :class:`Product`).
 PRODUCT_KEYS = ("records", "mdf", "evaluation_queries", "uncertainty_queries", "attributes", "recodes", "invariants",
-                "constraints", "unit_bounds")
+                "constraints", "unit_bounds", "synth")
 
 
 def _records(r: _Reader, data: Any, key: str, default: str) -> Records:

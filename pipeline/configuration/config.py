@@ -33,11 +33,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from topdown.geo.spine import BLOCK
 from topdown.pipeline.privacy.budget import INFINITE, KINDS, Budget, Rho
-from topdown.vocab.census import Census, Product
+from topdown.vocab.census import Census, Hierarchy, Product
 
-from .census import DEFAULT_CENSUS, census_from_dict, load_census
+from .census import DEFAULT_CENSUS, census_from_dict, load_census, read_as_declared
 from .errors import ConfigError
 
 
@@ -309,6 +308,10 @@ class Config(_Strict):
                         if name not in known:
                             raise ConfigError(f"{self.source}: [{product}.{table}].{level}: unknown {table[:-1]} "
                                               f"{name!r}; known: {', '.join(known)}")
+        if self.run.spine != "standard" and not self.census.hierarchy.us:
+            raise ConfigError(f"{self.source}: run.spine = {self.run.spine!r} is a U.S. spine (AIAN areas, block "
+                              f"assignment files); census {self.census.name!r}'s hierarchy is not the U.S. one "
+                              "(us = false): use spine = \"standard\"")
         return self
 
     @model_serializer(mode="wrap")
@@ -487,7 +490,7 @@ def check_production(config: Config) -> None:
         if budget.infinite:
             raise ConfigError(f"{where}: {product}.budget.{budget.total.key} = \"inf\" is refused in mode = \"production\": "
                               "an infinite budget adds no noise and publishes exact counts (use mode = \"test\")")
-        measured = [BLOCK] if config.run.algorithm == "block_by_block" else list(budget.levels)
+        measured = [census_hierarchy(config).leaf] if config.run.algorithm == "block_by_block" else list(budget.levels)
         for level in measured:
             if budget.levels.get(level) == 0:
                 raise ConfigError(f"{where}: {product}.budget.levels.{level} = 0 is refused in mode = \"production\": "
@@ -497,3 +500,14 @@ def check_production(config: Config) -> None:
                     raise ConfigError(f"{where}: {product}.budget.queries.{level}.\"{query}\" = 0 is refused in mode = "
                                       "\"production\": a listed query with no budget is not measured; remove it or "
                                       "give it a positive share")
+
+
+def census_hierarchy(config: Config) -> Hierarchy:
+    """The hierarchy a run's spine is built on: its census's (``config.census``)."""
+    return config.census.hierarchy
+
+
+def declared_census(config: Config) -> Census | None:
+    """The run's census when its input is read as declared (``validate.check_records``), None when it is read by
+    the P.L. 94-171 readers: a census on the U.S. hierarchy."""
+    return config.census if read_as_declared(config.census) else None

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from topdown.pipeline.configuration.census import PERSONS
 from .metrics import MIN_NODES
 
 #: Query of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: SC, at the county level).
@@ -83,6 +82,11 @@ def _merge_identical(rows: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
     return [(textwrap.fill(" = ".join(names), 40), values) for names, values in out]
 
 
+def first_product(summary: pd.DataFrame) -> str | None:
+    """The product the headline figures show: the first one evaluated (the census's first: P.L. 94-171's persons)."""
+    return None if summary.empty or "product" not in summary.columns else str(summary["product"].iloc[0])
+
+
 def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], list[str]]:
     """The report's figures (name -> Figure) and a note for each figure left out for lack of data."""
     import matplotlib
@@ -93,7 +97,8 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     figs: dict[str, Figure] = {}
     notes: list[str] = []
     summary = tables["summary"]
-    persons = summary[(summary["product"] == PERSONS.name) & summary["mean_abs_error"].notna()] \
+    main = first_product(summary)
+    persons = summary[(summary["product"] == main) & summary["mean_abs_error"].notna()] \
         if not summary.empty else summary
     levels = _levels(summary)
     if not persons.empty:
@@ -113,7 +118,7 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     bins = tables["errors_by_bin"]
     if not bins.empty:
         run = bins["run"].iloc[0]
-        first = bins[(bins["run"] == run) & (bins["product"] == PERSONS.name) & (bins["bin"] != "all")
+        first = bins[(bins["run"] == run) & (bins["product"] == main) & (bins["bin"] != "all")
                      & bins["q0.5"].notna()]
         shown = [lv for lv in ("County", levels[-1]) if lv in set(first["level"])]
         if shown:

@@ -39,6 +39,7 @@ import pandas as pd
 import pyarrow as pa
 
 from . import metrics as M
+from .eval_report import first_product
 from .metrics import MIN_NODES
 from topdown.geo import one_line
 from topdown.vocab.queries import build_query
@@ -46,10 +47,10 @@ from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
-from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, PL94
-from topdown.vocab.census import Product
-from ..inputs.tabulate import block_histograms, tabulate
-from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, PL94, read_as_declared
+from topdown.vocab.census import Census, Product
+from ..inputs.tabulate import block_histograms, sparse_counts, tabulate
+from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, check_records
 from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
@@ -77,8 +78,7 @@ class EvaluationError(ValueError):
 class EvalOptions:
     """What to compute. Queries are per product; ``dense_limit`` caps dense per-geounit answer arrays."""
 
-    queries: dict[str, tuple[str, ...]] = field(default_factory=lambda: {p.name: p.evaluation_queries
-                                                                         for p in PL94.products})
+    queries: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: each product's evaluation_queries
     sampling_rates: tuple[float, ...] = SAMPLING_RATES
     sampling_replicates: int = 1
     sampling_seed: int = 0
@@ -104,9 +104,13 @@ class Truth:
     persons: pd.DataFrame
 
 
-def load_truth(truth: Path) -> Truth:
+def load_truth(truth: Path, census: Census | None = None) -> Truth:
     """Read the person and unit files of a run's input directory (one file each, or directories of
-    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies)."""
+    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies). A
+    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``);
+    its truth has no person records (the person-record metrics are P.L. 94-171's)."""
+    if census is not None and read_as_declared(census):
+        return _declared_truth(truth, census)
     files = find_input(truth)  # FileNotFoundError naming what is missing
     persons = pd.concat([pd.read_parquet(f, columns=["geoid", *PERSONS.dim_names]) for f in files.persons],
                         ignore_index=True)
@@ -116,6 +120,18 @@ def load_truth(truth: Path) -> Truth:
     units["geoid"] = units["geoid"].astype(str)
     records = {PERSON_RECORDS: persons, UNIT_RECORDS: units}
     return Truth({p.name: tabulate(p, records) for p in PL94.products}, persons)
+
+
+def _declared_truth(truth: Path, census: Census) -> Truth:
+    files = find_input(truth, census)
+    blocks = {}
+    for product in census.products:
+        if census.units is not None and product.records.name == census.units.name:
+            continue  # a product counting the unit records: not evaluated from a declared census's truth yet
+        read = [check_records(f, product, census.hierarchy) for f in files.persons]
+        leaf = pd.concat([r[0] for r in read], ignore_index=True)
+        blocks[product.name] = sparse_counts(leaf, np.concatenate([r[1] for r in read]), product.schema.ncells)
+    return Truth(blocks, pd.DataFrame())
 
 
 def load_entities(path: Path) -> pd.DataFrame:
@@ -177,6 +193,7 @@ class RunView:
         self.root, self.label = Path(root), label
         self.reader = RunReader(self.root)
         self.manifest = self.reader.complete_manifest("evaluating it")  # RunDirError: exit 4, as verify
+        self.census = self.reader.census()
         self.levels: list[str] = list(self.manifest.levels)
         spine = self.reader.spine_table()
         if list(spine.columns) != ["geoid", *self.levels]:
@@ -280,13 +297,14 @@ def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | 
     out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
     replicates: dict[tuple[str, str, str], pd.Series] = {}
     seed = view.seed
-    for spec in PL94.products:  # the truth is tabulated as P.L. 94-171's products
+    for spec in view.census.products:  # the truth is tabulated as the run's census's products
         product = spec.name
         if product not in view.manifest.products or product not in truth.blocks:
             continue
-        person_metrics = product == PERSONS.name  # metrics defined on person records (metrics.py)
+        person_metrics = spec == PERSONS_PRODUCT  # metrics defined on P.L. 94-171 person records (metrics.py)
         extra = opts.sampling_queries if person_metrics else ()
-        queries = list(dict.fromkeys(["total", *opts.queries.get(product, ("total",)), *extra, *opts.replicate_queries]))
+        asked = opts.queries.get(product, spec.evaluation_queries)
+        queries = list(dict.fromkeys(["total", *asked, *extra, *opts.replicate_queries]))
         for level in view.levels:
             true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
             summary, epl, kept = _level_metrics(label, seed, spec, level, true, est, queries, opts)
@@ -447,11 +465,11 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     views = [RunView(r, "check") for r in runs]  # fail fast, naming the offending directory
     out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
                     lambda p: (p / "summary.parquet").is_file())
-    truth_d = dask.delayed(load_truth)(Path(truth))
+    truth_d = dask.delayed(load_truth)(Path(truth), views[0].census)
     ent_d = (entities_on_spine(load_entities(Path(entities)), views[0].geoid_index, Path(entities))
              if entities is not None else None)
     tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
-    if PERSONS.name in RunReader(runs[0]).manifest().products:  # the SRS baseline samples person records
+    if not read_as_declared(views[0].census) and PERSONS.name in views[0].manifest.products:  # SRS samples P.L. 94-171 persons
         tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)
                   for rate in opts.sampling_rates for rep in range(opts.sampling_replicates)]
     results = compute(tasks, client, "evaluate runs and samples")  # on local threads without a client
@@ -484,14 +502,16 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     from .intervals import coverage_summary, interval_caption, interval_figure, interval_table, truth_totals
 
     unc = pd.read_parquet(opts.uncertainty)
-    spine = RunReader(run).spine_table()
+    reader = RunReader(run)
+    spine, product = reader.spine_table(), reader.products()[0].name  # the run's first product
     ent = load_entities(entities) if entities is not None else None
-    totals = truth_totals(load_truth(truth).blocks[PERSONS.name], spine, ent)
-    cov = coverage_summary(unc, totals)
+    totals = truth_totals(load_truth(truth, reader.census()).blocks[product], spine, ent)
+    cov = coverage_summary(unc, totals, product)
     if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
         cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})
     write_table(cov, out / "intervals_coverage.parquet")
-    shown, levels = interval_table(unc), list(spine.columns[1:])
+    levels = list(spine.columns[1:])
+    shown = interval_table(unc, product, (levels[max(len(levels) - 3, 0)], "place"))  # the U.S.: Tract
     figs = {"intervals": (interval_figure(shown, levels), interval_caption(shown, levels))} if opts.figures else {}
     return figs, _table(cov.set_index("level"), "Share of geounits whose 90% interval covers the true TOTAL")
 
@@ -521,11 +541,12 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
         path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
                         Path(out) if out else None, options=opts, audit=audit_dir)
     summary = pd.read_parquet(path / "summary.parquet")
-    persons = summary["product"] == PERSONS.name if "product" in summary.columns else True
+    main = first_product(summary)
+    persons = summary["product"] == main if main is not None else True
     tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",
                                                             sort=False)
     print(f"CONFIDENTIAL evaluation (computed from the true counts; do not publish) written to {path} "
           f"(report: {path / 'report.html'})" + ("" if suppress else "; statistics over fewer than 3 geounits NOT suppressed"))
-    print("mean absolute error of persons TOTAL by level:")
+    print(f"mean absolute error of {main or 'the'} TOTAL by level:")
     print(tot.to_string(float_format=lambda v: f"{v:.3f}"))
     return 0

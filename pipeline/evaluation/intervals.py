@@ -8,15 +8,12 @@ from typing import Collection
 import numpy as np
 import pandas as pd
 
-from topdown.pipeline.configuration.census import PERSONS
-
-
-def interval_table(unc: pd.DataFrame, levels: tuple[str, ...] = ("Tract", "place"), per_level: int = 5,
+def interval_table(unc: pd.DataFrame, product: str, levels: tuple[str, ...], per_level: int = 5,
                    query: str = "total", truth: pd.Series | None = None) -> pd.DataFrame:
-    """The first ``per_level`` geounits (geocode order) of each level: persons ``query`` cell 0 rows with
-    published count (if replicates were added), GLS interval and replicate interval; ``truth`` (indexed by
-    (level, geocode)) adds the true count."""
-    rows = unc[(unc["product"] == PERSONS.name) & (unc["query"] == query) & (unc["cell"] == 0)
+    """The first ``per_level`` geounits (geocode order) of each of ``levels``: ``product``'s ``query`` cell 0
+    rows with published count (if replicates were added), GLS interval and replicate interval; ``truth``
+    (indexed by (level, geocode)) adds the true count."""
+    rows = unc[(unc["product"] == product) & (unc["query"] == query) & (unc["cell"] == 0)
                & unc["level"].isin(levels)]
     rows = rows.sort_values(["level", "geocode"]).groupby("level", sort=False).head(per_level)
     cols = [c for c in ("level", "geocode", "published", "estimate", "ci90_low", "ci90_high", "rep90_low",
@@ -82,10 +79,11 @@ def geounit_label(level: str, geocode: str, spine_levels: Collection[str]) -> st
     return f"{level} {geocode}" if level in spine_levels else f"{level} code {geocode}"
 
 
-def coverage_summary(unc: pd.DataFrame, truth: pd.Series, query: str = "total") -> pd.DataFrame:
-    """Share of geounits per level whose GLS (and replicate) 90 % interval covers the truth - a summary only.
-    Levels in the order the file holds them (the spine's, top-down, then the entity kinds); geounits an integer."""
-    rows = unc[(unc["product"] == PERSONS.name) & (unc["query"] == query) & (unc["cell"] == 0)]
+def coverage_summary(unc: pd.DataFrame, truth: pd.Series, product: str, query: str = "total") -> pd.DataFrame:
+    """Share of ``product``'s geounits per level whose GLS (and replicate) 90 % interval covers the truth - a
+    summary only. Levels in the order the file holds them (the spine's, top-down, then the entity kinds);
+    geounits an integer."""
+    rows = unc[(unc["product"] == product) & (unc["query"] == query) & (unc["cell"] == 0)]
     t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
     rows = rows.assign(truth=t).dropna(subset=["truth"])
     out = rows.groupby("level", sort=False).apply(lambda g: pd.Series({
@@ -96,7 +94,7 @@ def coverage_summary(unc: pd.DataFrame, truth: pd.Series, query: str = "total") 
 
 
 def truth_totals(truth_blocks: pd.DataFrame, spine: pd.DataFrame, entities: pd.DataFrame | None) -> pd.Series:
-    """True persons totals indexed by (level, geocode) for every spine level and entity, from block
+    """True totals (of one product) indexed by (level, geocode) for every spine level and entity, from block
     histograms (geocode = block GEOID, count) - for evaluation against a known truth only."""
     per_block = truth_blocks.groupby("geocode")["count"].sum()
     frames = []

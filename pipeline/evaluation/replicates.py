@@ -25,10 +25,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from topdown.pipeline.configuration.census import PERSONS, UNITS
-from topdown.vocab.census import Product
+from topdown.pipeline.configuration.census import PERSONS, UNITS, read_as_declared
+from topdown.vocab.census import GENERIC_MDF, Census, Product
 
 from ..execution.progress import track
+from ..outputs.mdf import generic_levels
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
 
 log = logging.getLogger("topdown")
@@ -40,6 +41,9 @@ SEED_BASE = 1_000_003
 def mdf_input(run_dir: Path, out: Path) -> Path:
     """Write persons.parquet and units.parquet (the input format) from a run's MDF and public invariants."""
     reader = RunReader(run_dir)
+    census = reader.census()
+    if read_as_declared(census):
+        return _declared_input(reader, census, out)
     persons = reader.table(reader.mdf(PERSONS.name))
     geoid = persons["TABBLKST"] + persons["TABBLKCOU"] + persons["TABTRACTCE"] + persons["TABBLK"]
     pframe = pd.DataFrame({"geoid": geoid.astype(str), "hhgq": persons["GQTYPE_PL"].astype(np.int64),
@@ -105,6 +109,51 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
             write_json_atomic(record_path, record)
             log.info("replicate %d/%d (seed %d) done", i + 1, n, seed)
     return record
+
+
+def _declared_input(reader: RunReader, census: Census, out: Path) -> Path:
+    """A declared census's input from the run's generic MDFs (each attribute back to an input value: the first
+    one its ``values`` map to the level) and, with ``[census.units]``, units of each type from the leaves'
+    published unit counts (all occupied: occupancy is not published)."""
+    hierarchy, spine = census.hierarchy, reader.spine_table()
+    codes = spine.drop_duplicates(hierarchy.leaf).set_index(hierarchy.leaf, drop=False)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def geography(leaves: pd.Series) -> dict:
+        if hierarchy.by_prefix:
+            return {hierarchy.geocode: leaves.to_numpy()}
+        return {lv.column: codes[lv.name].reindex(leaves).to_numpy() for lv in hierarchy.levels[1:]}
+
+    written = set()
+    for product in reader.products():
+        if product.mdf != GENERIC_MDF or product.records.where or product.records.name in written:
+            raise RunDirError(f"{reader.root}: product {product.name!r}: replicates rebuild each record file from "
+                              "one product's generic MDF (mdf = \"generic\", no records.where)")
+        written.add(product.records.name)
+        mdf = reader.table(reader.mdf(product.name))
+        frame = geography(mdf[hierarchy.leaf].astype(str))
+        for a in product.attributes:
+            levels = generic_levels(mdf, a)
+            if a.values:
+                first = {}
+                for value, level in a.values:
+                    first.setdefault(level, value)
+                frame[a.column] = pd.Series(levels).map(first).to_numpy()
+            else:
+                frame[a.column] = levels
+        write_table(pd.DataFrame(frame), out / f"{product.records.name}.parquet")
+    if census.units is not None and census.units.name not in written:
+        units = census.units
+        inv = reader.table(reader.invariants(reader.products()[0].name))
+        leaves = inv[inv["level"] == hierarchy.leaf].astype({"geocode": str})
+        frames = []
+        for k in range(units.types):
+            n = leaves[f"u{k}"].to_numpy(np.int64)
+            where = pd.Series(np.repeat(leaves["geocode"].to_numpy(), n))
+            frames.append(pd.DataFrame({**geography(where), units.type_column: np.full(len(where), k, np.int64),
+                                        units.occupied_column: True}))
+        write_table(pd.concat(frames, ignore_index=True), out / f"{units.name}.parquet")
+    return out
 
 
 # ------------------------------------------------------------------------------------------ statistics

@@ -11,7 +11,12 @@ partition by partition, and every level's true histograms stay on the workers.
   receives per node the few query answers the feasibility checks and the total invariants need.
 * A chunk of level L (engine.py) gets its children's true histograms from the shards' partials of L and its
   parents' estimated histograms from the committed Parquet parts of level L-1; it writes its own part.
-* The MDF is written by workers, one task per county, from the committed block-level parts.
+* The MDF is written by workers, one task per county (a prefix hierarchy's node of the second level below
+  the root; a column hierarchy's :data:`MDF_LEAVES` leaves at a time), from the committed block-level parts.
+* A declared census (``read_input(..., census)``) reads each product's records with ``validate.check_records``:
+  a column hierarchy's records carry one code column per level, and the read tasks return the public level
+  codes of their leaves, from which the driver builds the spine (:func:`input_geography`). A census without
+  unit records needs no units file.
 
 Nothing here depends on the number of workers, tasks or shards: outputs are byte-identical to the
 in-memory path (tests/test_dataplane.py).
@@ -32,24 +37,29 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
-from topdown.geo.spine import is_sorted, sorted_factorize
+from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_factorize
+from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
+from topdown.vocab.queries import build_query
 
 from .levels import holding, node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_table
 from topdown.pipeline.configuration.census import PERSONS
-from topdown.vocab.census import Product
 from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
-from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_units, raise_block_problem
+from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_records,
+                               check_units, nesting_error, raise_block_problem)
 
 #: Input records per read task (whole row groups; a bigger row group is a task alone).
 ROWS_PER_TASK = 2_000_000
 #: Blocks per tabulation shard.
 SHARD_BLOCKS = 20_000
-#: Person cells per hhgq code (the hhgq dimension is the slowest of the row-major cell index).
-CELLS_PER_HHGQ = PERSONS.ncells // 8
+#: Digits of a U.S. block GEOID (a spine's block geocodes of another common number of digits are searched as
+#: numbers too: :func:`_geoid_numbers`).
+GEOID_DIGITS = 15
+#: Leaves per MDF task of a column hierarchy (a prefix hierarchy's tasks are its second level's nodes).
+MDF_LEAVES = 50_000
 
 
 # --------------------------------------------------------------------------------------------- input files
@@ -60,23 +70,31 @@ class InputFiles:
 
     root: Path
     persons: tuple[Path, ...]
-    units: tuple[Path, ...]
+    units: tuple[Path, ...]  # empty: a census without unit records
+    #: The file names (without .parquet) of the person records and of the unit records.
+    names: tuple[str, str] = (PERSON_RECORDS, UNIT_RECORDS)
 
     def where(self, kind: str) -> Path:
         """What an error about records of ``kind`` in no single file names: the file, or the directory."""
         files = getattr(self, kind)
-        return files[0] if len(files) == 1 and files[0].name == f"{kind}.parquet" else self.root / kind
+        name = self.names[(PERSON_RECORDS, UNIT_RECORDS).index(kind)]
+        return files[0] if len(files) == 1 and files[0].name == f"{name}.parquet" else self.root / name
 
     def hashes(self) -> dict[str, str]:
         """SHA-256 of every input file, by its path below the input directory."""
         return {f.relative_to(self.root).as_posix(): sha256_file(f) for f in (*self.persons, *self.units)}
 
 
-def find_input(root: Path | str) -> InputFiles:
-    """The input files under ``root``; a missing kind is a FileNotFoundError naming what is expected."""
+def find_input(root: Path | str, census: Census | None = None) -> InputFiles:
+    """The input files under ``root`` (of ``census``'s records: those its products count, and its unit records
+    when it declares them; None: P.L. 94-171's persons and units); a missing kind is a FileNotFoundError
+    naming what is expected."""
     root = Path(root)
+    names = (PERSON_RECORDS, UNIT_RECORDS) if census is None else census_files(census)
     found = {}
-    for kind in (PERSON_RECORDS, UNIT_RECORDS):
+    for kind in names:
+        if kind is None:
+            continue
         single, folder = root / f"{kind}.parquet", root / kind
         if single.is_file():
             found[kind] = (single,)
@@ -84,10 +102,24 @@ def find_input(root: Path | str) -> InputFiles:
             found[kind] = tuple(sorted(p for p in folder.rglob("*.parquet") if p.is_file() and not any(
                 part.startswith((".", "_")) for part in p.relative_to(folder).parts)))
         if not found.get(kind):
-            raise FileNotFoundError(f"{single}: input file not found (the input directory needs persons.parquet and "
-                                    "units.parquet, or directories persons/ and units/ of Parquet files; see "
-                                    "`topdown demo-data`, `topdown synth`, `topdown ingest`)")
-    return InputFiles(root, found[PERSON_RECORDS], found[UNIT_RECORDS])
+            needs = " and ".join(f"{n}.parquet" for n in names if n)
+            folders = " and ".join(f"{n}/" for n in names if n)
+            raise FileNotFoundError(f"{single}: input file not found (the input directory needs {needs}, or "
+                                    f"directories {folders} of Parquet files; see `topdown demo-data`, "
+                                    "`topdown synth`, `topdown ingest`)")
+    return InputFiles(root, found.get(names[0], ()), found.get(names[1], ()),
+                      (names[0] or PERSON_RECORDS, names[1] or UNIT_RECORDS))
+
+
+def census_files(census: Census) -> tuple[str | None, str | None]:
+    """The record files a census's input has: the one its products count besides the unit records (None: they
+    count unit records only) and its unit records (None: it declares none)."""
+    units = None if census.units is None else census.units.name
+    counted = {p.records.name for p in census.products if not counts_units(census, p)}
+    if len(counted) > 1:
+        raise InputError(f"census {census.name!r}: its products count records of {sorted(counted)}; the input "
+                         "reads one record file besides the unit records")
+    return (counted.pop() if counted else None), units
 
 
 def read_tasks(files: tuple[Path, ...]) -> list[tuple[str, list[int]]]:
@@ -112,6 +144,11 @@ def read_tasks(files: tuple[Path, ...]) -> list[tuple[str, list[int]]]:
     return tasks
 
 
+def counts_units(census: Census, product: Product) -> bool:
+    """Whether ``product`` counts the census's unit records (it then reads the units file)."""
+    return census.units is not None and product.records.name == census.units.name
+
+
 # --------------------------------------------------------------------------------------------- worker tasks
 
 @dataclass
@@ -121,6 +158,7 @@ class BlockPart:
     path: str
     geoids: pd.Index  # sorted unique block GEOIDs (Arrow strings: no Python object per block)
     hist: sp.csr_matrix  # blocks x person cells, int64
+    geography: pd.DataFrame | None = None  # a column hierarchy's level codes per block (public)
 
 
 def read_persons(path: str, row_groups: list[int]) -> BlockPart:
@@ -134,14 +172,35 @@ def read_persons(path: str, row_groups: list[int]) -> BlockPart:
     return BlockPart(path, pd.Index(blocks, dtype="str"), hist)
 
 
+def read_records(path: str, row_groups: list[int], product: Product, hierarchy: Hierarchy) -> BlockPart:
+    """Read, check and tabulate the records of a declared ``product`` in one file's row groups."""
+    leaf, cells, geography = check_records(Path(path), product, hierarchy, row_groups)
+    codes, blocks = pd.factorize(leaf, sort=True)
+    ncells = product.schema.ncells
+    hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, cells)), shape=(len(blocks), ncells), dtype=np.int64)
+    hist.sum_duplicates()
+    return BlockPart(path, pd.Index(blocks, dtype="str"), hist, geography)
+
+
 def part_geoids(part: BlockPart) -> pd.Index:
     return part.geoids
 
 
-def read_units(path: str, row_groups: list[int]) -> pd.DataFrame:
-    """Read and check unit records of one file's row groups; per block u0..u7 and occupied (tabulate.block_units)."""
-    _, units = check_units(Path(path), row_groups)
-    return block_units(units)
+def part_geography(part: BlockPart | pd.DataFrame) -> pd.DataFrame | None:
+    """A read task's public level codes per block (a column hierarchy's), from a person part or a units frame."""
+    return part.geography if isinstance(part, BlockPart) else part.attrs.get("geography")
+
+
+def read_units(path: str, row_groups: list[int], census: Census | None = None) -> pd.DataFrame:
+    """Read and check unit records of one file's row groups; per block u0..u7 and occupied (tabulate.block_units),
+    and a column hierarchy's level codes per block in ``attrs["geography"]``."""
+    if census is None:
+        _, units = check_units(Path(path), row_groups)
+        return block_units(units)
+    _, units = check_units(Path(path), row_groups, census.hierarchy, census.units)
+    frame = block_units(units)
+    frame.attrs["geography"] = units.attrs["geography"]
+    return frame
 
 
 @dataclass
@@ -220,44 +279,55 @@ def _stack(parts: list[BlockPart], blocks: np.ndarray, ncells: int) -> sp.csr_ma
     return out
 
 
-def _persons_problem(parts: list[BlockPart], blocks: np.ndarray, hist: sp.csr_matrix,
-                     units_by_type: np.ndarray) -> tuple | None:
-    """The first structural problem (in GEOID order) of the shard's blocks, with the persons file holding it."""
+def _persons_problem(parts: list[BlockPart], blocks: np.ndarray, hist: sp.csr_matrix, units_by_type: np.ndarray,
+                     by_type: sp.csr_matrix) -> tuple | None:
+    """The first structural problem (in GEOID order) of the shard's blocks, with the persons file holding it
+    (``by_type``: cells x unit types, the bounded attribute's marginal: :func:`unit_type_matrix`)."""
     order = np.argsort(blocks, kind="stable")
-    by_type = np.asarray((hist @ _hhgq_matrix()).todense())
-    problem = block_problem(blocks[order], by_type[order], units_by_type[order])
+    persons_by_type = np.asarray((hist @ by_type).todense())
+    problem = block_problem(blocks[order], persons_by_type[order], units_by_type[order])
     if problem is None or problem[0] != PERSON_RECORDS:
         return None if problem is None else (problem, None)
     block, k = problem[1], problem[2]
     for part in parts:
         i = int(part.geoids.searchsorted(block))
-        if i < len(part.geoids) and part.geoids[i] == block and part.hist[i, k * CELLS_PER_HHGQ:(k + 1) * CELLS_PER_HHGQ].sum():
+        if i < len(part.geoids) and part.geoids[i] == block and (part.hist[i] @ by_type[:, k]).sum():
             return problem, part.path
     return problem, None
 
 
-def _hhgq_matrix() -> sp.csr_matrix:
-    cells = np.arange(PERSONS.ncells)
-    return sp.csr_matrix((np.ones(cells.size, np.int64), (cells, cells // CELLS_PER_HHGQ)), shape=(cells.size, 8))
+def unit_type_matrix(schema, attribute: str) -> sp.csr_matrix:
+    """Cells x levels of the unit-bounded ``attribute`` (its levels are the unit types): 1 where a cell has it."""
+    return sp.csr_matrix(build_query(schema, attribute).matrix().T, dtype=np.int64)
+
+
+def unit_bounded(spec: Product) -> str | None:
+    """The attribute whose answers a product's structural input checks bound by the units of each type (a
+    person of type k needs a unit of type k), or None: the product's declared ``unit_bounds``."""
+    return None if spec.unit_bounds is None else spec.unit_bounds.attribute
 
 
 def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray,
                    names: pd.Index | None, parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
-                   runs: list[tuple[np.ndarray, np.ndarray]]) -> Shard:
-    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers`) and
+                   runs: list[tuple[np.ndarray, np.ndarray]], width: int = GEOID_DIGITS) -> Shard:
+    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers` of ``width``
+    digits) and
     geocodes ``names`` (None: the GEOIDs), unit counts from the unit read tasks' frames, histograms from the
     person read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
     node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
     summed per node of the level above."""
-    schema = product.schema
-    blocks = _geoid_strings(blocks) if isinstance(blocks, np.ndarray) else blocks
+    schema, spec = product.schema, product
+    blocks = _geoid_strings(blocks, width) if isinstance(blocks, np.ndarray) else blocks
     names = blocks if names is None else names
     inverses = [np.repeat(values, lengths) for values, lengths in runs]
     units = _block_units(unit_frames, blocks)
     frame = pd.DataFrame(units, index=names, columns=UNIT_COLUMNS + ["occupied"])
     if parts is not None:
         hist = _stack(parts, blocks, schema.ncells)
-        problem = _persons_problem(parts, blocks, hist, units[:, :8])
+        bounded = unit_bounded(spec)
+        by_type = None if bounded is None else unit_type_matrix(schema, bounded)
+        problem = None if by_type is None else _persons_problem(parts, blocks, hist, units[:, :by_type.shape[1]],
+                                                                by_type)
     else:
         hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
     cons = level_rhs(product, cfg, levels, levels[-1], frame, None, None)
@@ -331,12 +401,14 @@ def hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
                          "count": coo.data[keep].astype(np.int64)}).sort_values(["geocode", "cell"], kind="stable")
 
 
-def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str) -> None:
+def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str,
+                     codes: pd.DataFrame | None = None) -> None:
     """Write one county's MDF part from the committed block-level parts (``rows``: the county's block rows in
-    GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``)."""
+    GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``; ``codes``: the level codes of
+    those blocks, for the generic layout)."""
     meta = meta_rows(metas, rows)
     hist = read_rows(files, list(meta.units.index), product.schema.ncells)
-    write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units), Path(path), **MDF_PARQUET)
+    write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), Path(path), **MDF_PARQUET)
 
 
 def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
@@ -378,18 +450,53 @@ class ReadInput:
     units: list  # futures of read_units frames (per block, sorted by geoid: u0..u7, occupied, vacant)
     unit_geoids: list[pd.Index]
     unit_files: list[str]  # the file of each unit frame
+    #: A declared census's read tasks per product (name): futures of BlockPart and their block geocodes
+    #: (``persons`` and ``person_geoids`` are its first product's).
+    parts: dict[str, tuple[list, list[pd.Index]]] = dataclasses.field(default_factory=dict)
+    #: A column hierarchy's level codes per block of every read task, and the task's file.
+    geography: list[tuple[str, pd.DataFrame]] = dataclasses.field(default_factory=list)
 
 
-def read_input(client, files: InputFiles) -> ReadInput:
-    """Read and check every input file on the workers. The first error of the person files (in file order),
-    then of the unit files, is raised here as the :class:`InputError` its task raised."""
-    pfuts = [client.submit(read_persons, f, g, pure=False) for f, g in read_tasks(files.persons)]
-    utasks = read_tasks(files.units)
-    ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
+def read_input(client, files: InputFiles, census: Census | None = None) -> ReadInput:
+    """Read and check every input file on the workers (the records of each of ``census``'s products, and its
+    unit records; None: P.L. 94-171's). The first error of the person files (in file order), then of the
+    unit files, is raised here as the :class:`InputError` its task raised."""
+    ptasks, utasks = read_tasks(files.persons), read_tasks(files.units)
+    if census is None:
+        pfuts = [client.submit(read_persons, f, g, pure=False) for f, g in ptasks]
+        ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
+        parts = {}
+    else:  # each product reads its own records (a product counting the unit records reads the units file)
+        parts = {p.name: ([client.submit(read_records, f, g, p, census.hierarchy, pure=False)
+                           for f, g in (utasks if counts_units(census, p) else ptasks)], []) for p in census.products}
+        pfuts = next((parts[p.name][0] for p in census.products if not counts_units(census, p)), [])
+        ufuts = [client.submit(read_units, f, g, census, pure=False) for f, g in utasks]
     gfuts = [client.submit(part_geoids, p, pure=False) for p in pfuts]
     ugfuts = [client.submit(frame_geoids, u, pure=False) for u in ufuts]
     person_geoids = [f.result() for f in gfuts]
-    return ReadInput(pfuts, person_geoids, ufuts, [f.result() for f in ugfuts], [f for f, _ in utasks])
+    for futs, geoids in parts.values():
+        geoids += person_geoids if futs is pfuts else [client.submit(part_geoids, p, pure=False).result() for p in futs]
+    geography = []
+    if census is not None and not census.hierarchy.by_prefix:
+        for path, fut in [*zip([f for f, _ in ptasks], pfuts), *zip([f for f, _ in utasks], ufuts)]:
+            geography.append((path, client.submit(part_geography, fut, pure=False).result()))
+    return ReadInput(pfuts, person_geoids, ufuts, [f.result() for f in ugfuts], [f for f, _ in utasks], parts,
+                     geography)
+
+
+def input_geography(inp: ReadInput, hierarchy: Hierarchy = US_HIERARCHY) -> pd.Series | pd.DataFrame:
+    """What ``build_spine`` takes for the input's blocks: their sorted geocodes (a prefix hierarchy), or the
+    level codes of every block (a column hierarchy), checked to nest across the read tasks: a code under two
+    parents is an :class:`InputError` naming a file that holds it under the second."""
+    if hierarchy.by_prefix:
+        return block_geoids(inp)
+    frame = pd.concat([g for _, g in inp.geography], ignore_index=True).drop_duplicates(ignore_index=True)
+    problem = nesting_problem(frame, hierarchy)
+    if problem is not None:
+        level, code, parent, _, second = problem
+        path = next(f for f, g in inp.geography if ((g[level] == code) & (g[parent] == second)).any())
+        raise nesting_error(problem, hierarchy, path)
+    return frame
 
 
 def frame_geoids(frame: pd.DataFrame) -> pd.Index:
@@ -398,7 +505,8 @@ def frame_geoids(frame: pd.DataFrame) -> pd.Index:
 
 def block_geoids(inp: ReadInput) -> pd.Series:
     """Every block of the input (with persons or units), sorted."""
-    found = inp.unit_geoids[0].append(inp.unit_geoids[1:] + inp.person_geoids).sort_values()
+    indexes = inp.unit_geoids + inp.person_geoids  # no unit geoids: a census without unit records
+    found = indexes[0].append(indexes[1:]).sort_values()
     unique = sorted_factorize(found)  # sorted: neighbours compared, no hash table
     return pd.Series(found.unique() if unique is None else unique[1], name="geoid").reset_index(drop=True)
 
@@ -442,15 +550,15 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     names = geo[-1].nodes  # the block level's geocodes, in the spine's block order (that of tab_geoid)
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
-    persons = product.records.name == PERSON_RECORDS
+    counted = _counted(inp, product)
+    persons = counted is not None
     unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
-    sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(inp.persons, inp.person_geoids, shard_parts)]
-                                                           if persons else [])
-    spine_numbers = _spine_numbers(tab_geoid)
+    sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(*counted, shard_parts)] if persons else [])
+    spine_numbers, width = _spine_numbers(tab_geoid), _code_width(tab_geoid)
     for futs, geoids, into in sources:  # the read tasks holding each shard's blocks
         for fut, g in zip(futs, geoids):
-            for s in np.unique(_spine_rows(spine_numbers, g) // SHARD_BLOCKS):
+            for s in np.unique(_spine_rows(spine_numbers, g, width) // SHARD_BLOCKS):
                 into[s].append(fut)
     # A task's arguments stay in the scheduler, in the driver, as long as its result (so that a lost worker's
     # shards can be computed again): each shard gets its GEOIDs (as numbers where they are: 8 bytes a block
@@ -462,7 +570,7 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
         geoids = spine_numbers[lo:hi] if isinstance(spine_numbers, np.ndarray) else tab_geoid[lo:hi]
         shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, geoids,
                                     None if same_names else names[lo:hi], shard_parts[s] if persons else None,
-                                    unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], pure=False))
+                                    unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     columns = UNIT_COLUMNS + ["occupied"]
@@ -506,13 +614,21 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     return levels
 
 
-def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index) -> np.ndarray:
+def _counted(inp: ReadInput, spec) -> tuple[list, list[pd.Index]] | None:
+    """The read tasks of the records a product counts (futures of BlockPart) and their blocks; None: it counts
+    the units (their occupancy)."""
+    if inp.parts:  # a declared census: its products' own read tasks
+        return inp.parts.get(spec.name)
+    return (inp.persons, inp.person_geoids) if spec.records.name == PERSON_RECORDS else None
+
+
+def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index, width: int = GEOID_DIGITS) -> np.ndarray:
     """Each input block's row on the spine (``spine_numbers``: :func:`_geoid_numbers` of the spine's GEOIDs in
-    block order, or the GEOIDs when they are not sorted 15-digit numbers); every block of the input must be on
-    it. Sorted numbers are searched, not hashed: a hash table over a national spine's GEOIDs costs about
-    200 bytes a block."""
+    block order, ``width`` digits each, or the GEOIDs when they are not sorted numbers); every block of the
+    input must be on it. Sorted numbers are searched, not hashed: a hash table over a national spine's GEOIDs
+    costs about 200 bytes a block."""
     if isinstance(spine_numbers, np.ndarray):
-        numbers = _geoid_numbers(geoids)
+        numbers = _geoid_numbers(geoids, width)
         rows = np.full(len(geoids), -1) if numbers is None else np.searchsorted(spine_numbers, numbers)
         if numbers is not None:
             found = rows < len(spine_numbers)
@@ -525,23 +641,31 @@ def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index) -> np.nd
     return rows
 
 
-def _geoid_numbers(geoids: pd.Index) -> np.ndarray | None:
-    """15-digit GEOIDs as int64 numbers (their order is the strings' order); None for any other string."""
+def _geoid_numbers(geoids: pd.Index, width: int | None = GEOID_DIGITS) -> np.ndarray | None:
+    """Geocodes of ``width`` digits (at most 18: an int64) as numbers (their order is the strings' order);
+    None for any other string (or no ``width``)."""
     arr = pa.array(geoids.array)
-    if len(arr) and (arr.null_count or pc.any(pc.not_equal(pc.utf8_length(arr), 15)).as_py()
-                     or not pc.all(pc.utf8_is_digit(arr)).as_py()):
+    if width is None or width > 18 or len(arr) and (
+            arr.null_count or pc.any(pc.not_equal(pc.utf8_length(arr), width)).as_py()
+            or not pc.all(pc.utf8_is_digit(arr)).as_py()):
         return None
     return pc.cast(arr, pa.int64()).to_numpy()
 
 
-def _geoid_strings(numbers: np.ndarray) -> pd.Index:
-    """The 15-digit GEOIDs of :func:`_geoid_numbers`."""
-    return pd.Index(pd.array(pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 15, "0"), dtype="str"))
+def _geoid_strings(numbers: np.ndarray, width: int = GEOID_DIGITS) -> pd.Index:
+    """The ``width``-digit geocodes of :func:`_geoid_numbers`."""
+    return pd.Index(pd.array(pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), width, "0"), dtype="str"))
+
+
+def _code_width(tab_geoid: pd.Index) -> int | None:
+    """The length of the spine's block geocodes when it may be their common one (the first one's)."""
+    return len(tab_geoid[0]) if len(tab_geoid) else None
 
 
 def _spine_numbers(tab_geoid: pd.Index) -> np.ndarray | pd.Index:
-    """What :func:`_spine_rows` searches: the spine's GEOIDs as sorted numbers, or as they are."""
-    numbers = _geoid_numbers(tab_geoid)
+    """What :func:`_spine_rows` searches: the spine's GEOIDs as sorted numbers (of any one number of digits up
+    to 18), or as they are."""
+    numbers = _geoid_numbers(tab_geoid, _code_width(tab_geoid))
     return numbers if numbers is not None and (np.diff(numbers) > 0).all() else tab_geoid
 
 
@@ -565,14 +689,17 @@ def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:
     return bool(((frame["geoid"] == block) & (frame[f"u{k}"] > 0)).any())
 
 
-def write_mdf(client, rundir, product: Product, spine, blocks, estimated) -> None:
-    """Write the MDF of ``product`` on the workers, one task per county, from the committed block level
-    (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit counts are
-    on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
+def write_mdf(client, rundir, product: Product, spine, blocks, estimated, hierarchy: Hierarchy) -> None:
+    """Write the MDF of ``product`` on the workers, one task per county (:func:`mdf_groups`), from the committed
+    block level (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit
+    counts are on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
     geoids = block_geoids_in_order(spine)  # node order
-    county = counties(geoids)
+    county, folder = mdf_groups(geoids, hierarchy)
     final = rundir.mdf(product.name)
     staged = rundir.staging(final)
+    codes = None
+    if product.mdf == GENERIC_MDF:
+        codes = spine.table.set_index("geoid")[spine.levels[1:]].reindex(geoids)
 
     def submit(i: int):
         rows = county.rows(i)
@@ -581,7 +708,8 @@ def write_mdf(client, rundir, product: Product, spine, blocks, estimated) -> Non
         else:
             metas, local = [BlockMeta(0, geoids[rows], blocks.units.iloc[rows], None)], np.arange(len(rows))
         return client.submit(write_county_mdf, product, estimated.files(rows), metas, local,
-                             str(staged / f"county={county.names[i]}" / "part-00000.parquet"), pure=False)
+                             str(staged / folder(county.names[i])), None if codes is None else codes.iloc[rows],
+                             pure=False)
 
     for fut in windowed(client, submit, list(range(len(county.names)))):
         fut.result()
@@ -604,18 +732,31 @@ class Counties(NamedTuple):
         return np.arange(lo, hi) if self.order is None else self.order[lo:hi]
 
 
-def counties(geoids: pd.Index, step: int = 1 << 16) -> Counties:
-    """The counties of the blocks whose (unique) GEOIDs are ``geoids``, in node order. GEOIDs already in
-    order (a spine built here) are neither sorted nor copied; their prefixes are compared ``step`` at a
-    time."""
+def mdf_groups(geoids: pd.Index, hierarchy: Hierarchy) -> tuple[Counties, object]:
+    """The MDF's tasks over the blocks ``geoids`` (node order) and each one's file path from its name: a prefix
+    hierarchy's nodes of the second level below the root (the U.S.: counties, ``county=CODE/part-00000.parquet``),
+    a column hierarchy's :data:`MDF_LEAVES` leaves at a time (``part-NNNNN.parquet``)."""
+    if hierarchy.by_prefix and len(hierarchy.levels) > 3:
+        level = hierarchy.levels[2]
+        return counties(geoids, width=level.width), lambda name: f"{level.name.lower()}={name}/part-00000.parquet"
+    order = None if is_sorted(geoids) else np.argsort(geoids)
+    starts = np.r_[np.arange(0, len(geoids), MDF_LEAVES), len(geoids)]
+    return (Counties([f"{i:05d}" for i in range(len(starts) - 1)], starts, order),
+            lambda name: f"part-{name}.parquet")
+
+
+def counties(geoids: pd.Index, step: int = 1 << 16, width: int = US_HIERARCHY.levels[2].width) -> Counties:
+    """The counties (prefixes of ``width`` characters) of the blocks whose (unique) GEOIDs are ``geoids``, in
+    node order. GEOIDs already in order (a spine built here) are neither sorted nor copied; their prefixes are
+    compared ``step`` at a time."""
     order = None if is_sorted(geoids) else np.argsort(geoids)
     arr = pa.array(geoids.array if order is None else geoids.array.take(order))
     starts = [np.zeros(1, dtype=np.int64)]
     for lo in range(0, len(arr) - 1, step):  # the pairs (i - 1, i) for i in lo + 1 .. lo + step
-        county = pc.utf8_slice_codeunits(arr[lo:lo + step + 1], 0, 5)
+        county = pc.utf8_slice_codeunits(arr[lo:lo + step + 1], 0, width)
         starts.append(np.flatnonzero(pc.not_equal(county[1:], county[:-1]).to_numpy(zero_copy_only=False)) + lo + 1)
     first = np.concatenate(starts)
-    names = [geoids[i if order is None else order[i]][:5] for i in first]  # Arrow's take would concatenate arr
+    names = [geoids[i if order is None else order[i]][:width] for i in first]  # Arrow's take would concatenate arr
     return Counties(names, np.r_[first, len(arr)], order)
 
 

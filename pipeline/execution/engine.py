@@ -20,7 +20,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from topdown.geo.spine import STATE
 from topdown.vocab.problem import GroupTotal
 
 from ..configuration.config import Config
@@ -59,7 +58,7 @@ class LevelReport:
 
 def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
     """At the State level: each real state's parts together sum to the state's total (facts 2.6)."""
-    if level.name != STATE or level.state_total is None:
+    if level.state_total is None:  # set at the state level only (levels.levels_from_units)
         return []
     states = level.state[rows]
     return [GroupTotal(np.flatnonzero(states == s), int(level.state_total[s])) for s in np.unique(states)]

@@ -23,13 +23,13 @@ import numpy as np
 import pandas as pd
 
 from topdown.geo.spine import STATE
-from topdown.vocab.census import ConstraintSpec, Product, UnitBounds
+from topdown.vocab.census import MAX_UNIT_TYPES, ConstraintSpec, Product, UnitBounds
 from topdown.vocab.problem import Constraint
 from topdown.vocab.queries import build_query
 
 from ..configuration.config import ConfigError, ProductConfig
 
-UNIT_COLUMNS = [f"u{k}" for k in range(8)]
+UNIT_COLUMNS = [f"u{k}" for k in range(MAX_UNIT_TYPES)]  # units of each type, unused types 0
 #: The order constraints are bound in (the solvers' rows; the feasibility checks report the first violated),
 #: by right-hand side kind, then in declaration order.
 RHS_ORDER = ("unit_lower", "unit_upper", "zero", "occupied", "housing_units", "total")

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from topdown.geo.spine import Spine, is_sorted, sorted_factorize
+from topdown.geo.spine import PREFIX, STATE, Spine, is_sorted, sorted_factorize
 
 from ..configuration.config import ConfigError, ProductConfig
 from .invariants import (UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, check_feasible, configured_below,
@@ -118,7 +118,8 @@ class _Geography:
         """The (real) state of each node: that of its first block (computed when asked: a block level's would
         cost a string per block)."""
         first = self.block_geoids if self.first_block is None else self.block_geoids[self.first_block]
-        return np.asarray(first.str.slice(0, 2), dtype="U2")
+        width = PREFIX[STATE]  # whole states are U.S. ones (the state-total group invariant)
+        return np.asarray(first.str.slice(0, width), dtype=f"U{width}")
 
 
 def _geography(spine: Spine) -> tuple[pd.Index, list[_Geography], list[np.ndarray | None]]:
@@ -225,8 +226,9 @@ def levels_from_units(product: Product, cfg: ProductConfig, spine: Spine, geo: l
     first."""
     totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
+    lowest = len(geo) - 1 if state_level is None else state_level  # a U.S. spine: totals invariant down to State
     for i, g in enumerate(geo[:len(units)]):
-        if (state_level is not None and i <= state_level  # only a declared total
+        if (i <= lowest  # only a declared total
                 and set(total_invariants(product)) & configured_below(cfg.invariants, spine.levels, g.name)):
             units[i] = units[i].assign(tot=_invariant_totals(totals[i].astype(float), g.state if i == state_level else None))
     cons = level_constraints(product, cfg, spine.levels, units, parents, below)

@@ -613,18 +613,25 @@ class RunReader(RunDir):
                               f"{manifest.data.get('config_hash', '?')[:12]}")
         return config
 
-    def products(self) -> list:
-        """The run's products (``vocab.census.Product``), as its configuration declares them, in the manifest's
-        order; a run without a readable configuration is read as one of the default census (P.L. 94-171)."""
+    def census(self):
+        """The run's census (``vocab.census.Census``), as its configuration declares it; a run without a
+        readable configuration is read as one of the default census (P.L. 94-171)."""
         from ..configuration.census import default_census
         from ..configuration.config import ConfigError
 
         try:
-            census = self.config().census
+            return self.config().census
         except (RunDirError, ConfigError):
-            census = default_census()
+            return default_census()
+
+    def products(self) -> list:
+        """The run's products (``vocab.census.Product``) in the manifest's order (:meth:`census`)."""
         names = self.manifest().products
-        return sorted((p for p in census.products if p.name in names), key=lambda p: names.index(p.name))
+        return sorted((p for p in self.census().products if p.name in names), key=lambda p: names.index(p.name))
+
+    def hierarchy(self):
+        """The run's geographic hierarchy (``vocab.census.Hierarchy``, :meth:`census`)."""
+        return self.census().hierarchy
 
     def spine_table(self):
         """``spine.parquet`` as a frame of strings (geoid + one column per level)."""

@@ -24,14 +24,15 @@ import pandas as pd
 import scipy.sparse as sp
 from distributed import Security
 
-from topdown.geo.spine import BLOCK, Spine, build_spine
+from topdown.geo.spine import Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
 from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler,
                       embedded_security, quiet_closing, workers_ignore_sigint)
 from ..privacy.accounting import check_budget
-from ..configuration.config import Config, ConfigError, config_from_dict, differing_keys, leaves, load_config
-from .dataplane import (block_geoids, find_input, gq_presence, read_input, tabulate_levels, write_invariants_table,
+from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict, declared_census,
+                                    differing_keys, leaves, load_config)
+from .dataplane import (find_input, input_geography, gq_presence, read_input, tabulate_levels, write_invariants_table,
                         write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, read_level_output, write_level_histograms)
@@ -144,7 +145,7 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
 
         log.info("building the demo input in %s", path)
         write_demo_input(path)
-    find_input(path)  # FileNotFoundError naming what is missing
+    find_input(path, declared_census(config))  # FileNotFoundError naming what is missing
     return path
 
 
@@ -199,7 +200,7 @@ def run(
         security = check_scheduler(scheduler, security)
     out = check_out(out if out is not None else Path("runs") / config.run.name, "the run directory", is_run_dir)
     inp = _input_dir(config, input_dir)
-    check_derived_units(config, find_input(inp).units)
+    check_derived_units(config, find_input(inp, declared_census(config)).units)
     hashes = input_hashes(config, inp)
     rundir = RunDir(out)
     with opened(rundir, config, hashes, resume, force, draws=True, redraw=redraw) as (manifest, prior):
@@ -269,7 +270,7 @@ def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None
 def input_hashes(config: Config, inp: Path) -> dict[str, str]:
     """SHA-256 of every input file a run reads: the person and unit files (by path below the input
     directory), and the block assignment files when the spine is built from them."""
-    hashes = find_input(inp).hashes()
+    hashes = find_input(inp, declared_census(config)).hashes()
     if config.run.spine != "standard" and config.run.baf:
         baf = Path(config.run.baf)
         for f in sorted(baf.iterdir()) if baf.is_dir() else [baf]:
@@ -284,24 +285,26 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     fresh = not manifest  # {} unless --resume continues a run
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.setdefault("timings", {})
-    files = find_input(inp)
+    census = declared_census(config)
+    files = find_input(inp, census)
     steps = Steps("run start-up", 3 + len(config.run.products))
     steps.start("cluster")
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written; the workers
     # read, check and tabulate the input (dataplane.py), and every check runs before the first write.
     with dask_client(client, scheduler, workers, security) as dclient:
         steps.start("ingest")
-        data = read_input(dclient, files)
+        data = read_input(dclient, files, census)
         release_memory()
         timings["ingest"] = time.perf_counter() - t0
 
         t = time.perf_counter()
         steps.start("spine")
-        geoids = block_geoids(data)
+        geoids = input_geography(data, census_hierarchy(config))
         if baf is not None:
             check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
         spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
-                            units=gq_presence(dclient, data) if config.run.spine == "optimized" else None)
+                            units=gq_presence(dclient, data) if config.run.spine == "optimized" else None,
+                            hierarchy=census_hierarchy(config))
         del geoids
         release_memory()
         for product in config.run_products:
@@ -375,7 +378,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
             blocks = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
                                        lambda level: plan.source(rundir, product.name, level))
             t = time.perf_counter()
-            write_mdf(dclient, rundir, product, plan.spine, levels[-1], blocks)
+            write_mdf(dclient, rundir, product, plan.spine, levels[-1], blocks, census_hierarchy(config))
             release_memory()
             timings[f"{product.name}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
@@ -483,9 +486,10 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
 def block_by_block_config(config: Config) -> Config:
     """The block-by-block algorithm spends every product's whole budget on the block level."""
     data = config.model_dump(mode="json")
+    leaf = census_hierarchy(config).leaf
     for product in config.run.products:
         levels = data[product]["budget"]["levels"]
-        data[product]["budget"]["levels"] = {lv: ("1" if lv == BLOCK else "0") for lv in levels}
+        data[product]["budget"]["levels"] = {lv: ("1" if lv == leaf else "0") for lv in levels}
     return config_from_dict(data, source=config.source)
 
 
@@ -496,15 +500,18 @@ def _log_report(name: str, r: LevelReport) -> None:
 
 def _write_invariants(client, rundir: RunDir, product: Product, levels: list[Level]) -> None:
     """The declared-public invariants (facts 2.8): the unit and GQ-facility counts of every node (sums of
-    block invariants) and, for persons, the US total (``tot`` of the US row) and each whole state's total
-    (rows of level ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
+    block invariants) and, for a product whose total is invariant, the total of every node where it is (``tot``:
+    the root's; a declared census's down to the level it names) and each whole U.S. state's total (rows of level
+    ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
     no total: only declared invariants are written. A partitioned run's block rows are on the shards
     (``Level.meta``): a worker adds them and writes the file."""
     frames = []
     total = product.total_invariant
     blocks = levels[-1] if levels[-1].units is None else None
     for level in levels[:-1] if blocks is not None else levels:
-        tot = level.units["tot"].to_numpy() if level is levels[0] and "tot" in level.units else np.nan
+        # a node's total where invariant: the root, and (no U.S. state split) every level the total is declared
+        # down to; the U.S. state level's totals are the whole states' rows below
+        tot = level.units["tot"].to_numpy() if "tot" in level.units and level.state_total is None else np.nan
         frames.append(invariant_rows(level.units, level.name, tot if total else None))
         if total and level.state_total is not None:
             whole = level.units[UNIT_COLUMNS].groupby(level.state).sum()

@@ -14,7 +14,8 @@ from topdown.pipeline.configuration.census import N_UNIT_TYPES, PERSONS, UNITS
 from topdown.vocab.census import Attribute, Product
 
 
-def _sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:
+def sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:
+    """Long ``geocode, cell, count`` rows of records (their block geocodes and cells), non-zero cells, sorted."""
     codes, blocks = pd.factorize(geoids, sort=True)
     keys, counts = np.unique(codes.astype(np.int64) * ncells + cells.astype(np.int64), return_counts=True)
     return pd.DataFrame({
@@ -30,7 +31,7 @@ def block_histograms(persons: pd.DataFrame, schema: Schema = PERSONS) -> pd.Data
     ``persons`` needs ``geoid`` and one column per schema dimension.
     """
     cells = schema.cell_index(*(persons[name].to_numpy() for name in schema.dim_names))
-    return _sparse_counts(persons["geoid"], np.asarray(cells), schema.ncells)
+    return sparse_counts(persons["geoid"], np.asarray(cells), schema.ncells)
 
 
 def block_units(units: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +57,7 @@ def units_histograms(units: pd.DataFrame) -> pd.DataFrame:
     hu = units[units["unit_type"] == 0]
     occupancy = np.where(hu["occupied"].to_numpy(bool), 0, 1)
     cells = UNITS.cell_index(occupancy)
-    return _sparse_counts(hu["geoid"], np.asarray(cells), UNITS.ncells)
+    return sparse_counts(hu["geoid"], np.asarray(cells), UNITS.ncells)
 
 
 def attribute_levels(attribute: Attribute, column: pd.Series) -> np.ndarray:
@@ -78,4 +79,4 @@ def tabulate(product: Product, records: dict[str, pd.DataFrame]) -> pd.DataFrame
     for column, values in product.records.where:
         frame = frame[frame[column].isin(values)]
     cells = product.schema.cell_index(*(attribute_levels(a, frame[a.column]) for a in product.attributes))
-    return _sparse_counts(frame["geoid"], np.asarray(cells), product.schema.ncells)
+    return sparse_counts(frame["geoid"], np.asarray(cells), product.schema.ncells)

@@ -11,6 +11,10 @@ Besides column-level checks, the block-level structure the TopDown constraints r
 * GQ facilities are occupied (facts 2.8);
 * no person under 18 in a nursing facility (``nurse_nva_0``, facts 2.4).
 
+A declared census (``topdown.vocab.census``) reads its own records with :func:`check_records`: the geography
+of its hierarchy (a geocode column matching the declared pattern, or one code column per level, each code
+nesting in one parent) and one column per attribute.
+
 Every failure raises :class:`InputError` naming the file, the column, the block GEOID of the first
 offending record and the bad value (a code or a GEOID). Messages never contain a count of persons, nor a
 record's position in its file: in a file sorted by GEOID a row number is the number of persons (or units)
@@ -25,6 +29,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from topdown.geo.spine import US_HIERARCHY, nesting_problem
+from topdown.vocab.census import Hierarchy, Product, Units
 
 from ..configuration.census import PL94
 
@@ -52,7 +59,10 @@ def _fail(path: Path, column: str, block: str | None, problem: str, value: objec
 
 
 def _block_of(table: pa.Table, row: int) -> str | None:
-    """The GEOID of record ``row`` when it is a string, else None."""
+    """The GEOID of record ``row`` when it is a string, else None (also before a column hierarchy's leaf
+    geocodes are read)."""
+    if "geoid" not in table.column_names:
+        return None
     value = table.column("geoid")[row].as_py()
     return value if isinstance(value, str) else None
 
@@ -88,19 +98,71 @@ def _check_nulls(path: Path, table: pa.Table) -> None:
             raise _fail(path, name, _block_of(table, row), "null value", None)
 
 
-def _geoids(path: Path, table: pa.Table) -> pa.Array:
-    col = table.column("geoid")
+def _strings(path: Path, table: pa.Table, name: str, expected: str) -> pa.Array:
+    """Column ``name`` as one Arrow string array (a dictionary of strings is decoded); another type fails."""
+    col = table.column(name)
     if pa.types.is_dictionary(col.type) and pa.types.is_string(col.type.value_type):
         col = col.cast(pa.string())
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_string_view(col.type)):
         value = col[0].as_py() if len(col) else None
-        raise _fail(path, "geoid", None, f"wrong type {col.type}, expected a 15-character string", value)
+        raise _fail(path, name, None, f"wrong type {col.type}, expected {expected}", value)
     col = col.cast(pa.string())
-    ok = pc.match_substring_regex(col, f"^[0-9]{{{GEOID_LEN}}}$").to_numpy(zero_copy_only=False)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _geoids(path: Path, table: pa.Table, hierarchy: Hierarchy = US_HIERARCHY) -> pa.Array:
+    """The geocode column of a prefix hierarchy, each value matching the declared pattern."""
+    us = hierarchy.pattern == US_HIERARCHY.pattern
+    col = _strings(path, table, hierarchy.geocode, "a 15-character string" if us else "a string")
+    regex = f"^[0-9]{{{GEOID_LEN}}}$" if us else f"^(?:{hierarchy.pattern or '.+'})$"
+    ok = pc.match_substring_regex(col, regex).to_numpy(zero_copy_only=False)
     if not ok.all():
         row = _first(~ok)
-        raise _fail(path, "geoid", None, f"malformed GEOID, expected {GEOID_LEN} digits", col[row].as_py())
-    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        expected = f"{GEOID_LEN} digits" if us else f"the declared pattern {hierarchy.pattern!r}"
+        raise _fail(path, hierarchy.geocode, None, f"malformed GEOID, expected {expected}", col[row].as_py())
+    return col
+
+
+def geography_columns(hierarchy: Hierarchy) -> tuple[str, ...]:
+    """The input columns a record's geography is read from: the geocode, or one column per level below the root."""
+    return (hierarchy.geocode,) if hierarchy.by_prefix else tuple(level.column for level in hierarchy.levels[1:])
+
+
+def _leaf_codes(path: Path, table: pa.Table, hierarchy: Hierarchy) -> tuple[pa.Array, pd.DataFrame | None]:
+    """Each record's leaf geocode and, for a column hierarchy, the codes of every level per distinct leaf
+    (columns named by the levels: public geography, what the driver builds the spine from). Every code is a
+    non-empty string, the leaf's matches the declared pattern, and each level's codes nest in one parent."""
+    if hierarchy.by_prefix:
+        return _geoids(path, table, hierarchy), None
+    codes = {}
+    for level in hierarchy.levels[1:]:
+        col = table.column(level.column)
+        col = col.cast(pa.string()) if pa.types.is_integer(col.type) else col  # integer codes read as their digits
+        codes[level.name] = col = _strings(path, pa.table({level.column: col}), level.column, "a string code")
+        empty = pc.equal(pc.utf8_length(col), 0).to_numpy(zero_copy_only=False)
+        if empty.any():
+            raise _fail(path, level.column, None, f"empty {level.name} code", "")
+    leaf = codes[hierarchy.leaf]
+    if hierarchy.pattern:
+        ok = pc.match_substring_regex(leaf, f"^(?:{hierarchy.pattern})$").to_numpy(zero_copy_only=False)
+        if not ok.all():
+            raise _fail(path, hierarchy.levels[-1].column, None,
+                        f"malformed {hierarchy.leaf} code, expected the declared pattern {hierarchy.pattern!r}",
+                        leaf[_first(~ok)].as_py())
+    frame = pa.table(codes).group_by(list(codes)).aggregate([]).to_pandas(types_mapper=pd.ArrowDtype)
+    frame = frame.astype("str")
+    problem = nesting_problem(frame, hierarchy)
+    if problem is not None:
+        raise nesting_error(problem, hierarchy, path)
+    return leaf, frame
+
+
+def nesting_error(problem: tuple[str, str, str, str, str], hierarchy: Hierarchy, where: object) -> InputError:
+    """The :class:`InputError` of a code under two parents (``spine.nesting_problem``'s finding) in ``where``."""
+    level, code, parent, first, second = problem
+    column = hierarchy.levels[hierarchy.names.index(level)].column
+    return InputError(f"{where}: column '{column}': {level} code {code!r} lies in two {parent} codes, "
+                      f"{first!r} and {second!r} (each code must nest in one parent)")
 
 
 def _codes(path: Path, table: pa.Table, name: str, lo: int, hi: int) -> np.ndarray:
@@ -143,15 +205,28 @@ def check_persons(path: Path, row_groups: list[int] | None = None) -> tuple[pa.A
     return geo, persons
 
 
-def check_units(path: Path, row_groups: list[int] | None = None) -> tuple[pa.Array, pd.DataFrame]:
-    """Read and check unit records (of ``row_groups`` only, when given): nulls, GEOIDs, codes, and GQ
-    facilities occupied. Returns the GEOIDs and a frame in file order."""
-    table = _read(path, UNIT_COLUMNS, row_groups)
-    _check_nulls(path, table)
-    geo = _geoids(path, table)
+def check_units(path: Path, row_groups: list[int] | None = None, hierarchy: Hierarchy = US_HIERARCHY,
+                declared: Units | None = None) -> tuple[pa.Array, pd.DataFrame]:
+    """Read and check unit records (of ``row_groups`` only, when given): nulls, geography, codes, and GQ
+    facilities occupied. Returns the leaf geocodes and a frame (geoid, unit_type, occupied) in file order; a
+    column hierarchy's level codes per leaf are in the frame's ``attrs["geography"]``. ``declared`` names the
+    unit columns (default: the P.L. 94-171 ones)."""
+    declared = declared or Units()
+    if hierarchy == US_HIERARCHY and declared == Units():
+        table = _read(path, UNIT_COLUMNS, row_groups)
+        _check_nulls(path, table)
+        geo, geography = _geoids(path, table), None
+    else:
+        columns = _unique((*geography_columns(hierarchy), declared.type_column, declared.occupied_column))
+        table = _read(path, columns, row_groups)
+        _check_nulls(path, table)
+        geo, geography = _leaf_codes(path, table, hierarchy)
+        table = pa.table({"geoid": geo, "unit_type": table.column(declared.type_column),
+                          "occupied": table.column(declared.occupied_column)})
     units = pd.DataFrame({"geoid": pd.Series(geo.to_pandas(), dtype="str")})
-    units["unit_type"] = _codes(path, table, "unit_type", *UNIT_CODES["unit_type"])
+    units["unit_type"] = _codes(path, table, "unit_type", 0, declared.types - 1)
     units["occupied"] = _flags(path, table, "occupied")
+    units.attrs["geography"] = geography
     utype = units["unit_type"].to_numpy(np.int64)
     unoccupied_gq = (utype > 0) & ~units["occupied"].to_numpy()
     if unoccupied_gq.any():
@@ -159,6 +234,46 @@ def check_units(path: Path, row_groups: list[int] | None = None) -> tuple[pa.Arr
         raise _fail(path, "occupied", units['geoid'].iat[row], f"GQ facility of type {utype[row]} "
                     "is marked unoccupied (GQ facilities are always occupied)", False)
     return geo, units
+
+
+def _unique(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+def check_records(path: Path, product: Product, hierarchy: Hierarchy, row_groups: list[int] | None = None
+                  ) -> tuple[pd.Series, np.ndarray, pd.DataFrame | None]:
+    """Read and check the records a declared ``product`` counts (of ``row_groups`` only, when given): the
+    hierarchy's geography, nulls, and each attribute's column (a level 0..size-1, or a value its ``values``
+    map declares). Records outside the product's ``where`` are dropped. Returns each kept record's leaf
+    geocode and histogram cell, and (column hierarchy) the level codes per leaf of the whole read."""
+    attributes = product.attributes
+    columns = _unique((*geography_columns(hierarchy), *(a.column for a in attributes),
+                       *(column for column, _ in product.records.where)))
+    table = _read(path, columns, row_groups)
+    _check_nulls(path, table)
+    geo, geography = _leaf_codes(path, table, hierarchy)
+    if "geoid" not in table.column_names:  # errors name a record's block by its leaf geocode
+        table = table.append_column("geoid", geo)
+    if product.records.where:  # the geography of every record is checked (the spine is built from all)
+        keep = np.ones(table.num_rows, dtype=bool)
+        for column, values in product.records.where:
+            keep &= pc.is_in(table.column(column), pa.array(list(values))).to_numpy(zero_copy_only=False)
+        table = table.filter(pa.array(keep))
+    levels = []
+    for a in attributes:
+        if a.values is None:
+            levels.append(_codes(path, table, a.column, 0, a.size - 1).astype(np.int64))
+            continue
+        raw, mapped = pa.array([v for v, _ in a.values]), np.array([lv for _, lv in a.values], dtype=np.int64)
+        at = pc.index_in(table.column(a.column), raw)
+        if at.null_count:
+            row = _first(pc.is_null(at).to_numpy(zero_copy_only=False))
+            raise _fail(path, a.column, _block_of(table, row), f"value not declared for attribute {a.name!r}",
+                        table.column(a.column)[row].as_py())
+        levels.append(mapped[at.to_numpy()])
+    leaf = pd.Series(table.column("geoid").to_pandas(), dtype="str")
+    cells = np.asarray(product.schema.cell_index(*levels), dtype=np.int64)
+    return leaf, cells, geography
 
 
 def block_problem(geoids: np.ndarray, persons_by_type: np.ndarray, units_by_type: np.ndarray

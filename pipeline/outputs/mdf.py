@@ -1,7 +1,10 @@
 """Microdata Detail Files: one row per person or unit, with tabulation geography (facts 7.2, 7.3).
 
 Block histograms are expanded cell by cell; EPNUM / EUNUM number the rows of a block in cell order,
-so the files are deterministic.
+so the files are deterministic. The P.L. 94-171 layouts (``person_mdf``, ``unit_mdf``) are the Census MDF's;
+a declared product's ``mdf = "generic"`` layout (:func:`generic_mdf`) has one code column per level below the
+root, the record's number within its leaf (:data:`RECORD_NUMBER`) and one column per attribute (its label
+when the attribute declares labels, else its level).
 """
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
+from topdown.geo.spine import US_HIERARCHY
 from topdown.pipeline.configuration.census import PERSONS
-from topdown.vocab.census import Product
+from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
 
 from ..configuration.errors import ConfigError
 
@@ -24,8 +28,15 @@ UNIT_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", 
                 "TABBLK", "EUNUM", "RTYPE", "HH_STATUS"]
 
 
-#: Tabulation geography columns: their characters of the block GEOID.
-GEOGRAPHY = {"TABBLKST": (0, 2), "TABBLKCOU": (2, 5), "TABTRACTCE": (5, 11), "TABBLKGRPCE": (11, 12), "TABBLK": (11, 15)}
+#: Tabulation geography columns of the U.S. layouts: their characters of the block GEOID (the U.S. hierarchy's
+#: prefix widths; the block number is the GEOID after the tract).
+_WIDTH = {level.name: level.width for level in US_HIERARCHY.levels[1:]}
+GEOGRAPHY = {"TABBLKST": (0, _WIDTH["State"]), "TABBLKCOU": (_WIDTH["State"], _WIDTH["County"]),
+             "TABTRACTCE": (_WIDTH["County"], _WIDTH["Tract"]), "TABBLKGRPCE": (_WIDTH["Tract"], _WIDTH["Block_Group"]),
+             "TABBLK": (_WIDTH["Tract"], _WIDTH["Block"])}
+
+#: The generic MDF's column numbering a leaf's records, in cell order.
+RECORD_NUMBER = "record"
 
 #: ``pq.write_table`` options of an MDF part: its string columns are dictionary arrays in memory (a code per
 #: record, not a string) and plain strings to readers (the file stores no Arrow schema).
@@ -95,16 +106,51 @@ def tabulate_person_mdf(mdf: pd.DataFrame) -> pd.DataFrame:
             .rename("count").reset_index())
 
 
+def generic_mdf(product: Product, codes: pd.DataFrame, hist: sp.csr_matrix) -> pa.Table:
+    """The generic MDF of a declared ``product``: one row per record of the leaf histograms ``hist`` (row i the
+    leaf whose level codes are row i of ``codes``: one column per level below the root, named by the level),
+    with those codes, :data:`RECORD_NUMBER` and one column per attribute (label, or level as an integer)."""
+    rows, cells, seq = _expand(hist)
+    frame: dict[str, pa.Array] = {}
+    for level in codes.columns:
+        values, which = np.unique(codes[level].to_numpy(dtype=object).astype(str), return_inverse=True)
+        frame[level] = _codes(values, which[rows])
+    frame[RECORD_NUMBER] = pa.array(seq.astype(np.int64))
+    for attribute, levels in zip(product.attributes, product.schema.unravel(cells)):
+        levels = np.asarray(levels)
+        frame[attribute.name] = (_codes(list(attribute.labels), levels) if attribute.labels
+                                 else pa.array(levels.astype(np.int64)))
+    return pa.table(list(frame.values()), names=list(frame))
+
+
+def generic_levels(mdf: pd.DataFrame, attribute) -> np.ndarray:
+    """Each generic MDF row's level of ``attribute`` (its column holds the level's label, or the level)."""
+    column = mdf[attribute.name]
+    if attribute.labels:
+        return pd.Index(attribute.labels).get_indexer(column.astype(str))
+    return column.to_numpy(np.int64)
+
+
+def tabulate_generic_mdf(mdf: pd.DataFrame, product: Product, hierarchy: Hierarchy) -> pd.DataFrame:
+    """Leaf histograms (geocode, cell, count) tabulated back from a generic MDF (for verification)."""
+    cell = product.schema.cell_index(*(generic_levels(mdf, a) for a in product.attributes))
+    return (pd.DataFrame({"geocode": mdf[hierarchy.leaf].astype(str).to_numpy(), "cell": cell})
+            .groupby(["geocode", "cell"]).size().rename("count").reset_index())
+
+
 #: Facility counts of a block's unit frame (``u1..u7``: group-quarters facilities of each type).
 GQ_FACILITIES = [f"u{k}" for k in range(1, 8)]
 
 
-def product_mdf(product: Product, geoids: np.ndarray, hist: sp.csr_matrix, units: pd.DataFrame) -> pa.Table:
-    """One county's MDF rows in ``product``'s declared layout (``geoids`` its blocks, ``hist`` their estimated
-    histograms, ``units`` their invariant unit counts u0..u7)."""
+def product_mdf(product: Product, geoids: np.ndarray, hist: sp.csr_matrix, units: pd.DataFrame,
+                codes: pd.DataFrame | None = None) -> pa.Table:
+    """One task's MDF rows in ``product``'s declared layout (``geoids`` its blocks, ``hist`` their estimated
+    histograms, ``units`` their invariant unit counts u0..u7, ``codes`` their level codes for the generic one)."""
+    if product.mdf == GENERIC_MDF:
+        return generic_mdf(product, codes, hist)
     if product.mdf == "pl94_persons":
         return person_mdf(geoids, hist)
     if product.mdf == "pl94_units":
         return unit_mdf(geoids, hist, units[GQ_FACILITIES].to_numpy().sum(axis=1))
     raise ConfigError(f"product {product.name!r}: MDF layout {product.mdf!r} is not available in this version "
-                      "(layouts: pl94_persons, pl94_units)")
+                      "(layouts: generic, pl94_persons, pl94_units)")

@@ -8,6 +8,10 @@ parts (the AIAN spine splits a state; only the whole state's total is invariant,
 manifest records a SHA-256 for (each level's files, and the run-wide outputs: configuration, certificate,
 spine, invariants, MDF) still has it: one check per file, so a changed, truncated, swapped, lost or added
 file fails by name.
+
+A run of a declared census (its ``config.json`` holds the census) is checked by the spine's levels and the
+product's declaration (:func:`verify_declared`): its invariant totals, its unit bounds, its structural zeros
+where the run declared them, and its MDF (the generic layout tabulated back).
 """
 from __future__ import annotations
 
@@ -18,12 +22,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from topdown.geo.spine import STATE
-from topdown.vocab.census import Product
+from topdown.geo.spine import PREFIX, STATE, spine_state
+from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
 from topdown.vocab.queries import build_query
 
-from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE
-from .mdf import tabulate_person_mdf
+from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
+from .mdf import tabulate_generic_mdf, tabulate_person_mdf
 from ..execution.rundir import Manifest, RunReader, changed_files
 
 
@@ -124,13 +128,15 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
                          "(seed 003 Appendix A); their checks are skipped")
-    for product in reader.products():  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
+    products = reader.products()  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
+    hierarchy = reader.hierarchy()
+    for product in products:
         _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product.name},
-                        totals_invariant=manifest.algorithm != "block_by_block")
+                        totals_invariant=manifest.algorithm != "block_by_block", hierarchy=hierarchy)
 
 
 def _verify_product(reader: RunReader, spec: Product, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
-                    relaxed: set[str], totals_invariant: bool) -> None:
+                    relaxed: set[str], totals_invariant: bool, hierarchy: Hierarchy) -> None:
     product, schema = spec.name, spec.schema
     inv = reader.table(reader.invariants(product))
     hists = {}
@@ -156,28 +162,20 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], spine: 
         bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
         rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
                              f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
-    _verify_declared(spec, hists, inv, spine, rep, totals_invariant)
-    if spec.mdf in MDF_CHECKS:
-        MDF_CHECKS[spec.mdf](reader, spec, hists, spine, rep)
+    verify_declared(reader, hists, inv, spine, rep, totals_invariant, spec, hierarchy)
 
 
 def _verify_person_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
-                       rep: VerifyReport) -> None:
+                       rep: VerifyReport, hierarchy: Hierarchy) -> None:
     """The P.L. 94-171 persons MDF tabulates back to the block histograms."""
     levels = list(hists)
     mdf = reader.table(reader.mdf(spec.name))
     tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
-    block = hists[levels[-1]].merge(spine[[levels[-1], "geoid"]].drop_duplicates(), left_on="geocode",
-                                    right_on=levels[-1])
-    block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
-    tab = tab.set_index(["geocode", "cell"])["count"]
-    tab.index.names = ["geoid", "cell"]
-    rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
-              f"{spec.name} MDF does not tabulate back to the block histograms")
+    _check_mdf_blocks(spec.name, hists[levels[-1]], spine, levels[-1], tab, rep)
 
 
 def _verify_unit_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
-                     rep: VerifyReport) -> None:
+                     rep: VerifyReport, hierarchy: Hierarchy) -> None:
     """The P.L. 94-171 units MDF has one housing-unit row per unit of the block histograms."""
     mdf = reader.table(reader.mdf(spec.name))
     hu = int((mdf["RTYPE"] == "2").sum())
@@ -185,22 +183,56 @@ def _verify_unit_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataF
               f"{spec.name} MDF housing-unit rows differ from the block histograms")
 
 
+def _verify_generic_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+                        rep: VerifyReport, hierarchy: Hierarchy) -> None:
+    """A generic MDF tabulates back to the leaf histograms."""
+    leaf = list(hists)[-1]
+    tab = tabulate_generic_mdf(reader.table(reader.mdf(spec.name)), spec, hierarchy)
+    _check_mdf_blocks(spec.name, hists[leaf], spine, leaf, tab, rep)
+
+
+def _check_mdf_blocks(name: str, block_hist: pd.DataFrame, spine: pd.DataFrame, leaf: str, tab: pd.DataFrame,
+                      rep: VerifyReport) -> None:
+    """The MDF tabulated back (``tab``: geocode = block GEOID, cell, count) equals the block histograms."""
+    block = block_hist.merge(spine[[leaf, "geoid"]].drop_duplicates(), left_on="geocode", right_on=leaf)
+    block = block[block["count"] > 0].groupby(["geoid", "cell"])["count"].sum()
+    tab = tab.set_index(["geocode", "cell"])["count"]
+    tab.index.names = ["geoid", "cell"]
+    rep.check(block.sort_index().equals(tab.sort_index().astype(block.dtype)),
+              f"{name} MDF does not tabulate back to the block histograms")
+
+
 #: The MDF checks of the declared layouts (``Product.mdf``).
-MDF_CHECKS = {"pl94_persons": _verify_person_mdf, "pl94_units": _verify_unit_mdf}
+MDF_CHECKS = {"pl94_persons": _verify_person_mdf, "pl94_units": _verify_unit_mdf, GENERIC_MDF: _verify_generic_mdf}
 
 
-def _verify_declared(spec: Product, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
-                     rep: VerifyReport, totals_invariant: bool) -> None:
+def _active_zeros(reader: RunReader, spec: Product, levels: list[str]) -> dict[str, set[str]] | None:
+    """Per level, the constraints the run configures there or below (a structural zero holds where configured);
+    None when the run's configuration cannot be read (every declared zero is then checked)."""
+    try:
+        cfg = reader.config().product(spec.name)
+    except Exception:  # an unreadable or changed config.json is reported by the SHA-256 check
+        return None
+    return {level: configured_below(cfg.constraints, levels, level) for level in levels}
+
+
+def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
+                    rep: VerifyReport, totals_invariant: bool, spec: Product, hierarchy: Hierarchy) -> None:
     """The product's declared invariants and constraints hold at every level: its unit bounds, its structural
-    zeros, its total (a state's as the sum over its parts) and its housing-unit counts."""
+    zeros (where the run configures them), its total (a state's as the sum over its parts) and its housing-unit
+    counts; its MDF tabulates back to the leaves."""
     product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
+    levels = list(hists)
+    state = spine_state(reader.spine_path)
     type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
     zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
+    active = _active_zeros(reader, spec, levels) if zeros else None
     kinds = {s.kind for s in spec.invariants.values()}
-    for level in hists:
+    for level in levels:
         h = hists[level]
         lv_inv = inv[inv["level"] == level].set_index("geocode")
-        if bounds is not None:
+        lv_inv.index = lv_inv.index.astype(str)
+        if bounds is not None and set(UNIT_COLUMNS[:len(bounds.cap)]) <= set(lv_inv.columns):
             size = len(bounds.cap)
             by_type = (h.assign(kind=type_of_cell[h["cell"].to_numpy()]).groupby(["geocode", "kind"])["count"].sum()
                        .unstack(fill_value=0).reindex(columns=range(size), fill_value=0)
@@ -213,8 +245,9 @@ def _verify_declared(spec: Product, hists: dict[str, pd.DataFrame], inv: pd.Data
                       f"{product} {level}: more records of a {bounds.attribute} type than its units allow "
                       "(or records of a type with no unit of that type)")
         for name, cells in zeros.items():
-            rep.check(not bool((cells[h["cell"].to_numpy()] & (h["count"].to_numpy() > 0)).any()),
-                      f"{product} {level}: structural zero {name!r} violated")
+            if active is None or name in active[level]:
+                rep.check(not bool((cells[h["cell"].to_numpy()] & (h["count"].to_numpy() > 0)).any()),
+                          f"{product} {level}: structural zero {name} broken")
         if "housing_units" in kinds:
             totals = h.groupby("geocode")["count"].sum()
             u0 = lv_inv["u0"]
@@ -224,10 +257,12 @@ def _verify_declared(spec: Product, hists: dict[str, pd.DataFrame], inv: pd.Data
             continue
         totals = h.groupby("geocode")["count"].sum().reindex(lv_inv.index, fill_value=0)
         whole = inv[inv["level"] == WHOLE_STATE].set_index("geocode")["tot"]
-        if level == STATE and not whole.empty:  # each whole state's total is the sum over its parts (facts 2.6)
-            state = spine.drop_duplicates(STATE).set_index(STATE)["geoid"].str[:2]
-            got = totals.groupby(state.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
+        if level == state and not whole.empty:  # each whole U.S. state's total is the sum over its parts
+            states = spine.drop_duplicates(state).set_index(state)["geoid"].str[:PREFIX[STATE]]
+            got = totals.groupby(states.reindex(totals.index).to_numpy()).sum().reindex(whole.index, fill_value=0)
             rep.check(bool((got == whole).all()),
-                      f"{product} State: a state's total (the sum over its parts) differs from its invariant")
+                      f"{product} {level}: a state's total (the sum over its parts) differs from its invariant")
         elif lv_inv["tot"].notna().any():
             rep.check(bool((totals == lv_inv["tot"]).all()), f"{product} {level}: total differs from its invariant")
+    if spec.mdf in MDF_CHECKS:
+        MDF_CHECKS[spec.mdf](reader, spec, hists, spine, rep, hierarchy)
