@@ -17,19 +17,6 @@ from conftest import REPO
 OUTSIDE = re.compile(r"\bfacts (?:file )?(?:sections? )?\d|\bfacts file\b|\bseeds? 0\d\d\b|\.\./shared\b"
                      r"|/work/shared\b|\bDESIGN\.md sections? \d", re.IGNORECASE)
 
-#: Files that still hold such references, because other work was editing them when the rest was cleaned up.
-#: The integrator replaces their references (the mapping is in the docs helper's report) and empties this.
-ALLOWED: frozenset[str] = frozenset({
-    "pipeline/execution/engine.py",
-    "pipeline/execution/levels.py",
-    "pipeline/execution/rundir.py",
-    "pipeline/execution/runner.py",
-    "pipeline/inputs/tabulate.py",
-    "pipeline/inputs/validate.py",
-    "pipeline/outputs/mdf.py",
-    "pipeline/outputs/verify.py",
-})
-
 SELF = "tests/test_docs.py"  # holds the patterns as examples
 
 
@@ -62,16 +49,10 @@ def _hits(name: str) -> list[str]:
 
 
 def test_no_reference_outside_the_repository():
-    files = [n for n in _text_files() if n != SELF and n not in ALLOWED]
+    files = [n for n in _text_files() if n != SELF]
     assert len(files) > 50
     found = [hit for n in files for hit in _hits(n)]
     assert not found, "references outside the repository (cite the public source instead):\n" + "\n".join(found)
-
-
-def test_the_allow_list_holds_only_files_that_still_need_it():
-    """An allow-listed file that is clean (or gone) leaves the list, so the list only shrinks."""
-    stale = sorted(n for n in ALLOWED if not _hits(n))
-    assert not stale, f"remove from ALLOWED in {SELF}: {stale}"
 
 
 @pytest.mark.parametrize("text, bad", [

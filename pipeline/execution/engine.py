@@ -1,4 +1,4 @@
-"""The top-down level loop on Dask (DESIGN.md sections 3-4).
+"""The top-down level loop on Dask (DESIGN.md, "A run's data flow").
 
 For every level, whole parents are grouped into chunks by a fixed cost rule (independent of the
 cluster, so output files are identical for any number of workers), the most expensive chunks are
@@ -57,7 +57,7 @@ class LevelReport:
 
 
 def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
-    """At the State level: each real state's parts together sum to the state's total (facts 2.6)."""
+    """At the State level: each real state's parts together sum to the state's total (DESIGN.md, "State totals")."""
     if level.state_total is None:  # set at the state level only (levels.levels_from_units)
         return []
     states = level.state[rows]
@@ -100,7 +100,7 @@ def chunk_plan(
     ``staging_dir`` None: the chunks keep their noisy measurements in memory (the audit's repeated runs).
 
     At the root (``parent_level`` None) the level's nodes form one root problem; with ``independent``
-    every node is its own root problem (the block-by-block algorithm, seed 003 Appendix A). Each chunk
+    every node is its own root problem (the block-by-block algorithm, TDA paper Appendix A). Each chunk
     carries ``source``'s part for its children (its noisy answers are drawn, or read from a release).
     Without ``parent_hist`` (the partitioned run: the task reads its parents, dataplane.run_part_chunk),
     ``parent_nnz`` gives each parent's count of non-zero cells, and the parent tasks' histograms are None.

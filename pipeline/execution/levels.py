@@ -246,7 +246,8 @@ def levels_from_units(product: Product, cfg: ProductConfig, spine: Spine, geo: l
 def _invariant_totals(node_totals: np.ndarray, state: np.ndarray | None) -> np.ndarray:
     """Node totals that are invariant: every node above State; at State (``state`` given: each node's real
     state) only a node that is a whole state. A part of a state split by the AIAN spine gets NaN: only the
-    whole state's total is invariant (facts 2.6), so a part's total is neither written nor used in a bound."""
+    whole state's total is invariant (DESIGN.md, "State totals"), so a part's total is neither written nor used
+    in a bound."""
     if state is None:
         return node_totals
     _, inverse, parts = np.unique(state, return_inverse=True, return_counts=True)

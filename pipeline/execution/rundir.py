@@ -1,6 +1,6 @@
 """The run directory: layout, one-writer lock, atomic level writes, and the manifest.
 
-Layout (DESIGN.md section 2)::
+Layout (README, "The run directory")::
 
     manifest.json  certificate.json  config.json  spine.parquet
     invariants/<product>.parquet            declared-public invariants per node (level, geocode, ...)

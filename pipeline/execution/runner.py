@@ -1,4 +1,4 @@
-"""``topdown.pipeline.run``: the whole flow of DESIGN.md section 3 for one configuration.
+"""``topdown.pipeline.run``: the whole flow of DESIGN.md ("A run's data flow") for one configuration.
 
 ingest and validate -> spine -> tabulate and roll up -> invariants and constraints -> per level:
 measure and estimate (Dask) -> MDF -> certificate and manifest.
@@ -61,7 +61,7 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
 #: Setting it also turns off glibc's adaptive mmap threshold: every array above 128 kB is mapped and
 #: unmapped anew, and a quarter of a worker's CPU went to the kernel's page faults (RI 2010: 7 of 27 CPU
 #: seconds per worker; 1.9 with glibc's defaults, for 20-50 MB more resident). The embedded cluster's workers
-#: keep glibc's defaults (DESIGN.md item 33); README, "A national run on an existing Dask cluster", says how
+#: keep glibc's defaults (benchmarks/RESULTS_cpu.md); README, "A national run on an existing Dask cluster", says how
 #: to do the same there.
 GLIBC_ENV = ("MALLOC_TRIM_THRESHOLD_",)
 GLIBC_DEFAULTS = {f"distributed.nanny.pre-spawn-environ.{name}": None for name in GLIBC_ENV}
@@ -499,8 +499,8 @@ def _log_report(name: str, r: LevelReport) -> None:
 
 
 def _write_invariants(client, rundir: RunDir, product: Product, levels: list[Level]) -> None:
-    """The declared-public invariants (facts 2.8): the unit and GQ-facility counts of every node (sums of
-    block invariants) and, for a product whose total is invariant, the total of every node where it is (``tot``:
+    """The declared-public invariants (DAS-2020 ``person_US.ini``): the unit and GQ-facility counts of every node
+    (sums of block invariants) and, for a product whose total is invariant, the total of every node where it is (``tot``:
     the root's; a declared census's down to the level it names) and each whole U.S. state's total (rows of level
     ``WHOLE_STATE``, geocode = state FIPS). A part of a state split by the AIAN spine has
     no total: only declared invariants are written. A partitioned run's block rows are on the shards

@@ -1,4 +1,5 @@
-"""Block tabulation: person records -> sparse long-format block histograms (facts file 1.5, "Histogram building").
+"""Block tabulation: person records -> sparse long-format block histograms (as DAS-2020 ``sql_spar_table.py``
+builds them).
 
 Records are grouped by (block, histogram variables) and counted; the variable tuple becomes the flat row-major
 cell index of the schema. Only non-zero cells are kept. Output is sorted by (geocode, cell).
@@ -35,8 +36,8 @@ def block_histograms(persons: pd.DataFrame, schema: Schema = PERSONS) -> pd.Data
 
 
 def block_units(units: pd.DataFrame) -> pd.DataFrame:
-    """Per block: units of each type ``u0..u7`` (the invariant ``gqhh_vect``, facts 2.1) and the housing
-    units split into ``occupied`` and ``vacant``. One row per block with a unit, sorted by geoid."""
+    """Per block: units of each type ``u0..u7`` (the invariant ``gqhh_vect``, DAS-2020 ``invariantsmaker.py``) and
+    the housing units split into ``occupied`` and ``vacant``. One row per block with a unit, sorted by geoid."""
     codes, blocks = pd.factorize(units["geoid"], sort=True)
     nblocks = len(blocks)
     utype = units["unit_type"].to_numpy(np.int64)

@@ -1,4 +1,4 @@
-"""Read and check the CEF-like input contract (DESIGN.md section 2; facts file sections 1.5, 2.3, 2.4).
+"""Read and check the CEF-like input contract (README "Input"; DAS-2020 ``cef_validator_classes.py``).
 
 persons.parquet: ``geoid`` (15-digit block GEOID), ``hhgq`` 0..7, ``votingage`` 0..1, ``hispanic`` 0..1,
 ``cenrace`` 0..62. units.parquet: ``geoid``, ``unit_type`` 0..7 (0 housing unit, 1..7 GQ major types in
@@ -7,9 +7,9 @@ hhgq order), ``occupied`` (bool; GQ facilities are always occupied).
 Besides column-level checks, the block-level structure the TopDown constraints rely on is checked:
 
 * a person of type hhgq=k needs a unit of type k in the block (``hhgq_total_ub``: u_k * cap = 0 otherwise);
-* a GQ facility needs at least one resident of its type (``hhgq_total_lb``: persons_k >= u_k, facts 2.3);
-* GQ facilities are occupied (facts 2.8);
-* no person under 18 in a nursing facility (``nurse_nva_0``, facts 2.4).
+* a GQ facility needs at least one resident of its type (``hhgq_total_lb``: persons_k >= u_k);
+* GQ facilities are occupied;
+* no person under 18 in a nursing facility (``nurse_nva_0``).
 
 A declared census (``topdown.vocab.census``) reads its own records with :func:`check_records`: the geography
 of its hierarchy (a geocode column matching the declared pattern, or one code column per level, each code

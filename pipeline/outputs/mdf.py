@@ -1,4 +1,5 @@
-"""Microdata Detail Files: one row per person or unit, with tabulation geography (facts 7.2, 7.3).
+"""Microdata Detail Files: one row per person or unit, with tabulation geography (DAS-2020 ``mdf2020writer.py``,
+``mdf2020_recoder.py``).
 
 Block histograms are expanded cell by cell; EPNUM / EUNUM number the rows of a block in cell order,
 so the files are deterministic. The P.L. 94-171 layouts (``person_mdf``, ``unit_mdf``) are the Census MDF's;
@@ -19,7 +20,7 @@ from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
 
 from ..configuration.errors import ConfigError
 
-#: MDF person columns (facts 7.2), all strings as in the Census MDF.
+#: MDF person columns (DAS-2020 ``mdf2020_recoder.py``), all strings as in the Census MDF.
 PERSON_COLUMNS = ["SCHEMA_TYPE_CODE", "SCHEMA_BUILD_ID", "TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLKGRPCE",
                   "TABBLK", "EPNUM", "RTYPE", "GQTYPE_PL", "VOTING_AGE", "CENHISP", "CENRACE"]
 #: CENRACE codes "01".."63" by cenrace index.

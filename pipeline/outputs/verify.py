@@ -4,8 +4,8 @@ Checks, for every product and level: histograms are non-negative integers on val
 sum to their parent cell by cell (parents from ``spine.parquet``); invariants hold (US and state
 totals, block housing-unit and GQ-facility bounds, no minors in nursing facilities, housing-unit
 counts); the MDF tabulates back to the block histograms. A state's total is checked as the sum over its
-parts (the AIAN spine splits a state; only the whole state's total is invariant, facts 2.6). Every file the
-manifest records a SHA-256 for (each level's files, and the run-wide outputs: configuration, certificate,
+parts (the AIAN spine splits a state; only the whole state's total is invariant, DESIGN.md "State totals").
+Every file the manifest records a SHA-256 for (each level's files, and the run-wide outputs: configuration, certificate,
 spine, invariants, MDF) still has it: one check per file, so a changed, truncated, swapped, lost or added
 file fails by name.
 
@@ -127,7 +127,7 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
         rep.notes.append(f"{product} {level}: parent {parent!r} needed the failsafe's parent relaxation (manifest)")
     if manifest.algorithm == "block_by_block":
         rep.notes.append("block-by-block run: totals above the block level are sums of blocks, not invariants "
-                         "(seed 003 Appendix A); their checks are skipped")
+                         "(TDA paper, Appendix A); their checks are skipped")
     products = reader.products()  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
     hierarchy = reader.hierarchy()
     for product in products:
