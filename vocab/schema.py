@@ -6,6 +6,7 @@ Cells are flattened row-major (C order) over the dimensions in schema order, so 
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,15 +25,18 @@ class Schema:
     recodes: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
 
     def _key(self) -> tuple:
-        """What makes two schemas equal: name, dimensions and recodes (queries are cached by schema)."""
+        """What makes two schemas equal: name, dimensions and recodes (queries are cached by schema), the
+        recodes as a SHA-256 digest so that comparing two copies (a task's unpickled schema against the
+        cached one) costs one short comparison."""
         key = self.__dict__.get("_key_cache")
         if key is None:
-            key = (self.name, self.dims, tuple(sorted(self.recodes.items())))
+            recodes = hashlib.sha256(repr(sorted(self.recodes.items())).encode()).hexdigest()
+            key = (self.name, self.dims, recodes)
             object.__setattr__(self, "_key_cache", key)
         return key
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Schema) and self._key() == other._key()
+        return self is other or (isinstance(other, Schema) and self._key() == other._key())
 
     def __hash__(self) -> int:
         return hash(self._key())
