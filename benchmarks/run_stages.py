@@ -293,6 +293,7 @@ def main() -> None:
     from distributed import Client, LocalCluster, get_task_stream
 
     from topdown.pipeline.execution import runner
+    from topdown.pipeline.configuration.config import declared_census, load_config
     from topdown.pipeline.execution.dataplane import find_input
 
     shutil.rmtree(args.out, ignore_errors=True)
@@ -351,7 +352,7 @@ def main() -> None:
         "driver_rss_at_start_mb": round(driver_start / MB),
         "worker_hwm_mb": sorted({w["pid"]: round(w["hwm"] / MB) for s in samples
                                  for w in s["workers"].values()}.values()),
-        "persons": sum(_rows(f) for f in find_input(args.input).persons),
+        "persons": sum(_rows(f) for f in find_input(args.input, declared_census(load_config(args.config))).persons),
         "nodes": nodes, "parents_solved": manifest.get("parents_solved"), "failsafe": len(manifest.get("failsafe", [])),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
