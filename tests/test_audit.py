@@ -167,6 +167,9 @@ def test_audit_cli_output_is_confidential_and_holds_no_true_count(tiny, tmp_path
     report = (out / "report.txt").read_text()
     assert report.startswith("CONFIDENTIAL")
     meta = json.loads((out / "audit.json").read_text())
+    # The ceiling a count can show is the product's whole epsilon (pure DP here: the total), not half a query's.
+    assert meta["epsilon_product"] == pytest.approx(float(EPSILON)) and meta["delta"] is None
+    assert f"up to the product's whole epsilon: {float(EPSILON):.3f}" in " ".join(report.split()) and "half" not in report
     assert meta["runs"] == 4 and meta["confidential"].startswith("CONFIDENTIAL")
     table = pd.read_parquet(out / "audit.parquet")
     assert (table["epsilon_query"] == EPSILON).all()
@@ -175,3 +178,14 @@ def test_audit_cli_output_is_confidential_and_holds_no_true_count(tiny, tmp_path
     for n in BLOCKS.values():  # no true count (47, 53, 61, or 46/54 after the move) in any output
         assert not {n - 1, n, n + 1} & numbers, n
     assert main(["audit", str(cfg), "--input", str(tiny), "--move", "1:2", "--runs", "4"]) == 2
+
+
+def test_the_audit_ceiling_is_the_certificates_epsilon():
+    """A zCDP product's ceiling is its certificate's epsilon at its delta (the 2021 persons budget: about 17.1)."""
+    from topdown.pipeline.privacy.budget import zcdp_to_epsilon
+
+    budget = load_config("pl94_production_2021").product("persons").budget
+    ceiling = A.product_epsilon(budget)
+    assert ceiling["delta"] == str(budget.delta)
+    assert ceiling["epsilon_product"] == pytest.approx(zcdp_to_epsilon(budget.rho, budget.delta))
+    assert 17 < ceiling["epsilon_product"] < 17.3

@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,7 +42,7 @@ from scipy.stats import beta
 
 from topdown.geo.spine import build_spine
 
-from ..configuration.config import Config, ConfigError
+from ..configuration.config import BudgetConfig, Config, ConfigError
 from ..execution.engine import make_chunks
 from ..execution.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
@@ -349,6 +350,18 @@ def theoretical_epsilons(config: Config, product: Product) -> dict[tuple[str, st
     return out
 
 
+def product_epsilon(budget: BudgetConfig) -> dict[str, Any]:
+    """The ceiling of what one published count can show: the product's whole epsilon, as its certificate states
+    it (``epsilon_product``; None for an infinite test budget), with the delta of a zCDP budget (``delta``)."""
+    total = budget.total
+    eps = None if total.infinite else total.epsilon_at(budget.delta)
+    return {"epsilon_product": eps, "delta": None if total.pure else str(budget.delta)}
+
+
+def _shown_epsilon(eps: float | None) -> str:
+    return "infinite (no noise)" if eps is None else f"{eps:.3f}"
+
+
 def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
     """audit.parquet (one row per audited count), audit.json (settings, timing) and report.txt, atomically."""
     private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
@@ -359,8 +372,11 @@ def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
     text = (f"{CONFIDENTIAL_BANNER}\n\nDirect audit: {result.runs} runs on D and {result.runs} on D' (one person moved "
             f"{meta['move']}), {result.seconds:.1f} s.\nepl_lower: {1 - meta['alpha']:.0%} lower confidence bound on "
             "the privacy loss this count shows (Clopper-Pearson, Bonferroni over the threshold events);\n"
-            "epsilon_query: the theoretical epsilon of the query's measurement at that level (one count can show "
-            "at most half of it under the bounded neighbour relation).\n\n"
+            "epsilon_query: the theoretical epsilon of the query's measurement at that level. A published count "
+            "depends on every measurement along its path (its node's, its ancestors' and, through the joint "
+            "solves, its siblings'), so it can show up to the product's whole epsilon: "
+            f"{_shown_epsilon(meta.get('epsilon_product'))} (the certificate's"
+            f"{'' if meta.get('delta') is None else ', at delta ' + str(meta['delta'])}).\n\n"
             + result.table[[c for c in cols if c in result.table]].to_string(index=False, float_format=lambda v: f"{v:.3f}")
             + "\n")
     tmp = out / ".report.txt.tmp"
@@ -389,7 +405,7 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"], result.table["query"])]
     meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
             "move": move, "queries": list(names), "seed": seed, "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",
-            "alpha": AUDIT_ALPHA}
+            "alpha": AUDIT_ALPHA, **product_epsilon(config.product(PERSONS_PRODUCT.name).budget)}
     write_audit(target, result, meta)
     print(f"CONFIDENTIAL audit ({runs} runs on D and on D', {result.seconds:.1f} s) written to {target}")
     shown = result.table[result.table["changed"]]
