@@ -376,3 +376,32 @@ def test_synth_census_command_line(tmp_path, name):
     for f in sorted((tmp_path / "lib").rglob("*.parquet")):
         assert (out / f.relative_to(tmp_path / "lib")).read_bytes() == f.read_bytes()
     assert_clean_failure(topdown("synth", "--census", name, "--persons", "3000", out), 4, str(out))
+
+
+def test_a_declared_census_run_discloses_no_confidential_count(tmp_path, capsys):
+    """The non-U.S. example's run directory (outside its protected outputs) and its log show no true total of a
+    node below the root, whose total alone is invariant; the invariants file holds that one total."""
+    import pandas as pd
+    from rel_inputs import scan_run_dir
+    from topdown.pipeline.cli import main
+
+    name = "chile_2017"
+    census = load(name)
+    data = tmp_path / "input"
+    assert main(["synth", "--census", name, "--persons", str(SMALL[name]), "--seed", "3", str(data)]) == 0
+    persons = pd.concat([pq.read_table(f).to_pandas() for f in sorted((data / "persons").rglob("*.parquet"))])
+    columns = [level.column for level in census.hierarchy.levels[1:]]
+    secrets = {int(n) for c in columns for n in persons.groupby(c, observed=True).size()} - {len(persons)}
+    secrets = {n for n in secrets if n >= 100}  # small numbers occur in any manifest by chance
+    assert len(secrets) > 10
+    capsys.readouterr()
+    run = tmp_path / "run"
+    assert main(["run", str(_example_config(tmp_path, name, data)), "--out", str(run), "--workers", "1"]) == 0
+    log = capsys.readouterr()
+    findings, scanned = scan_run_dir(run, secrets, strip=str(tmp_path))
+    assert any(s.startswith("invariants/") for s in scanned) and any(s.startswith("manifest.json") for s in scanned)
+    assert not findings, findings
+    assert not [line for line in (log.out + log.err).splitlines()
+                if any(str(n) in line.split() for n in secrets)]
+    inv = pd.read_parquet(run / "invariants" / "persons.parquet")
+    assert set(inv["tot"].dropna()) == {len(persons)} and set(inv.loc[inv["tot"].notna(), "level"]) == {"Nation"}
