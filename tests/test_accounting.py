@@ -14,7 +14,7 @@ from topdown.pipeline.privacy.budget import (NEIGHBOURS, PureEpsilon, Rho, epsil
 from topdown.pipeline.privacy.certificate import certificate, check_path_condition, render_certificate
 from topdown.pipeline.configuration.config import BudgetConfig, ConfigError, config_from_dict, load_config
 from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geometric_variance
-from topdown.pipeline.configuration.census import PERSONS, SCHEMAS, UNITS
+from topdown.pipeline.configuration.census import PERSONS, UNITS
 
 PRODUCTION_RHO = Fraction(293764, 114921)
 PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940", "dhc_1940", "chile_2017")

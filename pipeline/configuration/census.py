@@ -434,7 +434,5 @@ PL94: Census = default_census()
 PERSONS_PRODUCT: Product = PL94.product("persons")
 PERSONS: Schema = PERSONS_PRODUCT.schema
 UNITS: Schema = PL94.product("units").schema
-SCHEMAS: dict[str, Schema] = {p.name: p.schema for p in PL94.products}
 #: Unit types: 0 housing unit, 1..7 the major group-quarters types (in the order of hhgq's levels).
 N_UNIT_TYPES: int = PL94.units.types
-HHGQ_LABELS: tuple[str, ...] = PERSONS_PRODUCT.attributes[0].labels
