@@ -3,6 +3,7 @@ and of an off-spine union of nodes), on a small schema with a recode, and one no
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from topdown.pipeline.evaluation.gls import KronAlgebra, LevelState, downward, entity_covariance, upward
 from topdown.vocab.queries import build_query
@@ -35,14 +36,25 @@ def _leaf_agg(level: int) -> np.ndarray:
     return np.ones((5, 1))
 
 
-def test_two_pass_gls_equals_brute_force():
-    rng = np.random.default_rng(5)
-    alg = KronAlgebra(TOY, QUERIES)
-    assert alg.n_classes == 4 and alg.d == 3  # votingage and cenrace identity-or-sum, hhgq dense
+ZQ = ("inst", "inst * votingage")  # zero queries: "inst * votingage" restricts votingage, which becomes dense
+#: Per level, per zero query, the answers constrained to 0 (none at the leaves, as the Bureau's code).
+ZEROS = [{"inst * votingage": np.array([[False, False, True, False]])},
+         {"inst": np.array([[False, True], [False, False]])},
+         {}]
+
+
+def _solve(zeros, totals, seed=5):
+    """The structured two-pass GLS with ``zeros`` and exact ``totals`` (per level, NaN: none), and the dense
+    reference: the GLS of the whole tree with the zeros as rows of weight 2^14, conditioned on the totals
+    (x* = b - V C'(CVC')^+ (Cb - t), V* = V - V C'(CVC')^+ CV)."""
+    from topdown.pipeline.evaluation.gls import ZERO_VARIANCE
+
+    rng = np.random.default_rng(seed)
+    alg = KronAlgebra(TOY, QUERIES, ZQ if zeros else ())
     nc = TOY.ncells
-    mats = {q: build_query(TOY, q).matrix().toarray() for q in QUERIES}
+    mats = {q: build_query(TOY, q).matrix().toarray() for q in QUERIES + ZQ}
     x_true = rng.integers(0, 20, size=(5, nc)).astype(float)
-    rows, ys, ws = [], [], []
+    rows, ys, ws, cons, ts = [], [], [], [], []
     levels = []
     for lv in range(3):
         agg = _leaf_agg(lv)  # leaves x nodes
@@ -57,33 +69,84 @@ def test_two_pass_gls_equals_brute_force():
                 rows.append(np.kron(agg[:, n][None, :], mats[q]))
                 ys.append(y[n])
                 ws.append(np.full(mats[q].shape[0], w[n]))
-        levels.append(LevelState(PARENTS[lv], alg.precision(WEIGHTS[lv]), alg.information(answers, weights)))
+        precision = alg.precision(WEIGHTS[lv])
+        if zeros and ZEROS[lv]:
+            precision = precision + alg.zero_precision(ZEROS[lv], agg.shape[1])
+            for q, za in ZEROS[lv].items():
+                for n, a in zip(*np.nonzero(za)):
+                    for cell in np.flatnonzero(mats[q][a]):
+                        rows.append(np.kron(agg[:, n][None, :], np.eye(nc)[cell][None, :]))
+                        ys.append(np.zeros(1))
+                        ws.append(np.full(1, 1 / ZERO_VARIANCE))
+        t = None
+        if totals[lv] is not None:
+            t = np.where(totals[lv], node_true.sum(axis=1), np.nan)
+            for n in np.flatnonzero(totals[lv]):
+                cons.append(np.kron(agg[:, n][None, :], np.ones((1, nc))))
+                ts.append(t[n])
+        levels.append(LevelState(PARENTS[lv], precision, alg.information(answers, weights), total=t))
     upward(alg, levels, ["root", "middle", "leaf"])
     downward(alg, levels)
     X, y, W = np.vstack(rows), np.concatenate(ys), np.concatenate(ws)
     cov = np.linalg.inv(X.T @ (W[:, None] * X))
     est = cov @ X.T @ (W * y)
+    if cons:
+        C, t = np.vstack(cons), np.array(ts)
+        k = cov @ C.T @ np.linalg.pinv(C @ cov @ C.T)
+        est, cov = est - k @ (C @ est - t), cov - k @ C @ cov
+    return alg, levels, est, cov
+
+
+def _compare(alg, levels, est, cov):
+    nc = TOY.ncells
     for lv in range(3):
         agg = _leaf_agg(lv)
         for n in range(agg.shape[1]):
             a = np.kron(agg[:, n][None, :], np.eye(nc))
-            np.testing.assert_allclose(levels[lv].b[n], a @ est, atol=1e-8)
-            np.testing.assert_allclose(_dense(alg, levels[lv].v[n]), a @ cov @ a.T, atol=1e-8)
+            np.testing.assert_allclose(levels[lv].b[n], a @ est, atol=1e-7)
+            np.testing.assert_allclose(_dense(alg, levels[lv].v[n]), a @ cov @ a.T, atol=1e-7)
             for q in ("total", "inst", "votingage * cenrace", "white", "hhgq * white"):
                 m = build_query(TOY, q).matrix().toarray()
                 np.testing.assert_allclose(alg.cell_variance(levels[lv].v[n][None], q)[0],
-                                           np.diag(m @ a @ cov @ a.T @ m.T), atol=1e-8)
+                                           np.diag(m @ a @ cov @ a.T @ m.T), atol=1e-7)
     # An entity made of leaf 0 (first middle node), leaf 3 and the root-level complement: leaves 0, 3, 4 as
     # the cover {leaf 0, leaf 3, leaf 4}, and {middle node 1 minus leaf 2} expressed as leaf 3 + leaf 4.
     sel = np.zeros(5)
     sel[[0, 3, 4]] = 1
     a = np.kron(sel[None, :], np.eye(nc))
     got = entity_covariance(levels, [np.array([], int), np.array([], int), np.array([0, 3, 4])])
-    np.testing.assert_allclose(_dense(alg, got), a @ cov @ a.T, atol=1e-8)
+    np.testing.assert_allclose(_dense(alg, got), a @ cov @ a.T, atol=1e-7)
     sel[[1, 2]] = 1, 0  # leaves 0, 1 (= middle node 0) and 3, 4
     a = np.kron(sel[None, :], np.eye(nc))
     got = entity_covariance(levels, [np.array([], int), np.array([0]), np.array([3, 4])])
-    np.testing.assert_allclose(_dense(alg, got), a @ cov @ a.T, atol=1e-8)
+    np.testing.assert_allclose(_dense(alg, got), a @ cov @ a.T, atol=1e-7)
+
+
+def test_two_pass_gls_equals_brute_force():
+    alg, levels, est, cov = _solve(False, [None] * 3)
+    assert alg.n_classes == 4 and alg.d == 3  # votingage and cenrace identity-or-sum, hhgq dense
+    _compare(alg, levels, est, cov)
+
+
+@pytest.mark.parametrize("totals", [
+    [np.array([True]), np.array([True, False]), None],  # the root and the unmeasured middle node (as State)
+    [None, None, np.ones(5, bool)],  # every leaf (as housing units): every node's total is their sum
+    [np.array([True]), np.array([False, True]), np.array([False, False, True, False, True])],
+], ids=["upper", "leaves", "mixed"])
+def test_conditioned_gls_with_structural_zeros_equals_dense_reference(totals):
+    """Structural zeros (rows of variance 2^-14) and exact totals (conditioning) at several levels: the
+    structured passes equal the dense constrained GLS; exact nodes' totals have their value and no variance."""
+    alg, levels, est, cov = _solve(True, totals)
+    assert alg.n_classes == 2 and alg.d == 6  # votingage made dense by the zero query
+    _compare(alg, levels, est, cov)
+    for lv, t in zip(levels, totals):
+        if t is not None:
+            ex = np.flatnonzero(t)
+            np.testing.assert_allclose(lv.b[ex].sum(axis=1), lv.total[ex], rtol=1e-12)
+            assert np.abs(alg.cell_variance(lv.v[ex], "total")).max() < 1e-9
+    # the zero cells of the root: near-zero estimate and variance (hhgq 1, 2 at votingage 0)
+    v = alg.cell_variance(levels[0].v, "hhgq * votingage")[0].reshape(3, 2)
+    assert v[1:, 0].max() < 1e-3 < v[0, 0]
 
 
 def test_person_histogram_is_eight_blocks_of_eight():

@@ -20,8 +20,36 @@ The two passes (uncertainty_notes.md section 1), in information form so that a n
 * top-down: ``A(c) = V_-(c) S(u)^-1``, ``b~(c) = b_-(c) + A(c)(b~(u) - s(u))``,
   ``V~(c) = V_-(c) + A(c) V~(u) A(c)' - A(c) V_-(c)``.
 
-The estimates ignore the invariants and edit constraints (as the Bureau's GLS product does); they are linear
-in the noisy measurements and unbiased.
+Structural zeros, as the Bureau's GLS code derives them (uscensusbureau/DAS_2020_GLS_Uncertainty_Evaluation,
+``GLS/main_two_pass_alg.py``: ``convert_constr_to_query``, ``make_nonzeros_mask_vec``, ``init_bottom_up_pass``,
+``VAR_FOR_CONSTR_QUERY = 1 / 2 ** 14``): a constraint row is a zero when it is an upper bound (``<=``) or an
+equality whose right-hand side is 0 (the total invariants' rows, ``total_con``/``pl94_con``, and lower bounds are
+not zeros; upper bounds keep only their zero answers). Counts are non-negative, so every histogram cell in the
+support of a zero row is 0; each such cell gets one measurement ``e_i' x = 0`` of variance 2^-14, an extra row of
+the (weighted) strategy matrix, i.e. ``2^14 diag(mask)`` added to the node's precision. The Bureau does this at
+every geolevel but the block ("In this version of the code we do not include constraints for the block
+geolevel"): here at every level above the leaves. In this algebra a cell mask is ``diag(m)`` on the dense axes
+times the identity on the others, so an axis a zero query does not sum over (persons: ``nurse_nva_0`` restricts
+votingage) is made dense too (``zeros``): persons then have C = 4 classes of d = 16 (1024 numbers a matrix,
+twice the 512 without; the inversions cost about 4x, still negligible beside reading the blocks).
+
+Invariant totals are exact (unlike the Bureau, who adds a state total as a measurement of variance 2^-14 only
+when asked, ``TOTAL_INVARIANTS_GEOLEVELS``, empty in production): the GLS is *conditioned* on ``1'x = t`` at every
+node whose total is invariant, and at every node all of whose children's totals are (their sum is public). The
+all-ones direction lies in class 0 (constant along every identity-or-sum axis) as the vector 1_d, so conditioning
+acts on that block alone, with ``Pi = I - 11'/d`` its projector off the total: ``cinv(K) = Pi (Pi K Pi + I - Pi)^-1
+Pi`` (= N (N'KN)^-1 N', N a basis of the complement) is the inverse on the free directions. With ``x0`` a
+histogram meeting the total (``s`` or 0 moved along 1), the exact limit of a measurement of variance -> 0 is
+
+* ``V_-(u) = cinv(P_g + S^+)``, ``b_-(u) = x0 + V_-(u) (z + S^+ s - (P_g + S^+) x0)``, with ``S^+ = cinv(S)``
+  where every child is exact (S is then singular along 1, exactly) and ``S^-1`` otherwise; at a leaf S^+ = 0.
+  For a node without exact totals (x0 = 0) these are the formulas above; for one whose children are free this is
+  ``b - V c (c'Vc)^-1 (c'b - t)``, ``V - V c (c'Vc)^-1 c'V`` on the unconditioned ``b``, ``V``;
+* the top-down pass is unchanged with ``S^-1`` read as ``S^+`` (the terms along 1 vanish: ``b~(u) - s(u)`` and
+  ``V~(u)`` have no component along it), so every descendant and entity is consistent with the invariants.
+
+The other constraints (lower and nonzero upper bounds) are not used, as in the Bureau's code. The estimates are
+linear in the noisy measurements and unbiased.
 """
 from __future__ import annotations
 
@@ -33,6 +61,10 @@ import numpy as np
 
 from topdown.vocab.queries import CROSS, build_query, canonical_name
 from topdown.vocab.schema import Schema
+
+
+#: The variance of a structural zero's measurement (the Bureau's ``VAR_FOR_CONSTR_QUERY``).
+ZERO_VARIANCE = 2.0 ** -14
 
 
 class GLSError(ValueError):
@@ -79,15 +111,18 @@ class KronAlgebra:
 
     schema: Schema
     queries: tuple[str, ...]  # the measured queries, in the order weights are given
+    zeros: tuple[str, ...] = ()  # the queries of structural-zero constraints (an axis they restrict is dense)
 
     @cached_property
     def _layout(self):
         dims = [n for _, n in self.schema.dims]
         factors = {q: [_indicator(g, n) for g, n in zip(_axis_groups(self.schema, q), dims)] for q in self.queries}
+        restricted = {a for z in self.zeros for a, groups in enumerate(_axis_groups(self.schema, z))
+                      if any(len(g) < dims[a] for g in groups)}
         dense, coef = [], {}
         for axis, n in enumerate(dims):
             ab = [_identity_or_sum(factors[q][axis].T @ factors[q][axis]) for q in self.queries]
-            if n > 1 and any(x is None for x in ab):
+            if n > 1 and (axis in restricted or any(x is None for x in ab)):
                 dense.append(axis)
             else:
                 coef[axis] = ab
@@ -127,6 +162,29 @@ class KronAlgebra:
             groups = build_query(self.schema, q).groups
             term = np.where(groups >= 0, y[:, np.maximum(groups, 0)], 0.0) * weights[q][:, None]
             out = term if out is None else out + term
+        return out
+
+    @cached_property
+    def _zero_cells(self) -> dict[str, np.ndarray]:
+        """Per zero query, its answers' cells on the dense axes ``(n_answers, d)`` (they span the other axes)."""
+        dims, dense, ij, _, d, _ = self._layout
+        out = {}
+        for q in self.zeros:
+            m = build_query(self.schema, q).matrix().toarray()
+            t = m.reshape(len(m), *dims).transpose(0, *[a + 1 for a in dense], *[a + 1 for a in ij]).reshape(len(m), d, -1)
+            assert (t == t[:, :, :1]).all(), q  # restricted axes are dense (_layout)
+            out[q] = t[:, :, 0] > 0
+        return out
+
+    def zero_precision(self, zeros: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """``2^14 diag(mask)`` ``(n, C, d, d)``: every cell in an answer of ``zeros[q]`` ``(n, n_answers)`` (True: the
+        constraint's right-hand side is 0) is measured as 0 with variance :data:`ZERO_VARIANCE`."""
+        mask = np.zeros((n, self.d), dtype=bool)
+        for q, answers in zeros.items():
+            mask |= (answers.astype(float) @ self._zero_cells[q]) > 0
+        out = np.zeros((n, self.n_classes, self.d, self.d))
+        idx = np.arange(self.d)
+        out[:, :, idx, idx] = mask[:, None, :] / ZERO_VARIANCE
         return out
 
     # -- action on histograms ------------------------------------------------------------------------
@@ -192,27 +250,94 @@ def segment_sum(values: np.ndarray, index: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def leaf_covariance(precision: np.ndarray, where: str = "leaf") -> np.ndarray:
-    """``V_- = P_g^-1`` at the leaves; a singular precision (queries that do not identify the histogram)
-    is an error naming ``where``."""
+def cinv(m: np.ndarray, exact: np.ndarray | None = None) -> np.ndarray:
+    """``m^-1``; on rows where ``exact``, the inverse on the directions free of the total instead,
+    ``Pi (Pi m Pi + I - Pi)^-1 Pi`` in class 0 (module docstring): zero along the total."""
+    if exact is None or not np.any(exact):
+        return inv(m)
+    exact = np.asarray(exact, dtype=bool)
+    out = np.empty_like(m)
+    if not exact.all():
+        out[~exact] = inv(m[~exact])
+    pi = _free(m.shape[-1])
+    k = m[exact].copy()
+    k[:, 0] = pi @ k[:, 0] @ pi + (np.eye(len(pi)) - pi)
+    r = inv(k)
+    r[:, 0] = pi @ r[:, 0] @ pi
+    out[exact] = r
+    return out
+
+
+def _free(d: int) -> np.ndarray:
+    """The projector off the total direction (1_d) within class 0."""
+    return np.eye(d) - np.full((d, d), 1.0 / d)
+
+
+def anchor(base: np.ndarray, total: np.ndarray | None) -> np.ndarray:
+    """Histograms meeting the exact totals: ``base`` moved along the all-ones vector where ``total`` is finite,
+    0 elsewhere."""
+    out = np.zeros_like(base)
+    if total is None:
+        return out
+    ex = np.isfinite(total)
+    out[ex] = base[ex] + ((total[ex] - base[ex].sum(axis=1)) / base.shape[1])[:, None]
+    return out
+
+
+def snap(v: np.ndarray, b: np.ndarray, total: np.ndarray | None, v_exact: np.ndarray | None = None) -> None:
+    """Remove the float rounding along the total of exact nodes, in place: ``b`` sums to the total, ``v`` (rows
+    ``v_exact``, default those of ``total``) has no variance along it."""
+    if total is None:
+        return
+    ex = np.isfinite(total)
+    b[ex] += ((total[ex] - b[ex].sum(axis=1)) / b.shape[1])[:, None]
+    vex = ex if v_exact is None else v_exact
+    if np.any(vex):
+        pi = _free(v.shape[-1])
+        v[vex, 0] = pi @ v[vex, 0] @ pi
+
+
+def leaf_covariance(precision: np.ndarray, where: str = "leaf", exact: np.ndarray | None = None) -> np.ndarray:
+    """``V_- = P_g^-1`` at the leaves (conditioned on the total where ``exact``); a singular precision (queries
+    that do not identify the histogram) is an error naming ``where``."""
     try:
-        v = inv(precision)
+        v = cinv(precision, exact)
     except np.linalg.LinAlgError:
         raise GLSError(f"{where}: the measured queries do not identify the histogram (a leaf needs "
                        "'detailed' or an equivalent full-rank set of measured queries)") from None
     return v
 
 
-def bottom_up(alg: KronAlgebra, precision: np.ndarray, z: np.ndarray, s_cov: np.ndarray, s_est: np.ndarray):
-    """``V_-`` and ``b_-`` of internal nodes from their own precision/information and their children's sums."""
-    s_inv = inv(s_cov)
-    v = inv(precision + s_inv)
-    b = alg.apply(v, z + alg.apply(s_inv, s_est))
+def leaf_estimate(alg: KronAlgebra, precision: np.ndarray, v: np.ndarray, z: np.ndarray,
+                  total: np.ndarray | None) -> np.ndarray:
+    """``b_- = x0 + V_- (z - P_g x0)`` at the leaves (``x0`` = 0 where the total is not exact: ``V_- z``);
+    ``precision`` and ``v`` per row."""
+    x0 = anchor(np.zeros_like(z), total)
+    if total is not None and np.isfinite(total).any():
+        ex = np.isfinite(total)
+        z = z.copy()
+        z[ex] -= alg.apply(precision[ex], x0[ex])
+    return x0 + alg.apply(v, z)
+
+
+def bottom_up(alg: KronAlgebra, precision: np.ndarray, z: np.ndarray, s_cov: np.ndarray, s_est: np.ndarray,
+              s_total: np.ndarray | None = None, total: np.ndarray | None = None):
+    """``V_-`` and ``b_-`` of internal nodes from their own precision/information and their children's sums
+    (``s_total``: the children's exact totals summed, NaN unless all are; ``total``: the node's exact total)."""
+    s_inv = cinv(s_cov, None if s_total is None else np.isfinite(s_total))
+    k = precision + s_inv
+    v = cinv(k, None if total is None else np.isfinite(total))
+    h = z + alg.apply(s_inv, s_est)
+    x0 = anchor(s_est, total)
+    if total is not None and np.isfinite(total).any():
+        ex = np.isfinite(total)
+        h[ex] -= alg.apply(k[ex], x0[ex])
+    b = x0 + alg.apply(v, h)
     return v, b, s_inv
 
 
 def gain(v_minus: np.ndarray, s_inv_parent: np.ndarray) -> np.ndarray:
-    """``A(c) = V_-(c) S(u)^-1``."""
+    """``A(c) = V_-(c) S(u)^-1`` (``S^+`` where the children are exact)."""
     return mul(v_minus, s_inv_parent)
 
 
@@ -229,8 +354,8 @@ def top_down_est(alg: KronAlgebra, b_minus: np.ndarray, a: np.ndarray, b_parent:
 
 
 @lru_cache(maxsize=None)
-def algebra(schema: Schema, queries: tuple[str, ...]) -> KronAlgebra:
-    return KronAlgebra(schema, queries)
+def algebra(schema: Schema, queries: tuple[str, ...], zeros: tuple[str, ...] = ()) -> KronAlgebra:
+    return KronAlgebra(schema, queries, zeros)
 
 
 # ------------------------------------------------------------------------------------------- the passes
@@ -239,42 +364,62 @@ class LevelState:
     """One level's nodes through the two passes (rows in node order; ``parent`` rows in the level above)."""
 
     parent: np.ndarray | None
-    precision: np.ndarray  # P_g (N, C, d, d)
+    precision: np.ndarray  # P_g (N, C, d, d), structural zeros included
     info: np.ndarray | None  # z (N, ncells); None once no longer needed
+    total: np.ndarray | None = None  # exact (invariant) totals, NaN where none; after upward(), also derived ones
     v_minus: np.ndarray | None = None
     b_minus: np.ndarray | None = None
     s_cov: np.ndarray | None = None  # S: sum of the children's V_- (internal nodes)
     s_est: np.ndarray | None = None  # s: sum of the children's b_-
+    s_total: np.ndarray | None = None  # sum of the children's exact totals (NaN unless every child's is exact)
     s_inv: np.ndarray | None = None
     gain: np.ndarray | None = None  # A (N, C, d, d), below the root
     v: np.ndarray | None = None  # V~
     b: np.ndarray | None = None  # b~
 
 
+def exact_totals(own: np.ndarray | None, s_total: np.ndarray | None, n: int, where: str) -> np.ndarray:
+    """The nodes' exact totals: their own invariant, else the sum of their children's where all are exact;
+    an invariant that differs from its children's sum is an error naming ``where``."""
+    own = np.full(n, np.nan) if own is None else np.asarray(own, dtype=float)
+    if s_total is None:
+        return own
+    both = np.isfinite(own) & np.isfinite(s_total)
+    if (np.abs(own - s_total)[both] > 0.5).any():
+        raise GLSError(f"{where}: node row {np.flatnonzero(both & (np.abs(own - s_total) > 0.5))[0]}: an invariant "
+                       "total differs from the sum of its children's invariant totals (inconsistent invariants)")
+    return np.where(np.isfinite(own), own, s_total)
+
+
 def upward(alg: KronAlgebra, levels: list[LevelState], where: list[str]) -> None:
     """The bottom-up pass over whole levels (``levels`` top-down; the last one's nodes are leaves unless it
-    already carries ``s_cov``/``s_est`` from its children)."""
+    already carries ``s_cov``/``s_est``/``s_total`` from its children)."""
     for i in range(len(levels) - 1, -1, -1):
         lv = levels[i]
+        lv.total = exact_totals(lv.total, lv.s_total, len(lv.precision), where[i])
         if lv.s_cov is None:  # leaves
-            lv.v_minus = leaf_covariance(lv.precision, where[i])
-            lv.b_minus = alg.apply(lv.v_minus, lv.info)
+            lv.v_minus = leaf_covariance(lv.precision, where[i], np.isfinite(lv.total))
+            lv.b_minus = leaf_estimate(alg, lv.precision, lv.v_minus, lv.info, lv.total)
         else:
-            lv.v_minus, lv.b_minus, lv.s_inv = bottom_up(alg, lv.precision, lv.info, lv.s_cov, lv.s_est)
+            lv.v_minus, lv.b_minus, lv.s_inv = bottom_up(alg, lv.precision, lv.info, lv.s_cov, lv.s_est,
+                                                         lv.s_total, lv.total)
         if i:
             n_up = len(levels[i - 1].precision)
             levels[i - 1].s_cov = segment_sum(lv.v_minus, lv.parent, n_up)
             levels[i - 1].s_est = segment_sum(lv.b_minus, lv.parent, n_up)
+            levels[i - 1].s_total = segment_sum(lv.total, lv.parent, n_up)
 
 
 def downward(alg: KronAlgebra, levels: list[LevelState], root_given: bool = False) -> None:
     """The top-down pass; the first level is the root unless ``root_given`` (its ``v``/``b`` already set)."""
     if not root_given:
-        levels[0].v, levels[0].b = levels[0].v_minus, levels[0].b_minus
+        levels[0].v, levels[0].b = levels[0].v_minus.copy(), levels[0].b_minus.copy()
+        snap(levels[0].v, levels[0].b, levels[0].total)
     for up, lv in zip(levels, levels[1:]):
         lv.gain = gain(lv.v_minus, up.s_inv[lv.parent])
         lv.v = top_down_cov(lv.v_minus, lv.gain, up.v[lv.parent])
         lv.b = top_down_est(alg, lv.b_minus, lv.gain, up.b[lv.parent], up.s_est[lv.parent])
+        snap(lv.v, lv.b, lv.total)
 
 
 def entity_covariance(levels: list[LevelState], cover: list[np.ndarray]) -> np.ndarray:
