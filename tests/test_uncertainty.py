@@ -20,6 +20,7 @@ from topdown.pipeline.execution.levels import build_levels
 from topdown.pipeline.privacy.measure import measure
 from topdown.vocab.queries import build_query
 from topdown.pipeline.execution.rundir import RunDir, write_table
+from topdown.pipeline.execution.runner import _write_invariants
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.pipeline.inputs.tabulate import block_histograms, block_units
 from topdown.pipeline.evaluation.uncertainty import Z90, uncertainty
@@ -56,11 +57,14 @@ def small_levels():
 
 
 def _measured_run(root: Path, config, spine, levels, seed: int) -> Path:
-    """A run directory holding only what ``uncertainty`` reads: manifest, spine, noisy measurements of seed."""
+    """A run directory holding only what ``uncertainty`` reads: manifest, configuration, spine, the published
+    invariants (structural zeros and exact totals) and the noisy measurements of seed."""
     cfg = config.product("persons")
     rundir = RunDir(root)
     root.mkdir(parents=True)
     write_table(spine.to_arrow(), root / "spine.parquet")
+    (root / "config.json").write_text(json.dumps(config.model_dump(mode="json")))
+    _write_invariants(None, rundir, PERSONS_PRODUCT, levels)
     for level in levels:
         parents = level.parent if level.parent is not None else np.zeros(len(level), dtype=int)
         groups = np.unique(parents // 12) if level.name == "Block" else [None]  # several block parts
@@ -69,8 +73,8 @@ def _measured_run(root: Path, config, spine, levels, seed: int) -> Path:
             _, table = measure("persons", PERSONS, cfg.budget, level.name, level.nodes[rows],
                                [level.plb[r] for r in rows], level.hist[rows], "test", seed)
             write_table(table, rundir.measurements("persons", level.name) / f"part-{k:05d}.parquet")
-    (root / "manifest.json").write_text(json.dumps({"status": "complete", "products": ["persons"],
-                                                    "spine": "standard", "levels": spine.levels}))
+    (root / "manifest.json").write_text(json.dumps({"status": "complete", "products": ["persons"], "spine": "standard",
+                                                    "levels": spine.levels, "config_hash": config.digest()}))
     return root
 
 
@@ -137,14 +141,48 @@ def test_gls_intervals_cover_fast(small_levels, dask_client, tmp_path):
     _check(_coverage(small_levels, dask_client, tmp_path, range(100, 104)), 4)
 
 
+def test_invariant_totals_are_exact_and_structural_zeros_narrow(small_levels, dask_client, tmp_path):
+    """Issue 31 items 3 and 7. The US and State persons totals (invariant) get their exact value, variance 0.0
+    and the interval [t, t], while the counties' are estimated; GQ types without facilities (every person of
+    the input is in a household: upper bounds of 0) and nursing-facility x non-voting persons (an equality of
+    0) are structural zeros above the blocks: estimates and variances near 0, while the blocks' are free."""
+    config, spine, levels = small_levels
+    run = _measured_run(tmp_path / "run", config, spine, levels, 7)
+    out = tmp_path / "u.parquet"
+    uncertainty(run, out, client=dask_client, queries={"persons": ("total", "hhgq", "gqNursingTotal * nonvoting")})
+    t = pd.read_parquet(out)
+    truth = _truth(levels, "total").set_index(["level", "geocode"])["truth"]
+    tot = t[t["query"] == "total"].set_index(["level", "geocode"])
+    for level in ("US", "State"):
+        row = tot.loc[level].iloc[0]
+        value = truth.loc[level].iloc[0]
+        assert row["estimate"] == value and row["variance"] == 0.0
+        assert row["ci90_low"] == row["ci90_high"] == row["ci95_low"] == row["ci95_high"] == value
+    assert (tot.loc["Tract", "variance"] > 1).all()
+    # the one county is the whole state: conditioned through the top-down pass, it has the state's total
+    assert tot.loc["County", "variance"].max() < 1e-6
+    assert tot.loc["County", "estimate"].iloc[0] == pytest.approx(truth.loc["State"].iloc[0], abs=1e-6)
+    hh = t[t["query"] == "hhgq"]
+    gq = hh[hh["cell"] > 0]
+    upper = gq[gq["level"] != "Block"]
+    assert upper["variance"].max() < 0.05 and upper["estimate"].abs().max() < 1
+    assert (gq.loc[gq["level"] == "Block", "variance"] > 1).all()  # no zeros at the blocks (the Bureau's levels)
+    nurse = t[(t["query"] == "gqNursingTotal * nonvoting") & (t["level"] != "Block")]
+    assert nurse["variance"].max() < 0.05
+    # consistency with the exact State total: its tracts add up to it
+    assert tot.loc["Tract", "estimate"].sum() == pytest.approx(truth.loc["State"].iloc[0], abs=1e-6)
+
+
 def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_path):
     """The same table from a copy of the run holding only the spine, manifest and noisy measurements (no
-    histogram, MDF or input), and a sane example: the county total's interval is narrow (invariant state)."""
+    histogram, MDF or input; the public invariants stay), and a sane example: the county total's interval is
+    narrow (invariant state)."""
     slim = tmp_path / "slim"
     slim.mkdir()
     for name in ("spine.parquet", "manifest.json", "config.json"):
         shutil.copy(demo_run / name, slim / name)
-    shutil.copytree(demo_run / "noisy_measurements", slim / "noisy_measurements")
+    for name in ("noisy_measurements", "invariants"):
+        shutil.copytree(demo_run / name, slim / name)
     a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
     tls = credential_flags(dask_client.security, tmp_path / "tls")  # the session cluster is TLS, as a run's own
     assert main(["uncertainty", str(demo_run), "--out", str(a), "--levels", "Tract", "Block_Group",
@@ -159,6 +197,12 @@ def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_pa
     sums = bg.groupby(bg["geocode"].str[:11])["estimate"].sum()
     np.testing.assert_allclose(sums.to_numpy(), tr.loc[sums.index, "estimate"].to_numpy(), rtol=1e-9)
     assert (ta["ci90_low"] <= ta["ci95_high"]).all() and (ta["ci95_low"] <= ta["ci90_low"]).all()
+    # The housing units of every node are invariant (declared at the blocks): exact, variance 0, [t, t].
+    hu = tb[(tb["product"] == "units") & (tb["query"] == "total")].set_index("geocode")
+    inv = pd.read_parquet(demo_run / "invariants" / "units.parquet")
+    inv = inv[inv["level"].isin(["Tract", "Block_Group"])].set_index("geocode")["u0"]
+    np.testing.assert_array_equal(hu["estimate"].to_numpy(), inv.reindex(hu.index).to_numpy(dtype=float))
+    assert (hu["variance"] == 0.0).all() and (hu["ci90_low"] == hu["ci90_high"]).all()
 
 
 # ------------------------------------------------------------------------------------------ replicates

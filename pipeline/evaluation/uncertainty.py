@@ -29,8 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
-                  segment_sum, top_down_cov, top_down_est, upward)
+                  leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward)
 from topdown.vocab.queries import build_query
+from ..execution.invariants import configured_below
+from ..execution.levels import level_constraints, published_units
+from ..execution.nmf import nmf_invariants
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather
 from .evaluate import entities_on_spine, load_entities
@@ -76,6 +79,58 @@ class Source:
         return sorted((self.root / "noisy_measurements" / product / f"level={level}").glob("part-*.parquet"))
 
 
+@dataclass
+class Structure:
+    """A product's public structure the GLS uses (gls.py): per level, the structural zeros (zero constraint
+    query -> ``(nodes, answers)`` bool, True where the right-hand side is 0; none at the leaf level, as the
+    Bureau's code) and the exact totals (the invariants; NaN where not invariant), rows in ``Source.nodes`` order."""
+
+    zeros: list[dict[str, np.ndarray]]
+    totals: list[np.ndarray]
+
+    @property
+    def zero_queries(self) -> tuple[str, ...]:
+        return tuple(sorted({q for lv in self.zeros for q, a in lv.items() if a.any()}))
+
+
+#: Right-hand side kinds of the invariant totals' own constraints: conditioned on exactly, not zeros.
+TOTAL_KINDS = ("total", "housing_units")
+
+
+def public_structure(src: Source, spec: Product) -> Structure:
+    """The structural zeros and exact totals of ``spec`` from the run's configuration and published invariants
+    (the constraints' right-hand sides rebuilt as ``topdown nmf`` does)."""
+    reader = RunReader(src.root)
+    cfg = reader.config().product(spec.name)
+    path = reader.invariants(spec.name)
+    n = len(src.levels)
+    if not path.exists():
+        if any(cfg.invariants.values()) or any(cfg.constraints.values()):
+            raise RunDirError(f"{path}: missing: the uncertainty of {spec.name} needs the run's published "
+                              "invariants (its structural zeros and exact totals)")
+        return Structure([{} for _ in range(n)], [np.full(len(x), np.nan) for x in src.nodes])
+    spine = reader.spine()
+    units, parents, _, _ = published_units(spine, pd.read_parquet(path), where=str(path))
+    units = [u.assign(occupied=np.nan) for u in units]  # not invariant; only a lower bound uses it
+    cons = level_constraints(spec, cfg, spine.levels, units, parents)
+    zeros: list[dict[str, np.ndarray]] = []
+    totals: list[np.ndarray] = []
+    for i, level in enumerate(src.levels):
+        order = units[i].index.astype(str).get_indexer(src.nodes[i])
+        found: dict[str, np.ndarray] = {}
+        for c in (cons[i].rhs.values() if i < n - 1 else ()):
+            if c.sense in ("<=", "==") and spec.constraints[c.name].rhs not in TOTAL_KINDS:
+                zero = np.nan_to_num(c.rhs[order], nan=1.0) == 0
+                found[c.query] = found[c.query] | zero if c.query in found else zero
+        zeros.append(found)
+        t = np.full(len(src.nodes[i]), np.nan)
+        for name, cols, query in nmf_invariants(spec):
+            if query == "total" and name in configured_below(cfg.invariants, spine.levels, level) and cols[0] in units[i]:
+                t = np.where(np.isnan(t), units[i][cols[0]].to_numpy(dtype=float)[order], t)
+        totals.append(t)
+    return Structure(zeros, totals)
+
+
 def read_part(path: Path) -> pd.DataFrame:
     return pq.read_table(path).to_pandas()
 
@@ -115,7 +170,7 @@ def node_arrays(alg: KronAlgebra, long: pd.DataFrame, nodes: pd.Index, where: st
     return present, weights, info
 
 
-def _full_level(alg: KronAlgebra, src: Source, product: str, i: int) -> LevelState:
+def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: Structure) -> LevelState:
     level, nodes = src.levels[i], src.nodes[i]
     n = len(nodes)
     parts = src.parts(product, level)
@@ -125,7 +180,10 @@ def _full_level(alg: KronAlgebra, src: Source, product: str, i: int) -> LevelSta
     if long is not None and len(long):
         rows, w, z = node_arrays(alg, long, nodes, f"{product} {level}")
         weights[rows], info[rows] = w, z
-    return LevelState(src.parents[i], alg.precision(weights), info)
+    precision = alg.precision(weights)
+    if structure.zeros[i]:
+        precision += alg.zero_precision(structure.zeros[i], n)
+    return LevelState(src.parents[i], precision, info, total=structure.totals[i])
 
 
 # ------------------------------------------------------------------------------------------- output rows
@@ -156,6 +214,39 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
     return pd.concat(frames, ignore_index=True)
 
 
+def total_queries(alg: KronAlgebra, queries: tuple[str, ...]) -> list[str]:
+    """The queries among ``queries`` whose one answer is the whole histogram's total."""
+    out = []
+    for q in queries:
+        query = build_query(alg.schema, q)
+        if query.n_answers == 1 and (query.groups >= 0).all():
+            out.append(q)
+    return out
+
+
+def exact_rows(frame: pd.DataFrame, alg: KronAlgebra, queries: tuple[str, ...], geocodes: np.ndarray,
+               totals: np.ndarray | None) -> pd.DataFrame:
+    """The total's rows of nodes whose total is exact (an invariant, ``totals`` not NaN) get that value as the
+    estimate, variance 0.0 and the interval [t, t]: the conditioned GLS has them up to float rounding."""
+    if totals is None or not np.isfinite(totals).any():
+        return frame
+    sel = np.flatnonzero(frame["query"].isin(total_queries(alg, queries)).to_numpy())
+    t = pd.Series(totals, index=np.asarray(geocodes, dtype=object)).reindex(frame["geocode"].to_numpy()[sel]).to_numpy()
+    rows = sel[np.isfinite(t)]
+    t = t[np.isfinite(t)]
+    for col in ("estimate", "ci90_low", "ci90_high", "ci95_low", "ci95_high"):
+        frame.loc[rows, col] = t
+    frame.loc[rows, "variance"] = 0.0
+    return frame
+
+
+def _rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, est: np.ndarray, cov: np.ndarray,
+          cov_index: np.ndarray | None, queries: tuple[str, ...], totals: np.ndarray | None) -> pd.DataFrame:
+    """:func:`cell_rows` with the exact totals' rows (:func:`exact_rows`)."""
+    frame = cell_rows(alg, product, level, geocodes, est, cov, cov_index, queries)
+    return exact_rows(frame, alg, queries, geocodes, totals)
+
+
 # ---------------------------------------------------------------------------------------- block tasks
 @dataclass
 class LeafTask:
@@ -165,21 +256,38 @@ class LeafTask:
     level: str
     nodes: pd.Index  # all leaves
     parents: np.ndarray  # parent row of every leaf
+    zeros: tuple[str, ...] = ()  # the algebra's zero queries (no zeros at the leaves, but the same layout)
+    totals: np.ndarray | None = None  # every leaf's exact total, NaN where none
+
+
+def leaf_signature(weights: np.ndarray, totals: np.ndarray | None) -> np.ndarray:
+    """What a leaf's ``V_-`` depends on: its measurements' weights and whether its total is exact."""
+    exact = np.zeros(len(weights)) if totals is None else np.isfinite(totals).astype(float)
+    return np.column_stack([weights, exact])
 
 
 def _leaf_local(t: LeafTask):
-    alg = KronAlgebra(t.product.schema, t.queries)
+    alg = KronAlgebra(t.product.schema, t.queries, t.zeros)
     rows, weights, info = node_arrays(alg, read_part(Path(t.part)), t.nodes, f"{t.product.name} {t.level} {t.part}")
-    sig, inv_sig = np.unique(weights, axis=0, return_inverse=True)
-    v_minus = leaf_covariance(alg.precision(sig), f"{t.product.name} {t.level}")
-    b_minus = alg.apply(v_minus[inv_sig.ravel()], info)
-    return alg, rows, weights, inv_sig.ravel(), v_minus, b_minus
+    total = None if t.totals is None else t.totals[rows]
+    sig, inv_sig = np.unique(leaf_signature(weights, total), axis=0, return_inverse=True)
+    inv_sig = inv_sig.ravel()
+    sig_exact = sig[:, -1] > 0
+    precision = alg.precision(sig[:, :-1])
+    v_minus = leaf_covariance(precision, f"{t.product.name} {t.level}", sig_exact)
+    b_minus = np.empty_like(info)
+    for k in range(len(sig)):  # leaves of one signature share P_g and V_-
+        idx = np.flatnonzero(inv_sig == k)
+        shape = (idx.size, *v_minus.shape[1:])
+        b_minus[idx] = leaf_estimate(alg, np.broadcast_to(precision[k], shape), np.broadcast_to(v_minus[k], shape),
+                                     info[idx], None if total is None else total[idx])
+    return alg, rows, weights, inv_sig, v_minus, b_minus, sig_exact, total
 
 
 def leaf_pass1(t: LeafTask) -> dict:
     """The leaves' weights and the sums of their ``b_-`` per parent."""
     cpu = time.process_time()
-    alg, rows, weights, _, _, b_minus = _leaf_local(t)
+    alg, rows, weights, _, _, b_minus, _, _ = _leaf_local(t)
     par = t.parents[rows]
     ups, inv = np.unique(par, return_inverse=True)
     return {"rows": rows, "weights": weights, "parents": ups, "s_est": segment_sum(b_minus, inv.ravel(), ups.size),
@@ -202,15 +310,16 @@ class LeafPass2(LeafTask):
 def leaf_pass2(t: LeafPass2) -> dict:
     """The leaves' final estimates and covariances: rows written to ``t.out``, entity sums returned."""
     cpu = time.process_time()
-    alg, rows, _, sig, v_minus, b_minus = _leaf_local(t)
+    alg, rows, _, sig, v_minus, b_minus, sig_exact, total = _leaf_local(t)
     p = np.searchsorted(t.parent_rows, t.parents[rows])
     key, kinv = np.unique(np.stack([sig, p], axis=1), axis=0, return_inverse=True)
     kinv = kinv.ravel()
     a_key = gain(v_minus[key[:, 0]], t.parent_s_inv[key[:, 1]])
     v_key = top_down_cov(v_minus[key[:, 0]], a_key, t.parent_v[key[:, 1]])
     b = top_down_est(alg, b_minus, a_key[kinv], t.parent_b[p], t.parent_s_est[p])
+    snap(v_key, b, total, sig_exact[key[:, 0]])
     if t.write_rows:
-        frame = cell_rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries)
+        frame = _rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries, total)
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), t.out, compression="zstd")
     sums: dict[int, np.ndarray] = {}
     for r, bb in zip(rows, b):
@@ -340,12 +449,14 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
 def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], want: set[str],
              entities: pd.DataFrame | None, staging: Path, cost: Cost) -> list[Path]:
     product = spec.name
-    alg = KronAlgebra(spec.schema, measured_queries(src, product))
+    structure = public_structure(src, spec)
+    alg = KronAlgebra(spec.schema, measured_queries(src, product), structure.zero_queries)
     leaf = len(src.levels) - 1
     n_leaf = len(src.nodes[leaf])
-    upper = [_full_level(alg, src, product, i) for i in range(leaf)]
+    leaf_total = structure.totals[leaf]
+    upper = [_full_level(alg, src, product, i, structure) for i in range(leaf)]
     common = dict(product=spec, queries=alg.queries, level=src.levels[leaf], nodes=src.nodes[leaf],
-                  parents=src.parents[leaf])
+                  parents=src.parents[leaf], zeros=alg.zeros, totals=leaf_total)
     parts = src.parts(product, src.levels[leaf])
     futures = [dclient.submit(leaf_pass1, LeafTask(part=str(p), **common), pure=False) for p in parts]
     res1 = gather(dclient, futures, f"uncertainty {product} {src.levels[leaf]} (pass 1)")
@@ -359,19 +470,20 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     if np.isnan(weights).any():
         g = src.nodes[leaf][np.flatnonzero(np.isnan(weights).any(axis=1))[0]]
         raise GLSError(f"{product} {src.levels[leaf]} {g}: no noisy measurements (a leaf must be measured)")
-    sig, sig_of = np.unique(weights, axis=0, return_inverse=True)
+    sig, sig_of = np.unique(leaf_signature(weights, leaf_total), axis=0, return_inverse=True)
     sig_of = sig_of.ravel()
-    v_sig = leaf_covariance(alg.precision(sig), f"{product} {src.levels[leaf]}")
+    v_sig = leaf_covariance(alg.precision(sig[:, :-1]), f"{product} {src.levels[leaf]}", sig[:, -1] > 0)
     counts = np.zeros((len(src.nodes[leaf - 1]), len(sig)))
     np.add.at(counts, (src.parents[leaf], sig_of), 1)
     upper[-1].s_cov = np.einsum("ps,scij->pcij", counts, v_sig)
     upper[-1].s_est = s_est
+    upper[-1].s_total = segment_sum(leaf_total, src.parents[leaf], len(src.nodes[leaf - 1]))
     upward(alg, upper, [f"{product} {lv}" for lv in src.levels[:leaf]])
     downward(alg, upper)
 
     out_parts: list[Path] = []
-    frames = [cell_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None, out_queries)
-              for i in range(leaf) if src.levels[i] in want]
+    frames = [_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None, out_queries,
+                    upper[i].total) for i in range(leaf) if src.levels[i] in want]
     if frames:
         path = staging / f"{product}-upper.parquet"
         pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), path)
@@ -408,17 +520,20 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
         states = upper + [leaf_state]
         est = np.zeros((len(keys), alg.schema.ncells))
         cov = np.zeros((len(keys), alg.n_classes, alg.d, alg.d))
+        tot = np.zeros(len(keys))  # exact where every node of the cover is
         for e, cv in enumerate(covers):
             est[e] = sum((upper[i].b[cv[i]].sum(axis=0) for i in range(leaf)), np.zeros(alg.schema.ncells))
             cov[e] = entity_covariance(states, cv)
+            tot[e] = sum(upper[i].total[cv[i]].sum() for i in range(leaf)) + leaf_total[cv[leaf]].sum()
         for r in res2:
             for e, s in r["sums"].items():
                 est[e] += s
+        snap(cov, est, tot)
         frames = []
         for etype in sorted({k[0] for k in keys}):
             sel = np.array([k[0] == etype for k in keys])
-            frames.append(cell_rows(alg, product, etype, np.array([k[1] for k in keys], dtype=object)[sel],
-                                    est[sel], cov[sel], None, out_queries))
+            frames.append(_rows(alg, product, etype, np.array([k[1] for k in keys], dtype=object)[sel],
+                                est[sel], cov[sel], None, out_queries, tot[sel]))
         path = staging / f"{product}-entities.parquet"
         pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), path)
         out_parts.append(path)
