@@ -11,7 +11,7 @@ acting as the identity within the class: an array ``(..., C, d, d)``. For the pe
 d = 8: 512 numbers stand for a 2016 x 2016 matrix, exactly. Sums, products, inverses and transposes act
 class by class; a query cell's variance is a sum over classes of a quadratic form (``cell_variance``).
 
-The two passes (uncertainty_notes.md section 1), in information form so that a node without measurements
+The two passes (arXiv 2404.13164), in information form so that a node without measurements
 (its budget moved away) simply has precision 0:
 
 * own measurements: precision ``P_g = sum_q w_q M_q'M_q``, information ``z = sum_q w_q M_q' y_q``;
