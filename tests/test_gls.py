@@ -160,3 +160,25 @@ def test_person_histogram_is_eight_blocks_of_eight():
     full = sum(build_query(PERSONS, q).matrix().toarray().T @ build_query(PERSONS, q).matrix().toarray()
                for q in queries)
     np.testing.assert_allclose(alg.apply(np.broadcast_to(p, (50, *p.shape)), eye), eye @ full, atol=1e-9)
+
+
+def test_person_structural_zeros_are_cell_masks():
+    """P.L. 94-171's zeros (hhgq upper bounds of 0; nursing facility x under 18 equal to 0) make votingage dense
+    (4 classes of 16) and add 2^14 on exactly the cells they cover (the Bureau's ``make_nonzeros_mask_vec``)."""
+    from topdown.pipeline.configuration.config import load_config
+    from topdown.pipeline.evaluation.gls import ZERO_VARIANCE
+
+    queries = tuple(load_config("demo").product("persons").budget.queries["Block"])
+    nurse = "gqNursingTotal * nonvoting"
+    alg = KronAlgebra(PERSONS, queries, ("hhgq", nurse))
+    assert (alg.n_classes, alg.d) == (4, 16)
+    hhgq = np.zeros((1, 8), bool)
+    hhgq[0, [1, 7]] = True
+    p = alg.zero_precision({"hhgq": hhgq, nurse: np.ones((1, build_query(PERSONS, nurse).n_answers), bool)}, 1)
+    m = build_query(PERSONS, "hhgq").matrix().toarray()
+    mask = (m[1] + m[7] + build_query(PERSONS, nurse).matrix().toarray().sum(axis=0)) > 0
+    assert 0 < mask.sum() < PERSONS.ncells
+    cells = np.r_[np.flatnonzero(mask)[:40], np.flatnonzero(~mask)[:40]]
+    eye = np.eye(PERSONS.ncells)[cells]
+    np.testing.assert_allclose(alg.apply(np.broadcast_to(p, (len(cells), *p.shape[1:])), eye),
+                               eye * mask / ZERO_VARIANCE, atol=1e-6)

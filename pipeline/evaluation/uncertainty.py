@@ -110,13 +110,15 @@ def public_structure(src: Source, spec: Product) -> Structure:
                               "invariants (its structural zeros and exact totals)")
         return Structure([{} for _ in range(n)], [np.full(len(x), np.nan) for x in src.nodes])
     spine = reader.spine()
-    units, parents, _, _ = published_units(spine, pd.read_parquet(path), where=str(path))
+    units, parents, _, _ = published_units(spine, reader.table(path), where=str(path))
     units = [u.assign(occupied=np.nan) for u in units]  # not invariant; only a lower bound uses it
     cons = level_constraints(spec, cfg, spine.levels, units, parents)
     zeros: list[dict[str, np.ndarray]] = []
     totals: list[np.ndarray] = []
     for i, level in enumerate(src.levels):
         order = units[i].index.astype(str).get_indexer(src.nodes[i])
+        if (order < 0).any():
+            raise RunDirError(f"{path}: no invariants for {level} node {src.nodes[i][np.flatnonzero(order < 0)[0]]!r}")
         found: dict[str, np.ndarray] = {}
         for c in (cons[i].rhs.values() if i < n - 1 else ()):
             if c.sense in ("<=", "==") and spec.constraints[c.name].rhs not in TOTAL_KINDS:
