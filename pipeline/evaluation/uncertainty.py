@@ -83,7 +83,9 @@ class Source:
 class Structure:
     """A product's public structure the GLS uses (gls.py): per level, the structural zeros (zero constraint
     query -> ``(nodes, answers)`` bool, True where the right-hand side is 0; none at the leaf level, as the
-    Bureau's code) and the exact totals (the invariants; NaN where not invariant), rows in ``Source.nodes`` order."""
+    Bureau's code) and the exact totals (the invariants; NaN where not invariant), rows in ``Source.nodes`` order.
+    The parts of a state split by the AIAN spine have no total of their own (the whole state's, which binds
+    several nodes, is not used; the U.S. total is)."""
 
     zeros: list[dict[str, np.ndarray]]
     totals: list[np.ndarray]
