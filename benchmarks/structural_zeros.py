@@ -42,27 +42,35 @@ def truth(run: str, inp: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def summary(path: str, true: pd.DataFrame) -> pd.DataFrame:
-    t = pd.read_parquet(path, filters=[("product", "==", "persons")])
+def cells(path: str, true: pd.DataFrame) -> pd.DataFrame:
+    t = pd.read_parquet(path, filters=[("product", "==", "persons")], columns=[
+        "level", "geocode", "query", "cell", "estimate", "variance"])
     t = t[t["query"].isin(QUERIES)].merge(true, on=["level", "geocode", "query", "cell"], validate="1:1")
     half = Z90 * np.sqrt(t["variance"].clip(lower=0))
     t["width"] = 2 * half
     t["covered"] = (t["estimate"] - half <= t["truth"]) & (t["truth"] <= t["estimate"] + half)
-    t["zero_var"] = t["variance"] == 0
-    return t.groupby(["level", "query"], sort=False).agg(cells=("width", "size"), width=("width", "mean"),
-                                                       coverage=("covered", "mean"), exact=("zero_var", "sum"))
+    return t.set_index(["level", "geocode", "query", "cell"])[["width", "covered", "variance"]]
 
 
 def main(run: str, inp: str, before: str, after: str) -> None:
     true = truth(run, inp)
-    b, a = summary(before, true), summary(after, true)
-    out = b.join(a, lsuffix="_before", rsuffix="_after")
-    out["narrower_%"] = 100 * (1 - out["width_after"] / out["width_before"])
-    n = out["cells_after"].to_numpy()
-    out["band_99"] = [f"{lo:.3f}-{hi:.3f}" for lo, hi in zip(*(stats.binom.ppf([[0.005], [0.995]], n, 0.9) / n))]
-    cols = ["cells_after", "width_before", "width_after", "narrower_%", "coverage_before", "coverage_after",
-            "band_99", "exact_after"]
-    print(out[cols].to_markdown(floatfmt=".4g"))
+    both = cells(before, true).join(cells(after, true), lsuffix="_before", rsuffix="_after").reset_index()
+    # the hhgq cells that became structural zeros (upper bound of 0 above the blocks) apart from the others
+    zero = (both["query"] == "hhgq") & (both["variance_after"] < 0.05)
+    both["cells"] = np.where(zero, "hhgq, zero cells", np.where(both["query"] == "hhgq", "hhgq, other", both["query"]))
+    both["exact"] = both["variance_after"] == 0
+    order = {lv: i for i, lv in enumerate(["US", "State", "County", "Tract", "Block_Group", "Block"])}
+    g = both.groupby(["level", "cells"]).agg(n=("width_after", "size"), width_before=("width_before", "mean"),
+                                            width_after=("width_after", "mean"), cov_before=("covered_before", "mean"),
+                                            cov_after=("covered_after", "mean"), exact=("exact", "sum")).reset_index()
+    g = g.sort_values(["level", "cells"], key=lambda c: c.map(order) if c.name == "level" else c)
+    print("| level | cells | n | mean 90 % width before | after | narrower | coverage before | after | 99 % band | exact (var 0) |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for r in g.itertuples():
+        lo, hi = stats.binom.ppf([0.005, 0.995], r.n, 0.9) / r.n
+        narrower = 100 * (1 - r.width_after / r.width_before) if r.width_before > 0 else 0.0
+        print(f"| {r.level} | {r.cells} | {r.n:,} | {r.width_before:.4g} | {r.width_after:.4g} | {narrower:.1f} % | "
+              f"{r.cov_before:.4f} | {r.cov_after:.4f} | {lo:.3f}-{hi:.3f} | {r.exact:,} |")
 
 
 if __name__ == "__main__":
