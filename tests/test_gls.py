@@ -182,3 +182,18 @@ def test_person_structural_zeros_are_cell_masks():
     eye = np.eye(PERSONS.ncells)[cells]
     np.testing.assert_allclose(alg.apply(np.broadcast_to(p, (len(cells), *p.shape[1:])), eye),
                                eye * mask / ZERO_VARIANCE, atol=1e-6)
+
+
+def test_zeros_that_would_make_large_blocks_are_left_out():
+    """The 2017 Chile example's age x marital zeros would make blocks of 126 (18x the memory): left out;
+    P.L. 94-171's are kept (blocks of 16)."""
+    from topdown.pipeline.configuration.config import load_config
+    from topdown.pipeline.evaluation.gls import MAX_ZERO_BLOCK, with_zeros
+
+    for name, kept in (("chile_2017", 0), ("demo", 2)):
+        config = load_config(name)
+        product = config.census.products[0]
+        queries = tuple(sorted({q for lv in config.product(product.name).budget.queries.values() for q in lv}))
+        zeros = tuple(sorted({s.query for s in product.constraints.values() if s.rhs in ("zero", "unit_upper")}))
+        alg, left = with_zeros(product.schema, queries, zeros)
+        assert len(alg.zeros) == kept and len(left) == len(zeros) - kept and alg.d <= MAX_ZERO_BLOCK

@@ -28,8 +28,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain, leaf_covariance,
-                  leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward)
+from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
+                  leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward, with_zeros)
 from topdown.vocab.queries import build_query
 from ..execution.invariants import configured_below
 from ..execution.levels import level_constraints, published_units
@@ -185,8 +185,9 @@ def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: 
         rows, w, z = node_arrays(alg, long, nodes, f"{product} {level}")
         weights[rows], info[rows] = w, z
     precision = alg.precision(weights)
-    if structure.zeros[i]:
-        precision += alg.zero_precision(structure.zeros[i], n)
+    zeros = {q: a for q, a in structure.zeros[i].items() if q in alg.zeros}
+    if zeros:
+        precision += alg.zero_precision(zeros, n)
     return LevelState(src.parents[i], precision, info, total=structure.totals[i])
 
 
@@ -454,7 +455,10 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
              entities: pd.DataFrame | None, staging: Path, cost: Cost) -> list[Path]:
     product = spec.name
     structure = public_structure(src, spec)
-    alg = KronAlgebra(spec.schema, measured_queries(src, product), structure.zero_queries)
+    alg, left_out = with_zeros(spec.schema, measured_queries(src, product), structure.zero_queries)
+    if left_out:
+        log.info("uncertainty %s: the structural zeros of %s are not used (their cells would make the covariance "
+                 "blocks larger than %d x %d)", product, ", ".join(left_out), MAX_ZERO_BLOCK, MAX_ZERO_BLOCK)
     leaf = len(src.levels) - 1
     n_leaf = len(src.nodes[leaf])
     leaf_total = structure.totals[leaf]
