@@ -388,6 +388,14 @@ class NoisyMeasurementFile:
         for part in self.parts[product][level]:
             yield self.measurement_part(product, level, part)
 
+    def check_parts(self) -> None:
+        """Read every DPQuery part once (each is read again, one at a time, where it is used): a file from
+        elsewhere is refused before anything is written (our own files are checked as they are read)."""
+        for product, levels in self.parts.items():
+            for level in levels:
+                for _ in self.measurement_parts(product, level):
+                    pass
+
     def measurements(self, product: str, level: str) -> pd.DataFrame:
         """All measurements of one level in one frame (small files and tests; reprocessing reads by part)."""
         frames = list(self.measurement_parts(product, level))

@@ -238,6 +238,8 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
         raise InputError(f"{spine_path}: levels {spine.levels} are not the measurement file's {meta['levels']}")
     nmf = read_nmf(nmf_dir, config, spine)
     check_nmf_measured(config, nmf.meta, str(config.source))
+    if nmf.bureau:
+        nmf.check_parts()
     for product in config.run.products:
         for level in spine.levels:
             if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
