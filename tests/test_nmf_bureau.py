@@ -27,8 +27,9 @@ from topdown.pipeline.outputs.verify import verify_run
 SUFFIX_LEN = 4  # the Bureau's QUERY_NAME_SUFFIX_LEN (GLS/drivers/us_pl94_2020.py)
 # DPQuery and Constraint columns the Bureau's reader uses, and the non-attribute Constraint columns it skips
 # when it builds a constraint's query from the attribute columns (convert_constr_to_query's non_attr_dims)
-DPQUERY_COLUMNS = ("geocode", "query_name", "value", "variance")
 NON_ATTRIBUTE = ("geocode", "query_name", "sign", "query_shape", "value", "variance", "plb", "State", "County")
+DPQUERY_SCHEMA = pa.schema([("geocode", pa.string()), ("query_name", pa.string()), ("value", pa.list_(pa.int64())),
+                            ("variance", pa.float64())])
 
 
 def sha256_tree(root: Path) -> dict[str, str]:
@@ -139,7 +140,7 @@ def _bureau_file(run: Path, out: Path) -> Path:
             rows = rows.iloc[rng.permutation(len(rows))]
             (base / "DPQuery").mkdir(parents=True)
             for i, half in enumerate(np.array_split(np.arange(len(rows)), 2)):
-                pq.write_table(pa.Table.from_pandas(rows.iloc[half], preserve_index=False),
+                pq.write_table(pa.Table.from_pandas(rows.iloc[half], schema=DPQUERY_SCHEMA, preserve_index=False),
                                base / "DPQuery" / f"part-{i:05d}-3f2a-c000.snappy.parquet")
             here = inv[inv["level"] == level].set_index("geocode").sort_index()
             con = []
