@@ -248,3 +248,21 @@ def test_a_malformed_bureau_file_is_a_one_line_input_error(demo_run, bureau, tmp
                       "--spine", demo_run / "spine.parquet", "--workers", "1")
     assert_clean_failure(outcome, EXIT_INPUT, *fragments)
     assert not (tmp_path / "x").exists()
+
+
+def test_uncertainty_reads_a_bureau_file_as_the_run(demo_run, bureau, dask_client, tmp_path):
+    """``topdown uncertainty NMF --spine --config``: the same GLS table from the hand-built Bureau file (its rows
+    spread over parts at random, regrouped into whole block groups) as from the run directory (our own file
+    takes the same path); the converted measurements are removed afterwards."""
+    from topdown.pipeline.evaluation.uncertainty import uncertainty
+
+    spine = demo_run / "spine.parquet"
+    tables = []
+    for i, source in enumerate((demo_run, bureau)):
+        out = tmp_path / f"u{i}.parquet"
+        extra = {} if source is demo_run else {"spine": spine, "config": "demo"}
+        uncertainty(source, out, levels=["County", "Tract"], client=dask_client, **extra)
+        tables.append(pd.read_parquet(out))
+    assert len(tables[0]) and set(tables[0]["level"]) == {"County", "Tract"}
+    pd.testing.assert_frame_equal(tables[1], tables[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u0.parquet", "u1.parquet"]

@@ -371,6 +371,8 @@ class NoisyMeasurementFile:
     nodes: dict[str, dict[str, pd.Index]] = field(default_factory=dict)
     #: per product, the folder holding its ``<Level>.parquet`` folders
     folders: dict[str, Path] = field(default_factory=dict)
+    #: per product and level, the measured nodes of each DPQuery part
+    part_nodes: dict[str, dict[str, list[np.ndarray]]] = field(default_factory=dict)
 
     @property
     def bureau(self) -> bool:
@@ -395,6 +397,25 @@ class NoisyMeasurementFile:
             for level in levels:
                 for _ in self.measurement_parts(product, level):
                     pass
+
+    def run_parts(self, product: str, level: str, parents: pd.Series | None) -> np.ndarray | None:
+        """Which run part each measured node goes to, so that a part holds whole families (the children of a
+        parent: a run's block task reads one family's measurements), or None where the DPQuery parts already
+        do (ours: one per run part). A file from elsewhere (Spark spreads rows over its parts by hash) is cut
+        into as many parts, at family boundaries; ``parents``: each node's parent (None at the root)."""
+        per_part = self.part_nodes[product][level]
+        nodes = np.concatenate(per_part) if per_part else np.array([], dtype=str)
+        owner = np.repeat(np.arange(len(per_part)), [len(n) for n in per_part])
+        family = (parents.reindex(nodes).astype(str).to_numpy() if parents is not None
+                  else np.zeros(len(nodes), dtype=str))
+        split = pd.DataFrame({"family": family, "owner": owner}).groupby("family")["owner"].nunique()
+        if len(np.unique(nodes)) == len(nodes) and (split <= 1).all():
+            return None
+        order = np.unique(nodes)
+        fam = (parents.reindex(order).astype(str).to_numpy() if parents is not None else np.zeros(len(order), str))
+        index = pd.factorize(fam)[0]  # families in geocode order
+        chunk = index * len(per_part) // max(int(index.max()) + 1, 1) if len(order) else index
+        return pd.Series(chunk, index=order)
 
     def measurements(self, product: str, level: str) -> pd.DataFrame:
         """All measurements of one level in one frame (small files and tests; reprocessing reads by part)."""
@@ -552,7 +573,8 @@ def read_nmf(nmf_dir: str | Path, config=None, spine: Spine | None = None) -> No
                 frame["value"] = np.split(_list_values(con.column("value"), str(base / CONSTRAINT)),
                                           np.cumsum(lengths)[:-1])
             out.constraints[product][level] = frame
-            everything = [frame["geocode"].to_numpy(dtype=str), *(np.asarray(g, dtype=str) for g in geocodes)]
+            out.part_nodes.setdefault(product, {})[level] = [np.asarray(g, dtype=str) for g in geocodes]
+            everything = [frame["geocode"].to_numpy(dtype=str), *out.part_nodes[product][level]]
             if (base / INVARIANT).is_dir():
                 everything.append(pq.read_table(base / INVARIANT, columns=["geocode"]).column("geocode")
                                   .to_numpy(zero_copy_only=False).astype(str))

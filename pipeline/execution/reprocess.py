@@ -34,7 +34,7 @@ from topdown.vocab.census import Product
 from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
-from .nmf import is_bureau_nmf, nmf_meta, read_nmf
+from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
 from .rundir import MEASURED, RunDir, RunDirError, RunReader, check_out, is_run_dir, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
 from ..configuration.sources import Published
@@ -223,12 +223,12 @@ def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
                                   f"measurement file measured at {level}")
 
 
-def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
-    from ..privacy.certificate import certificate
-    from .runner import _path_shares
-
+def open_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None
+             ) -> tuple[Config, Spine, NoisyMeasurementFile]:
+    """A noisy measurement file (ours or the Bureau's layout) opened with the spine and the configuration it was
+    measured with, all three checked against each other (reprocessing and ``topdown uncertainty`` read it so)."""
     if spine_path is None or config_path is None:
-        raise ConfigError(f"{nmf_dir}: reprocessing a noisy measurement file needs --spine (the spine it was measured "
+        raise ConfigError(f"{nmf_dir}: reading a noisy measurement file needs --spine (the spine it was measured "
                           "on) and --config (the configuration it was measured with, with any post-processing changes)")
     meta = nmf_meta(nmf_dir)  # a bad nmf.json is reported before the configuration is read
     config = load_config(config_path)
@@ -238,12 +238,53 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
         raise InputError(f"{spine_path}: levels {spine.levels} are not the measurement file's {meta['levels']}")
     nmf = read_nmf(nmf_dir, config, spine)
     check_nmf_measured(config, nmf.meta, str(config.source))
-    if nmf.bureau:
-        nmf.check_parts()
     for product in config.run.products:
         for level in spine.levels:
             if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
                 raise InputError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
+    if nmf.bureau:
+        nmf.check_parts()
+    return config, spine, nmf
+
+
+def write_measurement_parts(nmf: NoisyMeasurementFile, product: str, level: str, directory: Path,
+                            spine: Spine) -> None:
+    """A level's measurements as a run's parts in ``directory``, each holding whole families of nodes (a block
+    task then reads only its own parts), read and written one DPQuery part at a time: one run part per part
+    of our files; a file from elsewhere is regrouped through per-part pieces (:meth:`NoisyMeasurementFile.run_parts`)."""
+    parts = nmf.parts[product][level]
+    if not parts:
+        write_table(nmf.measurements(product, level), directory / "part-00000.parquet", **MEASUREMENT_PARQUET)
+        return
+    parent = spine.parent_level(level)
+    parents = spine.parents(level).rename(index=str).astype(str) if parent is not None else None
+    chunk = nmf.run_parts(product, level, parents)
+    if chunk is None:
+        for i, part in enumerate(parts):
+            write_table(nmf.measurement_part(product, level, part), directory / f"part-{i:05d}.parquet",
+                        **MEASUREMENT_PARQUET)
+        return
+    pieces = directory.with_name(f".{directory.name}.pieces")
+    shutil.rmtree(pieces, ignore_errors=True)
+    try:
+        for i, part in enumerate(parts):
+            long = nmf.measurement_part(product, level, part)
+            for c, rows in long.groupby(chunk.reindex(long["geocode"]).to_numpy(), sort=True):
+                write_table(rows, pieces / f"{int(c):05d}" / f"{i:05d}.parquet")
+        for c in sorted(pieces.iterdir()):
+            rows = pd.concat([pd.read_parquet(f) for f in sorted(c.glob("*.parquet"))], ignore_index=True)
+            rows = rows.sort_values(["geocode", "query", "answer"], kind="stable").reset_index(drop=True)
+            write_table(rows, directory / f"part-{c.name}.parquet", **MEASUREMENT_PARQUET)
+    finally:
+        shutil.rmtree(pieces, ignore_errors=True)
+
+
+def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
+    from ..privacy.certificate import certificate
+    from .runner import _path_shares
+
+    config, spine, nmf = open_nmf(nmf_dir, spine_path, config_path)
+    spine_path = Path(spine_path)
     invariants = {p.name: _nmf_invariants(nmf, p, config.run_products, spine) for p in config.run_products}
     of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}
@@ -251,21 +292,13 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
         certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}), config, of)
 
     def publish(rd: RunDir) -> None:
-        """The measurements part by part (one run part per DPQuery part: a block task reads only the parts
-        holding its blocks), the spine and the invariants."""
         write_table(spine.to_arrow(), rd.root / "spine.parquet")
         for product in config.run.products:
             write_table(invariants[product], rd.staging(rd.invariants(product)))
             rd.commit(rd.invariants(product))
             for level in spine.levels:
                 final = rd.measurements(product, level)
-                staged = rd.staging(final)
-                parts = nmf.parts[product][level]
-                for i, part in enumerate(parts):
-                    write_table(nmf.measurement_part(product, level, part), staged / f"part-{i:05d}.parquet",
-                                **MEASUREMENT_PARQUET)
-                if not parts:
-                    write_table(nmf.measurements(product, level), staged / "part-00000.parquet", **MEASUREMENT_PARQUET)
+                write_measurement_parts(nmf, product, level, rd.staging(final), spine)
                 rd.commit(final)
 
     return _Source(config, spine, invariants, cert, nmf_hashes(Path(nmf_dir), spine_path), publish)
