@@ -311,14 +311,17 @@ def _list_values(column: pa.ChunkedArray, where: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _expand(dpq: pa.Table, names: dict[str, str], schema: Schema | None, where: str) -> pd.DataFrame:
-    """DPQuery rows as long measurement rows (geocode, query, answer, value, variance), sorted; rows without a
-    value or with an infinite variance (unmeasured) are left out. Each row's number of values is checked
-    against its query's answers on ``schema`` (without one: against its ``query_shape``, where present)."""
+def _expand(dpq: pa.Table, names: dict[str, str], schema: Schema | None, where: str) -> pa.Table:
+    """DPQuery rows as long measurement rows (geocode, query, answer, value, variance), sorted by (geocode,
+    query, answer), built in Arrow (a state's block level has tens of millions); rows without a value or with
+    an infinite variance (unmeasured) are left out. Each row's number of values is checked against its
+    query's answers on ``schema`` (without one: against its ``query_shape``, where present)."""
     keep = pc.and_(pc.is_valid(dpq.column("value")), pc.is_finite(pc.cast(dpq.column("variance"), pa.float64())))
     dpq = dpq.filter(keep)
+    query = np.array([names[q] for q in dpq.column("query_name").to_pylist()], dtype=str)
+    order = np.lexsort((query, dpq.column("geocode").to_numpy(zero_copy_only=False).astype(str)))
+    dpq, query = dpq.take(order), query[order]
     lengths = pc.list_value_length(dpq.column("value")).to_numpy(zero_copy_only=False).astype(np.int64)
-    query = np.array([names[q] for q in dpq.column("query_name").to_pylist()], dtype=object)
     if schema is not None:
         expected = {q: build_query(schema, q).n_answers for q in set(query)}
         expected = np.array([expected[q] for q in query], dtype=np.int64)
@@ -330,16 +333,16 @@ def _expand(dpq: pa.Table, names: dict[str, str], schema: Schema | None, where: 
         i = int(np.flatnonzero(lengths != expected)[0])
         raise InputError(f"{where}: query {query[i]!r} at {dpq.column('geocode')[i].as_py()!r} has {lengths[i]} "
                          f"values; its answers are {expected[i]}")
-    n = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    long = pd.DataFrame({
-        "geocode": np.repeat(dpq.column("geocode").to_numpy(zero_copy_only=False).astype(object), lengths),
-        "query": np.repeat(query, lengths),
-        "answer": (np.arange(n) - starts).astype(np.int32),
-        "value": _list_values(dpq.column("value"), where),
-        "variance": np.repeat(pc.cast(dpq.column("variance"), pa.float64()).to_numpy(), lengths),
-    }).astype({"geocode": "str", "query": "str"})
-    return long.sort_values(["geocode", "query", "answer"], kind="stable").reset_index(drop=True)
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    starts = np.repeat((np.cumsum(lengths) - lengths).astype(np.int32), lengths)
+    per_row = pa.array(rows)  # geocode and query: dictionary-encoded by row, written as plain strings
+    return pa.table({
+        "geocode": pa.DictionaryArray.from_arrays(per_row, pc.cast(dpq.column("geocode"), pa.string()).combine_chunks()),
+        "query": pa.DictionaryArray.from_arrays(per_row, pa.array(query, pa.string())),
+        "answer": pa.array(np.arange(int(lengths.sum()), dtype=np.int32) - starts),
+        "value": pa.array(_list_values(dpq.column("value"), where)),
+        "variance": pa.array(pc.cast(dpq.column("variance"), pa.float64()).to_numpy()[rows]),
+    })
 
 
 EMPTY_MEASUREMENTS = {"geocode": "str", "query": "str", "answer": np.int32, "value": np.int64, "variance": np.float64}
@@ -378,13 +381,19 @@ class NoisyMeasurementFile:
     def bureau(self) -> bool:
         return self.meta["format"] == "bureau"
 
-    def measurement_part(self, product: str, level: str, part: Path) -> pd.DataFrame:
+    def measurement_table(self, product: str, level: str, part: Path) -> pa.Table:
+        """One DPQuery part as a run's measurement table (Arrow; :meth:`measurement_part` as pandas)."""
         names = pq.read_schema(part).names
         dpq = _checked(part, DPQUERY, ["geocode", "query_name", "value", "variance",
                                        *(["query_shape"] if "query_shape" in names else [])])
         names = _name_map(dpq.column("query_name").unique().to_pylist(),
                           self.meta["products"][product]["queries"][level], DPQ, str(part))
         return _expand(dpq, names, self.schemas[product], str(part))
+
+    def measurement_part(self, product: str, level: str, part: Path) -> pd.DataFrame:
+        table = self.measurement_table(product, level, part)
+        return table.cast(pa.schema([(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+                                     for f in table.schema])).to_pandas()
 
     def measurement_parts(self, product: str, level: str) -> Iterator[pd.DataFrame]:
         for part in self.parts[product][level]:
@@ -395,8 +404,8 @@ class NoisyMeasurementFile:
         elsewhere is refused before anything is written (our own files are checked as they are read)."""
         for product, levels in self.parts.items():
             for level in levels:
-                for _ in self.measurement_parts(product, level):
-                    pass
+                for part in self.parts[product][level]:
+                    self.measurement_table(product, level, part)
 
     def run_parts(self, product: str, level: str, parents: pd.Series | None) -> np.ndarray | None:
         """Which run part each measured node goes to, so that a part holds whole families (the children of a

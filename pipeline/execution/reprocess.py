@@ -261,7 +261,7 @@ def write_measurement_parts(nmf: NoisyMeasurementFile, product: str, level: str,
     chunk = nmf.run_parts(product, level, parents)
     if chunk is None:
         for i, part in enumerate(parts):
-            write_table(nmf.measurement_part(product, level, part), directory / f"part-{i:05d}.parquet",
+            write_table(nmf.measurement_table(product, level, part), directory / f"part-{i:05d}.parquet",
                         **MEASUREMENT_PARQUET)
         return
     pieces = directory.with_name(f".{directory.name}.pieces")
