@@ -23,10 +23,14 @@ The Bureau's layout, as its public GLS code reads it (GitHub uscensusbureau/DAS_
   in the constraint's query, or ``*`` where the query sums over it (the reader joins the non-``*`` values in
   column order with ``" * "``); an ``=`` constraint other than ``total_con`` must have zero right-hand sides;
   every node of a level has Constraint rows, so a level's nodes are read from the Constraint part;
-* DAS ``SumOverGroupedQuery.queryShape``: one entry per schema attribute, 1 where summed over, the number of
-  groups where recoded, the attribute's size otherwise; ``DPQueryConvertibleToSparkType`` (its
-  ``programs/nodes/node4sparksql.py``) records ``plb`` as the query's share of the privacy-loss budget (a
-  double, with ``plb_num``/``plb_denom`` for an exact fraction).
+* ``query_shape`` is DAS ``SumOverGroupedQuery.queryShape`` (the repository's
+  ``GLS/das_decennial/programs/queries/querybase.py``): one entry per schema attribute, 1 where summed over,
+  the number of groups where recoded, the attribute's size otherwise; ``plb`` is the query's share of the
+  privacy-loss budget (``GLS/das_decennial/programs/nodes/node4sparksql.py``,
+  ``DPQueryConvertibleToSparkType``: a double, with ``plb_num``/``plb_denom`` for the exact fraction). The
+  GLS reader reads neither ``plb`` nor ``query_shape`` (it takes shapes from the schema); the reader also
+  skips columns named ``State`` and ``County`` when it collects attribute columns. We write ``plb`` as the
+  exact fraction in a string (``"26/4097"``).
 
 What ``topdown nmf RUN --out DIR`` writes (format ``topdown-nmf/2``): that layout per product,
 ``DIR/<product>/`` being a Bureau reader path, plus side files the Bureau's reader never opens::
