@@ -222,6 +222,10 @@ def test_our_file_round_trip_is_byte_identical_and_read_part_by_part(demo_run, d
             run = list((demo_run / "noisy_measurements" / product / f"level={level}").glob("*.parquet"))
             assert len(parts) == len(again) == len(run)
     assert verify_run(out).ok
+    cert = json.loads((out / "certificate.json").read_text())
+    assert cert["reprocessing_of"]["noisy_measurement_file"] == str(demo_nmf.resolve())
+    assert cert["reprocessing_of"]["config_sha256"] == json.loads((demo_run / "manifest.json").read_text())["config_hash"]
+    assert cert["added_privacy_loss"]["rho"] == "0"
 
 
 def _broken(bureau: Path, tmp_path: Path, edit) -> Path:
