@@ -411,7 +411,7 @@ class NoisyMeasurementFile:
                 for part in self.parts[product][level]:
                     self.measurement_table(product, level, part)
 
-    def run_parts(self, product: str, level: str, parents: pd.Series | None) -> np.ndarray | None:
+    def run_parts(self, product: str, level: str, parents: pd.Series | None) -> pd.Series | None:
         """Which run part each measured node goes to, so that a part holds whole families (the children of a
         parent: a run's block task reads one family's measurements), or None where the DPQuery parts already
         do (ours: one per run part). A file from elsewhere (Spark spreads rows over its parts by hash) is cut
