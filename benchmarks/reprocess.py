@@ -1,16 +1,21 @@
-"""Wall and CPU time of ``topdown reprocess`` against a fresh ``topdown run`` (Rhode Island 2010 by default).
+"""Wall time, CPU and peak memory of ``topdown reprocess`` against a fresh ``topdown run`` (Rhode Island 2010
+by default), from the run directory and from its noisy measurement file (``topdown nmf``).
 
     python benchmarks/reprocess.py --work /tmp/ri-bench [--workers 2] [--config conf/ri2010.toml]
+    python benchmarks/reprocess.py --work /tmp/hi-bench --config benchmarks/synth_both.toml --input SYNTH_DIR
 
-Ingests the bundled RI 2010 blocks if needed, runs the configuration, then reprocesses the run unchanged
-(its histograms must come out byte-identical) and with another rounder ordering. CPU is the user + system
-time of the command and all its processes (the embedded cluster's workers included); the load average is
-printed before and after, since wall times on a shared machine are noisy.
+Ingests the bundled RI 2010 blocks if no ``--input`` is given, runs the configuration (or reuses the complete
+run ``WORK/run``), then reprocesses it unchanged from the run directory and from the NMF (both must come out
+byte-identical to the run) and with another rounder ordering. CPU is the user + system time of the command
+and all its processes (the embedded cluster's workers included); peak RSS is the largest resident set of any
+one of them (``ru_maxrss`` of the waited-for descendants, measured in a fresh wrapper process per command).
+The load average is printed before and after, since wall times on a shared machine are noisy.
 """
 from __future__ import annotations
 
 import argparse
 import filecmp
+import json
 import os
 import resource
 import shutil
@@ -26,14 +31,21 @@ Block_Group = [["total", "hhgq", "detailed"]]
 """
 
 
-def timed(cmd: list[str]) -> tuple[float, float]:
-    """Run a command; its wall seconds and the CPU seconds of it and its descendants."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
+def _measure(cmd: list[str]) -> None:
+    """(In the wrapper process) run ``cmd``; print its CPU seconds and the peak RSS of its largest process."""
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"cpu": use.ru_utime + use.ru_stime, "peak_rss_mb": use.ru_maxrss / 1024}))
+
+
+def timed(cmd: list[str]) -> tuple[float, float, float]:
+    """Run a command; its wall seconds, the CPU seconds of it and its descendants and the peak RSS (MB) of the
+    largest of them."""
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, __file__, "--measure", *cmd], check=True, capture_output=True, text=True)
     wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return wall, got["cpu"], got["peak_rss_mb"]
 
 
 def same_tree(a: Path, b: Path) -> bool:
@@ -43,35 +55,49 @@ def same_tree(a: Path, b: Path) -> bool:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--measure":
+        return _measure(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="/tmp/reprocess-bench")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--config", default=str(REPO / "conf" / "ri2010.toml"))
     ap.add_argument("--source", default=str(REPO / "data" / "ri2010" / "ri_2010_block_demographics.csv.gz"))
+    ap.add_argument("--input", help="an input directory to run on (default: the RI 2010 blocks, ingested)")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     topdown = [sys.executable, "-m", "topdown.pipeline.cli"]
-    inp = work / "input"
-    if not (inp / "persons.parquet").exists():
+    inp = Path(args.input) if args.input else work / "input"
+    if not args.input and not (inp / "persons.parquet").exists():
         subprocess.run([*topdown, "ingest", "blocks", args.source, "--out", str(inp)], check=True,
                        stdout=subprocess.DEVNULL)
     (work / "rounder.toml").write_text(ROUNDER)
-    for name in ("run", "same", "rounder"):
+    for name in ("same", "from-nmf", "rounder", "nmf"):
         shutil.rmtree(work / name, ignore_errors=True)
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     w = ["--workers", str(args.workers), "--quiet"]
-    rows = [("run", *timed([*topdown, "run", args.config, "--input", str(inp), "--out", str(work / "run"), *w]))]
-    rows.append(("reprocess (unchanged)", *timed([*topdown, "reprocess", str(work / "run"), "--out",
-                                                   str(work / "same"), *w])))
+    rows = []
+    if not (work / "run" / "manifest.json").exists():
+        shutil.rmtree(work / "run", ignore_errors=True)
+        rows.append(("run", *timed([*topdown, "run", args.config, "--input", str(inp), "--out", str(work / "run"), *w])))
+    rows.append(("nmf", *timed([*topdown, "nmf", str(work / "run"), "--out", str(work / "nmf")])))
+    rows.append(("reprocess (run dir)", *timed([*topdown, "reprocess", str(work / "run"), "--out",
+                                                 str(work / "same"), *w])))
+    rows.append(("reprocess (NMF)", *timed([*topdown, "reprocess", str(work / "nmf"), "--out", str(work / "from-nmf"),
+                                             "--spine", str(work / "run" / "spine.parquet"), "--config", args.config,
+                                             *w])))
     rows.append(("reprocess (rounder)", *timed([*topdown, "reprocess", str(work / "run"), "--out",
                                                  str(work / "rounder"), "--config", str(work / "rounder.toml"), *w])))
     print(f"load after:  {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
-    print(f"{'command':24s} {'wall s':>8s} {'CPU s':>8s}")
-    for name, wall, cpu in rows:
-        print(f"{name:24s} {wall:8.1f} {cpu:8.1f}")
-    for sub in ("histograms", "mdf"):
-        print(f"unchanged reprocessing: {sub} byte-identical to the run: {same_tree(work / 'run' / sub, work / 'same' / sub)}")
+    print(f"{'command':24s} {'wall s':>8s} {'CPU s':>8s} {'peak RSS MB':>12s}")
+    for name, wall, cpu, rss in rows:
+        print(f"{name:24s} {wall:8.1f} {cpu:8.1f} {rss:12.0f}")
+    byname = {r[0]: r for r in rows}
+    a, b = byname["reprocess (run dir)"], byname["reprocess (NMF)"]
+    print(f"NMF / run dir: CPU {b[2] / a[2]:.2f}x, peak RSS {b[3] / a[3]:.2f}x")
+    for label, other in (("unchanged reprocessing", "same"), ("reprocessing from the NMF", "from-nmf")):
+        for sub in ("histograms", "mdf"):
+            print(f"{label}: {sub} byte-identical to the run: {same_tree(work / 'run' / sub, work / other / sub)}")
     verify = subprocess.run([*topdown, "verify", str(work / "rounder")], capture_output=True, text=True)
     print(f"rounder reprocessing: {verify.stdout.strip().splitlines()[-1]}")
 

@@ -228,7 +228,8 @@ def cmd_uncertainty(args: argparse.Namespace) -> int:
     from .evaluation.uncertainty import uncertainty
 
     cost = uncertainty(args.run, args.out, entities=Path(args.entities) if args.entities else None, levels=args.levels,
-                       scheduler=args.scheduler, workers=args.workers, replicates=args.replicates)
+                       scheduler=args.scheduler, workers=args.workers, replicates=args.replicates, spine=args.spine,
+                       config=args.config)
     print(f"uncertainty of {args.run} written to {args.out}: {cost.rows} rows; {cost.wall_seconds:.1f}s wall, "
           f"{cost.worker_cpu_seconds:.1f}s worker CPU in {cost.tasks} tasks, {cost.client_cpu_seconds:.1f}s client CPU")
     return EXIT_OK
@@ -366,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "reprocess", help="estimate again from a run's published noisy measurements (no new noise, "
                                          "no privacy loss added)")
     p.add_argument("run", help="complete run directory whose noisy measurements and invariants are read, or a "
-                               "noisy measurement file written by `topdown nmf` (then --spine and --config are needed)")
+                               "noisy measurement file (`topdown nmf`, or the Bureau's 2020 layout; then --spine and "
+                               "--config are needed)")
     p.add_argument("--out", required=True, help="new run directory to write")
     p.add_argument("--config", help="TOML file of post-processing changes (estimation settings, constraints) "
                                     "overriding the run's configuration key by key; for a noisy measurement file, the "
@@ -445,8 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "uncertainty", help="GLS estimates, variances and 90/95%% intervals of every count (noisy "
                                            "measurements only)")
-    p.add_argument("run", help="a complete run directory")
+    p.add_argument("run", help="a complete run directory, or a noisy measurement file (`topdown nmf`, or the "
+                                "Bureau's 2020 layout; then --spine and --config are needed)")
     p.add_argument("--out", required=True, help="Parquet file to write")
+    p.add_argument("--spine", help="with a noisy measurement file: the spine file it was measured on")
+    p.add_argument("--config", help="with a noisy measurement file: the configuration it was measured with")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
     p.add_argument("--levels", nargs="+", help="spine levels to write (default: all)")
     p.add_argument("--replicates", help="directory of `topdown replicates`: add replicate bias, RMSE and interval")

@@ -1,5 +1,6 @@
-"""The noisy measurement file: ``topdown nmf`` writes the 2020 DPQuery/Constraint layout, ``read_nmf`` gives
-back exactly the run's noisy measurements, and nothing confidential is in it."""
+"""The noisy measurement file: ``topdown nmf`` writes the Bureau's 2020 DPQuery/Constraint layout (plus our
+Invariant part), ``read_nmf`` gives back exactly the run's noisy measurements, and nothing confidential is in it
+(the Bureau's own reader's view: tests/test_nmf_bureau.py)."""
 from __future__ import annotations
 
 import json
@@ -25,37 +26,41 @@ def planted_nmf(planted_run, tmp_path_factory):
 def test_read_nmf_returns_the_runs_noisy_measurements(planted_run, planted_nmf):
     nmf = read_nmf(planted_nmf)
     levels = json.loads((planted_run / "manifest.json").read_text())["levels"]
-    assert nmf.meta["levels"] == levels and set(nmf.measurements) == {"persons", "units"}
+    assert nmf.meta["levels"] == levels and set(nmf.parts) == {"persons", "units"}
     spine = pd.read_parquet(planted_run / "spine.parquet")
     for product in ("persons", "units"):
         for level in levels:
             own = pd.read_parquet(planted_run / "noisy_measurements" / product / f"level={level}")
             own = own.sort_values(["geocode", "query", "answer"], kind="stable").reset_index(drop=True)
-            pd.testing.assert_frame_equal(nmf.measurements[product][level], own)
+            pd.testing.assert_frame_equal(nmf.measurements(product, level), own)
             assert list(nmf.nodes[product][level]) == sorted(spine[level].astype(str).unique())
 
 
 def test_dpquery_rows_follow_the_2020_layout(planted_run, planted_nmf):
     dpq = pq.read_table(planted_nmf / "persons" / "Tract.parquet" / "DPQuery").to_pandas()
-    assert list(dpq.columns) == ["geocode", "query_name", "value", "variance", "budget_share"]
-    row = dpq[dpq["query_name"] == "votingage * hispanic * cenrace"].iloc[0]
-    assert len(row["value"]) == 2 * 2 * 63
+    assert list(dpq.columns) == ["geocode", "query_name", "query_shape", "value", "variance", "plb",
+                                 "hhgq", "votingage", "hispanic", "cenrace"]
+    row = dpq[dpq["query_name"] == "votingage * hispanic * cenrace_dpq"].iloc[0]
+    assert len(row["value"]) == 2 * 2 * 63 and list(row["query_shape"]) == [1, 2, 2, 63]
     cert = json.loads((planted_run / "certificate.json").read_text())["persons"]["queries"]
     entry = next(q for q in cert if q["level"] == "Tract" and q["query"] == "votingage * hispanic * cenrace")
-    assert Fraction(row["budget_share"]) == Fraction(entry["share"])  # standard spine: the level's share
+    assert Fraction(row["plb"]) == Fraction(entry["share"])  # standard spine: the level's share
     assert row["variance"] == pytest.approx(entry["variance"])
     assert dpq.groupby("geocode")["query_name"].nunique().eq(11).all()
 
 
-def test_constraint_rows_hold_invariants_and_constraints_only(planted_nmf):
+def test_constraint_rows_hold_constraints_and_invariant_rows_the_invariants(planted_nmf):
     nmf = read_nmf(planted_nmf)
     block = nmf.constraints["persons"]["Block"]
-    assert set(block["name"]) == {"gqhh_vect", "hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"}
+    assert set(block["name"]) == {"hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"}
     assert set(block["sign"]) == {"=", ">=", "<="}
     state = nmf.constraints["persons"]["State"]
-    assert set(state.loc[state["kind"] == "invariant", "name"]) == {"gqhh_vect", "tot"}
+    assert set(state["name"]) == {"total", "hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0"}  # total_con: State total
+    inv = pq.read_table(planted_nmf / "persons" / "State.parquet" / "Invariant").to_pandas()
+    assert set(inv["query_name"]) == {"gqhh_vect", "tot"}
     lb = block[(block["name"] == "hhgq_total_lb")].set_index("geocode")["value"]
-    vect = block[(block["name"] == "gqhh_vect")].set_index("geocode")["value"]
+    inv = pq.read_table(planted_nmf / "persons" / "Block.parquet" / "Invariant").to_pandas()
+    vect = inv[inv["query_name"] == "gqhh_vect"].set_index("geocode")["value"]
     for g in lb.index:  # at least one person per occupied GQ facility (hhgq_total_lb)
         assert np.array_equal(lb[g][1:], vect[g][1:])
 
@@ -63,7 +68,7 @@ def test_constraint_rows_hold_invariants_and_constraints_only(planted_nmf):
 def test_nmf_discloses_no_confidential_count(planted_nmf):
     """Constraint values are public invariants; no planted count is among them or in nmf.json."""
     text = (planted_nmf / "nmf.json").read_text()
-    for path in planted_nmf.glob("*/*.parquet/Constraint"):
+    for path in [*planted_nmf.glob("*/*.parquet/Constraint"), *planted_nmf.glob("*/*.parquet/Invariant")]:
         text += "\n" + pq.read_table(path).to_pandas().to_string()
     assert leaked_secrets(text) == []
     assert "7081" not in text and all(str(s) not in text.split() for s in SECRETS)

@@ -163,25 +163,6 @@ def test_published_table_reads_back_to_the_drawn_measurements():
         from_table(PERSONS, ["detailed"], nodes, table[~((table["query"] == "detailed") & (table["answer"] == 3))])
 
 
-def test_a_noisy_measurement_file_with_its_spine_reproduces_the_run(demo_run, dask_client, tmp_path, monkeypatch):
-    """``topdown nmf`` output (the Bureau's layout) plus the spine and the configuration it was measured with:
-    the same estimates as the run, byte for byte, from the file alone."""
-    from topdown.pipeline.execution.nmf import write_nmf
-
-    nmf = write_nmf(demo_run, tmp_path / "nmf")
-    spine = tmp_path / "spine.parquet"
-    spine.write_bytes((demo_run / "spine.parquet").read_bytes())
-    _no_confidential_reads(monkeypatch, tmp_path)
-    out = reprocess(nmf, tmp_path / "from-nmf", "demo", spine=spine, client=dask_client)
-    for sub in ("histograms", "mdf"):
-        assert _files(out, sub) == _files(demo_run, sub), sub
-    assert verify_run(out).ok
-    cert = json.loads((out / "certificate.json").read_text())
-    assert cert["reprocessing_of"]["noisy_measurement_file"] == str(nmf.resolve())
-    assert cert["reprocessing_of"]["config_sha256"] == json.loads((demo_run / "manifest.json").read_text())["config_hash"]
-    assert cert["added_privacy_loss"]["rho"] == "0"
-
-
 def test_a_bad_spine_or_measurement_file_is_an_input_error(demo_run, tmp_path, capsys):
     """Reprocessing a noisy measurement file: a --spine that is not a Parquet file or holds other blocks, and an
     unreadable nmf.json, exit 3 with one line naming the file (no traceback). A run's spine of an older version (the

@@ -61,10 +61,28 @@ class Source:
     def open(cls, path: str | Path) -> "Source":
         path = Path(path)
         reader = RunReader(path)
-        m = reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
-        spine = reader.spine()
+        reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
+        return cls._of(path, reader.spine(), reader.products())
+
+    @classmethod
+    def from_nmf(cls, nmf_dir: str | Path, spine: str | Path | None, config: str | Path | None,
+                 staging: Path) -> "Source":
+        """A noisy measurement file (ours or the Bureau's layout) read with its spine file and the configuration
+        it was measured with (as ``topdown reprocess`` reads one): its measurements are written under
+        ``staging`` as a run's parts, one DPQuery part at a time."""
+        from ..execution.reprocess import open_nmf, write_measurement_parts
+
+        cfg, spine_obj, nmf = open_nmf(Path(nmf_dir), spine, config)
+        for product in cfg.run.products:
+            for level in spine_obj.levels:
+                write_measurement_parts(nmf, product, level, staging / "noisy_measurements" / product / f"level={level}",
+                                        spine_obj)
+        return cls._of(staging, spine_obj, list(cfg.run_products))
+
+    @classmethod
+    def _of(cls, root: Path, spine, products: list[Product]) -> "Source":
         table = spine.table[["geoid", *spine.levels]].astype(str)
-        src = cls(path, list(spine.levels), reader.products(), table)
+        src = cls(root, list(spine.levels), products, table)
         for i, level in enumerate(src.levels):
             nodes = pd.Index(np.sort(table[level].unique()))
             src.nodes.append(nodes)
@@ -396,21 +414,34 @@ def _check_out(out: Path) -> Path:
 def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Path | None = None,
                 levels: list[str] | None = None, queries: dict[str, tuple[str, ...]] | None = None,
                 client=None, scheduler: str | None = None, workers: int | None = None,
-                replicates: str | Path | None = None) -> Cost:
+                replicates: str | Path | None = None, spine: str | Path | None = None,
+                config: str | Path | None = None) -> Cost:
     """Write the uncertainty table of ``run`` to ``out`` (Parquet, atomically); returns the cost. ``entities``:
-    a (geoid, entity_type, entity) frame, or a table file or BAF directory to read and match with the spine."""
+    a (geoid, entity_type, entity) frame, or a table file or BAF directory to read and match with the spine.
+    ``run`` may be a noisy measurement file, read with its ``spine`` file and ``config`` (:meth:`Source.from_nmf`)."""
     from ..execution.runner import dask_client
 
     t0, c0 = time.perf_counter(), time.process_time()
     source = entities if isinstance(entities, Path) else None
     if source is not None:  # a bad entities file is reported before the run is opened
         entities = load_entities(source)
-    src = Source.open(run)
-    if source is not None:
-        entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
-    out = _check_out(Path(out))
-    RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if replicates else ())),
-                              "uncertainty")
+    from ..execution.reprocess import is_nmf
+
+    from_nmf = is_nmf(run)
+    if from_nmf and replicates is not None:
+        from ..configuration.config import ConfigError
+
+        raise ConfigError(f"{run}: --replicates needs the run directory (its published MDF), not a noisy measurement file")
+    converted = Path(out).with_name(f".{Path(out).name}.nmf")
+    shutil.rmtree(converted, ignore_errors=True)
+    with removed_on_failure(converted):  # the file's measurements as a run's parts, removed when done
+        src = Source.from_nmf(run, spine, config, converted) if from_nmf else Source.open(run)
+        if source is not None:
+            entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
+        out = _check_out(Path(out))
+        if not from_nmf:
+            RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if replicates else ())),
+                                      "uncertainty")
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
     if unknown:
@@ -448,6 +479,7 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(converted, ignore_errors=True)
     return cost
 
 

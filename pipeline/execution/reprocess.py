@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pandas as pd
 from distributed import Security
 
@@ -33,9 +32,9 @@ from .engine import ProgressFn
 from topdown.vocab.census import Product
 
 from ..inputs.validate import InputError
-from .invariants import UNIT_COLUMNS, WHOLE_STATE
+from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
-from .nmf import WHOLE_STATE_TOTAL, nmf_invariants
+from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
 from .rundir import MEASURED, RunDir, RunDirError, RunReader, check_out, is_run_dir, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
 from ..configuration.sources import Published
@@ -191,29 +190,13 @@ def nmf_hashes(nmf_dir: Path, spine: Path) -> dict[str, str]:
     return {"nmf": tree_sha256(nmf_dir), "spine": tree_sha256(spine)}
 
 
-def _nmf_invariants(nmf, product: Product, products: list[Product]) -> pd.DataFrame:
-    """The invariants of a noisy measurement file's Constraint rows as a run's invariants table (with the unit
-    counts ``product`` lacks from another product's, :func:`_unit_donors`)."""
-    frames = []
-    for level, con in nmf.constraints[product.name].items():
-        inv = con[con["kind"] == "invariant"]
-        whole = inv[inv["name"] == WHOLE_STATE_TOTAL]  # a split state's total: the invariants' whole_state rows
-        if len(whole):
-            frames.append(pd.DataFrame({"geocode": whole["geocode"].astype(str).to_numpy(), "level": WHOLE_STATE,
-                                        "tot": [v[0] for v in whole["value"]]}))
-            inv = inv[inv["name"] != WHOLE_STATE_TOTAL]
-        frame = pd.DataFrame(index=pd.Index(sorted(set(inv["geocode"].astype(str))), name="geocode"))
-        for name, columns, _ in nmf_invariants(product):
-            rows = inv[inv["name"] == name]
-            if len(rows):
-                values = np.vstack(rows["value"].to_numpy())
-                frame = frame.join(pd.DataFrame(values, columns=list(columns),
-                                                index=rows["geocode"].astype(str).to_numpy()))
-        frames.append(frame.reset_index().assign(level=level))
-    out = pd.concat(frames, ignore_index=True)
+def _nmf_invariants(nmf, product: Product, products: list[Product], spine: Spine | None = None) -> pd.DataFrame:
+    """The invariants of a noisy measurement file as a run's invariants table (:meth:`NoisyMeasurementFile.invariants`),
+    with the unit counts ``product`` lacks from another product's (:func:`_unit_donors`)."""
+    out = nmf.invariants(product, spine)
     donors = [p for p in _unit_donors(product, products) if p.name in nmf.constraints]
     if donors and "u1" not in out.columns:
-        gq = _nmf_invariants(nmf, donors[0], products)[["level", "geocode", *UNIT_COLUMNS[1:]]]
+        gq = _nmf_invariants(nmf, donors[0], products, spine)[["level", "geocode", *UNIT_COLUMNS[1:]]]
         out = out.merge(gq, on=["level", "geocode"], how="left")
     return out
 
@@ -240,26 +223,69 @@ def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
                                   f"measurement file measured at {level}")
 
 
-def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
-    from ..privacy.certificate import certificate
-    from .nmf import read_nmf
-    from .runner import _path_shares
-
+def open_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None
+             ) -> tuple[Config, Spine, NoisyMeasurementFile]:
+    """A noisy measurement file (ours or the Bureau's layout) opened with the spine and the configuration it was
+    measured with, all three checked against each other (reprocessing and ``topdown uncertainty`` read it so)."""
     if spine_path is None or config_path is None:
-        raise ConfigError(f"{nmf_dir}: reprocessing a noisy measurement file needs --spine (the spine it was measured "
+        raise ConfigError(f"{nmf_dir}: reading a noisy measurement file needs --spine (the spine it was measured "
                           "on) and --config (the configuration it was measured with, with any post-processing changes)")
-    nmf = read_nmf(nmf_dir)
+    meta = nmf_meta(nmf_dir)  # a bad nmf.json is reported before the configuration is read
     config = load_config(config_path)
-    check_nmf_measured(config, nmf.meta, str(config.source))
     spine_path = Path(spine_path)
-    spine = Spine.read_parquet(spine_path, standard_levels=nmf.meta["levels"])
-    if spine.levels != nmf.meta["levels"]:
-        raise InputError(f"{spine_path}: levels {spine.levels} are not the measurement file's {nmf.meta['levels']}")
+    spine = Spine.read_parquet(spine_path, standard_levels=meta["levels"] if meta else None)
+    if meta is not None and spine.levels != meta["levels"]:
+        raise InputError(f"{spine_path}: levels {spine.levels} are not the measurement file's {meta['levels']}")
+    nmf = read_nmf(nmf_dir, config, spine)
+    check_nmf_measured(config, nmf.meta, str(config.source))
     for product in config.run.products:
         for level in spine.levels:
             if not pd.Index(spine.nodes(level).astype(str)).equals(nmf.nodes[product][level]):
                 raise InputError(f"{spine_path}: the {level} nodes differ from those of the measurement file {nmf_dir}")
-    invariants = {p.name: _nmf_invariants(nmf, p, config.run_products) for p in config.run_products}
+    if nmf.bureau:
+        nmf.check_parts()
+    return config, spine, nmf
+
+
+def write_measurement_parts(nmf: NoisyMeasurementFile, product: str, level: str, directory: Path,
+                            spine: Spine) -> None:
+    """A level's measurements as a run's parts in ``directory``, each holding whole families of nodes (a block
+    task then reads only its own parts), read and written one DPQuery part at a time: one run part per part
+    of our files; a file from elsewhere is regrouped through per-part pieces (:meth:`NoisyMeasurementFile.run_parts`)."""
+    parts = nmf.parts[product][level]
+    if not parts:
+        write_table(nmf.measurements(product, level), directory / "part-00000.parquet", **MEASUREMENT_PARQUET)
+        return
+    parent = spine.parent_level(level)
+    parents = spine.parents(level).rename(index=str).astype(str) if parent is not None else None
+    chunk = nmf.run_parts(product, level, parents)
+    if chunk is None:
+        for i, part in enumerate(parts):
+            write_table(nmf.measurement_table(product, level, part), directory / f"part-{i:05d}.parquet",
+                        **MEASUREMENT_PARQUET)
+        return
+    pieces = directory.with_name(f".{directory.name}.pieces")
+    shutil.rmtree(pieces, ignore_errors=True)
+    try:
+        for i, part in enumerate(parts):
+            long = nmf.measurement_part(product, level, part)
+            for c, rows in long.groupby(chunk.reindex(long["geocode"]).to_numpy(), sort=True):
+                write_table(rows, pieces / f"{int(c):05d}" / f"{i:05d}.parquet")
+        for c in sorted(pieces.iterdir()):
+            rows = pd.concat([pd.read_parquet(f) for f in sorted(c.glob("*.parquet"))], ignore_index=True)
+            rows = rows.sort_values(["geocode", "query", "answer"], kind="stable").reset_index(drop=True)
+            write_table(rows, directory / f"part-{c.name}.parquet", **MEASUREMENT_PARQUET)
+    finally:
+        shutil.rmtree(pieces, ignore_errors=True)
+
+
+def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
+    from ..privacy.certificate import certificate
+    from .runner import _path_shares
+
+    config, spine, nmf = open_nmf(nmf_dir, spine_path, config_path)
+    spine_path = Path(spine_path)
+    invariants = {p.name: _nmf_invariants(nmf, p, config.run_products, spine) for p in config.run_products}
     of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}
     cert = reprocessing_certificate(
@@ -272,14 +298,15 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
             rd.commit(rd.invariants(product))
             for level in spine.levels:
                 final = rd.measurements(product, level)
-                write_table(nmf.measurements[product][level], rd.staging(final) / "part-00000.parquet", **MEASUREMENT_PARQUET)
+                write_measurement_parts(nmf, product, level, rd.staging(final), spine)
                 rd.commit(final)
 
     return _Source(config, spine, invariants, cert, nmf_hashes(Path(nmf_dir), spine_path), publish)
 
 
 def is_nmf(path: str | Path) -> bool:
-    return (Path(path) / "nmf.json").exists()
+    """A noisy measurement file: ours (``nmf.json``) or a folder of the Bureau's layout."""
+    return (Path(path) / "nmf.json").exists() or is_bureau_nmf(path)
 
 
 def identity(source: str | Path, changes: str | Path | None = None, spine: str | Path | None = None
