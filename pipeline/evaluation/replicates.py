@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +31,9 @@ import scipy.sparse as sp
 from topdown.pipeline.configuration.census import PERSONS, UNITS, read_as_declared
 from topdown.vocab.census import GENERIC_MDF, Census, Product
 
-from ..execution.progress import track
+from ..configuration.config import Config
+
+from ..execution.progress import Reporter, reporting, track
 from ..outputs.mdf import generic_levels
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
 
@@ -36,6 +41,10 @@ log = logging.getLogger("topdown")
 
 #: Replicate seeds are SEED_BASE + i unless given (recorded in DIR/replicates.json).
 SEED_BASE = 1_000_003
+
+#: Replicates run side by side by default: their levels' tasks fill the workers where one replicate's
+#: small top levels (one task each) leave them idle; each adds its chunk window to the scheduler.
+PARALLEL = 2
 
 
 def mdf_input(run_dir: Path, out: Path) -> Path:
@@ -75,40 +84,119 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
 
 
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
-               scheduler: str | None = None, workers: int | None = None) -> dict:
-    """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
+               scheduler: str | None = None, workers: int | None = None, parallel: int | None = None) -> dict:
+    """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json.
+
+    The replicate input (the run's MDF and public invariants) is written, read and tabulated once; the
+    replicates then run ``parallel`` (default :data:`PARALLEL`) at a time side by side on one cluster, each into ``.rep-XXX.partial``
+    renamed to ``rep-XXX`` when complete (the same files as a run of its seed alone). Resumable: a
+    replicate recorded complete is kept, a partial one is redone."""
     from ..configuration.config import ConfigError
-    from ..execution.runner import dask_client, run as run_topdown
+    from ..execution.runner import dask_client, prepare
 
     run, out = Path(run), Path(out)
     config = RunReader(run).config()
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
-    if len(seeds) != n:
-        raise ConfigError(f"--n {n} but {len(seeds)} seeds")
+    if n < 1 or len(seeds) != n:
+        raise ConfigError(f"--n {n}: " + ("at least one replicate" if n < 1 else f"but {len(seeds)} seeds"))
+    parallel = PARALLEL if parallel is None else parallel
+    if parallel < 1:
+        raise ConfigError(f"--parallel {parallel}: at least one replicate at a time")
     check_out(out, "the replicates", lambda p: (p / "replicates.json").is_file())
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "replicates": []}
-    if record["run"] != str(run):
-        raise RunDirError(f"{out} holds replicates of {record['run']}, not {run}")
+    record = _read_record(record_path, run)
     write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
-    inp = mdf_input(run, out / "input")
-    done = {r["seed"] for r in record["replicates"]}
+    todo = _pending(out, record, seeds)
+    write_json_atomic(record_path, record)
+    if not todo:
+        return record
+    inp = _replicate_input(run, out / "input")
+    rep_configs = {i: config.with_overrides(mode="test", seed=seeds[i], name=f"{config.run.name}-rep{i:03d}")
+                   for i in todo}
+    cancel = threading.Event()
     with dask_client(client, scheduler, workers) as dclient:
-        for i, seed in track(list(enumerate(seeds)), "replicates", unit="replicates"):
-            if seed in done:
-                continue
-            t0, c0 = time.perf_counter(), time.process_time()
-            rep = config.with_overrides(mode="test", seed=seed, name=f"{config.run.name}-rep{i:03d}")
-            target = out / f"rep-{i:03d}"
-            shutil.rmtree(target, ignore_errors=True)
-            run_topdown(rep, target, input_dir=inp, client=dclient)
-            record["replicates"].append({"dir": target.name, "seed": seed,
-                                         "wall_seconds": round(time.perf_counter() - t0, 2),
-                                         "client_cpu_seconds": round(time.process_time() - c0, 2)})
-            write_json_atomic(record_path, record)
-            log.info("replicate %d/%d (seed %d) done", i + 1, n, seed)
+        prep = prepare(rep_configs[todo[0]], inp, dclient)
+        pool = ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="replicate")
+        try:
+            futures = [pool.submit(_replicate, rep_configs[i], out / f"rep-{i:03d}", prep, dclient, cancel)
+                       for i in todo]
+            for fut in track(as_completed(futures), "replicates", len(futures), unit="replicates"):
+                entry = fut.result()
+                record["replicates"] = sorted([*record["replicates"], entry], key=lambda r: r["dir"])
+                write_json_atomic(record_path, record)
+                log.info("replicate %s (seed %d) done", entry["dir"], entry["seed"])
+        finally:  # an error or a cancellation: the others stop at their next task
+            cancel.set()
+            pool.shutdown(wait=True, cancel_futures=True)
     return record
+
+
+def _read_record(path: Path, run: Path) -> dict:
+    """replicates.json of ``run``'s replicates (a new one when absent)."""
+    if not path.exists():
+        return {"run": str(run), "replicates": []}
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("replicates"), list):
+            raise ValueError("no list of replicates")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"{path}: not a readable replicates record ({type(exc).__name__}: {exc}); "
+                          "choose another --out") from None
+    if record.get("run") != str(run):
+        raise RunDirError(f"{path.parent} holds replicates of {record.get('run')}, not {run}")
+    return record
+
+
+def _pending(out: Path, record: dict, seeds: list[int]) -> list[int]:
+    """The indices of the replicates still to run; drops from ``record`` every entry whose folder is not
+    complete (removed or damaged since). A replicate recorded with another seed is refused."""
+    kept = []
+    for entry in record["replicates"]:
+        try:
+            complete = RunReader(out / entry["dir"]).manifest().status == "complete"
+        except (RunDirError, OSError, KeyError, TypeError):
+            complete = False
+        if complete:
+            kept.append(entry)
+        else:
+            log.warning("%s: incomplete or missing; it is run again", out / str(entry.get("dir")))
+    record["replicates"] = kept
+    done = {r["dir"]: r["seed"] for r in kept}
+    todo = []
+    for i, seed in enumerate(seeds):
+        name = f"rep-{i:03d}"
+        if name in done and done[name] != seed:
+            raise RunDirError(f"{out / name}: a replicate of seed {done[name]}, not {seed}; choose another --out")
+        if name not in done:
+            todo.append(i)
+    return todo
+
+
+def _replicate_input(run: Path, path: Path) -> Path:
+    """The replicate input of ``run`` at ``path``, written once (through a partial folder renamed when complete)."""
+    if not path.is_dir():
+        partial = path.with_name(f".{path.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        mdf_input(run, partial)
+        os.rename(partial, path)
+    return path
+
+
+def _replicate(config: Config, target: Path, prep, client, cancel: threading.Event) -> dict:
+    """One replicate into ``target`` (through ``.<name>.partial``, renamed when complete); its record entry.
+    ``client_cpu_seconds`` is this replicate's driver thread's CPU."""
+    from ..execution.runner import run_prepared
+
+    t0, c0 = time.perf_counter(), time.thread_time()
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with reporting(Reporter(enabled=False, cancel=cancel)):  # one bar for all replicates: the caller's
+        run_prepared(config, partial, prep, client)
+    shutil.rmtree(target, ignore_errors=True)  # a replicate left incomplete by an earlier version
+    os.rename(partial, target)
+    return {"dir": target.name, "seed": config.run.seed, "wall_seconds": round(time.perf_counter() - t0, 2),
+            "client_cpu_seconds": round(time.thread_time() - c0, 2)}
 
 
 def _declared_input(reader: RunReader, census: Census, out: Path) -> Path:
