@@ -106,9 +106,8 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"
     record = _read_record(record_path, run)
-    write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
     todo = _pending(out, record, seeds)
-    write_json_atomic(record_path, record)
+    write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
     if not todo:
         return record
     inp = _replicate_input(run, out / "input")
