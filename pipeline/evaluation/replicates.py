@@ -33,7 +33,7 @@ from topdown.vocab.census import GENERIC_MDF, Census, Product
 
 from ..configuration.config import Config
 
-from ..execution.progress import Reporter, reporting, track
+from ..execution.progress import Reporter, reporter, reporting, track
 from ..outputs.mdf import generic_levels
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
 
@@ -88,9 +88,9 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json.
 
     The replicate input (the run's MDF and public invariants) is written, read and tabulated once; the
-    replicates then run ``parallel`` (default :data:`PARALLEL`) at a time side by side on one cluster, each into ``.rep-XXX.partial``
-    renamed to ``rep-XXX`` when complete (the same files as a run of its seed alone). Resumable: a
-    replicate recorded complete is kept, a partial one is redone."""
+    replicates then run ``parallel`` (default :data:`PARALLEL`) at a time side by side on one cluster, each
+    into ``.rep-XXX.partial`` renamed to ``rep-XXX`` when complete (the same files as a run of its seed
+    alone). Resumable: a replicate recorded complete is kept, a partial one is redone."""
     from ..configuration.config import ConfigError
     from ..execution.runner import dask_client, prepare
 
@@ -113,7 +113,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     inp = _replicate_input(run, out / "input")
     rep_configs = {i: config.with_overrides(mode="test", seed=seeds[i], name=f"{config.run.name}-rep{i:03d}")
                    for i in todo}
-    cancel = threading.Event()
+    cancel = _Either(threading.Event(), reporter().cancel)  # set on an error here, or the job's cancel
     with dask_client(client, scheduler, workers) as dclient:
         prep = prepare(rep_configs[todo[0]], inp, dclient)
         pool = ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="replicate")
@@ -126,7 +126,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
                 write_json_atomic(record_path, record)
                 log.info("replicate %s (seed %d) done", entry["dir"], entry["seed"])
         finally:  # an error or a cancellation: the others stop at their next task
-            cancel.set()
+            cancel.events[0].set()
             pool.shutdown(wait=True, cancel_futures=True)
     return record
 
@@ -182,7 +182,18 @@ def _replicate_input(run: Path, path: Path) -> Path:
     return path
 
 
-def _replicate(config: Config, target: Path, prep, client, cancel: threading.Event) -> dict:
+class _Either:
+    """Set when any of its events is (None: never): a replicate's thread stops on its command's error or
+    on the job's cancellation."""
+
+    def __init__(self, *events: threading.Event | None) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(e is not None and e.is_set() for e in self.events)
+
+
+def _replicate(config: Config, target: Path, prep, client, cancel: _Either) -> dict:
     """One replicate into ``target`` (through ``.<name>.partial``, renamed when complete); its record entry.
     ``client_cpu_seconds`` is this replicate's driver thread's CPU."""
     from ..execution.runner import run_prepared
@@ -190,7 +201,7 @@ def _replicate(config: Config, target: Path, prep, client, cancel: threading.Eve
     t0, c0 = time.perf_counter(), time.thread_time()
     partial = target.with_name(f".{target.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    with reporting(Reporter(enabled=False, cancel=cancel)):  # one bar for all replicates: the caller's
+    with reporting(Reporter(enabled=False, cancel=cancel)):  # type: ignore[arg-type]  # one bar for all replicates: the caller's
         run_prepared(config, partial, prep, client)
     shutil.rmtree(target, ignore_errors=True)  # a replicate left incomplete by an earlier version
     os.rename(partial, target)
