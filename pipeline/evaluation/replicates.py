@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
@@ -53,22 +54,22 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     census = reader.census()
     if read_as_declared(census):
         return _declared_input(reader, census, out)
-    persons = reader.table(reader.mdf(PERSONS.name))
-    geoid = persons["TABBLKST"] + persons["TABBLKCOU"] + persons["TABTRACTCE"] + persons["TABBLK"]
-    pframe = pd.DataFrame({"geoid": geoid.astype(str), "hhgq": persons["GQTYPE_PL"].astype(np.int64),
-                           "votingage": (persons["VOTING_AGE"] == "2").astype(np.int64),
-                           "hispanic": (persons["CENHISP"] == "2").astype(np.int64),
-                           "cenrace": persons["CENRACE"].astype(np.int64) - 1})
+    # Converted in Arrow, column by column: the MDF's strings as Python objects would be most of the peak.
+    persons = pq.read_table(reader.mdf(PERSONS.name), columns=[*MDF_GEOID, "GQTYPE_PL", "VOTING_AGE", "CENHISP",
+                                                               "CENRACE"])
+    pframe = pa.table({"geoid": _geoid(persons), "hhgq": pc.cast(persons["GQTYPE_PL"], pa.int64()),
+                       "votingage": _is(persons["VOTING_AGE"], "2"), "hispanic": _is(persons["CENHISP"], "2"),
+                       "cenrace": pc.subtract(pc.cast(persons["CENRACE"], pa.int64()), 1)}).to_pandas()
+    del persons
     inv = reader.table(reader.invariants(PERSONS.name))
     spine = reader.spine_table()
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
     geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
     if reader.mdf(UNITS.name).exists():  # housing units with their published occupancy
-        units = reader.table(reader.mdf(UNITS.name))
-        hu = units[units["RTYPE"] == "2"]
-        hu_geoid = (hu["TABBLKST"] + hu["TABBLKCOU"] + hu["TABTRACTCE"] + hu["TABBLK"]).astype(str)
-        frames = [pd.DataFrame({"geoid": hu_geoid.to_numpy(), "unit_type": 0,
-                                "occupied": (hu["HH_STATUS"] == "1").to_numpy()})]
+        units = pq.read_table(reader.mdf(UNITS.name), columns=[*MDF_GEOID, "RTYPE", "HH_STATUS"])
+        hu = units.filter(pc.equal(units["RTYPE"], "2"))
+        frames = [pd.DataFrame({"geoid": _geoid(hu).to_numpy(zero_copy_only=False), "unit_type": 0,
+                                "occupied": pc.equal(hu["HH_STATUS"], "1").to_numpy(zero_copy_only=False)})]
     else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
         frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
                                 "occupied": True})]
@@ -81,6 +82,18 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     write_table(pframe, out / "persons.parquet")
     write_table(pd.concat(frames, ignore_index=True).astype({"unit_type": np.int64}), out / "units.parquet")
     return out
+
+
+#: The MDF columns whose concatenation is a block's GEOID.
+MDF_GEOID = ("TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK")
+
+
+def _geoid(mdf: pa.Table) -> pa.ChunkedArray:
+    return pc.binary_join_element_wise(*(mdf[c] for c in MDF_GEOID), "")
+
+
+def _is(column: pa.ChunkedArray, value: str) -> pa.ChunkedArray:
+    return pc.cast(pc.equal(column, value), pa.int64())
 
 
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
