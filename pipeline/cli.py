@@ -238,7 +238,8 @@ def cmd_uncertainty(args: argparse.Namespace) -> int:
 def cmd_replicates(args: argparse.Namespace) -> int:
     from .evaluation.replicates import replicates
 
-    record = replicates(args.run, args.n, args.out, scheduler=args.scheduler, workers=args.workers)
+    record = replicates(args.run, args.n, args.out, scheduler=args.scheduler, workers=args.workers,
+                        parallel=args.parallel)
     wall = sum(r["wall_seconds"] for r in record["replicates"])
     print(f"{len(record['replicates'])} replicate(s) of {args.run} in {args.out} ({wall:.1f}s of runs); "
           "they read published data only and spend no privacy budget")
@@ -463,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a complete run directory")
     p.add_argument("--n", type=int, default=25, help="number of replicates (default 25)")
     p.add_argument("--out", required=True, help="replicates directory (resumable: finished replicates are kept)")
+    p.add_argument("--parallel", type=int, help="replicates run side by side on the cluster (default 2)")
     _cluster_args(p)
     p.set_defaults(fn=cmd_replicates)
 

@@ -15,20 +15,26 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from topdown.pipeline.configuration.census import PERSONS, UNITS, read_as_declared
 from topdown.vocab.census import GENERIC_MDF, Census, Product
 
-from ..execution.progress import track
+from ..configuration.config import Config
+
+from ..execution.progress import Reporter, reporter, reporting, track
 from ..outputs.mdf import generic_levels
 from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
 
@@ -37,6 +43,10 @@ log = logging.getLogger("topdown")
 #: Replicate seeds are SEED_BASE + i unless given (recorded in DIR/replicates.json).
 SEED_BASE = 1_000_003
 
+#: Replicates run side by side by default: their levels' tasks fill the workers where one replicate's
+#: small top levels (one task each) leave them idle; each adds its chunk window to the scheduler.
+PARALLEL = 2
+
 
 def mdf_input(run_dir: Path, out: Path) -> Path:
     """Write persons.parquet and units.parquet (the input format) from a run's MDF and public invariants."""
@@ -44,22 +54,22 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     census = reader.census()
     if read_as_declared(census):
         return _declared_input(reader, census, out)
-    persons = reader.table(reader.mdf(PERSONS.name))
-    geoid = persons["TABBLKST"] + persons["TABBLKCOU"] + persons["TABTRACTCE"] + persons["TABBLK"]
-    pframe = pd.DataFrame({"geoid": geoid.astype(str), "hhgq": persons["GQTYPE_PL"].astype(np.int64),
-                           "votingage": (persons["VOTING_AGE"] == "2").astype(np.int64),
-                           "hispanic": (persons["CENHISP"] == "2").astype(np.int64),
-                           "cenrace": persons["CENRACE"].astype(np.int64) - 1})
+    # Converted in Arrow, column by column: the MDF's strings as Python objects would be most of the peak.
+    persons = pq.read_table(reader.mdf(PERSONS.name), columns=[*MDF_GEOID, "GQTYPE_PL", "VOTING_AGE", "CENHISP",
+                                                               "CENRACE"])
+    pframe = pa.table({"geoid": _geoid(persons), "hhgq": pc.cast(persons["GQTYPE_PL"], pa.int64()),
+                       "votingage": _is(persons["VOTING_AGE"], "2"), "hispanic": _is(persons["CENHISP"], "2"),
+                       "cenrace": pc.subtract(pc.cast(persons["CENRACE"], pa.int64()), 1)}).to_pandas()
+    del persons
     inv = reader.table(reader.invariants(PERSONS.name))
     spine = reader.spine_table()
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
     geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
     if reader.mdf(UNITS.name).exists():  # housing units with their published occupancy
-        units = reader.table(reader.mdf(UNITS.name))
-        hu = units[units["RTYPE"] == "2"]
-        hu_geoid = (hu["TABBLKST"] + hu["TABBLKCOU"] + hu["TABTRACTCE"] + hu["TABBLK"]).astype(str)
-        frames = [pd.DataFrame({"geoid": hu_geoid.to_numpy(), "unit_type": 0,
-                                "occupied": (hu["HH_STATUS"] == "1").to_numpy()})]
+        units = pq.read_table(reader.mdf(UNITS.name), columns=[*MDF_GEOID, "RTYPE", "HH_STATUS"])
+        hu = units.filter(pc.equal(units["RTYPE"], "2"))
+        frames = [pd.DataFrame({"geoid": _geoid(hu).to_numpy(zero_copy_only=False), "unit_type": 0,
+                                "occupied": pc.equal(hu["HH_STATUS"], "1").to_numpy(zero_copy_only=False)})]
     else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
         frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
                                 "occupied": True})]
@@ -74,41 +84,142 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     return out
 
 
+#: The MDF columns whose concatenation is a block's GEOID.
+MDF_GEOID = ("TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK")
+
+
+def _geoid(mdf: pa.Table) -> pa.ChunkedArray:
+    return pc.binary_join_element_wise(*(mdf[c] for c in MDF_GEOID), "")
+
+
+def _is(column: pa.ChunkedArray, value: str) -> pa.ChunkedArray:
+    return pc.cast(pc.equal(column, value), pa.int64())
+
+
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
-               scheduler: str | None = None, workers: int | None = None) -> dict:
-    """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json."""
+               scheduler: str | None = None, workers: int | None = None, parallel: int | None = None) -> dict:
+    """Run ``n`` replicates of ``run`` into ``out/rep-XXX``; returns the record written to out/replicates.json.
+
+    The replicate input (the run's MDF and public invariants) is written, read and tabulated once; the
+    replicates then run ``parallel`` (default :data:`PARALLEL`) at a time side by side on one cluster, each
+    into ``.rep-XXX.partial`` renamed to ``rep-XXX`` when complete (the same files as a run of its seed
+    alone). Resumable: a replicate recorded complete is kept, a partial one is redone."""
     from ..configuration.config import ConfigError
-    from ..execution.runner import dask_client, run as run_topdown
+    from ..execution.runner import dask_client, prepare
 
     run, out = Path(run), Path(out)
     config = RunReader(run).config()
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
-    if len(seeds) != n:
-        raise ConfigError(f"--n {n} but {len(seeds)} seeds")
+    if n < 1 or len(seeds) != n:
+        raise ConfigError(f"--n {n}: " + ("at least one replicate" if n < 1 else f"but {len(seeds)} seeds"))
+    parallel = PARALLEL if parallel is None else parallel
+    if parallel < 1:
+        raise ConfigError(f"--parallel {parallel}: at least one replicate at a time")
     check_out(out, "the replicates", lambda p: (p / "replicates.json").is_file())
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else {"run": str(run), "replicates": []}
-    if record["run"] != str(run):
-        raise RunDirError(f"{out} holds replicates of {record['run']}, not {run}")
+    record = _read_record(record_path, run)
+    todo = _pending(out, record, seeds)
     write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
-    inp = mdf_input(run, out / "input")
-    done = {r["seed"] for r in record["replicates"]}
+    if not todo:
+        return record
+    inp = _replicate_input(run, out / "input")
+    rep_configs = {i: config.with_overrides(mode="test", seed=seeds[i], name=f"{config.run.name}-rep{i:03d}")
+                   for i in todo}
+    cancel = _Either(threading.Event(), reporter().cancel)  # set on an error here, or the job's cancel
     with dask_client(client, scheduler, workers) as dclient:
-        for i, seed in track(list(enumerate(seeds)), "replicates", unit="replicates"):
-            if seed in done:
-                continue
-            t0, c0 = time.perf_counter(), time.process_time()
-            rep = config.with_overrides(mode="test", seed=seed, name=f"{config.run.name}-rep{i:03d}")
-            target = out / f"rep-{i:03d}"
-            shutil.rmtree(target, ignore_errors=True)
-            run_topdown(rep, target, input_dir=inp, client=dclient)
-            record["replicates"].append({"dir": target.name, "seed": seed,
-                                         "wall_seconds": round(time.perf_counter() - t0, 2),
-                                         "client_cpu_seconds": round(time.process_time() - c0, 2)})
-            write_json_atomic(record_path, record)
-            log.info("replicate %d/%d (seed %d) done", i + 1, n, seed)
+        prep = prepare(rep_configs[todo[0]], inp, dclient)
+        pool = ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="replicate")
+        try:
+            futures = [pool.submit(_replicate, rep_configs[i], out / f"rep-{i:03d}", prep, dclient, cancel)
+                       for i in todo]
+            for fut in track(as_completed(futures), "replicates", len(futures), unit="replicates"):
+                entry = fut.result()
+                record["replicates"] = sorted([*record["replicates"], entry], key=lambda r: r["dir"])
+                write_json_atomic(record_path, record)
+                log.info("replicate %s (seed %d) done", entry["dir"], entry["seed"])
+        finally:  # an error or a cancellation: the others stop at their next task
+            cancel.events[0].set()
+            pool.shutdown(wait=True, cancel_futures=True)
     return record
+
+
+def _read_record(path: Path, run: Path) -> dict:
+    """replicates.json of ``run``'s replicates (a new one when absent)."""
+    if not path.exists():
+        return {"run": str(run), "replicates": []}
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("replicates"), list):
+            raise ValueError("no list of replicates")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise RunDirError(f"{path}: not a readable replicates record ({type(exc).__name__}: {exc}); "
+                          "choose another --out") from None
+    if record.get("run") != str(run):
+        raise RunDirError(f"{path.parent} holds replicates of {record.get('run')}, not {run}")
+    return record
+
+
+def _pending(out: Path, record: dict, seeds: list[int]) -> list[int]:
+    """The indices of the replicates still to run; drops from ``record`` every entry whose folder is not
+    complete (removed or damaged since). A replicate recorded with another seed is refused."""
+    kept = []
+    for entry in record["replicates"]:
+        try:
+            complete = RunReader(out / entry["dir"]).manifest().status == "complete"
+        except (RunDirError, OSError, KeyError, TypeError):
+            complete = False
+        if complete:
+            kept.append(entry)
+        else:
+            log.warning("%s: incomplete or missing; it is run again", out / str(entry.get("dir")))
+    record["replicates"] = kept
+    done = {r["dir"]: r["seed"] for r in kept}
+    todo = []
+    for i, seed in enumerate(seeds):
+        name = f"rep-{i:03d}"
+        if name in done and done[name] != seed:
+            raise RunDirError(f"{out / name}: a replicate of seed {done[name]}, not {seed}; choose another --out")
+        if name not in done:
+            todo.append(i)
+    return todo
+
+
+def _replicate_input(run: Path, path: Path) -> Path:
+    """The replicate input of ``run`` at ``path``, written once (through a partial folder renamed when complete)."""
+    if not path.is_dir():
+        partial = path.with_name(f".{path.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        mdf_input(run, partial)
+        os.rename(partial, path)
+    return path
+
+
+class _Either:
+    """Set when any of its events is (None: never): a replicate's thread stops on its command's error or
+    on the job's cancellation."""
+
+    def __init__(self, *events: threading.Event | None) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(e is not None and e.is_set() for e in self.events)
+
+
+def _replicate(config: Config, target: Path, prep, client, cancel: _Either) -> dict:
+    """One replicate into ``target`` (through ``.<name>.partial``, renamed when complete); its record entry.
+    ``client_cpu_seconds`` is this replicate's driver thread's CPU."""
+    from ..execution.runner import run_prepared
+
+    t0, c0 = time.perf_counter(), time.thread_time()
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with reporting(Reporter(enabled=False, cancel=cancel)):  # type: ignore[arg-type]  # one bar for all replicates: the caller's
+        run_prepared(config, partial, prep, client)
+    shutil.rmtree(target, ignore_errors=True)  # a replicate left incomplete by an earlier version
+    os.rename(partial, target)
+    return {"dir": target.name, "seed": config.run.seed, "wall_seconds": round(time.perf_counter() - t0, 2),
+            "client_cpu_seconds": round(time.thread_time() - c0, 2)}
 
 
 def _declared_input(reader: RunReader, census: Census, out: Path) -> Path:

@@ -193,15 +193,18 @@ def node_arrays(alg: KronAlgebra, long: pd.DataFrame, nodes: pd.Index, where: st
 
 
 def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: Structure) -> LevelState:
+    """An upper level's precision and information, read part by part (a level's measurements in one frame
+    would be several times the arrays they fill), with its structural zeros and invariant totals."""
     level, nodes = src.levels[i], src.nodes[i]
     n = len(nodes)
-    parts = src.parts(product, level)
-    long = pd.concat([read_part(p) for p in parts], ignore_index=True) if parts else None
     weights = np.zeros((n, len(alg.queries)))
     info = np.zeros((n, alg.schema.ncells))
-    if long is not None and len(long):
-        rows, w, z = node_arrays(alg, long, nodes, f"{product} {level}")
-        weights[rows], info[rows] = w, z
+    for part in src.parts(product, level):  # a node's measurements are in one part (its chunk's)
+        long = read_part(part)
+        if len(long):
+            rows, w, z = node_arrays(alg, long, nodes, f"{product} {level}")
+            weights[rows] += w
+            info[rows] += z
     precision = alg.precision(weights)
     zeros = {q: a for q, a in structure.zeros[i].items() if q in alg.zeros}
     if zeros:

@@ -285,52 +285,106 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     fresh = not manifest  # {} unless --resume continues a run
     t0 = time.perf_counter()
     timings: dict[str, float] = manifest.setdefault("timings", {})
-    census = declared_census(config)
-    files = find_input(inp, census)
     steps = Steps("run start-up", 3 + len(config.run.products))
     steps.start("cluster")
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written; the workers
     # read, check and tabulate the input (dataplane.py), and every check runs before the first write.
     with dask_client(client, scheduler, workers, security) as dclient:
-        steps.start("ingest")
-        data = read_input(dclient, files, census)
-        release_memory()
-        timings["ingest"] = time.perf_counter() - t0
-
-        t = time.perf_counter()
-        steps.start("spine")
-        geoids = input_geography(data, census_hierarchy(config))
-        if baf is not None:
-            check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
-        spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
-                            units=gq_presence(dclient, data) if config.run.spine == "optimized" else None,
-                            hierarchy=census_hierarchy(config))
-        del geoids
-        release_memory()
-        for product in config.run_products:
-            _level_names(config, product, spine.levels)
-        timings["spine"] = time.perf_counter() - t
-
-        cert = with_draws(certificate(config, {p: _path_shares(spine, config.product(p).budget)
-                                               for p in config.run.products}), prior or [])
-        all_levels: dict[str, list[Level]] = {}
-        for product in config.run_products:
-            t = time.perf_counter()
-            steps.start(f"tabulate {product.name}")
-            all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files)
-            release_memory()
-            timings[f"{product.name}.tabulate"] = time.perf_counter() - t
-        del data  # the shards hold the true histograms now
-        release_memory()
+        prep = _tabulate(config, inp, hashes, dclient, baf, timings, steps)
         steps.close()
+        return execute(config, rundir, manifest, _plan(config, prep, dclient, prior), dclient, None, None, progress,
+                       t0, security, fresh=fresh)
 
-        def publish(rd: RunDir) -> None:
-            write_table(spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
-            for product in config.run_products:
-                _write_invariants(dclient, rd, product, all_levels[product.name])
 
-        plan = Plan(spine, all_levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": hashes})
-        return execute(config, rundir, manifest, plan, dclient, None, None, progress, t0, security, fresh=fresh)
+@dataclass
+class Prepared:
+    """A run's input read, checked and tabulated on the workers, its spine built and its path shares
+    computed: all that runs of one input differing only in their seed (replicates) share."""
+
+    config: Config
+    spine: Spine
+    levels: dict[str, list[Level]]  # per product, top-down; the true histograms stay on the workers
+    shares: dict[str, "PathShares"]
+    hashes: dict[str, str]
+    timings: dict[str, float]
+
+
+def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: pd.DataFrame | None,
+              timings: dict[str, float], steps: Steps | None = None) -> Prepared:
+    """Ingest, spine and tabulation on ``dclient``'s workers (``steps``: the start-up bar)."""
+    t0 = time.perf_counter()
+    census = declared_census(config)
+    files = find_input(inp, census)
+    steps and steps.start("ingest")
+    data = read_input(dclient, files, census)
+    release_memory()
+    timings["ingest"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    steps and steps.start("spine")
+    geoids = input_geography(data, census_hierarchy(config))
+    if baf is not None:
+        check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
+    spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
+                        units=gq_presence(dclient, data) if config.run.spine == "optimized" else None,
+                        hierarchy=census_hierarchy(config))
+    del geoids
+    release_memory()
+    for product in config.run_products:
+        _level_names(config, product, spine.levels)
+    timings["spine"] = time.perf_counter() - t
+
+    shares = {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}
+    all_levels: dict[str, list[Level]] = {}
+    for product in config.run_products:
+        t = time.perf_counter()
+        steps and steps.start(f"tabulate {product.name}")
+        all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files)
+        release_memory()
+        timings[f"{product.name}.tabulate"] = time.perf_counter() - t
+    del data  # the shards hold the true histograms now
+    release_memory()
+    return Prepared(config, spine, all_levels, shares, hashes, dict(timings))
+
+
+def _plan(config: Config, prep: Prepared, dclient, prior: list[dict]) -> "Plan":
+    """The plan of a run of ``config`` from ``prep`` (its certificate composing with ``prior`` draws)."""
+    cert = with_draws(certificate(config, prep.shares), prior or [])
+
+    def publish(rd: RunDir) -> None:
+        write_table(prep.spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
+        for product in config.run_products:
+            _write_invariants(dclient, rd, product, prep.levels[product.name])
+
+    return Plan(prep.spine, prep.levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": prep.hashes})
+
+
+def prepare(config: Config, input_dir: str | Path, client) -> Prepared:
+    """Read, check and tabulate ``input_dir`` for ``config`` once on ``client``'s workers, for
+    :func:`run_prepared` (the replicates of a run: one input, many seeds). The checks are those of :func:`run`."""
+    if config.run.algorithm == "block_by_block":
+        config = block_by_block_config(config)
+    preflight(config, None)
+    baf = read_baf(config)
+    inp = _input_dir(config, input_dir)
+    check_derived_units(config, find_input(inp, declared_census(config)).units)
+    return _tabulate(config, inp, input_hashes(config, inp), client, baf, {})
+
+
+def run_prepared(config: Config, out: str | Path, prep: Prepared, client) -> Path:
+    """Run ``config`` into the new run directory ``out`` from ``prep`` (:func:`prepare`, for a
+    configuration that differs from ``config`` at most in its name and seed): the same files as
+    :func:`run` of ``config`` on that input."""
+    if config.run.algorithm == "block_by_block":
+        config = block_by_block_config(config)
+    same = config.with_overrides(name=prep.config.run.name, seed=prep.config.run.seed)
+    if same.digest() != prep.config.digest():
+        raise ValueError(f"the input was prepared for another configuration than {config.run.name}'s")
+    rundir = RunDir(check_out(out, "the run directory", is_run_dir))
+    with opened(rundir, config, prep.hashes, resume=False, force=False, draws=True) as (manifest, prior):
+        manifest["timings"] = dict(prep.timings)
+        return execute(config, rundir, manifest, _plan(config, prep, client, prior), client, None, None, None,
+                       time.perf_counter(), fresh=True)
 
 
 @dataclass

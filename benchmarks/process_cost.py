@@ -1,0 +1,58 @@
+"""CPU and peak memory per process of one ``topdown`` command (issue 31 items 2 and 5).
+
+    python benchmarks/process_cost.py -- replicates RUN --n 5 --out DIR --workers 2
+
+Runs ``python -m topdown.pipeline.cli ARGS`` and samples its process tree every 0.2 s (psutil): the peak
+resident memory of the client (the command's own process, which holds the embedded scheduler) and of the
+largest other process (a Dask worker or nanny); CPU is the user + system time of the command and all its
+processes (``getrusage`` of the children), the client's own share from its last sample. The load average is
+printed before and after: on a shared machine wall times are noisy, CPU seconds less so.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    print(f"load before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "topdown.pipeline.cli", *argv], stdout=subprocess.DEVNULL)
+    root = psutil.Process(proc.pid)
+    peak: dict[int, int] = {}
+    client_cpu = 0.0
+    while proc.poll() is None:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for p in procs:
+            try:
+                peak[p.pid] = max(peak.get(p.pid, 0), p.memory_info().rss)
+                if p.pid == root.pid:
+                    t = p.cpu_times()
+                    client_cpu = t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.2)
+    proc.wait()
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    others = [v for k, v in peak.items() if k != root.pid]
+    print(f"load after:  {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"exit {proc.returncode}; wall {wall:.1f} s; CPU {cpu:.1f} s (client {client_cpu:.1f} s, workers and "
+          f"nannies {cpu - client_cpu:.1f} s); peak RSS client {peak.get(root.pid, 0) / 2**20:.0f} MiB, "
+          f"largest other process {max(others, default=0) / 2**20:.0f} MiB ({len(others)} processes)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
