@@ -327,7 +327,7 @@ EXAMPLES = {
     "evaluate": "topdown evaluate runs/demo --truth demo-input",
     "nmf": "topdown nmf runs/demo --out runs/demo-nmf",
     "uncertainty": "topdown uncertainty runs/demo --out runs/demo-uncertainty.parquet",
-    "replicates": "topdown replicates runs/demo --n 25 --out runs/demo-replicates",
+    "replicates": "topdown replicates runs/demo --n 50 --out runs/demo-replicates",
     "audit": "topdown audit demo --input demo-input --move 440070001023003:440070001011006 --runs 200",
     "spine": "topdown spine --baf data/ri_baf2020 --out ri-spine",
 }
@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "replicates", help="rerun TopDown on a run's own MDF with fresh seeds (approximate Monte "
                                           "Carlo; no privacy budget)")
     p.add_argument("run", help="a complete run directory")
-    p.add_argument("--n", type=int, default=25, help="number of replicates (default 25)")
+    p.add_argument("--n", type=int, default=50, help="number of replicates (default 50)")
     p.add_argument("--out", required=True, help="replicates directory (resumable: finished replicates are kept)")
     _cluster_args(p)
     p.set_defaults(fn=cmd_replicates)

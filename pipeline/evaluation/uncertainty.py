@@ -33,6 +33,7 @@ from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance
 from topdown.vocab.queries import build_query
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather
+from .amc import SCHEMA, published_and_amc
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.census import Product
 
@@ -150,7 +151,8 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
         k = query.n_answers
         frames.append(pd.DataFrame({
             "product": product, "level": level, "geocode": np.repeat(np.asarray(geocodes, dtype=object), k),
-            "query": q, "cell": np.tile(np.arange(k, dtype=np.int32), len(geocodes)), "estimate": e.ravel(),
+            "query": q, "cell": np.tile(np.arange(k, dtype=np.int32), len(geocodes)), "method": "gls",
+            "published": np.nan, "estimate": e.ravel(),
             "variance": v.ravel(), "ci90_low": lo90.ravel(), "ci90_high": hi90.ravel(),
             "ci95_low": lo95.ravel(), "ci95_high": hi95.ravel()}))
     return pd.concat(frames, ignore_index=True)
@@ -295,7 +297,8 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     if source is not None:
         entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
     out = _check_out(Path(out))
-    RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if replicates else ())),
+    has_hist = replicates is not None or (src.root / "histograms").exists()  # published counts, if any
+    RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if has_hist else ())),
                               "uncertainty")
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
@@ -314,18 +317,15 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
-        if replicates is not None:
-            from .replicates import add_replicate_columns
-
-            parts_written = add_replicate_columns(parts_written, src, Path(replicates), staging, entities)
+        parts_written = published_and_amc(parts_written, src, staging, entities,
+                                          Path(replicates) if replicates is not None else None)
         if not parts_written:
             raise GLSError(f"{run}: no rows to write")
         cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
         cost.wall_seconds = time.perf_counter() - t0
         cost.client_cpu_seconds = time.process_time() - c0
         meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
-        schema = pq.read_schema(parts_written[0])
-        schema = schema.with_metadata({**(schema.metadata or {}), META_KEY: meta})
+        schema = SCHEMA.with_metadata({META_KEY: meta})
         tmp = out.with_name(f".{out.name}.tmp")
         with writing(out), removed_on_failure(tmp):
             with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
