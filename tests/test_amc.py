@@ -159,3 +159,63 @@ def test_replicates_folder_needs_two(demo_run, tmp_path):
         amc.published_and_amc([part], src, tmp_path, None, tmp_path / "reps")
     with pytest.raises(EvaluationError, match="not a `topdown replicates` folder"):
         amc.published_and_amc([part], src, tmp_path, None, tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------------------------- the coverage harness
+def _harness():
+    import importlib.util
+
+    from conftest import REPO as ROOT
+
+    spec = importlib.util.spec_from_file_location("coverage_bench", ROOT / "benchmarks" / "coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_coverage_table_arithmetic():
+    """10 block rows, 9 of them covered at 90 % and all at 95 %; the band is the binomial 99 % one."""
+    from scipy import stats
+
+    cov = _harness()
+    rows = pd.DataFrame({"method": "amc", "level": "Block", "bin": "1-9", "query": "total",
+                         "truth": np.arange(10.0), "ci90_low": np.arange(10.0), "ci90_high": np.arange(10.0) + 2,
+                         "ci95_low": 0.0, "ci95_high": 20.0, "published": np.arange(10.0) + 1,
+                         "estimate": np.arange(10.0)})
+    rows.loc[3, "ci90_low"] = 4  # 3 not in [4, 5]
+    (rec,) = cov.coverage_table(rows, ["method", "level", "bin"]).to_dict("records")
+    lo, hi = stats.binom.ppf([0.005, 0.995], 10, 0.9) / 10
+    assert rec["n"] == 10 and rec["cov90"] == 0.9 and rec["cov95"] == 1.0 and rec["ok90"]
+    assert rec["band90"] == f"{lo:.3f}-{hi:.3f}" and cov.band(10, 0.9) == (lo, hi)
+    gls = rows.assign(method="gls", ci90_high=rows["ci90_high"] + 2)
+    (w,) = cov.width_table(pd.concat([gls, rows], ignore_index=True)).to_dict("records")
+    assert w["geounits"] == 10 and w["gls_w90"] == 3.9 and w["amc_w90"] == 1.9 and w["amc_w95"] == 20
+    assert w["published_mae"] == 1 and w["gls_estimate_mae"] == 0
+    assert "| amc | Block | 1-9 | 10 | 0.900 |" in cov.markdown(cov.coverage_table(rows, ["method", "level", "bin"]))
+
+
+def test_coverage_harness_on_a_tiny_run_with_three_replicates(demo_run, demo_input, dask_client, tmp_path):
+    """The harness end to end: the demo run's uncertainty with 3 (copied) replicates and the BAF's entities;
+    every level and entity kind gets a coverage row per method, and the published MAE is the histograms'."""
+    import subprocess
+    import sys
+
+    from conftest import DATA, REPO as ROOT
+    from topdown.pipeline.evaluation.uncertainty import uncertainty
+
+    _fake_replicates(demo_run, tmp_path / "reps", [0, 1, -1])
+    unc = tmp_path / "u.parquet"
+    uncertainty(demo_run, unc, levels=["Tract", "Block_Group"], client=dask_client, replicates=tmp_path / "reps",
+                entities=DATA / "ri_baf2020", queries={"persons": ("total", "hispanic"), "units": ("total",)})
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "coverage.py"), str(demo_run), "--truth",
+                          str(demo_input), "--uncertainty", str(unc), "--entities", str(DATA / "ri_baf2020"),
+                          "--json", str(tmp_path / "c.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "### Coverage of the true total" in out.stdout and "| amc | Tract |" in out.stdout
+    tables = json.loads((tmp_path / "c.json").read_text())
+    total = pd.DataFrame(tables["coverage_total"])
+    assert set(total["method"]) == {"gls", "amc"} and {"Tract", "Block_Group", "place"} <= set(total["level"])
+    assert total.groupby("method")["n"].sum().nunique() == 1  # every gls row has its amc row
+    widths = pd.DataFrame(tables["widths"]).set_index("level")
+    assert (widths["published_mae"] >= 0).all() and (widths["amc_w90"] >= 0).all()
+    assert set(pd.DataFrame(tables["coverage_cells"])["query"]) == {"hispanic"}

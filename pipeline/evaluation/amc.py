@@ -138,9 +138,7 @@ class Tabulator:
         parts = self.parts(run_dir, name)
         if not parts:
             raise RunDirError(f"{run_dir}: no block histograms of product {name!r} (histograms/{name}/level={leaf})")
-        keys = [k for k in self.keys if k[0] == name]
-        ncells = self.products[name].schema.ncells
-        out = {k: np.zeros((len(self.aggs[k[1]][0]), self.matrices[k[0], k[2]].shape[1])) for k in keys}
+        out = self.zeros(name)
         for part in parts:
             table = pq.read_table(part, columns=["geocode", "cell", "count"]).to_pandas()
             rows = rows_of.reindex(table["geocode"].astype(str)).to_numpy()
@@ -148,13 +146,23 @@ class Tabulator:
             if bad.any():
                 raise RunDirError(f"{part}: block {table['geocode'].iloc[np.flatnonzero(bad)[0]]} is not in the "
                                   "original run's spine")
-            blocks, local = np.unique(rows.astype(np.int64), return_inverse=True)
-            hist = sp.csr_matrix((table["count"].to_numpy(np.float64), (local.ravel(), table["cell"].to_numpy())),
-                                 shape=(len(blocks), ncells))
-            for k in keys:
-                answers = (self.columns[k[1]][:, blocks] @ (hist @ self.matrices[k[0], k[2]])).tocoo()
-                np.add.at(out[k], (answers.row, answers.col), answers.data)
+            self.add(out, rows.astype(np.int64), table["cell"].to_numpy(), table["count"].to_numpy(np.float64))
         return out
+
+    def zeros(self, product: str) -> dict[tuple[str, str, str], np.ndarray]:
+        return {k: np.zeros((len(self.aggs[k[1]][0]), self.matrices[k[0], k[2]].shape[1]))
+                for k in self.keys if k[0] == product}
+
+    def add(self, out: dict, rows: np.ndarray, cells: np.ndarray, counts: np.ndarray) -> None:
+        """Add block histogram entries (spine row, cell, count) to the arrays ``out`` of :meth:`zeros`."""
+        if not out:
+            return
+        ncells = next(iter(self.matrices[k[0], k[2]] for k in out)).shape[0]
+        blocks, local = np.unique(rows, return_inverse=True)
+        hist = sp.csr_matrix((counts, (local.ravel(), cells)), shape=(len(blocks), ncells))
+        for k in out:
+            answers = (self.columns[k[1]][:, blocks] @ (hist @ self.matrices[k[0], k[2]])).tocoo()
+            np.add.at(out[k], (answers.row, answers.col), answers.data)
 
 
 # ---------------------------------------------------------------------------------------------- driver
