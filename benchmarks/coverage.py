@@ -31,6 +31,8 @@ from topdown.pipeline.execution.rundir import RunReader
 BINS = [-0.5, 0.5, 9.5, 49.5, 99.5, 249.5, np.inf]
 BIN_LABELS = ["0", "1-9", "10-49", "50-99", "100-249", "250+"]
 LEVELS = (0.90, 0.95)
+#: The queries measured besides ``total`` (the others in the file are skipped: the table stays small).
+QUERIES = ("hispanic", "cenrace")
 
 
 def band(n: int, p: float) -> tuple[float, float]:
@@ -97,13 +99,13 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | None = None,
-            product: str | None = None) -> dict[str, pd.DataFrame]:
-    """The three tables: coverage of ``total`` per method, level and bin; of the other queries' cells per
-    method, query and level; widths and errors per level."""
+            product: str | None = None, queries: tuple[str, ...] = QUERIES) -> dict[str, pd.DataFrame]:
+    """The three tables: coverage of ``total`` per method, level and bin; of the other ``queries``' cells per
+    method, query, level and zero/non-zero truth; widths and errors per level."""
     src = Source.open(run)
     product = product or src.products[0].name
-    unc = pd.read_parquet(unc_path)
-    unc = unc[unc["product"] == product].reset_index(drop=True)
+    unc = pd.read_parquet(unc_path, filters=[("product", "==", product), ("query", "in", ["total", *queries])])
+    unc = unc.reset_index(drop=True)
     if unc.empty:
         raise SystemExit(f"coverage: {unc_path} has no rows of product {product!r}")
     entities = None
@@ -139,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uncertainty", required=True, type=Path, help="a `topdown uncertainty` file of RUN")
     parser.add_argument("--entities", type=Path, help="the BAF directory or entity table given to uncertainty")
     parser.add_argument("--product", help="the product to measure (default: the run's first)")
+    parser.add_argument("--queries", nargs="*", default=list(QUERIES),
+                        help=f"queries whose cells are measured besides total (default: {' '.join(QUERIES)})")
     parser.add_argument("--json", type=Path, help="also write the tables' rows to this JSON file")
     args = parser.parse_args(argv)
-    tables = measure(Path(args.run), args.truth, args.uncertainty, args.entities, args.product)
+    tables = measure(Path(args.run), args.truth, args.uncertainty, args.entities, args.product, tuple(args.queries))
     titles = {"coverage_total": "Coverage of the true total, per method, level and block-size bin (true total)",
               "coverage_cells": "Coverage of the other queries' cells, per method, query, level and whether the "
                                 "cell's true count is 0",
