@@ -449,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="Parquet file to write")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
     p.add_argument("--levels", nargs="+", help="spine levels to write (default: all)")
-    p.add_argument("--replicates", help="directory of `topdown replicates`: add replicate bias, RMSE and interval")
+    p.add_argument("--replicates", help="directory of `topdown replicates`: add an `amc` row (the Bureau's approximate "
+                                        "Monte Carlo interval of the published count) after every `gls` row")
     _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 

@@ -219,3 +219,17 @@ def test_coverage_harness_on_a_tiny_run_with_three_replicates(demo_run, demo_inp
     widths = pd.DataFrame(tables["widths"]).set_index("level")
     assert (widths["published_mae"] >= 0).all() and (widths["amc_w90"] >= 0).all()
     assert set(pd.DataFrame(tables["coverage_cells"])["query"]) == {"hispanic"}
+
+
+def test_cli_refuses_a_bad_replicates_folder_before_any_work(demo_run, tmp_path):
+    """`uncertainty --replicates` of a folder without replicates.json, or with one replicate: exit 3, one line,
+    nothing written."""
+    from cli_subprocess import assert_clean_failure, topdown
+
+    out = tmp_path / "u.parquet"
+    outcome = topdown("uncertainty", demo_run, "--out", out, "--replicates", tmp_path / "none", "--workers", "1")
+    assert_clean_failure(outcome, 3, "replicates.json", "not a `topdown replicates` folder")
+    _fake_replicates(demo_run, tmp_path / "one", [0])
+    outcome = topdown("uncertainty", demo_run, "--out", out, "--replicates", tmp_path / "one", "--workers", "1")
+    assert_clean_failure(outcome, 3, "1 replicate(s); at least 2 are needed")
+    assert not out.exists() and not list(tmp_path.glob(".u.parquet*"))

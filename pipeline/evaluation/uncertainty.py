@@ -33,7 +33,7 @@ from .gls import (GLSError, KronAlgebra, LevelState, downward, entity_covariance
 from topdown.vocab.queries import build_query
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather
-from .amc import SCHEMA, published_and_amc
+from .amc import SCHEMA, published_and_amc, replicate_dirs
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.census import Product
 
@@ -297,6 +297,8 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     if source is not None:
         entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
     out = _check_out(Path(out))
+    if replicates is not None:
+        replicate_dirs(Path(replicates))  # a bad folder is reported before any work
     has_hist = replicates is not None or (src.root / "histograms").exists()  # published counts, if any
     RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if has_hist else ())),
                               "uncertainty")
