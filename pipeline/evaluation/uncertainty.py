@@ -1,11 +1,14 @@
 """``topdown uncertainty``: GLS estimates, variances and confidence intervals of every published count,
 from a run's noisy measurements alone (or a noisy measurement file), on Dask.
 
-Output (one Parquet file): one row per answer cell of every output query at every node of every level and
-every off-spine entity: ``product, level, geocode, query, cell, estimate, variance, ci90_low, ci90_high,
-ci95_low, ci95_high``. ``cell`` is the answer's position in the query's cell order (pipeline/execution/nmf.py). The
-intervals are the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
-covers a non-negative integer count exactly when the real interval ``est +- z sd`` does.
+Output (one Parquet file, columns :data:`amc.SCHEMA`): per method, one row per answer cell of every output
+query at every node of every level and every off-spine entity: ``product, level, geocode, query, cell, method,
+published, estimate, variance, ci90_low, ci90_high, ci95_low, ci95_high, rep_n, rep_bias, rep_rmse``. ``cell``
+is the answer's position in the query's cell order (pipeline/execution/nmf.py). ``gls`` rows: the GLS
+intervals in the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
+covers a non-negative integer count exactly when the real interval ``est +- z sd`` does; ``published`` where
+the run has its histograms. ``amc`` rows (with replicates): the Bureau's approximate Monte Carlo interval of
+the published count (pipeline/evaluation/amc.py).
 
 Work plan: the levels above the blocks (few nodes) are estimated in the client process; the block level is
 read and estimated in Dask tasks, one per block measurement part (whole block groups), in two passes (their
