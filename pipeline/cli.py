@@ -329,7 +329,7 @@ EXAMPLES = {
     "evaluate": "topdown evaluate runs/demo --truth demo-input",
     "nmf": "topdown nmf runs/demo --out runs/demo-nmf",
     "uncertainty": "topdown uncertainty runs/demo --out runs/demo-uncertainty.parquet",
-    "replicates": "topdown replicates runs/demo --n 25 --out runs/demo-replicates",
+    "replicates": "topdown replicates runs/demo --n 50 --out runs/demo-replicates",
     "audit": "topdown audit demo --input demo-input --move 440070001023003:440070001011006 --runs 200",
     "spine": "topdown spine --baf data/ri_baf2020 --out ri-spine",
 }
@@ -455,14 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="with a noisy measurement file: the configuration it was measured with")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
     p.add_argument("--levels", nargs="+", help="spine levels to write (default: all)")
-    p.add_argument("--replicates", help="directory of `topdown replicates`: add replicate bias, RMSE and interval")
+    p.add_argument("--replicates", help="directory of `topdown replicates`: add an `amc` row (the Bureau's approximate "
+                                        "Monte Carlo interval of the published count) after every `gls` row")
     _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 
     p = _command(sub, "replicates", help="rerun TopDown on a run's own MDF with fresh seeds (approximate Monte "
                                           "Carlo; no privacy budget)")
     p.add_argument("run", help="a complete run directory")
-    p.add_argument("--n", type=int, default=25, help="number of replicates (default 25)")
+    p.add_argument("--n", type=int, default=50, help="number of replicates (default 50)")
     p.add_argument("--out", required=True, help="replicates directory (resumable: finished replicates are kept)")
     p.add_argument("--parallel", type=int, help="replicates run side by side on the cluster (default 2)")
     _cluster_args(p)

@@ -352,7 +352,9 @@ def test_example_census_end_to_end(tmp_path, name):
     assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), "--workers", "1"]) == 0
     assert main(["uncertainty", str(run), "--replicates", str(tmp_path / "reps"), "--out", str(tmp_path / "r.parquet"),
                  "--workers", "1", "--quiet"]) == 0
-    assert pq.read_table(tmp_path / "r.parquet").to_pandas()["rep_n"].eq(2).all()
+    reps = pq.read_table(tmp_path / "r.parquet").to_pandas()
+    assert reps["method"].value_counts().to_dict() == {"gls": len(reps) // 2, "amc": len(reps) // 2}
+    assert reps.loc[reps["method"] == "amc", "rep_n"].eq(2).all() and reps["published"].notna().all()
     product = load(name).product("persons")
     summary = pq.read_table(tmp_path / "eval" / "summary.parquet").to_pandas()
     assert set(product.evaluation_queries) <= set(summary["query"])  # the declared queries, not P.L. 94-171's

@@ -231,7 +231,7 @@ def test_every_figure_in_the_report_sits_in_a_figure_with_its_caption(tmp_path: 
 
 
 def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code():
-    unc = pd.DataFrame({"product": "persons", "query": "total", "cell": 0,
+    unc = pd.DataFrame({"product": "persons", "query": "total", "cell": 0, "method": "gls",
                         "level": ["Tract", "Tract", "Block_Group", "place"], "geocode": ["t1", "t2", "b1", "4459000"],
                         "ci90_low": [0, 0, 0, 0], "ci90_high": [10, 10, 10, 10]})
     truth = pd.Series([5, 50, 5, 5], index=pd.MultiIndex.from_tuples(
@@ -244,5 +244,10 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
     assert geounit_label("Tract", "44007000101", LEVELS) == "Tract 44007000101"
     caption = interval_caption(unc, LEVELS)  # names only the intervals drawn; entities by code
     assert "by their code" in caption and "replicate" not in caption and "\n" not in caption
-    caption = interval_caption(unc[unc["level"] != "place"].assign(rep90_low=0), LEVELS)
-    assert "by their code" not in caption and "replicate interval" in caption
+    caption = interval_caption(unc[unc["level"] != "place"].assign(amc90_low=0), LEVELS)
+    assert "by their code" not in caption and "AMC interval" in caption
+    both = pd.concat([unc, unc.assign(method="amc", ci90_high=[10, 60, 10, 0])], ignore_index=True)
+    cov = coverage_summary(both, truth, "persons")  # one column per method, gls first; place: 5 not in [0, 0]
+    assert list(cov.columns) == ["level", "geounits", "gls_covers", "amc_covers"]
+    assert cov["geounits"].tolist() == [2, 1, 1] and cov["amc_covers"].tolist() == [1, 1, 0]
+    assert cov["gls_covers"].tolist() == [0.5, 1, 1]  # t2 (50) is outside [0, 10]

@@ -189,7 +189,16 @@ def test_output_depends_on_noisy_measurements_only(demo_run, dask_client, tmp_pa
                  "--scheduler", dask_client.scheduler.address, *tls, "--entities", str(DATA / "ri_baf2020")]) == EXIT_OK
     uncertainty(slim, b, levels=["Tract", "Block_Group"], client=dask_client)
     ta, tb = pd.read_parquet(a), pd.read_parquet(b)
-    pd.testing.assert_frame_equal(ta[ta["level"].isin(["Tract", "Block_Group"])].reset_index(drop=True), tb)
+    assert set(ta["method"]) == set(tb["method"]) == {"gls"}
+    # The published count comes from the run's histograms (the slim copy has none: null); all else is equal.
+    assert ta["published"].notna().all() and tb["published"].isna().all()
+    assert ta[["rep_n", "rep_bias", "rep_rmse"]].isna().all().all()
+    pd.testing.assert_frame_equal(ta[ta["level"].isin(["Tract", "Block_Group"])].reset_index(drop=True)
+                                  .drop(columns="published"), tb.drop(columns="published"))
+    tot = ta[(ta["product"] == "persons") & (ta["query"] == "total") & (ta["level"] == "Tract")]
+    tot = tot.set_index("geocode")["published"]
+    hist = pd.read_parquet(demo_run / "histograms" / "persons" / "level=Tract").groupby("geocode")["count"].sum()
+    np.testing.assert_array_equal(tot.to_numpy(), hist.reindex(tot.index).to_numpy())
     assert set(ta["level"]) >= {"Tract", "Block_Group", "place", "mcd"}
     # Consistency: the tracts' estimates add up to the county's, and block groups to their tract.
     bg = tb[(tb["product"] == "persons") & (tb["query"] == "total") & (tb["level"] == "Block_Group")]
@@ -227,11 +236,10 @@ def test_replicate_input_is_the_runs_mdf_with_public_gq_counts(demo_run, tmp_pat
 
 
 @pytest.mark.slow
-def test_replicates_add_bias_rmse_and_interval(demo_run, dask_client, tmp_path):
-    """Two replicates of the demo run (about 1-3 minutes): every row gets the published count, the
-    replicates' bias and RMSE, and an interval around the published count of half-width t(1) RMSE."""
-    from scipy import stats
-
+def test_replicates_add_amc_rows(demo_run, dask_client, tmp_path):
+    """Two replicates of the demo run (about 1-3 minutes): every GLS row gets an ``amc`` row with the published
+    count, the replicates' bias and RMSE, and the Bureau's interval around its point estimate (t, 5 df)."""
+    from topdown.pipeline.evaluation.amc import t_value
     from topdown.pipeline.evaluation.replicates import replicates
 
     record = replicates(demo_run, 2, tmp_path / "reps", client=dask_client)
@@ -239,12 +247,15 @@ def test_replicates_add_bias_rmse_and_interval(demo_run, dask_client, tmp_path):
     out = tmp_path / "u.parquet"
     uncertainty(demo_run, out, levels=["Tract"], client=dask_client, replicates=tmp_path / "reps")
     t = pd.read_parquet(out)
-    assert (t["rep_n"] == 2).all() and (t["rep_rmse"] >= t["rep_bias"].abs() - 1e-9).all()
-    tot = t[(t["product"] == "persons") & (t["query"] == "total")].set_index("geocode")
+    gls, amc = t[t["method"] == "gls"].reset_index(drop=True), t[t["method"] == "amc"].reset_index(drop=True)
+    assert len(gls) == len(amc) and (gls["published"] == amc["published"]).all()
+    assert (amc["rep_n"] == 2).all() and (amc["rep_rmse"] >= amc["rep_bias"].abs() - 1e-9).all()
+    tot = amc[(amc["product"] == "persons") & (amc["query"] == "total")].set_index("geocode")
     hist = pd.read_parquet(demo_run / "histograms" / "persons" / "level=Tract").groupby("geocode")["count"].sum()
     np.testing.assert_array_equal(tot["published"].to_numpy(), hist.reindex(tot.index).to_numpy())
-    half = stats.t.ppf(0.95, 1) * t["rep_rmse"]
-    assert (t["rep90_high"] == np.ceil(t["published"] + half)).all()
+    assert (amc["ci90_high"] == np.ceil(amc["estimate"] + t_value(0.90) * amc["rep_rmse"])).all()
+    assert (amc["ci95_low"] == np.floor(np.maximum(amc["estimate"] - t_value(0.95) * amc["rep_rmse"], 0))).all()
+    np.testing.assert_allclose(amc["variance"], amc["rep_rmse"] ** 2)
 
 
 def test_report_shows_intervals_and_coverage_summary_only(demo_run, demo_input, dask_client, tmp_path):

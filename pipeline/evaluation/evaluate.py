@@ -497,7 +497,7 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
 
 def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions, out: Path) -> tuple[dict, str]:
     """The interval figure (no true count: the report shows summaries only) and the coverage of the truth by
-    the GLS and replicate intervals per level (written as intervals_coverage.parquet)."""
+    each method's 90 % intervals (gls, amc) per level (written as intervals_coverage.parquet)."""
     from .eval_report import _table
     from .intervals import coverage_summary, interval_caption, interval_figure, interval_table, truth_totals
 

@@ -1,5 +1,6 @@
 """Intervals for a few published counts, for users: a table and a figure (published count, GLS 90 % interval,
-replicate 90 % interval, and the true count where one is known), from a ``topdown uncertainty`` file."""
+AMC 90 % interval, and the true count where one is known), from a ``topdown uncertainty`` file (long in
+``method``: ``gls`` rows, and ``amc`` rows where replicates were given)."""
 from __future__ import annotations
 
 import io
@@ -11,21 +12,27 @@ import pandas as pd
 def interval_table(unc: pd.DataFrame, product: str, levels: tuple[str, ...], per_level: int = 5,
                    query: str = "total", truth: pd.Series | None = None) -> pd.DataFrame:
     """The first ``per_level`` geounits (geocode order) of each of ``levels``: ``product``'s ``query`` cell 0
-    rows with published count (if replicates were added), GLS interval and replicate interval; ``truth``
-    (indexed by (level, geocode)) adds the true count."""
+    with published count (where the run had its histograms), GLS estimate and interval, and the AMC interval
+    (``amc90_low``, ``amc90_high``) where the file has ``amc`` rows; ``truth`` (indexed by (level, geocode))
+    adds the true count."""
     rows = unc[(unc["product"] == product) & (unc["query"] == query) & (unc["cell"] == 0)
                & unc["level"].isin(levels)]
-    rows = rows.sort_values(["level", "geocode"]).groupby("level", sort=False).head(per_level)
-    cols = [c for c in ("level", "geocode", "published", "estimate", "ci90_low", "ci90_high", "rep90_low",
-                        "rep90_high") if c in rows.columns]
-    table = rows[cols].reset_index(drop=True)
+    gls = rows[rows["method"] == "gls"].sort_values(["level", "geocode"]).groupby("level", sort=False).head(per_level)
+    table = gls[["level", "geocode", "published", "estimate", "ci90_low", "ci90_high"]].reset_index(drop=True)
+    if table["published"].isna().all():
+        table = table.drop(columns="published")
+    amc = rows[rows["method"] == "amc"].set_index(["level", "geocode"])
+    if len(amc):
+        where = pd.MultiIndex.from_frame(table[["level", "geocode"]])
+        table["amc90_low"] = amc["ci90_low"].reindex(where).to_numpy()
+        table["amc90_high"] = amc["ci90_high"].reindex(where).to_numpy()
     if truth is not None:
         table["truth"] = truth.reindex(pd.MultiIndex.from_frame(table[["level", "geocode"]])).to_numpy()
     return table
 
 
 def interval_figure(table: pd.DataFrame, spine_levels: Collection[str]) -> bytes:
-    """PNG: per geounit, the GLS and replicate 90 % intervals relative to the published count (or the GLS
+    """PNG: per geounit, the GLS and AMC 90 % intervals relative to the published count (or the GLS
     estimate where there is no published column), the estimate, and the true count if present; one panel per
     level, each on its own scale (a place's interval can be a hundred times a tract's); a level not in
     ``spine_levels`` is an entity kind, its geounits named by code."""
@@ -44,9 +51,9 @@ def interval_figure(table: pd.DataFrame, spine_levels: Collection[str]) -> bytes
         y = np.arange(len(t))[::-1]
         ax.hlines(y + 0.12, t["ci90_low"] - center, t["ci90_high"] - center, lw=4, color="C0",
                   label="GLS 90% interval (noisy measurements)")
-        if "rep90_low" in t.columns:
-            ax.hlines(y - 0.12, t["rep90_low"] - center, t["rep90_high"] - center, lw=4, color="C1",
-                      label="replicate 90% interval (published count)")
+        if "amc90_low" in t.columns:
+            ax.hlines(y - 0.12, t["amc90_low"] - center, t["amc90_high"] - center, lw=4, color="C1",
+                      label="AMC 90% interval (published count, replicates)")
         ax.plot(t["estimate"] - center, y + 0.12, "|", color="k", ms=10, mew=1.5, label="GLS estimate")
         if "truth" in t.columns and t["truth"].notna().any():
             ax.plot(t["truth"] - center, y, "x", color="C3", ms=7, label="true count")
@@ -65,7 +72,7 @@ def interval_figure(table: pd.DataFrame, spine_levels: Collection[str]) -> bytes
 def interval_caption(table: pd.DataFrame, spine_levels: Collection[str]) -> str:
     """The one-line caption of :func:`interval_figure` for ``table``: names only the intervals drawn, and says
     that entities (of block assignment files, which carry no names) are shown by their code."""
-    rep = " and the replicate interval (over repeated runs)" if "rep90_low" in table.columns else ""
+    rep = " and the AMC interval (the Bureau's, over replicate runs)" if "amc90_low" in table.columns else ""
     codes = ("; entities are shown by their code (the block assignment files carry no names)"
              if not set(table["level"]) <= set(spine_levels) else "")
     return (f"90% intervals of a few published persons totals, relative to the published count (one panel per "
@@ -80,16 +87,17 @@ def geounit_label(level: str, geocode: str, spine_levels: Collection[str]) -> st
 
 
 def coverage_summary(unc: pd.DataFrame, truth: pd.Series, product: str, query: str = "total") -> pd.DataFrame:
-    """Share of ``product``'s geounits per level whose GLS (and replicate) 90 % interval covers the truth - a
-    summary only. Levels in the order the file holds them (the spine's, top-down, then the entity kinds);
-    geounits an integer."""
+    """Share of ``product``'s geounits per level whose 90 % interval of each method in the file (``gls_covers``,
+    ``amc_covers``...) covers the truth - a summary only. Levels in the order the file holds them (the
+    spine's, top-down, then the entity kinds); geounits an integer."""
     rows = unc[(unc["product"] == product) & (unc["query"] == query) & (unc["cell"] == 0)]
     t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
-    rows = rows.assign(truth=t).dropna(subset=["truth"])
-    out = rows.groupby("level", sort=False).apply(lambda g: pd.Series({
-        "geounits": len(g), "gls_covers": ((g["ci90_low"] <= g["truth"]) & (g["truth"] <= g["ci90_high"])).mean(),
-        **({"replicate_covers": ((g["rep90_low"] <= g["truth"]) & (g["truth"] <= g["rep90_high"])).mean()}
-           if "rep90_low" in g.columns else {})}), include_groups=False)
+    rows = rows.assign(truth=t, covers=(rows["ci90_low"] <= t) & (t <= rows["ci90_high"])).dropna(subset=["truth"])
+    out = rows.astype({"covers": float}).pivot_table(index="level", columns="method", values="covers",
+                                                     aggfunc="mean", sort=False)
+    out = out[sorted(out.columns, key=lambda m: (m != "gls", m))]  # gls first
+    out.columns = [f"{m}_covers" for m in out.columns]
+    out.insert(0, "geounits", rows[rows["method"] == "gls"].groupby("level", sort=False).size())
     return out.reset_index().astype({"geounits": np.int64})
 
 

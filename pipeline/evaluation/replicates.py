@@ -1,15 +1,10 @@
-"""Approximate Monte Carlo replicates (uncertainty_notes.md section 3): ``topdown replicates RUN --n 25 --out DIR``
-reruns TopDown with the run's own MDF as the input and fresh seeds (test mode), and
-``topdown uncertainty RUN --replicates DIR`` adds, for every published count, the replicates' bias, RMSE
-and a 90 % interval.
+"""Approximate Monte Carlo replicates: ``topdown replicates RUN --n 50 --out DIR`` reruns TopDown with the
+run's own MDF as the input and fresh seeds (test mode), and ``topdown uncertainty RUN --replicates DIR`` adds,
+for every published count, the Bureau's AMC interval (its rule and statistics: pipeline/evaluation/amc.py).
 
 Privacy: a replicate reads published data only (the MDF, and the block group-quarters facility counts,
 which are declared invariants), never the confidential input, so by post-processing it consumes no privacy
 budget; its own noise protects nothing and is drawn in test mode from documented seeds.
-
-Statistics per published count q0 with replicate values q_1..q_n: ``bias = mean(q_i) - q0``,
-``rmse = sqrt(mean((q_i - q0)^2))``, interval ``[floor(max(0, q0 - t rmse)), ceil(q0 + t rmse)]`` with t the
-95th percentile of Student's t with n - 1 degrees of freedom.
 """
 from __future__ import annotations
 
@@ -27,10 +22,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import scipy.sparse as sp
 
 from topdown.pipeline.configuration.census import PERSONS, UNITS, read_as_declared
-from topdown.vocab.census import GENERIC_MDF, Census, Product
+from topdown.vocab.census import GENERIC_MDF, Census
 
 from ..configuration.config import Config
 
@@ -264,90 +258,4 @@ def _declared_input(reader: RunReader, census: Census, out: Path) -> Path:
             frames.append(pd.DataFrame({**geography(where), units.type_column: np.full(len(where), k, np.int64),
                                         units.occupied_column: True}))
         write_table(pd.concat(frames, ignore_index=True), out / f"{units.name}.parquet")
-    return out
-
-
-# ------------------------------------------------------------------------------------------ statistics
-def _block_hist(run_dir: Path, product: Product, geoids: pd.Index) -> sp.csr_matrix:
-    """The run's block histograms (its MDF tabulated) as a CSR matrix with rows in ``geoids`` order."""
-    spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
-    leaf = spine.columns[-1]
-    table = pd.read_parquet(run_dir / "histograms" / product.name / f"level={leaf}")
-    geo = spine.set_index(leaf)["geoid"].reindex(table["geocode"].astype(str)).to_numpy()
-    rows = geoids.get_indexer(geo)
-    if (rows < 0).any():
-        raise RunDirError(f"{run_dir}: block {geo[np.flatnonzero(rows < 0)[0]]} is not in the original run's spine")
-    return sp.csr_matrix((table["count"].to_numpy(np.float64), (rows, table["cell"].to_numpy())),
-                         shape=(len(geoids), product.schema.ncells))
-
-
-def _aggregators(src, entities: pd.DataFrame | None) -> dict[str, tuple[pd.Index, sp.csr_matrix]]:
-    """Per output level (spine levels and entity types): node index and node x block aggregation matrix."""
-    geoids = pd.Index(src.spine["geoid"])
-    out = {}
-    for level, nodes in zip(src.levels, src.nodes):
-        rows = nodes.get_indexer(src.spine[level])
-        out[level] = (nodes, sp.csr_matrix((np.ones(len(rows)), (rows, np.arange(len(rows)))), shape=(len(nodes), len(geoids))))
-    if entities is not None:
-        for etype, t in entities.groupby("entity_type"):
-            t = t[t["geoid"].isin(geoids)]
-            nodes = pd.Index(np.sort(t["entity"].unique()))
-            out[str(etype)] = (nodes, sp.csr_matrix((np.ones(len(t)), (nodes.get_indexer(t["entity"]), geoids.get_indexer(t["geoid"]))),
-                                                    shape=(len(nodes), len(geoids))))
-    return out
-
-
-def add_replicate_columns(parts: list[Path], src, rep_dir: Path, staging: Path,
-                          entities: pd.DataFrame | None = None) -> list[Path]:
-    """Rewrite each output part with published, rep_n, rep_bias, rep_rmse, rep90_low, rep90_high."""
-    from scipy import stats
-
-    from topdown.vocab.queries import build_query
-
-    from .evaluate import EvaluationError
-
-    record = json.loads((rep_dir / "replicates.json").read_text())
-    reps = [rep_dir / r["dir"] for r in record["replicates"]]
-    if len(reps) < 2:
-        raise EvaluationError(f"{rep_dir}: {len(reps)} replicate(s); at least 2 are needed")
-    t = float(stats.t.ppf(0.95, len(reps) - 1))
-    geoids = pd.Index(src.spine["geoid"])
-    aggs = _aggregators(src, entities)
-    tables = [pq.read_table(p).to_pandas() for p in parts]
-    needed = {(r.product, r.level, r.query) for tb in tables for r in tb[["product", "level", "query"]].drop_duplicates().itertuples()}
-    published, acc1, acc2 = {}, {}, {}
-    for spec in src.products:
-        keys = [k for k in needed if k[0] == spec.name]
-        if not keys:
-            continue
-        base = _block_hist(src.root, spec, geoids)
-        for k in keys:
-            m = build_query(spec.schema, k[2]).matrix().T.tocsc()
-            published[k] = np.asarray((aggs[k[1]][1] @ base @ m).todense())
-            acc1[k], acc2[k] = np.zeros_like(published[k]), np.zeros_like(published[k])
-        for rep in reps:
-            h = _block_hist(rep, spec, geoids)
-            for k in keys:
-                m = build_query(spec.schema, k[2]).matrix().T.tocsc()
-                v = np.asarray((aggs[k[1]][1] @ h @ m).todense())
-                acc1[k] += v
-                acc2[k] += (v - published[k]) ** 2
-    out = []
-    n = len(reps)
-    for i, tb in enumerate(tables):
-        cols = {c: np.zeros(len(tb)) for c in ("published", "rep_bias", "rep_rmse")}
-        for (product, level, query), g in tb.groupby(["product", "level", "query"], sort=False):
-            k = (product, level, query)
-            rows = aggs[level][0].get_indexer(g["geocode"].astype(str))
-            cells = g["cell"].to_numpy()
-            q0 = published[k][rows, cells]
-            cols["published"][g.index] = q0
-            cols["rep_bias"][g.index] = acc1[k][rows, cells] / n - q0
-            cols["rep_rmse"][g.index] = np.sqrt(acc2[k][rows, cells] / n)
-        tb = tb.assign(**cols, rep_n=n)
-        tb["rep90_low"] = np.floor(np.maximum(0, tb["published"] - t * tb["rep_rmse"]))
-        tb["rep90_high"] = np.ceil(tb["published"] + t * tb["rep_rmse"])
-        path = staging / f"rep-{i:05d}.parquet"
-        pq.write_table(pa.Table.from_pandas(tb, preserve_index=False), path)
-        out.append(path)
     return out

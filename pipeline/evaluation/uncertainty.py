@@ -1,11 +1,14 @@
 """``topdown uncertainty``: GLS estimates, variances and confidence intervals of every published count,
 from a run's noisy measurements alone (or a noisy measurement file), on Dask.
 
-Output (one Parquet file): one row per answer cell of every output query at every node of every level and
-every off-spine entity: ``product, level, geocode, query, cell, estimate, variance, ci90_low, ci90_high,
-ci95_low, ci95_high``. ``cell`` is the answer's position in the query's cell order (pipeline/execution/nmf.py). The
-intervals are the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
-covers a non-negative integer count exactly when the real interval ``est +- z sd`` does.
+Output (one Parquet file, columns :data:`amc.SCHEMA`): per method, one row per answer cell of every output
+query at every node of every level and every off-spine entity: ``product, level, geocode, query, cell, method,
+published, estimate, variance, ci90_low, ci90_high, ci95_low, ci95_high, rep_n, rep_bias, rep_rmse``. ``cell``
+is the answer's position in the query's cell order (pipeline/execution/nmf.py). ``gls`` rows: the GLS
+intervals in the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
+covers a non-negative integer count exactly when the real interval ``est +- z sd`` does; ``published`` where
+the run has its histograms. ``amc`` rows (with replicates): the Bureau's approximate Monte Carlo interval of
+the published count (pipeline/evaluation/amc.py).
 
 Work plan: the levels above the blocks (few nodes) are estimated in the client process; the block level is
 read and estimated in Dask tasks, one per block measurement part (whole block groups), in two passes (their
@@ -36,6 +39,7 @@ from ..execution.levels import level_constraints, published_units
 from ..execution.nmf import nmf_invariants
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather
+from .amc import SCHEMA, published_and_amc, replicate_dirs
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.census import Product
 
@@ -234,7 +238,8 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
         k = query.n_answers
         frames.append(pd.DataFrame({
             "product": product, "level": level, "geocode": np.repeat(np.asarray(geocodes, dtype=object), k),
-            "query": q, "cell": np.tile(np.arange(k, dtype=np.int32), len(geocodes)), "estimate": e.ravel(),
+            "query": q, "cell": np.tile(np.arange(k, dtype=np.int32), len(geocodes)), "method": "gls",
+            "published": np.nan, "estimate": e.ravel(),
             "variance": v.ravel(), "ci90_low": lo90.ravel(), "ci90_high": hi90.ravel(),
             "ci95_low": lo95.ravel(), "ci95_high": hi95.ravel()}))
     return pd.concat(frames, ignore_index=True)
@@ -442,8 +447,11 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
         if source is not None:
             entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
         out = _check_out(Path(out))
+        if replicates is not None:
+            replicate_dirs(Path(replicates))  # a bad folder is reported before any work
+        has_hist = not from_nmf and (replicates is not None or (src.root / "histograms").exists())  # published counts
         if not from_nmf:
-            RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if replicates else ())),
+            RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if has_hist else ())),
                                       "uncertainty")
     want = set(levels or src.levels)
     unknown = want - set(src.levels)
@@ -462,18 +470,15 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
-        if replicates is not None:
-            from .replicates import add_replicate_columns
-
-            parts_written = add_replicate_columns(parts_written, src, Path(replicates), staging, entities)
+        parts_written = published_and_amc(parts_written, src, staging, entities,
+                                          Path(replicates) if replicates is not None else None)
         if not parts_written:
             raise GLSError(f"{run}: no rows to write")
         cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
         cost.wall_seconds = time.perf_counter() - t0
         cost.client_cpu_seconds = time.process_time() - c0
         meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
-        schema = pq.read_schema(parts_written[0])
-        schema = schema.with_metadata({**(schema.metadata or {}), META_KEY: meta})
+        schema = SCHEMA.with_metadata({META_KEY: meta})
         tmp = out.with_name(f".{out.name}.tmp")
         with writing(out), removed_on_failure(tmp):
             with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
