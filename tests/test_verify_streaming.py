@@ -28,15 +28,18 @@ def three_states(tmp_path_factory, dask_client) -> Path:
     return out
 
 
-def _report(run_dir: Path, monkeypatch, groups: int | None = None) -> verify.VerifyReport:
+def _report(run_dir: Path, monkeypatch, by_state: bool) -> verify.VerifyReport:
+    """verify_run by state (groups of one block: a state each), or in one group (the default for a small run)."""
     with monkeypatch.context() as m:
-        if groups is not None:
-            m.setattr(verify, "MAX_GROUPS", groups)
+        if by_state:
+            m.setattr(verify, "GROUP_BLOCKS", 1)
         return verify.verify_run(run_dir)
 
 
-def test_groups_are_states(three_states) -> None:
+def test_groups_are_states(three_states, monkeypatch) -> None:
     reader = RunReader(three_states)
+    assert verify._Groups(reader.spine_path, reader.manifest().levels, us=True).count == 1  # 600 blocks: one group
+    monkeypatch.setattr(verify, "GROUP_BLOCKS", 1)
     groups = verify._Groups(reader.spine_path, reader.manifest().levels, us=True)
     assert groups.count == 3
     spine = reader.spine_table()
@@ -48,7 +51,7 @@ def test_groups_are_states(three_states) -> None:
 
 
 def test_a_clean_run_passes_the_same_checks_as_one_group(three_states, monkeypatch) -> None:
-    streamed, whole = _report(three_states, monkeypatch), _report(three_states, monkeypatch, groups=1)
+    streamed, whole = _report(three_states, monkeypatch, True), _report(three_states, monkeypatch, False)
     assert streamed.ok and whole.ok, (streamed.failures, whole.failures)
     assert streamed.checks == whole.checks > 100
 
@@ -62,7 +65,7 @@ def test_a_tampered_run_fails_the_same_checks_as_one_group(three_states, tmp_pat
     frame.to_parquet(parts[-1], index=False)
     mdf = sorted((copy / "mdf" / "units").rglob("*.parquet"))[0]
     pq.write_table(pq.read_table(mdf).slice(1), mdf)  # the first county loses a unit record
-    streamed, whole = _report(copy, monkeypatch), _report(copy, monkeypatch, groups=1)
+    streamed, whole = _report(copy, monkeypatch, True), _report(copy, monkeypatch, False)
     assert streamed.checks == whole.checks
     assert sorted(streamed.failures) == sorted(whole.failures)
     text = "\n".join(streamed.failures)
@@ -80,6 +83,7 @@ def test_no_level_below_the_root_is_read_whole(three_states, monkeypatch) -> Non
         return table(self, path, columns)
 
     monkeypatch.setattr(RunReader, "table", recording)
+    monkeypatch.setattr(verify, "GROUP_BLOCKS", 1)
     monkeypatch.setattr(RunReader, "spine_table", lambda self: pytest.fail("verify read the whole spine as a frame"))
     assert verify.verify_run(three_states).ok
     assert read and all(p.name == "level=US" for p in read), read

@@ -12,6 +12,12 @@ file fails by name.
 A run of a declared census (its ``config.json`` holds the census) is checked by the spine's levels and the
 product's declaration (:func:`verify_declared`): its invariant totals, its unit bounds, its structural zeros
 where the run declared them, and its MDF (the generic layout tabulated back).
+
+No level is read into memory whole (a national run's Block level and MDF do not fit one process): each
+level's parts, the invariants and the MDF are routed, a batch at a time, to one file per group of whole
+states (:class:`_Groups`, about :data:`GROUP_BLOCKS` blocks each) in a temporary folder (``TMPDIR``; it needs
+room for a copy of the histograms and the MDF), and the checks run one group at a time; only the root level
+is read whole. A small run is one group.
 """
 from __future__ import annotations
 
@@ -76,28 +82,32 @@ def _parent_map(spine: pd.DataFrame, child: str, parent: str) -> pd.Series:
     return pairs.set_index(child)[parent]
 
 
-#: At most this many groups: verify holds one group's rows of a product in memory at a time.
-MAX_GROUPS = 64
+#: At most this many groups, of about this many blocks each (a group holds whole states, however large):
+#: verify holds one group's rows of a product in memory at a time.
+MAX_GROUPS, GROUP_BLOCKS = 64, 250_000
 #: Rows of a source file read at a time while its rows are routed to their groups.
 ROUTE_BATCH = 1 << 18
 
 
 class _Groups:
     """The run split into groups of whole subtrees below the root, so that no level is read into memory whole:
-    a U.S. spine's groups are its states (a state's AIAN parts together, as its whole-state total needs), a
-    declared hierarchy's the nodes of its first level below the root (at most :data:`MAX_GROUPS` groups of
-    consecutive codes). Every level's nodes (and the blocks' GEOIDs) fall into runs of consecutive codes of one
-    group; a row is routed by its code's run (a code outside the spine lands in some group, whose checks then
-    fail on it as they would on the whole level)."""
+    consecutive keys - a U.S. spine's states (a state's AIAN parts together, as its whole-state total needs), a
+    declared hierarchy's nodes of its first level below the root - of about :data:`GROUP_BLOCKS` blocks
+    together, at most :data:`MAX_GROUPS` groups. Every level's nodes (and the blocks' GEOIDs) fall into runs of
+    consecutive codes of one group; a row is routed by its code's run (a code outside the spine lands in some
+    group, whose checks then fail on it as they would on the whole level)."""
 
     def __init__(self, spine_path: Path, levels: list[str], us: bool):
         self.spine = pq.read_table(spine_path, read_dictionary=levels[:-1])
         key = (pc.utf8_slice_codeunits(self.spine.column("geoid"), 0, PREFIX[STATE]) if us
                else self.spine.column(levels[1]).cast(pa.large_string()))
         keys = pc.unique(key).sort()
-        self.count = min(len(keys), MAX_GROUPS)
-        key_group = np.arange(len(keys)) * self.count // max(len(keys), 1)
-        self.row_group = key_group[pc.index_in(key, keys).to_numpy()]
+        row_key = pc.index_in(key, keys).to_numpy()
+        size = max(GROUP_BLOCKS, -(-len(row_key) // MAX_GROUPS))
+        ends = np.cumsum(np.bincount(row_key, minlength=len(keys)))
+        key_group = np.r_[0, np.cumsum((ends[1:] - 1) // size > (ends[:-1] - 1) // size)] if len(keys) else ends
+        self.count = int(key_group[-1]) + 1 if len(keys) else 0
+        self.row_group = key_group[row_key]
         self.runs = {name: self._runs(name) for name in ["geoid", *levels[1:]]}
         self.runs["key"] = (np.asarray(keys.to_numpy(zero_copy_only=False), dtype=str), key_group)
 
@@ -147,11 +157,19 @@ class _Spill:
         return (pq.read_table(path) if path.exists() else self.schema.empty_table()).to_pandas()
 
 
-def _batches(path: Path, columns: list[str] | None = None):
-    """The record batches of a Parquet file or folder (hive partitions as ``pq.read_table`` reads them), as tables."""
+def _batches(path: Path):
+    """A Parquet file or folder (hive partitions as ``pq.read_table`` reads them) as tables of about
+    :data:`ROUTE_BATCH` rows (small files' batches together)."""
     dataset = ds.dataset(path, format="parquet", partitioning="hive")
-    for batch in dataset.to_batches(columns=columns, batch_size=ROUTE_BATCH):
-        yield pa.Table.from_batches([batch])
+    held, rows = [], 0
+    for batch in dataset.to_batches(batch_size=ROUTE_BATCH):
+        held.append(batch)
+        rows += batch.num_rows
+        if rows >= ROUTE_BATCH:
+            yield pa.Table.from_batches(held, schema=dataset.schema)
+            held, rows = [], 0
+    if held:
+        yield pa.Table.from_batches(held, schema=dataset.schema)
 
 
 def verify_run(root: str | Path) -> VerifyReport:
