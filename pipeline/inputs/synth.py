@@ -20,6 +20,9 @@ Shape, chosen to look like Rhode Island 2010 (data README, section 2) and nation
 
 The output passes :func:`topdown.pipeline.inputs.validate.validate_input`. :func:`write_partitioned` writes
 national-shaped input (many states, hive-partitioned by state) batch by batch, never holding it whole.
+:func:`write_us2020` (``topdown synth --shape us2020``) writes the nation of 2020 so: the 52 state-equivalents
+of :data:`topdown.geo.us2020.US2020` with their counties, tracts, block groups and blocks (scaled by
+``--scale``), a quarter of the blocks without persons, and block assignment files for the AIAN spines.
 
 :func:`write_census` (``topdown synth --census NAME``) writes input of any declared census's shape instead,
 driven by its declaration only: the hierarchy's levels (prefix geocode or one column per level), attributes
