@@ -151,3 +151,22 @@ def test_cli_writes_the_shape(tmp_path) -> None:
     assert outcome.code == 0, str(outcome)
     assert "52 states" in outcome.stdout and (tmp_path / "out" / "baf").is_dir()
     assert len(list((tmp_path / "out" / "persons").glob("state=*"))) == 52
+
+
+@pytest.mark.slow
+def test_the_production_preset_runs_the_national_shape_and_verifies(tmp_path, dask_client) -> None:
+    """benchmarks/national.toml (the production preset, optimized AIAN spine) end to end on the national shape:
+    52 states (their AIAN parts) under the one US node, DC with one county, Puerto Rico; verify passes."""
+    from conftest import REPO
+
+    from topdown.pipeline import load_config, run
+    from topdown.pipeline.outputs.verify import verify_run
+
+    synth.write_us2020(tmp_path / "input", seed=1, scale=0.0002)
+    config = load_config(REPO / "benchmarks" / "national.toml").with_overrides(baf=str(tmp_path / "input" / "baf"))
+    out = run(config, tmp_path / "run", input_dir=tmp_path / "input", client=dask_client)
+    spine = pd.read_parquet(out / "spine.parquet")
+    assert spine["State"].nunique() == 102 and spine["County"].nunique() == 3221
+    assert spine["geoid"].str[:2].nunique() == 52
+    report = verify_run(out)
+    assert report.ok, report.failures
