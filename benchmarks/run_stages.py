@@ -315,7 +315,7 @@ def main() -> None:
                      wrapped(runner, "build_spine", lambda *a, **k: "spine", tracker), \
                      wrapped(runner, "tabulate_levels", lambda client, config, product, *a, **k: f"{product.name}.tabulate",
                              tracker), \
-                     wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product}.mdf", tracker):
+                     wrapped(runner, "write_mdf", lambda client, rundir, product, *a, **k: f"{product.name}.mdf", tracker):
                     t1 = time.perf_counter()
                     signal.signal(signal.SIGTERM, _interrupt)
                     try:

@@ -141,8 +141,13 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     if args.census is not None:
         return _synth_census(args)
+    if args.shape is not None:
+        return _synth_shape(args)
+    if args.scale is not None:
+        raise ConfigError("--scale goes with --shape us2020")
     if args.blocks is None:
-        raise ConfigError("synth needs --blocks N (P.L. 94-171 shaped input) or --census NAME --persons N")
+        raise ConfigError("synth needs --blocks N (P.L. 94-171 shaped input), --shape us2020, or --census NAME "
+                          "--persons N")
     if args.states is None and args.persons is None:
         write_synthetic(Path(args.out), blocks=args.blocks, seed=args.seed)
         print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
@@ -154,12 +159,29 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _synth_shape(args: argparse.Namespace) -> int:
+    """``synth --shape us2020 [--scale S]``: the 52 state-equivalents of 2020, hive-partitioned by state."""
+    from .configuration.config import ConfigError
+    from .inputs.synth import write_us2020
+
+    if args.blocks is not None or args.states is not None or args.persons is not None:
+        raise ConfigError(f"--shape {args.shape} takes --scale S, not --blocks, --states or --persons (the shape "
+                          "fixes them)")
+    n = write_us2020(Path(args.out), seed=args.seed, scale=1.0 if args.scale is None else args.scale)
+    print(f"synthetic input of shape {args.shape} (scale {args.scale or 1}, seed {args.seed}): {n['blocks']} blocks, "
+          f"{n['persons']} persons, {n['units']} units in 52 states, written to {args.out}/persons/, {args.out}/units/ "
+          f"(hive-partitioned by state) and {args.out}/baf/ (block assignment files)")
+    return EXIT_OK
+
+
 def _synth_census(args: argparse.Namespace) -> int:
     """``synth --census NAME --persons N``: an input of a declared census's shape."""
     from .configuration.config import ConfigError, preset_dir
 
     if args.blocks is not None or args.states is not None:
         raise ConfigError("--census takes --persons N, not --blocks or --states (those shape P.L. 94-171 input)")
+    if args.shape is not None or args.scale is not None:
+        raise ConfigError("--census takes --persons N, not --shape or --scale")
     if args.persons is None:
         raise ConfigError(f"--census {args.census} needs --persons N (about how many persons to write)")
     shipped = sorted(p.stem for p in (preset_dir() / "census").glob("*.toml"))
@@ -413,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the block sizes are scaled), in the partitioned layout")
     p.add_argument("--states", type=int, help="spread the blocks over this many states, written hive-partitioned by "
                    "state (persons/state=SS/, units/state=SS/), streaming, a batch of blocks at a time")
+    p.add_argument("--shape", choices=["us2020"], help="us2020: the nation of 2020 (52 state-equivalents with their "
+                   "FIPS codes, persons, counties, tracts, block groups and blocks; a quarter of the blocks without "
+                   "persons, holding vacant units), hive-partitioned by state, with block assignment files in OUT/baf/")
+    p.add_argument("--scale", type=float, help="with --shape: shrink persons, blocks, tracts and block groups by this "
+                   "factor in (0, 1] (every state and county stays; default 1)")
     p.add_argument("out", help="directory to write the input into")
     p.set_defaults(fn=cmd_synth)
 

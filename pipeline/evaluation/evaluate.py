@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as ds
 
 from . import metrics as M
 from .eval_report import first_product
@@ -235,15 +236,24 @@ class RunView:
                             len(self.nodes[level]))
 
     def estimate_at(self, product: str, level: str) -> M.SparseHist:
+        """The run's estimates at ``level``, read a batch of a part at a time (a level is never a frame of
+        geocodes in memory: only each row's node number, cell and count are kept)."""
         path = self.reader.histograms(product, level)
         if not path.exists():
             raise EvaluationError(f"{path}: histograms of level {level} not found")
-        h = pd.read_parquet(path, columns=["geocode", "cell", "count"])
-        units = self.nodes[level].get_indexer(h["geocode"].astype(str))
-        if (units < 0).any():
-            raise EvaluationError(f"{path}: geocode {h['geocode'].iloc[np.flatnonzero(units < 0)[0]]!r} is not a "
-                                  f"{level} node of the spine")
-        return M.SparseHist(units, h["cell"].to_numpy(np.int64), h["count"].to_numpy(np.int64), len(self.nodes[level]))
+        units, cells, counts = [], [], []
+        for batch in ds.dataset(path, format="parquet").to_batches(columns=["geocode", "cell", "count"]):
+            geocode = batch.column("geocode").to_pandas().astype(str)
+            rows = self.nodes[level].get_indexer(geocode)
+            if (rows < 0).any():
+                raise EvaluationError(f"{path}: geocode {geocode.iloc[np.flatnonzero(rows < 0)[0]]!r} is not a "
+                                      f"{level} node of the spine")
+            units.append(rows)
+            cells.append(batch.column("cell").to_numpy().astype(np.int64))
+            counts.append(batch.column("count").to_numpy().astype(np.int64))
+        empty = np.zeros(0, np.int64)
+        return M.SparseHist(np.concatenate(units) if units else empty, np.concatenate(cells) if cells else empty,
+                            np.concatenate(counts) if counts else empty, len(self.nodes[level]))
 
     def block_geoids(self) -> np.ndarray:
         """GEOID of each Block-level node (the leaf level must be one node per tabulation block)."""

@@ -12,15 +12,25 @@ file fails by name.
 A run of a declared census (its ``config.json`` holds the census) is checked by the spine's levels and the
 product's declaration (:func:`verify_declared`): its invariant totals, its unit bounds, its structural zeros
 where the run declared them, and its MDF (the generic layout tabulated back).
+
+No level is read into memory whole (a national run's Block level and MDF do not fit one process): each
+level's parts, the invariants and the MDF are routed, a batch at a time, to one file per group of whole
+states (:class:`_Groups`, about :data:`GROUP_BLOCKS` blocks each) in a temporary folder (``TMPDIR``; it needs
+room for a copy of the histograms and the MDF), and the checks run one group at a time; only the root level
+is read whole. A small run is one group.
 """
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from topdown.geo.spine import PREFIX, STATE, spine_state
 from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
@@ -47,9 +57,119 @@ class VerifyReport:
             self.failures.append(message)
 
 
+@dataclass
+class _Merged:
+    """A product's checks gathered group by group (:class:`_Groups`): a check, identified by its message or by
+    ``key``, passes when it passed in every group; of a failing one the message with the smallest ``rank``
+    (its first failing parent and cell) is kept. :meth:`emit` adds them to a report, in the order first seen."""
+
+    results: dict = field(default_factory=dict)
+
+    def check(self, condition: bool, message: str, key=None, rank=None) -> None:
+        key = message if key is None else key
+        ok, kept, kept_rank = self.results.get(key, (True, message, None))
+        if not condition and (ok or (rank is not None and kept_rank is not None and rank < kept_rank)):
+            kept, kept_rank = message, rank
+        self.results[key] = (ok and bool(condition), kept, kept_rank)
+
+    def emit(self, rep: VerifyReport) -> None:
+        for ok, message, _ in self.results.values():
+            rep.check(ok, message)
+
+
 def _parent_map(spine: pd.DataFrame, child: str, parent: str) -> pd.Series:
     pairs = spine[[child, parent]].drop_duplicates()
     return pairs.set_index(child)[parent]
+
+
+#: At most this many groups, of about this many blocks each (a group holds whole states, however large):
+#: verify holds one group's rows of a product in memory at a time.
+MAX_GROUPS, GROUP_BLOCKS = 64, 250_000
+#: Rows of a source file read at a time while its rows are routed to their groups.
+ROUTE_BATCH = 1 << 18
+
+
+class _Groups:
+    """The run split into groups of whole subtrees below the root, so that no level is read into memory whole:
+    consecutive keys - a U.S. spine's states (a state's AIAN parts together, as its whole-state total needs), a
+    declared hierarchy's nodes of its first level below the root - of about :data:`GROUP_BLOCKS` blocks
+    together, at most :data:`MAX_GROUPS` groups. Every level's nodes (and the blocks' GEOIDs) fall into runs of
+    consecutive codes of one group; a row is routed by its code's run (a code outside the spine lands in some
+    group, whose checks then fail on it as they would on the whole level)."""
+
+    def __init__(self, spine_path: Path, levels: list[str], us: bool):
+        self.spine = pq.read_table(spine_path, read_dictionary=levels[:-1])
+        key = (pc.utf8_slice_codeunits(self.spine.column("geoid"), 0, PREFIX[STATE]) if us
+               else self.spine.column(levels[1]).cast(pa.large_string()))
+        keys = pc.unique(key).sort()
+        row_key = pc.index_in(key, keys).to_numpy()
+        size = max(GROUP_BLOCKS, -(-len(row_key) // MAX_GROUPS))
+        ends = np.cumsum(np.bincount(row_key, minlength=len(keys)))
+        key_group = np.r_[0, np.cumsum((ends[1:] - 1) // size > (ends[:-1] - 1) // size)] if len(keys) else ends
+        self.count = int(key_group[-1]) + 1 if len(keys) else 0
+        self.row_group = key_group[row_key]
+        self.runs = {name: self._runs(name) for name in ["geoid", *levels[1:]]}
+        self.runs["key"] = (np.asarray(keys.to_numpy(zero_copy_only=False), dtype=str), key_group)
+
+    def _runs(self, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """(the first code of each run of ``column``'s sorted codes that share a group, that group)."""
+        codes = self.spine.column(column).cast(pa.large_string())
+        order = pc.sort_indices(codes).to_numpy()
+        group = self.row_group[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(group)) + 1] if group.size else np.zeros(0, np.int64)
+        first = codes.take(pa.array(order[starts])).to_numpy(zero_copy_only=False)
+        return np.asarray(first, dtype=str), group[starts]
+
+    def route(self, column: str, values) -> np.ndarray:
+        """The group of each of ``values`` (codes of the spine's ``column``)."""
+        first, group = self.runs[column]
+        codes = np.asarray(pc.cast(values, pa.large_string()).to_numpy(zero_copy_only=False), dtype=str)
+        return group[np.maximum(np.searchsorted(first, codes, side="right") - 1, 0)]
+
+    def spine_frame(self, g: int) -> pd.DataFrame:
+        """Group ``g``'s rows of the spine as :meth:`RunReader.spine_table` gives them (strings)."""
+        return self.spine.filter(pa.array(self.row_group == g)).to_pandas().astype(str)
+
+
+class _Spill:
+    """Rows of one kind routed to one Parquet file per group in ``folder`` (written batch by batch)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        folder.mkdir(parents=True)
+        self.writers: dict[int, pq.ParquetWriter] = {}
+        self.schema: pa.Schema | None = None
+
+    def add(self, table: pa.Table, group: np.ndarray) -> None:
+        for g in np.unique(group):
+            part = table.filter(pa.array(group == g))
+            if g not in self.writers:
+                self.writers[g] = pq.ParquetWriter(self.folder / f"{g}.parquet", part.schema)
+            self.writers[g].write_table(part.cast(self.writers[g].schema))
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+    def frame(self, g: int) -> pd.DataFrame:
+        """Group ``g``'s rows (none: an empty frame of the source's schema)."""
+        path = self.folder / f"{g}.parquet"
+        return (pq.read_table(path) if path.exists() else self.schema.empty_table()).to_pandas()
+
+
+def _batches(path: Path):
+    """A Parquet file or folder (hive partitions as ``pq.read_table`` reads them) as tables of about
+    :data:`ROUTE_BATCH` rows (small files' batches together)."""
+    dataset = ds.dataset(path, format="parquet", partitioning="hive")
+    held, rows = [], 0
+    for batch in dataset.to_batches(batch_size=ROUTE_BATCH):
+        held.append(batch)
+        rows += batch.num_rows
+        if rows >= ROUTE_BATCH:
+            yield pa.Table.from_batches(held, schema=dataset.schema)
+            held, rows = [], 0
+    if held:
+        yield pa.Table.from_batches(held, schema=dataset.schema)
 
 
 def verify_run(root: str | Path) -> VerifyReport:
@@ -120,8 +240,8 @@ def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> No
 
 def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     levels = manifest.levels
-    spine = reader.spine_table()
-    rep.check(list(spine.columns) == ["geoid", *levels], "spine.parquet columns are not geoid + the manifest's levels")
+    columns = [c for c in pq.read_schema(reader.spine_path).names if not c.startswith("__index_level_")]
+    rep.check(columns == ["geoid", *levels], "spine.parquet columns are not geoid + the manifest's levels")
     relaxed = {(f["product"], f["level"], f["parent"]) for f in manifest.failsafe if f.get("parent_relaxed")}
     for product, level, parent in sorted(relaxed):
         rep.notes.append(f"{product} {level}: parent {parent!r} needed the failsafe's parent relaxation (manifest)")
@@ -130,64 +250,146 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
                          "(TDA paper, Appendix A); their checks are skipped")
     products = reader.products()  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
     hierarchy = reader.hierarchy()
+    groups = _Groups(reader.spine_path, levels, hierarchy.us)
     for product in products:
-        _verify_product(reader, product, levels, spine, rep, {p for (pr, _, p) in relaxed if pr == product.name},
+        _verify_product(reader, product, levels, groups, rep, {p for (pr, _, p) in relaxed if pr == product.name},
                         totals_invariant=manifest.algorithm != "block_by_block", hierarchy=hierarchy)
 
 
-def _verify_product(reader: RunReader, spec: Product, levels: list[str], spine: pd.DataFrame, rep: VerifyReport,
+def _level_checks(product: str, ncells: int, level: str, h: pd.DataFrame, nodes: set, rep) -> None:
+    """One level's histogram rows (``h``, geocodes as strings) are non-negative integers on valid cells, once
+    per (geocode, cell), of nodes of the spine (``nodes``)."""
+    rep.check(h["count"].dtype.kind in "iu", f"{product} {level}: counts are not integers")
+    rep.check(bool((h["count"] >= 0).all()), f"{product} {level}: negative counts")
+    rep.check(bool(h["cell"].between(0, ncells - 1).all()), f"{product} {level}: cell out of range")
+    rep.check(not h.duplicated(["geocode", "cell"]).any(), f"{product} {level}: duplicate (geocode, cell) rows")
+    rep.check(set(h["geocode"]) <= nodes, f"{product} {level}: histogram geocode not in the spine")
+
+
+def _children_sums(child: pd.DataFrame, pmap: pd.Series) -> pd.Series:
+    """The children's counts ``child`` summed per (parent, cell) (``pmap``: each child's parent)."""
+    return child.assign(parent=lambda d: d["geocode"].map(pmap)).groupby(["parent", "cell"])["count"].sum()
+
+
+def _check_sums(product: str, parent: str, child: str, summed: pd.Series, parents: pd.DataFrame, relaxed: set[str],
+                rep: _Merged) -> None:
+    """The children's sums (``summed``, per (parent, cell)) equal their parents' counts ``parents`` cell by cell
+    (parents the failsafe relaxed excepted)."""
+    summed = summed[summed != 0]
+    p = parents.set_index(["geocode", "cell"])["count"]
+    p = p[p != 0]
+    p.index.names = ["parent", "cell"]
+    diff = summed.sub(p, fill_value=0)
+    bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
+    first = None if bad.empty else (str(bad.index[0][0]), int(bad.index[0][1]))
+    rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent (first: parent "
+                         f"{first[0]!r}, cell {first[1]})" if first else "", key=("sums", product, child), rank=first)
+
+
+def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups: _Groups, rep: VerifyReport,
                     relaxed: set[str], totals_invariant: bool, hierarchy: Hierarchy) -> None:
+    """Every check of one product, one group of :class:`_Groups` in memory at a time: each level's rows, the
+    invariants and the MDF are first routed to per-group files in a temporary folder (``TMPDIR``), one batch
+    of :data:`ROUTE_BATCH` rows at a time. The root level (one node) is read whole; its children's sums are
+    added up group by group."""
     product, schema = spec.name, spec.schema
-    inv = reader.table(reader.invariants(product))
-    hists = {}
-    for level in levels:
-        h = reader.table(reader.histograms(product, level))
-        h["geocode"] = h["geocode"].astype(str)
-        hists[level] = h
-        rep.check(h["count"].dtype.kind in "iu", f"{product} {level}: counts are not integers")
-        rep.check(bool((h["count"] >= 0).all()), f"{product} {level}: negative counts")
-        rep.check(bool(h["cell"].between(0, schema.ncells - 1).all()), f"{product} {level}: cell out of range")
-        rep.check(not h.duplicated(["geocode", "cell"]).any(), f"{product} {level}: duplicate (geocode, cell) rows")
-        nodes = set(spine[level])
-        rep.check(set(h["geocode"]) <= nodes, f"{product} {level}: histogram geocode not in the spine")
-    for parent, child in zip(levels[:-1], levels[1:]):
-        pmap = _parent_map(spine, child, parent)
-        c = hists[child].assign(parent=lambda d: d["geocode"].map(pmap))
-        summed = c.groupby(["parent", "cell"])["count"].sum()
-        summed = summed[summed != 0]
-        p = hists[parent].set_index(["geocode", "cell"])["count"]
-        p = p[p != 0]
-        p.index.names = ["parent", "cell"]
-        diff = summed.sub(p, fill_value=0)
-        bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
-        rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent "
-                             f"(first: parent {bad.index[0][0]!r}, cell {bad.index[0][1]})" if not bad.empty else "")
-    verify_declared(reader, hists, inv, spine, rep, totals_invariant, spec, hierarchy)
+    root, below = levels[0], levels[1:]
+    merged = _Merged()
+    state = spine_state(reader.spine_path)
+    with tempfile.TemporaryDirectory(prefix="topdown-verify-") as tmp:
+        hist = {level: _route(groups, reader.histograms(product, level), Path(tmp) / level, level) for level in below}
+        inv, inv_top = _route_invariants(groups, reader.invariants(product), Path(tmp) / "invariants", root, below)
+        mdf = (_route(groups, reader.mdf(product), Path(tmp) / "mdf", "geoid", _mdf_geoids(spec, hierarchy))
+               if spec.mdf in MDF_CHECKS else None)
+        h_root = reader.table(reader.histograms(product, root))
+        h_root["geocode"] = h_root["geocode"].astype(str)
+        roots = {str(v) for v in pc.unique(groups.spine.column(root).cast(pa.large_string())).to_pylist()}
+        _level_checks(product, schema.ncells, root, h_root, roots, merged)
+        top: list[pd.Series] = []
+        for g in range(groups.count):
+            spine = groups.spine_frame(g)
+            hists = {}
+            for level in below:
+                h = hist[level].frame(g)
+                h["geocode"] = h["geocode"].astype(str)
+                hists[level] = h
+                _level_checks(product, schema.ncells, level, h, set(spine[level]), merged)
+            if below:
+                top.append(_children_sums(hists[below[0]], _parent_map(spine, below[0], root)))
+            for parent, child in zip(below[:-1], below[1:]):
+                _check_sums(product, parent, child, _children_sums(hists[child], _parent_map(spine, child, parent)),
+                            hists[parent], relaxed, merged)
+            verify_declared(reader, hists, inv.frame(g), spine, merged, totals_invariant, spec, hierarchy,
+                            mdf=None if mdf is None else mdf.frame(g), state=state, run_levels=levels)
+        if below:
+            _check_sums(product, root, below[0], pd.concat(top).groupby(level=[0, 1]).sum(), h_root, relaxed, merged)
+        verify_declared(reader, {root: h_root}, inv_top, groups.spine.slice(0, 1).to_pandas().astype(str), merged,
+                        totals_invariant, spec, hierarchy, check_mdf=False, state=state, run_levels=levels)
+    merged.emit(rep)
 
 
-def _verify_person_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+def _mdf_geoids(spec: Product, hierarchy: Hierarchy):
+    """The block GEOID of each row of a batch of ``spec``'s MDF (the P.L. 94-171 layouts: state, county, tract
+    and block columns; the generic one: the leaf level's column)."""
+    if spec.mdf == GENERIC_MDF:
+        return lambda t: t.column(hierarchy.leaf)
+    return lambda t: pc.binary_join_element_wise(*(t.column(c).cast(pa.large_string()) for c in
+                                                   ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]), pa.scalar("", pa.large_string()))
+
+
+def _route(groups: _Groups, path: Path, folder: Path, column: str, codes=None) -> _Spill:
+    """Route the rows of the Parquet file or folder ``path`` to their groups by their codes of the spine's
+    ``column`` (``codes(table)``; default the ``geocode`` column)."""
+    spill = _Spill(folder)
+    spill.schema = ds.dataset(path, format="parquet", partitioning="hive").schema
+    for table in _batches(path):
+        spill.add(table, groups.route(column, table.column("geocode") if codes is None else codes(table)))
+    spill.close()
+    return spill
+
+
+def _route_invariants(groups: _Groups, path: Path, folder: Path, root: str, below: list[str]
+                      ) -> tuple[_Spill, pd.DataFrame]:
+    """The invariants routed to their groups (a whole state's by its code), and the root level's rows."""
+    spill = _Spill(folder)
+    spill.schema = pq.read_schema(path)
+    top = []
+    for table in _batches(path):
+        level = np.asarray(table.column("level").to_numpy(zero_copy_only=False), dtype=str)
+        group = np.full(len(level), -1)
+        for name, column in [*((b, b) for b in below), (WHOLE_STATE, "key")]:
+            rows = np.flatnonzero(level == name)
+            if rows.size:
+                group[rows] = groups.route(column, table.column("geocode").take(pa.array(rows)))
+        keep = np.flatnonzero(group >= 0)
+        spill.add(table.take(pa.array(keep)), group[keep])
+        top.append(table.filter(pa.array(level == root)))
+    spill.close()
+    return spill, pa.concat_tables(top).to_pandas() if top else spill.schema.empty_table().to_pandas()
+
+
+def _verify_person_mdf(mdf: pd.DataFrame, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
                        rep: VerifyReport, hierarchy: Hierarchy) -> None:
-    """The P.L. 94-171 persons MDF tabulates back to the block histograms."""
+    """The P.L. 94-171 persons MDF (``mdf``, its rows of the blocks of ``spine``) tabulates back to the block
+    histograms."""
     levels = list(hists)
-    mdf = reader.table(reader.mdf(spec.name))
     tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
     _check_mdf_blocks(spec.name, hists[levels[-1]], spine, levels[-1], tab, rep)
 
 
-def _verify_unit_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+def _verify_unit_mdf(mdf: pd.DataFrame, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
                      rep: VerifyReport, hierarchy: Hierarchy) -> None:
     """The P.L. 94-171 units MDF has one housing-unit row per unit of the block histograms."""
-    mdf = reader.table(reader.mdf(spec.name))
     hu = int((mdf["RTYPE"] == "2").sum())
     rep.check(hu == int(hists[list(hists)[-1]]["count"].sum()),
               f"{spec.name} MDF housing-unit rows differ from the block histograms")
 
 
-def _verify_generic_mdf(reader: RunReader, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+def _verify_generic_mdf(mdf: pd.DataFrame, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
                         rep: VerifyReport, hierarchy: Hierarchy) -> None:
     """A generic MDF tabulates back to the leaf histograms."""
     leaf = list(hists)[-1]
-    tab = tabulate_generic_mdf(reader.table(reader.mdf(spec.name)), spec, hierarchy)
+    tab = tabulate_generic_mdf(mdf, spec, hierarchy)
     _check_mdf_blocks(spec.name, hists[leaf], spine, leaf, tab, rep)
 
 
@@ -216,17 +418,26 @@ def _active_zeros(reader: RunReader, spec: Product, levels: list[str]) -> dict[s
     return {level: configured_below(cfg.constraints, levels, level) for level in levels}
 
 
+#: ``verify_declared``'s default state level: read from the spine's metadata.
+_SPINE_STATE = object()
+
+
 def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
-                    rep: VerifyReport, totals_invariant: bool, spec: Product, hierarchy: Hierarchy) -> None:
-    """The product's declared invariants and constraints hold at every level: its unit bounds, its structural
-    zeros (where the run configures them), its total (a state's as the sum over its parts) and its housing-unit
-    counts; its MDF tabulates back to the leaves."""
+                    rep: VerifyReport, totals_invariant: bool, spec: Product, hierarchy: Hierarchy, *,
+                    mdf: pd.DataFrame | None = None, check_mdf: bool = True, state=_SPINE_STATE,
+                    run_levels: list[str] | None = None) -> None:
+    """The product's declared invariants and constraints hold at every level of ``hists``: its unit bounds,
+    its structural zeros (where the run configures them), its total (a state's as the sum over its parts) and
+    its housing-unit counts; its MDF (``mdf``: the rows of the blocks of ``spine``; default the whole MDF)
+    tabulates back to the leaves, unless not ``check_mdf``. ``run_levels``: all the run's levels, when ``hists``
+    holds some of them (where a structural zero holds depends on the levels below)."""
     product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
     levels = list(hists)
-    state = spine_state(reader.spine_path)
+    if state is _SPINE_STATE:
+        state = spine_state(reader.spine_path)
     type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
     zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
-    active = _active_zeros(reader, spec, levels) if zeros else None
+    active = _active_zeros(reader, spec, run_levels or levels) if zeros else None
     kinds = {s.kind for s in spec.invariants.values()}
     for level in levels:
         h = hists[level]
@@ -264,5 +475,6 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
                       f"{product} {level}: a state's total (the sum over its parts) differs from its invariant")
         elif lv_inv["tot"].notna().any():
             rep.check(bool((totals == lv_inv["tot"]).all()), f"{product} {level}: total differs from its invariant")
-    if spec.mdf in MDF_CHECKS:
-        MDF_CHECKS[spec.mdf](reader, spec, hists, spine, rep, hierarchy)
+    if check_mdf and spec.mdf in MDF_CHECKS:
+        frame = reader.table(reader.mdf(spec.name)) if mdf is None else mdf
+        MDF_CHECKS[spec.mdf](frame, spec, hists, spine, rep, hierarchy)
