@@ -281,7 +281,7 @@ def test_reprocessing_and_the_measurement_file_keep_the_whole_state_totals(spine
     whole state's total so that a reprocessing of the file enforces it too."""
     from topdown.pipeline.execution.invariants import WHOLE_STATE
     from topdown.pipeline.execution.nmf import read_nmf, write_nmf
-    from topdown.pipeline.execution.reprocess import _nmf_invariants, reprocess
+    from topdown.pipeline.execution.reprocess import invariants_of_nmf, reprocess
 
     _, run_dir, _ = spine_run
     out = reprocess(run_dir, tmp_path / "again", client=dask_client)
@@ -293,6 +293,6 @@ def test_reprocessing_and_the_measurement_file_keep_the_whole_state_totals(spine
     published = published[published["level"] == WHOLE_STATE].set_index("geocode")["tot"]
     from topdown.pipeline.configuration.census import PL94
 
-    from_file = _nmf_invariants(read_nmf(write_nmf(run_dir, tmp_path / "nmf")), PL94.products[0], list(PL94.products))
+    from_file = invariants_of_nmf(read_nmf(write_nmf(run_dir, tmp_path / "nmf")), PL94.products[0], list(PL94.products))
     from_file = from_file[from_file["level"] == WHOLE_STATE].set_index("geocode")["tot"]
     assert len(published) and from_file.sort_index().to_dict() == published.sort_index().to_dict()

@@ -117,6 +117,7 @@ class Tabulator:
 
     def __init__(self, src, entities: pd.DataFrame | None, keys: list[tuple[str, str, str]]):
         self.geoids = pd.Index(src.spine["geoid"])
+        self.leaf = src.levels[-1]  # the block histograms' level, in the run and in its replicates
         self.aggs = aggregators(src, entities)
         self.columns = {level: m.tocsc() for level, (_, m) in self.aggs.items()}  # sliced by block below
         self.products = {p.name: p for p in src.products}
@@ -125,8 +126,7 @@ class Tabulator:
                          for p, _, q in self.keys}
 
     def parts(self, run_dir: Path, product: str) -> list[Path]:
-        spine = pq.read_schema(run_dir / "spine.parquet").names
-        folder = run_dir / "histograms" / product / f"level={spine[-1]}"
+        folder = run_dir / "histograms" / product / f"level={self.leaf}"
         return sorted(folder.glob("*.parquet")) if folder.is_dir() else []
 
     def tabulate(self, run_dir: Path, product: Product | str) -> dict[tuple[str, str, str], np.ndarray]:

@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,9 @@ import pyarrow.parquet as pq
 
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
                   leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward, with_zeros)
+from topdown.geo.spine import Spine
 from topdown.vocab.queries import build_query
+from ..configuration.config import Config
 from ..execution.invariants import configured_below
 from ..execution.levels import level_constraints, published_units
 from ..execution.nmf import nmf_invariants
@@ -60,13 +63,22 @@ class Source:
     spine: pd.DataFrame  # geoid + one column per level (strings)
     nodes: list[pd.Index] = field(default_factory=list)
     parents: list[np.ndarray | None] = field(default_factory=list)
+    config: Config | None = None  # the configuration the measurements were taken with
+    spine_obj: Spine | None = None
+    #: A product's published invariants table (None where it has none) and where it was read from.
+    invariants: Callable[[Product], tuple[pd.DataFrame | None, str]] | None = None
 
     @classmethod
     def open(cls, path: str | Path) -> "Source":
         path = Path(path)
         reader = RunReader(path)
         reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
-        return cls._of(path, reader.spine(), reader.products())
+
+        def invariants(spec: Product) -> tuple[pd.DataFrame | None, str]:
+            table = reader.invariants(spec.name)
+            return (reader.table(table) if table.exists() else None), str(table)
+
+        return cls._of(path, reader.spine(), reader.products(), reader.config(), invariants)
 
     @classmethod
     def from_nmf(cls, nmf_dir: str | Path, spine: str | Path | None, config: str | Path | None,
@@ -74,19 +86,26 @@ class Source:
         """A noisy measurement file (ours or the Bureau's layout) read with its spine file and the configuration
         it was measured with (as ``topdown reprocess`` reads one): its measurements are written under
         ``staging`` as a run's parts, one DPQuery part at a time."""
-        from ..execution.reprocess import open_nmf, write_measurement_parts
+        from ..execution.reprocess import invariants_of_nmf, open_nmf, write_measurement_parts
 
         cfg, spine_obj, nmf = open_nmf(Path(nmf_dir), spine, config)
         for product in cfg.run.products:
             for level in spine_obj.levels:
                 write_measurement_parts(nmf, product, level, staging / "noisy_measurements" / product / f"level={level}",
                                         spine_obj)
-        return cls._of(staging, spine_obj, list(cfg.run_products))
+        products = list(cfg.run_products)
+
+        def invariants(spec: Product) -> tuple[pd.DataFrame | None, str]:
+            if spec.name not in nmf.constraints:
+                return None, f"{nmf_dir} ({spec.name})"
+            return invariants_of_nmf(nmf, spec, products, spine_obj), f"{nmf_dir} ({spec.name} invariants)"
+
+        return cls._of(staging, spine_obj, products, cfg, invariants)
 
     @classmethod
-    def _of(cls, root: Path, spine, products: list[Product]) -> "Source":
+    def _of(cls, root: Path, spine: Spine, products: list[Product], config: Config, invariants) -> "Source":
         table = spine.table[["geoid", *spine.levels]].astype(str)
-        src = cls(root, list(spine.levels), products, table)
+        src = cls(root, list(spine.levels), products, table, config=config, spine_obj=spine, invariants=invariants)
         for i, level in enumerate(src.levels):
             nodes = pd.Index(np.sort(table[level].unique()))
             src.nodes.append(nodes)
@@ -124,17 +143,16 @@ TOTAL_KINDS = ("total", "housing_units")
 def public_structure(src: Source, spec: Product) -> Structure:
     """The structural zeros and exact totals of ``spec`` from the run's configuration and published invariants
     (the constraints' right-hand sides rebuilt as ``topdown nmf`` does)."""
-    reader = RunReader(src.root)
-    cfg = reader.config().product(spec.name)
-    path = reader.invariants(spec.name)
+    cfg = src.config.product(spec.name)
+    table, path = src.invariants(spec)
     n = len(src.levels)
-    if not path.exists():
+    if table is None:
         if any(cfg.invariants.values()) or any(cfg.constraints.values()):
             raise RunDirError(f"{path}: missing: the uncertainty of {spec.name} needs the run's published "
                               "invariants (its structural zeros and exact totals)")
         return Structure([{} for _ in range(n)], [np.full(len(x), np.nan) for x in src.nodes])
-    spine = reader.spine()
-    units, parents, _, _ = published_units(spine, reader.table(path), where=str(path))
+    spine = src.spine_obj
+    units, parents, _, _ = published_units(spine, table, where=path)
     units = [u.assign(occupied=np.nan) for u in units]  # not invariant; only a lower bound uses it
     cons = level_constraints(spec, cfg, spine.levels, units, parents)
     zeros: list[dict[str, np.ndarray]] = []

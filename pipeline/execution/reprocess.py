@@ -190,13 +190,13 @@ def nmf_hashes(nmf_dir: Path, spine: Path) -> dict[str, str]:
     return {"nmf": tree_sha256(nmf_dir), "spine": tree_sha256(spine)}
 
 
-def _nmf_invariants(nmf, product: Product, products: list[Product], spine: Spine | None = None) -> pd.DataFrame:
+def invariants_of_nmf(nmf, product: Product, products: list[Product], spine: Spine | None = None) -> pd.DataFrame:
     """The invariants of a noisy measurement file as a run's invariants table (:meth:`NoisyMeasurementFile.invariants`),
     with the unit counts ``product`` lacks from another product's (:func:`_unit_donors`)."""
     out = nmf.invariants(product, spine)
     donors = [p for p in _unit_donors(product, products) if p.name in nmf.constraints]
     if donors and "u1" not in out.columns:
-        gq = _nmf_invariants(nmf, donors[0], products, spine)[["level", "geocode", *UNIT_COLUMNS[1:]]]
+        gq = invariants_of_nmf(nmf, donors[0], products, spine)[["level", "geocode", *UNIT_COLUMNS[1:]]]
         out = out.merge(gq, on=["level", "geocode"], how="left")
     return out
 
@@ -285,7 +285,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
 
     config, spine, nmf = open_nmf(nmf_dir, spine_path, config_path)
     spine_path = Path(spine_path)
-    invariants = {p.name: _nmf_invariants(nmf, p, config.run_products, spine) for p in config.run_products}
+    invariants = {p.name: invariants_of_nmf(nmf, p, config.run_products, spine) for p in config.run_products}
     of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}
     cert = reprocessing_certificate(
