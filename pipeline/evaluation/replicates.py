@@ -117,11 +117,12 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
     if not todo:
         return record
-    inp = _replicate_input(run, out / "input")
     rep_configs = {i: config.with_overrides(mode="test", seed=seeds[i], name=f"{config.run.name}-rep{i:03d}")
                    for i in todo}
     cancel = _Either(threading.Event(), reporter().cancel)  # set on an error here, or the job's cancel
     with dask_client(client, scheduler, workers) as dclient:
+        # On a worker: the conversion holds the MDF's columns, a driver's whole peak otherwise.
+        inp = dclient.submit(_replicate_input, run, out / "input", pure=False).result()
         prep = prepare(rep_configs[todo[0]], inp, dclient)
         pool = ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="replicate")
         try:

@@ -312,16 +312,17 @@ class Prepared:
 def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: pd.DataFrame | None,
               timings: dict[str, float], steps: Steps | None = None) -> Prepared:
     """Ingest, spine and tabulation on ``dclient``'s workers (``steps``: the start-up bar)."""
+    step = steps.start if steps is not None else (lambda name: None)
     t0 = time.perf_counter()
     census = declared_census(config)
     files = find_input(inp, census)
-    steps and steps.start("ingest")
+    step("ingest")
     data = read_input(dclient, files, census)
     release_memory()
     timings["ingest"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    steps and steps.start("spine")
+    step("spine")
     geoids = input_geography(data, census_hierarchy(config))
     if baf is not None:
         check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
@@ -338,7 +339,7 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: p
     all_levels: dict[str, list[Level]] = {}
     for product in config.run_products:
         t = time.perf_counter()
-        steps and steps.start(f"tabulate {product.name}")
+        step(f"tabulate {product.name}")
         all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files)
         release_memory()
         timings[f"{product.name}.tabulate"] = time.perf_counter() - t
