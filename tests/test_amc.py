@@ -82,8 +82,7 @@ def test_bureau_example_rows(q0, mean, mse, std, corrected, ci90):
 # ------------------------------------------------------------------------------ the streaming statistics
 def _fake_replicates(run, root, shifts):
     """Replicate folders holding the run's block histograms (odd ones its spine too; the others share the
-    run's), replicate i with ``shifts[i]`` added to
-    the persons count of the first block histogram row of the first part."""
+    run's), replicate i with ``shifts[i]`` added to the persons count of the first row of the first part."""
     root.mkdir()
     record = {"run": str(run), "replicates": []}
     for i, shift in enumerate(shifts):
