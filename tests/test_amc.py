@@ -81,14 +81,15 @@ def test_bureau_example_rows(q0, mean, mse, std, corrected, ci90):
 
 # ------------------------------------------------------------------------------ the streaming statistics
 def _fake_replicates(run, root, shifts):
-    """Replicate folders holding the run's spine and block histograms, replicate i with ``shifts[i]`` added to
-    the persons count of the first block histogram row of the first part."""
+    """Replicate folders holding the run's block histograms (odd ones its spine too; the others share the
+    run's), replicate i with ``shifts[i]`` added to the persons count of the first row of the first part."""
     root.mkdir()
     record = {"run": str(run), "replicates": []}
     for i, shift in enumerate(shifts):
         rep = root / f"rep-{i:03d}"
         rep.mkdir()
-        shutil.copy(run / "spine.parquet", rep / "spine.parquet")
+        if i % 2:  # the others share the run's spine
+            shutil.copy(run / "spine.parquet", rep / "spine.parquet")
         shutil.copytree(run / "histograms", rep / "histograms")
         part = sorted((rep / "histograms" / "persons" / "level=Block").glob("*.parquet"))[0]
         t = pd.read_parquet(part)

@@ -118,12 +118,18 @@ class Tabulator:
     def __init__(self, src, entities: pd.DataFrame | None, keys: list[tuple[str, str, str]]):
         self.geoids = pd.Index(src.spine["geoid"])
         self.leaf = src.levels[-1]  # the block histograms' level, in the run and in its replicates
+        self.spine_file = Path(src.root) / "spine.parquet"
         self.aggs = aggregators(src, entities)
         self.columns = {level: m.tocsc() for level, (_, m) in self.aggs.items()}  # sliced by block below
         self.products = {p.name: p for p in src.products}
         self.keys = sorted(keys)
         self.matrices = {(p, q): build_query(self.products[p].schema, q).matrix().T.tocsr()
                          for p, _, q in self.keys}
+
+    def spine_path(self, run_dir: Path) -> Path:
+        """A run folder's own spine, or the original run's (replicates may share it)."""
+        own = run_dir / "spine.parquet"
+        return own if own.exists() else self.spine_file
 
     def parts(self, run_dir: Path, product: str) -> list[Path]:
         folder = run_dir / "histograms" / product / f"level={self.leaf}"
@@ -132,7 +138,7 @@ class Tabulator:
     def tabulate(self, run_dir: Path, product: Product | str) -> dict[tuple[str, str, str], np.ndarray]:
         """Dense (nodes, answers) arrays of ``product``'s keys; :class:`RunDirError` without block histograms."""
         name = getattr(product, "name", product)
-        spine = pq.read_table(run_dir / "spine.parquet").to_pandas().astype(str)
+        spine = pq.read_table(self.spine_path(run_dir)).to_pandas().astype(str)
         leaf = spine.columns[-1]
         rows_of = pd.Series(self.geoids.get_indexer(spine["geoid"]), index=spine[leaf])
         parts = self.parts(run_dir, name)
