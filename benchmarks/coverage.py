@@ -111,6 +111,8 @@ def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | No
     entities = None
     if entities_path is not None:
         entities = entities_on_spine(load_entities(entities_path), pd.Index(src.spine["geoid"]), entities_path)
+    else:  # the entities' rows need the block assignment they were made from
+        unc = unc[unc["level"].isin(src.levels)].reset_index(drop=True)
     keys = {tuple(k) for k in unc[["product", "level", "query"]].drop_duplicates().itertuples(index=False)}
     keys |= {(product, level, "total") for level in unc["level"].unique()}
     tab = Tabulator(src, entities, sorted(keys))
