@@ -40,6 +40,7 @@ from scipy import stats
 from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 
+from ..execution.memory import release_memory
 from ..execution.rundir import RunDirError
 from .evaluate import EvaluationError
 
@@ -252,4 +253,6 @@ def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFr
         path = staging / f"final-{i:05d}.parquet"
         pq.write_table(pa.concat_tables(frames), path, compression="zstd")
         out.append(path)
+        del gls, frames
+        release_memory()  # one part's frames at a time
     return out
