@@ -219,15 +219,14 @@ def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFr
                 tab.tabulate(src.root, spec)  # raises
             continue
         published.update(tab.tabulate(src.root, spec))
-        for rep in reps:  # one replicate's tables at a time
+        for rep in reps:  # one replicate's tables at a time, summed in place
             for k, v in tab.tabulate(rep, spec).items():
-                d = v - published[k]
-                s1[k] = s1.get(k, 0) + d
-                s2[k] = s2.get(k, 0) + d * d
-    amc = {}
-    for k in s1:
-        bias, mse, sd = replicate_moments(len(reps), s1[k], s2[k])
-        amc[k] = (bias, mse, point_estimate(published[k], bias, sd))
+                d = np.subtract(v, published[k], out=v)
+                if k in s1:
+                    s1[k] += d
+                    s2[k] += d * d
+                else:
+                    s1[k], s2[k] = d, d * d
     out = []
     for i, part in enumerate(parts):
         gls = pq.read_table(part).to_pandas()
@@ -237,11 +236,12 @@ def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFr
             q0[pos] = published[k][rows, cells]
         gls["published"] = q0
         frames.append(conform(pa.Table.from_pandas(gls, preserve_index=False)))
-        if amc:
+        if s1:  # the replicates' moments of this part's cells only (elementwise: as of the whole arrays)
             rep = gls.iloc[:0].copy()
             parts_amc = []
-            for k, (pos, rows, cells) in _levels_of(gls, amc, tab.aggs).items():
-                bias, mse, point = (a[rows, cells] for a in amc[k])
+            for k, (pos, rows, cells) in _levels_of(gls, s1, tab.aggs).items():
+                bias, mse, sd = replicate_moments(len(reps), s1[k][rows, cells], s2[k][rows, cells])
+                point = point_estimate(published[k][rows, cells], bias, sd)
                 rmse = np.sqrt(mse)
                 lo90, hi90 = amc_interval(point, rmse, 0.90)
                 lo95, hi95 = amc_interval(point, rmse, 0.95)
