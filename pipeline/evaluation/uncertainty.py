@@ -324,10 +324,10 @@ class LeafTask:
     part: str
     queries: tuple[str, ...]
     level: str
-    nodes: pd.Index  # all leaves
-    parents: np.ndarray  # parent row of every leaf
+    nodes: pd.Index  # the leaves the part may hold (pass 1: all; pass 2: the part's own)
+    parents: np.ndarray  # parent row of each of ``nodes``
     zeros: tuple[str, ...] = ()  # the algebra's zero queries (no zeros at the leaves, but the same layout)
-    totals: np.ndarray | None = None  # every leaf's exact total, NaN where none
+    totals: np.ndarray | None = None  # each of ``nodes``' exact total, NaN where none
 
 
 def leaf_signature(weights: np.ndarray, totals: np.ndarray | None) -> np.ndarray:
@@ -376,7 +376,7 @@ class LeafPass2(LeafTask):
     out: str = ""
     out_queries: tuple[str, ...] = ()
     write_rows: bool = True
-    cover: dict[int, list[int]] = field(default_factory=dict)  # leaf row -> entity numbers it covers
+    cover: dict[int, list[int]] = field(default_factory=dict)  # row of ``nodes`` -> entity numbers it is in
 
 
 def leaf_pass2(t: LeafPass2) -> dict:
@@ -592,13 +592,14 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     par = upper[-1]
     tasks = []
     for k, part in enumerate(parts):
-        rows = res1[k]["rows"]
+        rows = res1[k]["rows"]  # the part's leaves (sorted): a task carries theirs only, numbered 0, 1, ...
         prow = np.unique(src.parents[leaf][rows])
-        tasks.append(LeafPass2(part=str(part), **common, parent_rows=prow, parent_b=par.b[prow],
+        own = dict(common, nodes=src.nodes[leaf][rows], parents=src.parents[leaf][rows], totals=leaf_total[rows])
+        tasks.append(LeafPass2(part=str(part), **own, parent_rows=prow, parent_b=par.b[prow],
                                parent_s_est=par.s_est[prow], parent_s_inv=par.s_inv[prow], parent_v=par.v[prow],
                                out=str(staging / f"{product}-leaf-{k:05d}.parquet"), out_queries=out_queries,
                                write_rows=src.levels[leaf] in want,
-                               cover={int(r): leaf_cover[int(r)] for r in rows if int(r) in leaf_cover}))
+                               cover={i: leaf_cover[int(r)] for i, r in enumerate(rows) if int(r) in leaf_cover}))
     res2 = gather(dclient, [dclient.submit(leaf_pass2, t, pure=False) for t in tasks],
                   f"uncertainty {product} {src.levels[leaf]} (pass 2)")
     cost.tasks += len(res2)
