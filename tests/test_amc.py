@@ -152,6 +152,23 @@ def test_published_and_amc_from_replicate_folders(demo_run, tmp_path):
     assert (his["rep_bias"] == (his["cell"] == answer)).all()  # the shifted cell's answer only
 
 
+def test_parts_rewritten_in_slices_are_the_parts_rewritten_whole(demo_run, tmp_path, monkeypatch):
+    """A part is rewritten REWRITE_ROWS rows at a time (memory): slices of 7 rows give the same rows, in the
+    same order, as one slice (the GLS rows, then the amc rows key by key)."""
+    src = Source.open(demo_run)
+    _fake_replicates(demo_run, tmp_path / "reps", [0, 2, 5])
+    part = _gls_part(src, tmp_path / "a.parquet", "Tract", np.asarray(src.nodes[src.levels.index("Tract")]))
+    tables = []
+    for rows in (10 ** 9, 7):
+        monkeypatch.setattr(amc, "REWRITE_ROWS", rows)
+        staging = tmp_path / f"staging-{rows}"
+        staging.mkdir()
+        (out,) = amc.published_and_amc([part], src, staging, None, tmp_path / "reps")
+        tables.append(pq.read_table(out).to_pandas())
+    assert len(tables[0]) == 2 * len(pd.read_parquet(part)) > 2 * 7
+    pd.testing.assert_frame_equal(tables[0], tables[1], check_exact=True)
+
+
 def test_replicates_folder_needs_two(demo_run, tmp_path):
     src = Source.open(demo_run)
     _fake_replicates(demo_run, tmp_path / "reps", [0])

@@ -40,6 +40,7 @@ from scipy import stats
 from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 
+from ..execution.memory import release_memory
 from ..execution.rundir import RunDirError
 from .evaluate import EvaluationError
 
@@ -201,6 +202,44 @@ def _levels_of(frame: pd.DataFrame, keys, aggs) -> dict[tuple, tuple[np.ndarray,
     return out
 
 
+#: Rows of an output part rewritten at a time (a part of the upper levels holds all their nodes' rows).
+REWRITE_ROWS = 1 << 16
+
+
+def _rewrite(part: Path, path: Path, published: dict, s1: dict, s2: dict, n: int, aggs) -> None:
+    """Write ``part``'s GLS rows with their published counts to ``path``, then (``s1``, ``s2``: the replicates'
+    sums) the same cells' ``amc`` rows, key by key in the order the keys first occur, :data:`REWRITE_ROWS` rows
+    at a time: the rows and their order are those of the whole part converted at once."""
+    table = pq.read_table(part)
+    with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
+        for start in range(0, max(table.num_rows, 1), REWRITE_ROWS):
+            gls = table.slice(start, REWRITE_ROWS).to_pandas()
+            q0 = np.full(len(gls), np.nan)
+            for k, (pos, rows, cells) in _levels_of(gls, published, aggs).items():
+                q0[pos] = published[k][rows, cells]
+            gls["published"] = q0
+            writer.write_table(conform(pa.Table.from_pandas(gls, preserve_index=False)))
+        if not s1:
+            return
+        for k, g in table.select(KEY).to_pandas().groupby(KEY, sort=False):
+            if k not in s1:
+                continue
+            positions = g.index.to_numpy()
+            for start in range(0, len(positions), REWRITE_ROWS):
+                gls = table.take(positions[start:start + REWRITE_ROWS]).to_pandas()
+                (pos, rows, cells), = _levels_of(gls, s1, aggs).values()
+                bias, mse, sd = replicate_moments(n, s1[k][rows, cells], s2[k][rows, cells])
+                q0 = published[k][rows, cells]
+                point = point_estimate(q0, bias, sd)
+                rmse = np.sqrt(mse)
+                lo90, hi90 = amc_interval(point, rmse, 0.90)
+                lo95, hi95 = amc_interval(point, rmse, 0.95)
+                rep = gls.iloc[pos][["product", "level", "geocode", "query", "cell"]].assign(
+                    method="amc", published=q0, estimate=point, variance=mse, ci90_low=lo90, ci90_high=hi90,
+                    ci95_low=lo95, ci95_high=hi95, rep_n=n, rep_bias=bias, rep_rmse=rmse)
+                writer.write_table(conform(pa.Table.from_pandas(rep, preserve_index=False)))
+
+
 def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFrame | None = None,
                       rep_dir: Path | None = None) -> list[Path]:
     """Rewrite each output part (GLS rows) with the published count where the run has block histograms, and
@@ -218,38 +257,18 @@ def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFr
                 tab.tabulate(src.root, spec)  # raises
             continue
         published.update(tab.tabulate(src.root, spec))
-        for rep in reps:  # one replicate's tables at a time
+        for rep in reps:  # one replicate's tables at a time, summed in place
             for k, v in tab.tabulate(rep, spec).items():
-                d = v - published[k]
-                s1[k] = s1.get(k, 0) + d
-                s2[k] = s2.get(k, 0) + d * d
-    amc = {}
-    for k in s1:
-        bias, mse, sd = replicate_moments(len(reps), s1[k], s2[k])
-        amc[k] = (bias, mse, point_estimate(published[k], bias, sd))
+                d = np.subtract(v, published[k], out=v)
+                if k in s1:
+                    s1[k] += d
+                    s2[k] += d * d
+                else:
+                    s1[k], s2[k] = d, d * d
     out = []
     for i, part in enumerate(parts):
-        gls = pq.read_table(part).to_pandas()
-        q0 = np.full(len(gls), np.nan)
-        frames = []
-        for k, (pos, rows, cells) in _levels_of(gls, published, tab.aggs).items():
-            q0[pos] = published[k][rows, cells]
-        gls["published"] = q0
-        frames.append(conform(pa.Table.from_pandas(gls, preserve_index=False)))
-        if amc:
-            rep = gls.iloc[:0].copy()
-            parts_amc = []
-            for k, (pos, rows, cells) in _levels_of(gls, amc, tab.aggs).items():
-                bias, mse, point = (a[rows, cells] for a in amc[k])
-                rmse = np.sqrt(mse)
-                lo90, hi90 = amc_interval(point, rmse, 0.90)
-                lo95, hi95 = amc_interval(point, rmse, 0.95)
-                parts_amc.append(gls.iloc[pos][["product", "level", "geocode", "query", "cell"]].assign(
-                    method="amc", published=q0[pos], estimate=point, variance=mse, ci90_low=lo90, ci90_high=hi90,
-                    ci95_low=lo95, ci95_high=hi95, rep_n=len(reps), rep_bias=bias, rep_rmse=rmse))
-            rep = pd.concat(parts_amc, ignore_index=True) if parts_amc else rep
-            frames.append(conform(pa.Table.from_pandas(rep, preserve_index=False)))
         path = staging / f"final-{i:05d}.parquet"
-        pq.write_table(pa.concat_tables(frames), path, compression="zstd")
+        _rewrite(part, path, published, s1, s2, len(reps), tab.aggs)
         out.append(path)
+        release_memory()  # one part's slices at a time
     return out

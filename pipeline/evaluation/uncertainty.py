@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
@@ -39,6 +40,7 @@ from topdown.vocab.queries import build_query
 from ..configuration.config import Config
 from ..execution.invariants import configured_below
 from ..execution.levels import level_constraints, published_units
+from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather
@@ -175,8 +177,19 @@ def public_structure(src: Source, spec: Product) -> Structure:
     return Structure(zeros, totals)
 
 
-def read_part(path: Path) -> pd.DataFrame:
-    return pq.read_table(path).to_pandas()
+def read_part(path: Path) -> pa.Table:
+    """A measurement part in Arrow (its geocode and query columns hold a few distinct strings each: they are
+    read as dictionaries, not as a Python string per row)."""
+    return pq.read_table(path, read_dictionary=["geocode", "query"])
+
+
+def codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A string column as codes (one per row) into its distinct values (as strings)."""
+    if pa.types.is_dictionary(column.type):  # chunks may have dictionaries of their own
+        column = column.cast(column.type.value_type)
+    arr = pc.dictionary_encode(column.combine_chunks())
+    return (arr.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+            arr.dictionary.cast(pa.string()).to_pylist())
 
 
 # ----------------------------------------------------------------------------------- measurement arrays
@@ -185,29 +198,35 @@ def measured_queries(src: Source, product: str) -> tuple[str, ...]:
     names: set[str] = set()
     for level in src.levels:
         for part in src.parts(product, level):
-            names |= set(pq.read_table(part, columns=["query"]).column("query").unique().to_pylist())
+            names |= set(codes(pq.read_table(part, columns=["query"], read_dictionary=["query"]).column("query"))[1])
     return tuple(sorted(names))
 
 
-def node_arrays(alg: KronAlgebra, long: pd.DataFrame, nodes: pd.Index, where: str):
-    """Rows of ``nodes`` present in ``long`` and their weights (n, n_queries), precision and information."""
-    rows_all = nodes.get_indexer(long["geocode"].astype(str))
+def node_arrays(alg: KronAlgebra, long: pa.Table, nodes: pd.Index, where: str):
+    """Rows of ``nodes`` present in the measurements ``long`` (:func:`read_part`) and their weights
+    (n, n_queries), precision and information."""
+    geo, geo_names = codes(long.column("geocode"))
+    rows_all = nodes.get_indexer(pd.Index(geo_names, dtype=object))[geo]
     if (rows_all < 0).any():
-        raise GLSError(f"{where}: measurement of unknown node {long['geocode'].iloc[np.flatnonzero(rows_all < 0)[0]]!r}")
+        raise GLSError(f"{where}: measurement of unknown node {geo_names[geo[np.flatnonzero(rows_all < 0)[0]]]!r}")
     present = np.unique(rows_all)
     local = np.searchsorted(present, rows_all)
+    query, query_names = codes(long.column("query"))
+    answer = long.column("answer").to_numpy()
+    value = long.column("value").to_numpy()
+    variance = long.column("variance").to_numpy()
     weights = np.zeros((present.size, len(alg.queries)))
     answers, wq = {}, {}
     for qi, q in enumerate(alg.queries):
-        sel = (long["query"] == q).to_numpy()
+        sel = query == query_names.index(q) if q in query_names else np.zeros(len(query), dtype=bool)
         if not sel.any():
             continue
-        var = long["variance"].to_numpy()[sel]
+        var = variance[sel]
         if (var <= 0).any() or not np.isfinite(var).all():
             raise GLSError(f"{where}: query {q!r} has variance {var[(var <= 0) | ~np.isfinite(var)][0]}: GLS needs "
                            "noisy measurements (a zero-noise run has no uncertainty to report)")
         y = np.zeros((present.size, build_query(alg.schema, q).n_answers))
-        y[local[sel], long["answer"].to_numpy()[sel]] = long["value"].to_numpy()[sel]
+        y[local[sel], answer[sel]] = value[sel]
         weights[local[sel], qi] = 1.0 / var
         answers[q], wq[q] = y, weights[:, qi]
     info = alg.information(answers, wq) if answers else np.zeros((present.size, alg.schema.ncells))
@@ -223,10 +242,12 @@ def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: 
     info = np.zeros((n, alg.schema.ncells))
     for part in src.parts(product, level):  # a node's measurements are in one part (its chunk's)
         long = read_part(part)
-        if len(long):
+        if long.num_rows:
             rows, w, z = node_arrays(alg, long, nodes, f"{product} {level}")
             weights[rows] += w
             info[rows] += z
+        del long
+        release_memory()  # a part's columns and arrays, before the next part
     precision = alg.precision(weights)
     zeros = {q: a for q, a in structure.zeros[i].items() if q in alg.zeros}
     if zeros:
@@ -303,10 +324,10 @@ class LeafTask:
     part: str
     queries: tuple[str, ...]
     level: str
-    nodes: pd.Index  # all leaves
-    parents: np.ndarray  # parent row of every leaf
+    nodes: pd.Index  # the leaves the part may hold (pass 1: all; pass 2: the part's own)
+    parents: np.ndarray  # parent row of each of ``nodes``
     zeros: tuple[str, ...] = ()  # the algebra's zero queries (no zeros at the leaves, but the same layout)
-    totals: np.ndarray | None = None  # every leaf's exact total, NaN where none
+    totals: np.ndarray | None = None  # each of ``nodes``' exact total, NaN where none
 
 
 def leaf_signature(weights: np.ndarray, totals: np.ndarray | None) -> np.ndarray:
@@ -339,8 +360,10 @@ def leaf_pass1(t: LeafTask) -> dict:
     alg, rows, weights, _, _, b_minus, _, _ = _leaf_local(t)
     par = t.parents[rows]
     ups, inv = np.unique(par, return_inverse=True)
-    return {"rows": rows, "weights": weights, "parents": ups, "s_est": segment_sum(b_minus, inv.ravel(), ups.size),
-            "cpu": time.process_time() - cpu}
+    out = {"rows": rows, "weights": weights, "parents": ups, "s_est": segment_sum(b_minus, inv.ravel(), ups.size)}
+    del alg, b_minus
+    release_memory()  # the worker's heap back to where it was before the task
+    return out | {"cpu": time.process_time() - cpu}
 
 
 @dataclass
@@ -353,7 +376,7 @@ class LeafPass2(LeafTask):
     out: str = ""
     out_queries: tuple[str, ...] = ()
     write_rows: bool = True
-    cover: dict[int, list[int]] = field(default_factory=dict)  # leaf row -> entity numbers it covers
+    cover: dict[int, list[int]] = field(default_factory=dict)  # row of ``nodes`` -> entity numbers it is in
 
 
 def leaf_pass2(t: LeafPass2) -> dict:
@@ -370,10 +393,13 @@ def leaf_pass2(t: LeafPass2) -> dict:
     if t.write_rows:
         frame = _rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries, total)
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), t.out, compression="zstd")
+        del frame
     sums: dict[int, np.ndarray] = {}
     for r, bb in zip(rows, b):
         for e in t.cover.get(int(r), ()):
             sums[e] = sums.get(e, 0) + bb
+    del alg, b, b_minus, v_minus
+    release_memory()
     return {"sums": sums, "cpu": time.process_time() - cpu}
 
 
@@ -546,6 +572,7 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     upper[-1].s_total = segment_sum(leaf_total, src.parents[leaf], len(src.nodes[leaf - 1]))
     upward(alg, upper, [f"{product} {lv}" for lv in src.levels[:leaf]])
     downward(alg, upper)
+    release_memory()
 
     out_parts: list[Path] = []
     frames = [_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None, out_queries,
@@ -554,6 +581,8 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
         path = staging / f"{product}-upper.parquet"
         pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), path)
         out_parts.append(path)
+    del frames
+    release_memory()
 
     keys, covers = entity_covers(src, entities) if entities is not None and len(entities) else ([], [])
     leaf_cover: dict[int, list[int]] = {}
@@ -563,13 +592,14 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     par = upper[-1]
     tasks = []
     for k, part in enumerate(parts):
-        rows = res1[k]["rows"]
+        rows = res1[k]["rows"]  # the part's leaves (sorted): a task carries theirs only, numbered 0, 1, ...
         prow = np.unique(src.parents[leaf][rows])
-        tasks.append(LeafPass2(part=str(part), **common, parent_rows=prow, parent_b=par.b[prow],
+        own = dict(common, nodes=src.nodes[leaf][rows], parents=src.parents[leaf][rows], totals=leaf_total[rows])
+        tasks.append(LeafPass2(part=str(part), **own, parent_rows=prow, parent_b=par.b[prow],
                                parent_s_est=par.s_est[prow], parent_s_inv=par.s_inv[prow], parent_v=par.v[prow],
                                out=str(staging / f"{product}-leaf-{k:05d}.parquet"), out_queries=out_queries,
                                write_rows=src.levels[leaf] in want,
-                               cover={int(r): leaf_cover[int(r)] for r in rows if int(r) in leaf_cover}))
+                               cover={i: leaf_cover[int(r)] for i, r in enumerate(rows) if int(r) in leaf_cover}))
     res2 = gather(dclient, [dclient.submit(leaf_pass2, t, pure=False) for t in tasks],
                   f"uncertainty {product} {src.levels[leaf]} (pass 2)")
     cost.tasks += len(res2)
