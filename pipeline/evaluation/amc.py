@@ -27,6 +27,7 @@ are then rewritten one at a time.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class Tabulator:
         self.geoids = pd.Index(src.spine["geoid"])
         self.leaf = src.levels[-1]  # the block histograms' level, in the run and in its replicates
         self.spine_file = Path(src.root) / "spine.parquet"
+        self._block_rows: dict[str, pd.Series] = {}  # by the spine file's SHA-256 (block_rows)
         self.aggs = aggregators(src, entities)
         self.columns = {level: m.tocsc() for level, (_, m) in self.aggs.items()}  # sliced by block below
         self.products = {p.name: p for p in src.products}
@@ -132,6 +134,16 @@ class Tabulator:
         own = run_dir / "spine.parquet"
         return own if own.exists() else self.spine_file
 
+    def block_rows(self, run_dir: Path) -> pd.Series:
+        """A run folder's leaf geocodes -> rows of :attr:`geoids`, read once per distinct spine file (the run and
+        its replicates have the same one)."""
+        path = self.spine_path(run_dir)
+        key = hashlib.sha256(path.read_bytes()).hexdigest()
+        if key not in self._block_rows:
+            spine = pq.read_table(path).to_pandas().astype(str)
+            self._block_rows[key] = pd.Series(self.geoids.get_indexer(spine["geoid"]), index=spine[spine.columns[-1]])
+        return self._block_rows[key]
+
     def parts(self, run_dir: Path, product: str) -> list[Path]:
         folder = run_dir / "histograms" / product / f"level={self.leaf}"
         return sorted(folder.glob("*.parquet")) if folder.is_dir() else []
@@ -139,12 +151,11 @@ class Tabulator:
     def tabulate(self, run_dir: Path, product: Product | str) -> dict[tuple[str, str, str], np.ndarray]:
         """Dense (nodes, answers) arrays of ``product``'s keys; :class:`RunDirError` without block histograms."""
         name = getattr(product, "name", product)
-        spine = pq.read_table(self.spine_path(run_dir)).to_pandas().astype(str)
-        leaf = spine.columns[-1]
-        rows_of = pd.Series(self.geoids.get_indexer(spine["geoid"]), index=spine[leaf])
+        rows_of = self.block_rows(run_dir)
         parts = self.parts(run_dir, name)
         if not parts:
-            raise RunDirError(f"{run_dir}: no block histograms of product {name!r} (histograms/{name}/level={leaf})")
+            raise RunDirError(f"{run_dir}: no block histograms of product {name!r} "
+                              f"(histograms/{name}/level={self.leaf})")
         out = self.zeros(name)
         for part in parts:
             table = pq.read_table(part, columns=["geocode", "cell", "count"]).to_pandas()
