@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import textwrap
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -616,17 +618,38 @@ class Interrupted(KeyboardInterrupt):
 
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread (once: a second one while the command
-    unwinds is ignored, so its locks and cluster are still released)."""
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, once: a second one while the command
+    unwinds is ignored, so its locks and cluster are still released. A signal that lands inside a finalizer
+    (a Dask future's ``__del__``), where Python swallows exceptions, is delivered again a moment later."""
+    delivered: list[int] = []
+    active = [True]
+
     def stop(signum, frame):
-        for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, signal.SIG_IGN)
+        if delivered:
+            return
+        delivered.append(signum)
         raise Interrupted(signum)
 
+    previous_hook = sys.unraisablehook
+
+    def swallowed(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous_hook(unraisable)
+            return
+        delivered.clear()  # the interpreter dropped it: send it again, outside the finalizer
+        threading.Timer(0.05, again, (unraisable.exc_value.signum,)).start()
+
+    def again(signum: int) -> None:
+        if active:
+            os.kill(os.getpid(), signum)
+
     saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    sys.unraisablehook = swallowed
     try:
         yield
     finally:
+        active.clear()
+        sys.unraisablehook = previous_hook
         for s, handler in saved.items():
             signal.signal(s, handler)
 

@@ -257,6 +257,30 @@ def test_signal_stops_run_cleanly_and_resume_completes(tmp_path, demo_input, dem
     _resumed_equals(demo_reference, demo_input, out)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_swallowed_by_a_finalizer_is_delivered_again(signum, capsys):
+    """A signal whose handler runs inside a ``__del__`` (a Dask future's, as a CI run once saw) is dropped by
+    Python with an "Exception ignored" traceback; the command must still stop, without that traceback."""
+    import time
+
+    from topdown.pipeline.cli import Interrupted, _signals_interrupt
+
+    class TakesTheSignal:
+        def __del__(self):
+            signal.raise_signal(signum)
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook)
+    with pytest.raises(Interrupted) as stopped:
+        with _signals_interrupt():
+            TakesTheSignal()  # dropped at once: the handler raises inside its finalizer
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert stopped.value.signum == signum
+    assert "Exception ignored" not in capsys.readouterr().err
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook) == before
+
+
 def test_workers_over_the_limit_is_exit_2(tmp_path, planted_input):
     outcome = topdown("run", "demo", "--input", planted_input, "--out", tmp_path / "run", "--workers", "100000",
                       "--seed", "1")
