@@ -20,6 +20,7 @@ root-to-block path each level's budget proportion is used exactly once; ``check_
 """
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from topdown.vocab.census import Hierarchy, Level
 
 from . import GeographyError, one_line
 from .baf import aian_flags, read_baf_dir, target_entities
-from .blockgroups import FANOUT_CUTOFF, custom_block_groups, gq_signatures, read_units
+from .blockgroups import FANOUT_CUTOFF, block_group_index, gq_types, read_units
 
 #: The U.S. tabulation hierarchy (DAS-2020 `define_spines.py`), the one place in Python its level names and GEOID
 #: prefix widths are stated, for the U.S. features of geo (conf/census/pl94.toml declares the same; geo may not
@@ -81,6 +82,11 @@ class Spine:
             raise GeographyError(f"spine table: the root level {self.levels[0]} must hold one node")
         if _has_duplicates(self.table[self.levels[-1]]):
             raise GeographyError(f"spine table: the {self.levels[-1]} column must be unique per block")
+        self._check_moves()
+        self.check_nesting()
+
+    def _check_moves(self) -> None:
+        """The budget moves name the spine's levels only."""
         for level, codes in self.moves.items():
             if level not in self.levels:
                 raise GeographyError(f"budget moves name unknown level {level!r}")
@@ -88,12 +94,11 @@ class Spine:
                 unknown = [c for c in carried if c not in self.levels]
                 if unknown:
                     raise GeographyError(f"budget moves of {level} node {geocode!r} name unknown levels {unknown}")
-        self.check_nesting()
 
     def check_nesting(self) -> None:
         """Every node has exactly one parent at the level above; raises naming the first offender."""
         for parent, child in zip(self.levels, self.levels[1:]):
-            if _nests_sorted(self.table[parent], self.table[child]):
+            if _nests(self.table[parent], self.table[child]):
                 continue
             parents = self.table.groupby(child, sort=False)[parent].nunique()
             bad = parents[parents > 1]
@@ -198,7 +203,7 @@ def check_path_condition(spine: Spine) -> None:
     Raises ValueError naming the first offending block and the levels it uses 0 or 2+ times.
     """
     column = {level: j for j, level in enumerate(spine.levels)}
-    uses = np.zeros((len(spine.table), len(spine.levels)), dtype=np.int64)
+    uses = np.zeros((len(spine.table), len(spine.levels)), dtype=np.int8)  # a level is used at most len(levels) times
     for j, level in enumerate(spine.levels):
         uses[:, j] += 1
         by_carried: dict[tuple[str, ...], list[str]] = {}
@@ -221,20 +226,36 @@ def bypass(spine: Spine) -> Spine:
     """Bypass every parent with exactly one child, bottom-up, at every level (DAS-2020 `optimize_spine.py`).
 
     The parent then carries its own and the child's budget levels (which may already include levels
-    moved up from below) and the child carries none.
+    moved up from below) and the child carries none. Nodes are visited in the order of their first block
+    (on integer codes: no hash table of geocodes per block).
     """
     moves = {level: dict(codes) for level, codes in spine.moves.items()}
+    table = spine.table
+    child_codes = _appearance_codes(table[spine.levels[-1]])
     for parent, child in reversed(list(zip(spine.levels, spine.levels[1:]))):
-        grouped = spine.table.groupby(parent, sort=False)[child]
-        count = grouped.nunique()
-        only = grouped.first()[count == 1]
+        parent_codes = _appearance_codes(table[parent])
+        parent_of_child = np.zeros(int(child_codes.max()) + 1, dtype=np.int64)
+        parent_of_child[child_codes] = parent_codes  # a child nests in one parent (checked)
+        count = np.bincount(parent_of_child, minlength=int(parent_codes.max()) + 1)
+        previous = np.maximum.accumulate(np.r_[-1, parent_codes[:-1]])
+        first = np.flatnonzero(parent_codes > previous)  # each parent's first block, in code order
+        rows = first[count == 1]
         parent_moves, child_moves = moves.setdefault(parent, {}), moves.setdefault(child, {})
-        for node, only_child in only.items():
+        for node, only_child in zip(table[parent].iloc[rows].tolist(), table[child].iloc[rows].tolist()):
             parent_moves[node] = parent_moves.get(node, (parent,)) + child_moves.get(only_child, (child,))
             child_moves[only_child] = ()
-    result = Spine(spine.levels, spine.table, {lvl: m for lvl, m in moves.items() if m}, spine.kind, spine.state)
+        child_codes = parent_codes
+    result = copy.copy(spine)  # the same (checked) table
+    result.moves = {lvl: m for lvl, m in moves.items() if m}
+    result._check_moves()
     check_path_condition(result)
     return result
+
+
+def _appearance_codes(values: pd.Series) -> np.ndarray:
+    """Each value's code, the codes numbering the distinct values in the order of their first row."""
+    found = sorted_factorize(values)
+    return found[0] if found is not None else pd.factorize(values)[0]
 
 
 def nesting_problem(codes: pd.DataFrame, hierarchy: Hierarchy) -> tuple[str, str, str, str, str] | None:
@@ -300,14 +321,17 @@ def _has_duplicates(values: pd.Series) -> bool:
     return bool(values.duplicated().any()) if codes is None else len(codes[1]) < len(values)
 
 
-def _nests_sorted(parent: pd.Series, child: pd.Series) -> bool:
-    """True when both columns are sorted and no child value has two parent values (without a hash table);
-    False also when it cannot tell (then ``check_nesting`` groups)."""
+def _nests(parent: pd.Series, child: pd.Series) -> bool:
+    """True when no child value has two parent values (on integer codes; without a hash table when both
+    columns are sorted)."""
     child_codes, parent_codes = sorted_factorize(child), sorted_factorize(parent)
-    if child_codes is None or parent_codes is None:
-        return False
-    same_child = np.diff(child_codes[0]) == 0
-    return not (same_child & (np.diff(parent_codes[0]) != 0)).any()
+    if child_codes is not None and parent_codes is not None:
+        same_child = np.diff(child_codes[0]) == 0
+        return not (same_child & (np.diff(parent_codes[0]) != 0)).any()
+    child_codes, parent_codes = _appearance_codes(child), _appearance_codes(parent)
+    first_parent = np.zeros(int(child_codes.max()) + 1 if len(child_codes) else 0, dtype=np.int64)
+    first_parent[child_codes[::-1]] = parent_codes[::-1]  # the parent of each child's first row
+    return bool((first_parent[child_codes] == parent_codes).all())
 
 
 def _prefixed_table(geoids: pd.Series, flag: pd.Series | None, hierarchy: Hierarchy = US_HIERARCHY) -> pd.DataFrame:
@@ -320,12 +344,38 @@ def _prefixed_table(geoids: pd.Series, flag: pd.Series | None, hierarchy: Hierar
     return pd.DataFrame(table)
 
 
-def _aligned_flag(aian: pd.Series, geoids: pd.Series) -> pd.Series:
-    """The AIAN flag ("1"/"0") per block; ``aian`` is a boolean Series indexed by geoid."""
-    flags = aian.reindex(pd.Index(geoids))
+def _aligned_flag(aian: pd.Series, geoids: pd.Series) -> np.ndarray:
+    """The AIAN flag (bool) per block; ``aian`` is a boolean Series indexed by geoid."""
+    flags = aian if aian.index.equals(pd.Index(geoids)) else aian.reindex(pd.Index(geoids))
     if flags.isna().any():
         raise ValueError(f"no AIAN flag for block {geoids[flags.isna().to_numpy()].iloc[0]}")
-    return pd.Series(np.where(flags.astype(bool).to_numpy(), "1", "0"), index=geoids.index)
+    return flags.astype(bool).to_numpy()
+
+
+def _flag_codes(flag: np.ndarray, geoids: pd.Series) -> pd.Series:
+    """The AIAN flag as the prefix of a node's geocode ("1"/"0")."""
+    return pd.Series(np.where(flag, "1", "0"), index=geoids.index)
+
+
+def _numbers(geoids: pd.Series) -> np.ndarray:
+    """15-digit block GEOIDs (checked) as int64, in place in Arrow (no Python object per block)."""
+    return pc.cast(pa.chunked_array([pa.array(geoids.array)]), pa.int64()).to_numpy()
+
+
+def _state_rows(numbers: np.ndarray) -> list[tuple[int, int]]:
+    """The row range of each state of sorted block GEOID numbers (a state's blocks are consecutive)."""
+    state = numbers // 10 ** (15 - PREFIX[STATE])
+    cuts = [0, *(np.flatnonzero(state[1:] != state[:-1]) + 1).tolist(), len(numbers)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _key_codes(columns: list, n: int) -> np.ndarray:
+    """One code per row for the tuple of its values in ``columns`` (equal tuples, equal codes)."""
+    codes = np.zeros(n, dtype=np.int64)
+    for column in columns:
+        values, distinct = pd.factorize(column)
+        codes = pd.factorize(codes * len(distinct) + values)[0]
+    return codes
 
 
 def standard_spine(geoids: pd.Series | pd.DataFrame, bypass_single_children: bool = False,
@@ -377,7 +427,7 @@ def aian_spine(geoids: pd.Series, aian: pd.Series, bypass_single_children: bool 
     """The AIAN spine (DAS-2020 `define_spines.py`, `aian_spine`; Abowd et al. 2022, section 7.4): each
     node's geocode is [AIAN flag] + its prefix."""
     geoids = _block_geoids(geoids)
-    spine = Spine(list(LEVELS), _prefixed_table(geoids, _aligned_flag(aian, geoids)), kind="aian")
+    spine = Spine(list(LEVELS), _prefixed_table(geoids, _flag_codes(_aligned_flag(aian, geoids), geoids)), kind="aian")
     return bypass(spine) if bypass_single_children else spine
 
 
@@ -394,23 +444,35 @@ def optimized_spine(geoids: pd.Series, entities: pd.DataFrame, gq_signature: pd.
     index, the width being the digits of the largest fan-out.
     """
     geoids = _block_geoids(geoids)
-    table = _prefixed_table(geoids, _aligned_flag(aian, geoids))
     index = pd.Index(geoids)
     aligned = entities.reindex(index)
     if aligned.isna().any(axis=None):
         raise ValueError(f"no off-spine entity codes for block {geoids[aligned.isna().any(axis=1).to_numpy()].iloc[0]}")
-    key = pd.Series("", index=index)
-    for column in aligned.columns:
-        key = key + "|" + aligned[column].astype(str)
+    columns = [aligned[column].astype(str) for column in aligned.columns]
     if gq_signature is not None:
         signature = gq_signature.reindex(index)
         if signature.isna().any():
             raise ValueError(f"no GQ signature for block {geoids[signature.isna().to_numpy()].iloc[0]}")
-        key = key + "|" + signature.astype(str)
-    bg = custom_block_groups(table["Tract"], table["geoid"], pd.Series(key.to_numpy(), index=table.index),
-                             fanout_cutoff)
+        columns.append(signature.astype(str))
+    return _optimized(geoids, _aligned_flag(aian, geoids), _key_codes(columns, len(geoids)), fanout_cutoff,
+                      bypass_single_children)
+
+
+def _optimized(geoids: pd.Series, flag: np.ndarray, key: np.ndarray, fanout_cutoff: int,
+               bypass_single_children: bool) -> Spine:
+    """The optimized spine of the sorted, checked ``geoids`` from each block's AIAN flag and intersect entity
+    code ``key`` (codes compared within a state only): custom block groups a state at a time, on integer
+    codes."""
+    numbers = _numbers(geoids)
+    bg = np.zeros(len(numbers), dtype=np.int32)
+    for start, stop in _state_rows(numbers):
+        tract = numbers[start:stop] // 10 ** (15 - PREFIX["Tract"]) * 2 + flag[start:stop]  # AIAN part of a tract
+        bg[start:stop] = block_group_index(np.unique(tract, return_inverse=True)[1], key[start:stop], fanout_cutoff)
+    del numbers
+    table = _prefixed_table(geoids, _flag_codes(flag, geoids))
     width = len(str(int(bg.max()) + 1))
-    table["Block_Group"] = table["Tract"] + (bg + 1).astype(str).str.zfill(width)
+    number = pc.utf8_lpad(pc.cast(pa.array(bg + 1), pa.string()), width=width, padding="0").to_pandas()
+    table["Block_Group"] = table["Tract"] + number.set_axis(table.index)
     spine = Spine(list(LEVELS), table, kind="optimized")
     return bypass(spine) if bypass_single_children else spine
 
@@ -424,11 +486,34 @@ def _baf_for(geoids: pd.Series, baf_dir: Path | str | pd.DataFrame | None, kind:
     if "aiannhce" not in baf.columns:
         raise GeographyError(f"{source}: no AIANNH block assignment file; spine kind {kind!r} needs it")
     index = pd.Index(_block_geoids(geoids), name="geoid")
+    if baf.index.equals(index):  # the input's blocks are the BAF's: no copy
+        return baf.rename_axis("geoid")
     missing = int((~index.isin(baf.index)).sum())
     if missing:
         warnings.warn(f"{missing} of {len(index)} blocks are not in the BAFs of {source}; "
                       f"they are treated as in no AIAN area, place or MCD", stacklevel=3)
     return baf.reindex(index, fill_value="")
+
+
+def _gq_bits(units: pd.DataFrame, numbers: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per block (``numbers``: sorted GEOID numbers), bit t-1 set where it has a GQ facility of type t, and
+    the number of distinct blocks of ``units`` that are not among ``numbers``."""
+    gq = gq_types(units)
+    bits = np.zeros(len(numbers), dtype=np.uint8)
+    listed = pd.Series(pd.unique(units["geoid"])).astype(str)
+    outside = 0
+    for frame, count in ((gq, False), (pd.DataFrame({"geoid": listed, "t": 0}), True)):
+        geoid = frame["geoid"].astype(str)
+        digits = geoid.str.fullmatch(r"\d{15}").to_numpy()
+        wanted = geoid[digits].astype("int64").to_numpy()
+        row = np.minimum(np.searchsorted(numbers, wanted), max(len(numbers) - 1, 0))
+        found = numbers[row] == wanted if len(numbers) else np.zeros(len(wanted), dtype=bool)
+        if count:
+            outside = int((~digits).sum() + (~found).sum())
+        else:
+            types = frame["t"].to_numpy()[digits][found].astype(np.int64)
+            np.bitwise_or.at(bits, row[found], (1 << (types - 1)).astype(np.uint8))
+    return bits, outside
 
 
 def build_spine(kind: str, geoids: pd.Series | pd.DataFrame, baf_dir: Path | str | pd.DataFrame | None = None,
@@ -438,7 +523,8 @@ def build_spine(kind: str, geoids: pd.Series | pd.DataFrame, baf_dir: Path | str
 
     aian and optimized are U.S. spines (a hierarchy with ``us``); they need ``baf_dir`` (a BAF directory, or a
     frame from ``read_baf_dir``); optimized takes the GQ signature from ``units`` (a units table or the path
-    of a units parquet with columns geoid, unit_type, occupied) when given.
+    of a units parquet with columns geoid, unit_type, occupied) when given. The optimized spine's entities
+    are computed a state at a time; the driver keeps per block a flag and an entity code.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown spine kind {kind!r}; expected one of {KINDS}")
@@ -447,16 +533,26 @@ def build_spine(kind: str, geoids: pd.Series | pd.DataFrame, baf_dir: Path | str
     if not hierarchy.us:
         raise ValueError(f"spine kind {kind!r} is a U.S. spine; this census's hierarchy is not the U.S. one")
     baf = _baf_for(geoids, baf_dir, kind)
-    aian = aian_flags(baf["aiannhce"])
     if kind == "aian":
-        return aian_spine(baf.index.to_series(), aian)
+        return aian_spine(baf.index.to_series(), aian_flags(baf["aiannhce"]))
     if isinstance(units, (str, Path)):
         units = read_units(units)
-    signature = None
+    blocks = _block_geoids(baf.index.to_series())
+    numbers = _numbers(blocks)
+    bits = None
     if units is not None:
-        outside = int((~pd.Index(units["geoid"].unique()).isin(baf.index)).sum())
+        bits, outside = _gq_bits(units, numbers)
         if outside:
             warnings.warn(f"{outside} blocks of the units table are not among the spine's blocks; "
                           f"their GQ facilities are ignored", stacklevel=2)
-        signature = gq_signatures(units, baf.index.to_series())
-    return optimized_spine(baf.index.to_series(), target_entities(baf), signature, aian)
+    flag = np.zeros(len(blocks), dtype=bool)
+    key = np.zeros(len(blocks), dtype=np.int64)
+    for start, stop in _state_rows(numbers):
+        part = baf.iloc[start:stop]
+        flag[start:stop] = aian_flags(part["aiannhce"]).to_numpy()
+        entities = target_entities(part)
+        columns = [entities[column] for column in entities.columns] + ([] if bits is None else [bits[start:stop]])
+        key[start:stop] = _key_codes(columns, stop - start)
+        del part, entities, columns
+    del numbers, bits
+    return _optimized(blocks, flag, key, FANOUT_CUTOFF, True)
