@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import DAMAGED_FILE_ERRORS, GeographyError, one_line
 
@@ -63,18 +65,45 @@ def read_baf_dir(directory: Path | str) -> pd.DataFrame:
 
     Columns: ``aiannhce, comptyp, placefp, countyfp, cousubfp, cd, vtd`` (``vtd`` = county FIPS +
     district, unique within a state) for the files present, and ``<entity>_<column>`` for any other
-    file. A block absent from one entity's file gets "" there (not in any such area).
+    file. A block absent from one entity's file gets "" there (not in any such area). The files of one
+    state (by the STxx of their names) are joined at a time: the join's hash tables hold a state's blocks.
     """
     directory = Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"BAF directory {directory} does not exist")
-    per_entity: dict[str, list[pd.DataFrame]] = {}
+    by_state: dict[str, dict[str, list[Path]]] = {}
+    entities: list[str] = []
     for path in sorted(directory.iterdir()):
         match = BAF_NAME.match(path.name)
         if match:
-            per_entity.setdefault(match.group(3), []).append(_read_one(path, match.group(3)))
-    if not per_entity:
+            by_state.setdefault(match.group(1), {}).setdefault(match.group(3), []).append(path)
+            entities += [] if match.group(3) in entities else [match.group(3)]
+    if not entities:
         raise FileNotFoundError(f"no block assignment files (BlockAssign_STxx_XX_<ENTITY>.txt) in {directory}")
+    parts, columns = [], {e: {} for e in entities}  # each entity's columns, in the order first read
+    for group in by_state.values():
+        frames = {e: [_read_one(p, e) for p in files] for e, files in group.items()}
+        for e, read in frames.items():
+            columns[e].update(dict.fromkeys(c for frame in read for c in frame.columns))
+        parts.append(_joined(directory, frames))
+    order = [c for e in entities for c in columns[e]]
+    baf = pd.concat([part.reindex(columns=order, fill_value="") for part in parts]) if len(parts) > 1 else parts[0]
+    if not _strictly_increasing(baf.index):  # a block in the files of two states: join them all at once
+        baf = _joined(directory, {e: [_read_one(p, e) for g in by_state.values() for p in g.get(e, [])]
+                                  for e in entities})
+    if "vtd_district" in baf.columns:
+        county = baf["vtd_countyfp"]
+        baf["vtd"] = (county + baf["vtd_district"]).where(baf["vtd_district"] != "", "")
+        baf = baf.drop(columns=["vtd_countyfp", "vtd_district"])
+    baf.index.name = "geoid"
+    baf.attrs["other_files"] = {entity.lower(): [c for c in baf.columns if c.startswith(f"{entity.lower()}_")]
+                                for entity in entities if entity not in KNOWN_COLUMNS}
+    return baf
+
+
+def _joined(directory: Path, per_entity: dict[str, list[pd.DataFrame]]) -> pd.DataFrame:
+    """The frames of each entity's files joined into one frame by block (sorted; "" where an entity's files
+    lack a block); a block twice in one entity's files is an error."""
     frames = []
     for entity, parts in per_entity.items():
         frame = pd.concat(parts)
@@ -82,15 +111,13 @@ def read_baf_dir(directory: Path | str) -> pd.DataFrame:
         if len(dup):
             raise GeographyError(f"{directory}: block {dup[0]} appears twice in the {entity} files")
         frames.append(frame)
-    baf = pd.concat(frames, axis=1, join="outer").fillna("").sort_index()
-    if "vtd_district" in baf.columns:
-        county = baf["vtd_countyfp"]
-        baf["vtd"] = (county + baf["vtd_district"]).where(baf["vtd_district"] != "", "")
-        baf = baf.drop(columns=["vtd_countyfp", "vtd_district"])
-    baf.index.name = "geoid"
-    baf.attrs["other_files"] = {entity.lower(): [c for c in baf.columns if c.startswith(f"{entity.lower()}_")]
-                                for entity in per_entity if entity not in KNOWN_COLUMNS}
-    return baf
+    return pd.concat(frames, axis=1, join="outer").fillna("").sort_index()
+
+
+def _strictly_increasing(index: pd.Index) -> bool:
+    """Whether each block GEOID is greater than the one before (sorted, none twice), compared in Arrow."""
+    values = pa.chunked_array([pa.array(index.array)]).combine_chunks()
+    return len(values) < 2 or not pc.any(pc.less_equal(values[1:], values[:-1])).as_py()
 
 
 def aian_flags(aiannhce: pd.Series) -> pd.Series:
