@@ -500,20 +500,23 @@ def _gq_bits(units: pd.DataFrame, numbers: np.ndarray) -> tuple[np.ndarray, int]
     the number of distinct blocks of ``units`` that are not among ``numbers``."""
     gq = gq_types(units)
     bits = np.zeros(len(numbers), dtype=np.uint8)
-    listed = pd.Series(pd.unique(units["geoid"])).astype(str)
-    outside = 0
-    for frame, count in ((gq, False), (pd.DataFrame({"geoid": listed, "t": 0}), True)):
-        geoid = frame["geoid"].astype(str)
-        digits = geoid.str.fullmatch(r"\d{15}").to_numpy()
-        wanted = geoid[digits].astype("int64").to_numpy()
-        row = np.minimum(np.searchsorted(numbers, wanted), max(len(numbers) - 1, 0))
-        found = numbers[row] == wanted if len(numbers) else np.zeros(len(wanted), dtype=bool)
-        if count:
-            outside = int((~digits).sum() + (~found).sum())
-        else:
-            types = frame["t"].to_numpy()[digits][found].astype(np.int64)
-            np.bitwise_or.at(bits, row[found], (1 << (types - 1)).astype(np.uint8))
-    return bits, outside
+    row, found = _block_rows(gq["geoid"], numbers)
+    types = gq["t"].to_numpy().astype(np.int64)[found]
+    np.bitwise_or.at(bits, row[found], (1 << (types - 1)).astype(np.uint8))
+    return bits, int((~_block_rows(pd.Series(pd.unique(units["geoid"])), numbers)[1]).sum())
+
+
+def _block_rows(geoids: pd.Series, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The row of each GEOID among the sorted GEOID ``numbers``, and whether it is there (one that is not 15
+    digits is not)."""
+    geoid = geoids.astype(str)
+    digits = geoid.str.fullmatch(r"\d{15}").to_numpy()
+    wanted = np.full(len(geoid), -1, dtype=np.int64)
+    wanted[digits] = geoid[digits].astype("int64").to_numpy()
+    if not len(numbers):
+        return np.zeros(len(wanted), dtype=np.int64), np.zeros(len(wanted), dtype=bool)
+    row = np.minimum(np.searchsorted(numbers, wanted), len(numbers) - 1)
+    return row, digits & (numbers[row] == wanted)
 
 
 def build_spine(kind: str, geoids: pd.Series | pd.DataFrame, baf_dir: Path | str | pd.DataFrame | None = None,
