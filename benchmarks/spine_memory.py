@@ -19,7 +19,6 @@ import time
 import tracemalloc
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import psutil
 import pyarrow as pa
@@ -103,7 +102,7 @@ def main() -> None:
     config = load_config(args.config)
     geography = step("levels._geography", lambda: _geography(spine))
     shares = step("path shares", lambda: {p: _path_shares(spine, config.product(p).budget) for p in config.run.products})
-    del baf, units, geoids
+    baf = units = geoids = None  # the run drops them after the spine
     gc.collect()
     release_memory()
     held = spine.table.memory_usage(deep=True)
