@@ -5,12 +5,15 @@ tradeoff", Gates Open Research 3:1722 (2019/2020), ran the 2018 End-to-End TopDo
 runs per epsilon; their figures are the JSON files of GitHub aflaxman/dp_2020_census (anchors below). Their
 metrics, per geographic level, pooled over the runs of one epsilon:
 
-* TC: the total count of each geounit; the error is |DP - exact| of every geounit.
-* SC: the single cells of the histogram (GQ type x voting age x race x ethnicity; here the run's "detailed"
-  query, 8 x 2 x 2 x 6 = 192 cells) of every geounit, leaving out the cells that are zero in both the DP and
-  the exact counts.
-* median, 95th percentile and root mean square of these absolute errors (quantiles: the inverted CDF,
-  metrics.weighted_quantiles).
+* TC: the total count of each geounit; the error is DP - exact of every geounit.
+* SC: the counts stratified by voting age x race x ethnicity (their code groups by state, county, enum_dist,
+  age, race, eth: summed over the group-quarters types; here the query "age18plus * hispanic * race", 24
+  answers per geounit). Only the answers present in the exact or the DP data count: an answer zero in both is
+  left out (their outer merge of two grouped frames).
+* median, 95th percentile and root mean square of the absolute errors; their quantiles are numpy's default
+  (linear interpolation: np.median, np.quantile), as here (:func:`linear_quantile`).
+* Also given, without an anchor: "cells", the 192 single cells of the histogram (GQ type x voting age x
+  ethnicity x race), zero-zero cells left out the same way.
 
 Levels: Enumdist (ED), County, State. The truth is the run's input, read one row group at a time as a run
 reads it (validate.check_records); estimates are read a batch at a time (evaluate.RunView); a level is held
@@ -18,7 +21,7 @@ as numpy arrays of (node, cell, count), never as a frame. Runs are grouped by th
 
 The output (``--out``, default ``RUN/evaluation-CONFIDENTIAL/petti_flaxman.json`` of the first run, a private
 file) holds error statistics only, no true count. ``--describe-input`` also prints, to the terminal only, the
-input's median and 95th-percentile TC and median non-zero SC cell per level: statistics of TRUE counts, for a
+input's median and 95th-percentile TC and median non-zero SC answer per level: statistics of TRUE counts, for a
 synthetic input (to compare its shape with the 1940 file's), never for confidential data.
 
 Usage: python benchmarks/petti_flaxman.py --truth INPUT [--out FILE] [--describe-input] RUN [RUN ...]
@@ -48,8 +51,8 @@ from topdown.vocab.queries import build_query
 PRODUCT = "persons"
 #: Petti & Flaxman's levels and their names in the e2e_1940 census.
 LEVELS = {"ED": "Enumdist", "county": "County", "state": "State"}
-#: Their counts: TC the geounit's total, SC the single cells of the 192-cell histogram.
-QUERIES = {"TC": "total", "SC": "detailed"}
+#: Their counts (TC the geounit's total, SC voting age x race x ethnicity) and the histogram's single cells.
+QUERIES = {"TC": "total", "SC": "age18plus * hispanic * race", "cells": "detailed"}
 #: Petti & Flaxman (Gates Open Research 3:1722), via GitHub aflaxman/dp_2020_census: (median, p95, RMSE) of
 #: |DP - exact| pooled over 4 runs, per epsilon, count and level. TC at state level is invariant (0).
 ANCHORS: dict[str, dict[tuple[str, str], tuple[int, int, int]]] = {
@@ -115,13 +118,23 @@ def abs_errors(true: M.SparseHist, est: M.SparseHist, query: str, schema, skip_z
     return values, counts
 
 
+def linear_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """``np.quantile(np.repeat(values, counts), q)`` (linear interpolation) without repeating the values."""
+    order = np.argsort(values, kind="stable")
+    values, cum = np.asarray(values, dtype=float)[order], np.cumsum(counts[order])
+    pos = (cum[-1] - 1) * q
+    lo, hi = values[np.searchsorted(cum, [np.floor(pos), np.ceil(pos)], side="right")]
+    return float(lo + (hi - lo) * (pos - np.floor(pos)))
+
+
 def summarize(values: np.ndarray, counts: np.ndarray) -> dict:
     """median, p95 and RMSE of absolute errors given as distinct values and their counts."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
     n = int(counts.sum())
     if not n:
         return {"n_errors": 0, "median": None, "p95": None, "rmse": None}
-    med, p95 = M.weighted_quantiles(values, counts, (0.5, 0.95))
-    return {"n_errors": n, "median": float(med), "p95": float(p95),
+    return {"n_errors": n, "median": linear_quantile(values, counts, 0.5), "p95": linear_quantile(values, counts, 0.95),
             "rmse": float(np.sqrt((counts * values.astype(float) ** 2).sum() / n))}
 
 
@@ -166,7 +179,7 @@ def evaluate_runs(runs: list[Path], truth_dir: Path) -> tuple[dict[tuple[str, st
             if not described.get(level_name):
                 described[level_name] = describe(true, spec)
             for count, query in QUERIES.items():
-                values, counts = abs_errors(true, est, query, spec.schema, skip_zero_zero=count == "SC")
+                values, counts = abs_errors(true, est, query, spec.schema, skip_zero_zero=count != "TC")
                 pool = pools.setdefault((eps, count, level_name), Pool())
                 pool.runs.append(f"{run.name} (seed {view.seed})")
                 pool.n_geounits = true.n_units
@@ -176,11 +189,12 @@ def evaluate_runs(runs: list[Path], truth_dir: Path) -> tuple[dict[tuple[str, st
 
 
 def describe(true: M.SparseHist, spec: Product) -> dict:
-    """median and p95 of the geounits' true totals, and the median non-zero true cell (TRUE-count statistics)."""
-    _, tc = M.answer_totals(true, build_query(spec.schema, "total"))
-    _, sc = M.answer_totals(true, build_query(spec.schema, "detailed"))
-    med, p95 = M.weighted_quantiles(tc, None, (0.5, 0.95))
-    return {"TC_median": float(med), "TC_p95": float(p95), "SC_median": float(M.weighted_quantiles(sc, None, (0.5,))[0])}
+    """median and p95 of the geounits' true totals, and the median non-zero true SC answer (TRUE counts)."""
+    _, tc = M.answer_totals(true, build_query(spec.schema, QUERIES["TC"]))
+    _, sc = M.answer_totals(true, build_query(spec.schema, QUERIES["SC"]))
+    ones = np.ones(tc.size, dtype=np.int64)
+    return {"TC_median": linear_quantile(tc, ones, 0.5), "TC_p95": linear_quantile(tc, ones, 0.95),
+            "SC_median": linear_quantile(sc, np.ones(sc.size, dtype=np.int64), 0.5)}
 
 
 def table(pools: dict[tuple[str, str, str], Pool]) -> list[dict]:
@@ -198,7 +212,7 @@ def render(rows: list[dict]) -> str:
     def fmt(v):
         return "-" if v is None else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
 
-    lines = ["epsilon  count level   runs  ours median/p95/RMSE   Petti & Flaxman"]
+    lines = ["epsilon  count level   runs  ours median/p95/RMSE   Petti & Flaxman (1940 file)"]
     for r in rows:
         pf = r["petti_flaxman"]
         ours = "/".join(fmt(r[k]) for k in ("median", "p95", "rmse"))
@@ -233,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     print(render(rows))
     if args.describe_input:
-        print("\nTRUE-count statistics of the input (median TC, p95 TC, median non-zero SC cell) beside the 1940 file's:")
+        print("\nTRUE-count statistics of the input (median TC, p95 TC, median non-zero SC answer) beside the 1940 "
+              "file's:")
         for level, d in described.items():
             ref = ANCHOR_INPUT[level]
             print(f"  {level:<7} {d['TC_median']:>12,.0f} {d['TC_p95']:>12,.0f} {d['SC_median']:>8,.0f}   "
