@@ -63,7 +63,7 @@ ANCHORS: dict[str, dict[tuple[str, str], tuple[int, int, int]]] = {
     "4": {("TC", "ED"): (4, 14, 7), ("TC", "county"): (7, 22, 12), ("SC", "ED"): (2, 8, 4),
           ("SC", "county"): (2, 8, 4), ("SC", "state"): (2, 8, 4)},
 }
-#: Their input (the 1940 full count): median TC, p95 TC and median SC cell per level (the shape a synthetic input
+#: Their input (the 1940 full count): median TC, p95 TC and median SC answer per level (the shape a synthetic input
 #: is held to).
 ANCHOR_INPUT = {"ED": (865, 2_342, 88), "county": (18_679, 122_710, 47), "state": (1_903_133, 7_419_040, 229)}
 
