@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -87,3 +88,31 @@ def test_no_level_below_the_root_is_read_whole(three_states, monkeypatch) -> Non
     monkeypatch.setattr(RunReader, "spine_table", lambda self: pytest.fail("verify read the whole spine as a frame"))
     assert verify.verify_run(three_states).ok
     assert read and all(p.name == "level=US" for p in read), read
+
+
+def test_groups_are_sized_by_records_too(three_states, monkeypatch) -> None:
+    """A run of few leaves holding many records each (the 1940 census: 152 k enumeration districts of about 870
+    persons) is split by its published counts, not only by its leaves; both limits bound a group."""
+    reader = RunReader(three_states)
+    levels = reader.manifest().levels
+    records = verify._records(reader, reader.products(), levels[1])
+    assert records and all(n > 0 for n in records.values())
+    assert verify._Groups(reader.spine_path, levels, True, records).count == 1  # 20,000 persons: one group
+    monkeypatch.setattr(verify, "GROUP_RECORDS", 1)
+    groups = verify._Groups(reader.spine_path, levels, True, records)
+    assert groups.count == 3
+    spine = reader.spine_table()
+    assert all(groups.spine_frame(g)["geoid"].str[:2].nunique() == 1 for g in range(3))
+    assert _report(three_states, monkeypatch, False).checks == verify.verify_run(three_states).checks
+
+
+@pytest.mark.parametrize("blocks,records,limits,expected", [
+    ([5, 5, 5, 5], [0, 0, 0, 0], (10, 100), [0, 0, 1, 1]),      # blocks alone
+    ([1, 1, 1, 1], [60, 60, 60, 60], (10, 100), [0, 0, 1, 1]),  # records alone: a group starts below 100
+    ([1, 1, 1, 1], [30, 30, 30, 30], (10, 100), [0, 0, 0, 0]),  # below both (120 records: a quarter past)
+    ([1], [10**9], (10, 100), [0]),                              # one key larger than both: its own group
+])
+def test_group_keys(monkeypatch, blocks, records, limits, expected) -> None:
+    monkeypatch.setattr(verify, "GROUP_BLOCKS", limits[0])
+    monkeypatch.setattr(verify, "GROUP_RECORDS", limits[1])
+    assert verify._group_keys(np.array(blocks), np.array(records, float)).tolist() == expected

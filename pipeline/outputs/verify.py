@@ -15,7 +15,7 @@ where the run declared them, and its MDF (the generic layout tabulated back).
 
 No level is read into memory whole (a national run's Block level and MDF do not fit one process): each
 level's parts, the invariants and the MDF are routed, a batch at a time, to one file per group of whole
-states (:class:`_Groups`, about :data:`GROUP_BLOCKS` blocks each) in a temporary folder (``TMPDIR``; it needs
+states (:class:`_Groups`, about :data:`GROUP_BLOCKS` blocks or :data:`GROUP_RECORDS` records each) in a temporary folder (``TMPDIR``; it needs
 room for a copy of the histograms and the MDF), and the checks run one group at a time; only the root level
 is read whole. A small run is one group.
 """
@@ -82,11 +82,24 @@ def _parent_map(spine: pd.DataFrame, child: str, parent: str) -> pd.Series:
     return pairs.set_index(child)[parent]
 
 
-#: At most this many groups, of about this many blocks each (a group holds whole states, however large):
-#: verify holds one group's rows of a product in memory at a time.
-MAX_GROUPS, GROUP_BLOCKS = 64, 250_000
+#: At most this many groups, of about this many blocks or this many records each, whichever is reached first
+#: (a group holds whole states, however large): verify holds one group's rows of a product in memory at a time.
+MAX_GROUPS, GROUP_BLOCKS, GROUP_RECORDS = 64, 250_000, 4_000_000
 #: Rows of a source file read at a time while its rows are routed to their groups.
 ROUTE_BATCH = 1 << 18
+
+
+def _group_keys(blocks: np.ndarray, records: np.ndarray) -> np.ndarray:
+    """The group of each key, in order: consecutive keys together while a group holds fewer than about
+    :data:`GROUP_BLOCKS` blocks and :data:`GROUP_RECORDS` records (both limits grown so that there are at most
+    :data:`MAX_GROUPS` groups); a key larger than both is a group of its own."""
+    if not len(blocks):
+        return np.zeros(0, np.int64)
+    size_b = max(GROUP_BLOCKS, -(-int(blocks.sum()) // (MAX_GROUPS // 2)))
+    size_r = max(GROUP_RECORDS, -(-int(records.sum()) // (MAX_GROUPS // 2)))
+    load = np.maximum(blocks / size_b, records / size_r)  # each key's share of a group; their sum < MAX_GROUPS
+    start = np.floor(np.r_[0.0, np.cumsum(load)[:-1]] + 1e-9)  # the group's number where the key begins
+    return np.unique(start, return_inverse=True)[1].astype(np.int64)
 
 
 class _Groups:
@@ -97,15 +110,21 @@ class _Groups:
     consecutive codes of one group; a row is routed by its code's run (a code outside the spine lands in some
     group, whose checks then fail on it as they would on the whole level)."""
 
-    def __init__(self, spine_path: Path, levels: list[str], us: bool):
+    def __init__(self, spine_path: Path, levels: list[str], us: bool, records: dict[str, int] | None = None):
         self.spine = pq.read_table(spine_path, read_dictionary=levels[:-1])
         key = (pc.utf8_slice_codeunits(self.spine.column("geoid"), 0, PREFIX[STATE]) if us
                else self.spine.column(levels[1]).cast(pa.large_string()))
         keys = pc.unique(key).sort()
         row_key = pc.index_in(key, keys).to_numpy()
-        size = max(GROUP_BLOCKS, -(-len(row_key) // MAX_GROUPS))
-        ends = np.cumsum(np.bincount(row_key, minlength=len(keys)))
-        key_group = np.r_[0, np.cumsum((ends[1:] - 1) // size > (ends[:-1] - 1) // size)] if len(keys) else ends
+        blocks = np.bincount(row_key, minlength=len(keys))
+        per_key = np.zeros(len(keys))
+        if records and len(keys):
+            node = self.spine.column(levels[1]).cast(pa.large_string()).to_numpy(zero_copy_only=False)
+            node_key = pd.Series(row_key, index=node).groupby(level=0).first()
+            for name, n in records.items():
+                if name in node_key.index:
+                    per_key[node_key[name]] += n
+        key_group = _group_keys(blocks, per_key)
         self.count = int(key_group[-1]) + 1 if len(keys) else 0
         self.row_group = key_group[row_key]
         self.runs = {name: self._runs(name) for name in ["geoid", *levels[1:]]}
@@ -250,10 +269,25 @@ def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
                          "(TDA paper, Appendix A); their checks are skipped")
     products = reader.products()  # a lost config.json is a failed SHA-256 check (read as P.L. 94-171's)
     hierarchy = reader.hierarchy()
-    groups = _Groups(reader.spine_path, levels, hierarchy.us)
+    groups = _Groups(reader.spine_path, levels, hierarchy.us, _records(reader, products, levels[1]))
     for product in products:
         _verify_product(reader, product, levels, groups, rep, {p for (pr, _, p) in relaxed if pr == product.name},
                         totals_invariant=manifest.algorithm != "block_by_block", hierarchy=hierarchy)
+
+
+def _records(reader: RunReader, products: list[Product], level: str) -> dict[str, int]:
+    """The published count of each node of ``level`` (the first below the root), the largest over the products:
+    about as many MDF records as verify routes to the node's group."""
+    most: dict[str, int] = {}
+    for product in products:
+        try:
+            table = ds.dataset(reader.histograms(product.name, level), format="parquet", partitioning="hive")
+            sums = table.to_table(columns=["geocode", "count"]).group_by("geocode").aggregate([("count", "sum")])
+        except (OSError, pa.ArrowException, KeyError):  # a lost or damaged level: its own checks name it
+            continue
+        for name, n in zip(sums.column("geocode").to_pylist(), sums.column("count_sum").to_pylist()):
+            most[str(name)] = max(most.get(str(name), 0), int(n or 0))
+    return most
 
 
 def _level_checks(product: str, ncells: int, level: str, h: pd.DataFrame, nodes: set, rep) -> None:
