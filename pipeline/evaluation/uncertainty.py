@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
@@ -45,7 +44,7 @@ from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather, track
-from .amc import SCHEMA, published_and_amc, replicate_dirs
+from .amc import SCHEMA, codes, published_and_amc, replicate_dirs
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.census import Product
 
@@ -182,15 +181,6 @@ def read_part(path: Path) -> pa.Table:
     """A measurement part in Arrow (its geocode and query columns hold a few distinct strings each: they are
     read as dictionaries, not as a Python string per row)."""
     return pq.read_table(path, read_dictionary=["geocode", "query"])
-
-
-def codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """A string column as codes (one per row) into its distinct values (as strings)."""
-    if pa.types.is_dictionary(column.type):  # chunks may have dictionaries of their own
-        column = column.cast(column.type.value_type)
-    arr = pc.dictionary_encode(column.combine_chunks())
-    return (arr.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-            arr.dictionary.cast(pa.string()).to_pylist())
 
 
 # ----------------------------------------------------------------------------------- measurement arrays
