@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 from scipy import stats
@@ -204,6 +205,42 @@ def conform(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=SCHEMA)
 
 
+def codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """A string column as codes (one per row) into its distinct values (as strings)."""
+    if pa.types.is_dictionary(column.type):  # chunks may have dictionaries of their own
+        column = column.cast(column.type.value_type)
+    arr = pc.dictionary_encode(column.combine_chunks())
+    return (arr.indices.to_numpy(zero_copy_only=False).astype(np.int64),
+            arr.dictionary.cast(pa.string()).to_pylist())
+
+
+def published_column(table: pa.Table, published: dict, aggs) -> pa.Array:
+    """Each GLS row's published count (null where its key has none), from the rows' key and geocode codes in
+    Arrow (no Python string per row)."""
+    q0 = np.full(table.num_rows, np.nan)
+    if published and table.num_rows:
+        parts = [codes(table.column(c)) for c in KEY]
+        geo, geo_names = codes(table.column("geocode"))
+        geo_names = pd.Index(geo_names, dtype=object)
+        cell = table.column("cell").to_numpy()
+        key = np.zeros(table.num_rows, dtype=np.int64)
+        for c, names in parts:  # one number per (product, level, query)
+            key = key * len(names) + c
+        order = np.argsort(key, kind="stable")
+        combos, starts = np.unique(key[order], return_index=True)
+        for u, (combo, start) in enumerate(zip(combos, starts)):
+            idx = []
+            for _, names in reversed(parts):
+                combo, v = divmod(int(combo), len(names))
+                idx.append(names[v])
+            k = tuple(reversed(idx))
+            if k in published:
+                pos = order[start:starts[u + 1] if u + 1 < len(starts) else None]
+                rows = aggs[k[1]][0].get_indexer(geo_names)[geo[pos]]
+                q0[pos] = published[k][rows, cell[pos]]
+    return pa.array(q0, from_pandas=True)  # NaN as null, as a pandas frame's NaN is written
+
+
 def _levels_of(frame: pd.DataFrame, keys, aggs) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
     """Per key of ``frame``'s rows: their row positions and their (node row, cell) in the tabulated arrays."""
     out = {}
@@ -224,12 +261,11 @@ def _rewrite(part: Path, path: Path, published: dict, s1: dict, s2: dict, n: int
     table = pq.read_table(part)
     with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
         for start in range(0, max(table.num_rows, 1), REWRITE_ROWS):
-            gls = table.slice(start, REWRITE_ROWS).to_pandas()
-            q0 = np.full(len(gls), np.nan)
-            for k, (pos, rows, cells) in _levels_of(gls, published, aggs).items():
-                q0[pos] = published[k][rows, cells]
-            gls["published"] = q0
-            writer.write_table(conform(pa.Table.from_pandas(gls, preserve_index=False)))
+            gls = table.slice(start, REWRITE_ROWS)
+            q0 = published_column(gls, published, aggs)
+            if "published" in gls.column_names:
+                gls = gls.drop_columns(["published"])
+            writer.write_table(conform(gls.append_column("published", q0)))
         if not s1:
             return
         for k, g in table.select(KEY).to_pandas().groupby(KEY, sort=False):
@@ -256,8 +292,8 @@ def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFr
     """Rewrite each output part (GLS rows) with the published count where the run has block histograms, and
     after them, with ``rep_dir``, the same cells' ``amc`` rows; every part conforms to :data:`SCHEMA`."""
     reps = replicate_dirs(rep_dir) if rep_dir is not None else []
-    keys = sorted({tuple(r) for p in parts
-                   for r in pq.read_table(p, columns=KEY).to_pandas().drop_duplicates().itertuples(index=False)})
+    keys = sorted({tuple(r[c] for c in KEY) for p in parts
+                   for r in pq.read_table(p, columns=KEY).group_by(KEY).aggregate([]).to_pylist()})
     tab = Tabulator(src, entities, keys)
     published, s1, s2 = {}, {}, {}
     for spec in src.products:

@@ -10,10 +10,11 @@ covers a non-negative integer count exactly when the real interval ``est +- z sd
 the run has its histograms. ``amc`` rows (with replicates): the Bureau's approximate Monte Carlo interval of
 the published count (pipeline/evaluation/amc.py).
 
-Work plan: the levels above the blocks (few nodes) are estimated in the client process; the block level is
-read and estimated in Dask tasks, one per block measurement part (whole block groups), in two passes (their
-sums up to the block groups; then, given the block groups' final estimates, the blocks' estimates, written
-as part files, and their sums over entity covers). Covariances depend on the variances only, not on the
+Work plan, all in Dask tasks (the client holds no level's arrays): the block level is read and estimated one
+task per block measurement part (whole block groups), in two passes: their sums up to the block groups; then
+one task estimates the levels above (few nodes: both passes, their rows, and the entities' covariances) and
+writes the block groups' final state to files; then, given it, the blocks' estimates, written as part files,
+and their sums over entity covers. Covariances depend on the variances only, not on the
 data, so all blocks with the same measurements' variances under one parent share one covariance.
 """
 from __future__ import annotations
@@ -24,13 +25,12 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
@@ -43,8 +43,8 @@ from ..execution.levels import level_constraints, published_units
 from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
-from ..execution.progress import gather
-from .amc import SCHEMA, published_and_amc, replicate_dirs
+from ..execution.progress import gather, track
+from .amc import SCHEMA, codes, published_and_amc, replicate_dirs
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.census import Product
 
@@ -181,15 +181,6 @@ def read_part(path: Path) -> pa.Table:
     """A measurement part in Arrow (its geocode and query columns hold a few distinct strings each: they are
     read as dictionaries, not as a Python string per row)."""
     return pq.read_table(path, read_dictionary=["geocode", "query"])
-
-
-def codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """A string column as codes (one per row) into its distinct values (as strings)."""
-    if pa.types.is_dictionary(column.type):  # chunks may have dictionaries of their own
-        column = column.cast(column.type.value_type)
-    arr = pc.dictionary_encode(column.combine_chunks())
-    return (arr.indices.to_numpy(zero_copy_only=False).astype(np.int64),
-            arr.dictionary.cast(pa.string()).to_pylist())
 
 
 # ----------------------------------------------------------------------------------- measurement arrays
@@ -354,9 +345,10 @@ def _leaf_local(t: LeafTask):
     return alg, rows, weights, inv_sig, v_minus, b_minus, sig_exact, total
 
 
-def leaf_pass1(t: LeafTask) -> dict:
-    """The leaves' weights and the sums of their ``b_-`` per parent."""
+def leaf_pass1(leaves: LeafTask, part: str) -> dict:
+    """The weights of the leaves of ``part`` and the sums of their ``b_-`` per parent (``leaves``: every leaf)."""
     cpu = time.process_time()
+    t = replace(leaves, part=part)
     alg, rows, weights, _, _, b_minus, _, _ = _leaf_local(t)
     par = t.parents[rows]
     ups, inv = np.unique(par, return_inverse=True)
@@ -369,10 +361,7 @@ def leaf_pass1(t: LeafTask) -> dict:
 @dataclass
 class LeafPass2(LeafTask):
     parent_rows: np.ndarray = None  # the parents the part's leaves hang from (sorted)
-    parent_b: np.ndarray = None
-    parent_s_est: np.ndarray = None
-    parent_s_inv: np.ndarray = None
-    parent_v: np.ndarray = None
+    parents_in: str = ""  # prefix of the parents' state files (:func:`upper_pass`)
     out: str = ""
     out_queries: tuple[str, ...] = ()
     write_rows: bool = True
@@ -383,12 +372,13 @@ def leaf_pass2(t: LeafPass2) -> dict:
     """The leaves' final estimates and covariances: rows written to ``t.out``, entity sums returned."""
     cpu = time.process_time()
     alg, rows, _, sig, v_minus, b_minus, sig_exact, total = _leaf_local(t)
+    parent = {name: np.load(f"{t.parents_in}-{name}.npy", mmap_mode="r")[t.parent_rows] for name in PARENT_ARRAYS}
     p = np.searchsorted(t.parent_rows, t.parents[rows])
     key, kinv = np.unique(np.stack([sig, p], axis=1), axis=0, return_inverse=True)
     kinv = kinv.ravel()
-    a_key = gain(v_minus[key[:, 0]], t.parent_s_inv[key[:, 1]])
-    v_key = top_down_cov(v_minus[key[:, 0]], a_key, t.parent_v[key[:, 1]])
-    b = top_down_est(alg, b_minus, a_key[kinv], t.parent_b[p], t.parent_s_est[p])
+    a_key = gain(v_minus[key[:, 0]], parent["s_inv"][key[:, 1]])
+    v_key = top_down_cov(v_minus[key[:, 0]], a_key, parent["v"][key[:, 1]])
+    b = top_down_est(alg, b_minus, a_key[kinv], parent["b"][p], parent["s_est"][p])
     snap(v_key, b, total, sig_exact[key[:, 0]])
     if t.write_rows:
         frame = _rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries, total)
@@ -398,7 +388,7 @@ def leaf_pass2(t: LeafPass2) -> dict:
     for r, bb in zip(rows, b):
         for e in t.cover.get(int(r), ()):
             sums[e] = sums.get(e, 0) + bb
-    del alg, b, b_minus, v_minus
+    del alg, b, b_minus, v_minus, parent
     release_memory()
     return {"sums": sums, "cpu": time.process_time() - cpu}
 
@@ -535,27 +525,46 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     return cost
 
 
-def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], want: set[str],
-             entities: pd.DataFrame | None, staging: Path, cost: Cost) -> list[Path]:
+# ------------------------------------------------------------------------------------ the upper levels
+#: The leaves' parents' final state that pass 2 reads (one .npy file each, rows in node order).
+PARENT_ARRAYS = ("b", "s_est", "s_inv", "v")
+
+
+@dataclass
+class UpperTask:
+    """The levels above the leaves, estimated in one Dask task (their arrays and rows stay out of the client)."""
+
+    src: Source  # without its spine table, reader or configuration (:func:`_shipped`)
+    product: Product
+    queries: tuple[str, ...]
+    zeros: tuple[str, ...]
+    structure: Structure
+    out_queries: tuple[str, ...]
+    want: frozenset[str]
+    rows_out: str  # the upper levels' rows (Parquet), written when one of them is wanted
+    parents_out: str  # prefix of the leaves' parents' state files (:data:`PARENT_ARRAYS`)
+    covers: list[list[np.ndarray]] = field(default_factory=list)  # the entities' covers (:func:`entity_covers`)
+
+
+def _shipped(src: Source) -> Source:
+    """``src`` as a task needs it: levels, nodes, parents and parts (the spine table and the readers stay)."""
+    return Source(src.root, src.levels, src.products, src.spine.iloc[:0], src.nodes, src.parents)
+
+
+def upper_pass(t: UpperTask, res1: list[dict]) -> dict:
+    """Both GLS passes over the levels above the leaves, given the leaves' pass-1 results ``res1`` (one per
+    block part): writes the upper levels' rows and the leaves' parents' state; returns each part's leaf rows,
+    the entities' covariances, exact totals and upper-level sums, and the CPU of pass 1 and of this task."""
+    cpu = time.process_time()
+    src, spec, structure = t.src, t.product, t.structure
     product = spec.name
-    structure = public_structure(src, spec)
-    alg, left_out = with_zeros(spec.schema, measured_queries(src, product), structure.zero_queries)
-    if left_out:
-        log.info("uncertainty %s: the structural zeros of %s are not used (their cells would make the covariance "
-                 "blocks larger than %d x %d)", product, ", ".join(left_out), MAX_ZERO_BLOCK, MAX_ZERO_BLOCK)
+    alg = KronAlgebra(spec.schema, t.queries, t.zeros)
     leaf = len(src.levels) - 1
-    n_leaf = len(src.nodes[leaf])
     leaf_total = structure.totals[leaf]
     upper = [_full_level(alg, src, product, i, structure) for i in range(leaf)]
-    common = dict(product=spec, queries=alg.queries, level=src.levels[leaf], nodes=src.nodes[leaf],
-                  parents=src.parents[leaf], zeros=alg.zeros, totals=leaf_total)
-    parts = src.parts(product, src.levels[leaf])
-    futures = [dclient.submit(leaf_pass1, LeafTask(part=str(p), **common), pure=False) for p in parts]
-    res1 = gather(dclient, futures, f"uncertainty {product} {src.levels[leaf]} (pass 1)")
-    cost.tasks += len(res1)
-    cost.worker_cpu_seconds += sum(r["cpu"] for r in res1)
-    weights = np.full((n_leaf, len(alg.queries)), np.nan)
-    s_est = np.zeros((len(src.nodes[leaf - 1]), alg.schema.ncells))
+    n_up = len(src.nodes[leaf - 1])
+    weights = np.full((len(src.nodes[leaf]), len(alg.queries)), np.nan)
+    s_est = np.zeros((n_up, alg.schema.ncells))
     for r in res1:
         weights[r["rows"]] = r["weights"]
         s_est[r["parents"]] += r["s_est"]
@@ -564,41 +573,104 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
         raise GLSError(f"{product} {src.levels[leaf]} {g}: no noisy measurements (a leaf must be measured)")
     sig, sig_of = np.unique(leaf_signature(weights, leaf_total), axis=0, return_inverse=True)
     sig_of = sig_of.ravel()
+    del weights
     v_sig = leaf_covariance(alg.precision(sig[:, :-1]), f"{product} {src.levels[leaf]}", sig[:, -1] > 0)
-    counts = np.zeros((len(src.nodes[leaf - 1]), len(sig)))
+    counts = np.zeros((n_up, len(sig)))
     np.add.at(counts, (src.parents[leaf], sig_of), 1)
     upper[-1].s_cov = np.einsum("ps,scij->pcij", counts, v_sig)
     upper[-1].s_est = s_est
-    upper[-1].s_total = segment_sum(leaf_total, src.parents[leaf], len(src.nodes[leaf - 1]))
+    upper[-1].s_total = segment_sum(leaf_total, src.parents[leaf], n_up)
     upward(alg, upper, [f"{product} {lv}" for lv in src.levels[:leaf]])
     downward(alg, upper)
+    for lv in upper:
+        lv.info = None  # no longer needed
     release_memory()
 
-    out_parts: list[Path] = []
-    frames = [_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None, out_queries,
-                    upper[i].total) for i in range(leaf) if src.levels[i] in want]
+    frames = [_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None,
+                    t.out_queries, upper[i].total) for i in range(leaf) if src.levels[i] in t.want]
     if frames:
-        path = staging / f"{product}-upper.parquet"
-        pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), path)
-        out_parts.append(path)
+        pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), t.rows_out)
     del frames
     release_memory()
+    par = upper[-1]
+    for name in PARENT_ARRAYS:
+        np.save(f"{t.parents_out}-{name}.npy", getattr(par, name))
 
+    entities = None
+    if t.covers:
+        # The leaf level as the entity covariance needs it: V_- and A shared through (signature, parent).
+        key, kinv = np.unique(np.stack([sig_of, src.parents[leaf]], axis=1), axis=0, return_inverse=True)
+        a_key = gain(v_sig[key[:, 0]], par.s_inv[key[:, 1]])
+        leaf_state = LevelState(src.parents[leaf], v_sig[:1], None, v_minus=_Indexed(v_sig, sig_of),
+                                gain=_Indexed(a_key, kinv.ravel()))
+        states = upper + [leaf_state]
+        n = len(t.covers)
+        est = np.zeros((n, alg.schema.ncells))
+        cov = np.zeros((n, alg.n_classes, alg.d, alg.d))
+        tot = np.zeros(n)  # exact where every node of the cover is
+        for e, cv in enumerate(t.covers):
+            est[e] = sum((upper[i].b[cv[i]].sum(axis=0) for i in range(leaf)), np.zeros(alg.schema.ncells))
+            cov[e] = entity_covariance(states, cv)
+            tot[e] = sum(upper[i].total[cv[i]].sum() for i in range(leaf)) + leaf_total[cv[leaf]].sum()
+        entities = (est, cov, tot)
+    del upper, par
+    release_memory()
+    return {"rows": [r["rows"] for r in res1], "entities": entities,
+            "pass1_cpu": sum(r["cpu"] for r in res1), "cpu": time.process_time() - cpu}
+
+
+def _finished(futures: list, desc: str) -> None:
+    """Wait for ``futures``, counted on a bar, without fetching their results; the first error is raised."""
+    from distributed import as_completed
+
+    for fut in track(as_completed(futures), desc, len(futures), "tasks"):
+        if fut.status == "error":
+            fut.result()
+
+
+def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], want: set[str],
+             entities: pd.DataFrame | None, staging: Path, cost: Cost) -> list[Path]:
+    """One product's rows as part files under ``staging``: pass 1 over the block parts, the upper levels in one
+    task, pass 2 over the block parts, then the entities. The client holds no level's arrays."""
+    product = spec.name
+    structure = public_structure(src, spec)
+    measured = dclient.submit(measured_queries, _shipped(src), product, pure=False).result()  # reads every part
+    alg, left_out = with_zeros(spec.schema, measured, structure.zero_queries)
+    if left_out:
+        log.info("uncertainty %s: the structural zeros of %s are not used (their cells would make the covariance "
+                 "blocks larger than %d x %d)", product, ", ".join(left_out), MAX_ZERO_BLOCK, MAX_ZERO_BLOCK)
+    leaf = len(src.levels) - 1
+    leaf_total = structure.totals[leaf]
+    common = dict(product=spec, queries=alg.queries, level=src.levels[leaf], zeros=alg.zeros)
+    parts = src.parts(product, src.levels[leaf])
+    # Every leaf's geocode, parent and total, sent to the workers once (not with each of the tasks).
+    leaves = dclient.scatter(LeafTask(part="", nodes=src.nodes[leaf], parents=src.parents[leaf], totals=leaf_total,
+                                      **common), broadcast=True, hash=False)
+    futures = [dclient.submit(leaf_pass1, leaves, str(p), pure=False) for p in parts]
+    _finished(futures, f"uncertainty {product} {src.levels[leaf]} (pass 1)")
     keys, covers = entity_covers(src, entities) if entities is not None and len(entities) else ([], [])
+    upper_out = staging / f"{product}-upper.parquet"
+    parents_out = staging / f"{product}-parents"
+    task = UpperTask(_shipped(src), spec, alg.queries, alg.zeros, structure, out_queries, frozenset(want),
+                     str(upper_out), str(parents_out), covers)
+    res = gather(dclient, [dclient.submit(upper_pass, task, futures, pure=False)],
+                 f"uncertainty {product} {', '.join(src.levels[:leaf])}")[0]
+    del futures, leaves, task
+    cost.tasks += len(parts) + 1
+    cost.worker_cpu_seconds += res["pass1_cpu"] + res["cpu"]
+    out_parts = [upper_out] if any(lv in want for lv in src.levels[:leaf]) else []
+
     leaf_cover: dict[int, list[int]] = {}
     for e, cov in enumerate(covers):
         for r in cov[leaf]:
             leaf_cover.setdefault(int(r), []).append(e)
-    par = upper[-1]
     tasks = []
     for k, part in enumerate(parts):
-        rows = res1[k]["rows"]  # the part's leaves (sorted): a task carries theirs only, numbered 0, 1, ...
-        prow = np.unique(src.parents[leaf][rows])
+        rows = res["rows"][k]  # the part's leaves (sorted): a task carries theirs only, numbered 0, 1, ...
         own = dict(common, nodes=src.nodes[leaf][rows], parents=src.parents[leaf][rows], totals=leaf_total[rows])
-        tasks.append(LeafPass2(part=str(part), **own, parent_rows=prow, parent_b=par.b[prow],
-                               parent_s_est=par.s_est[prow], parent_s_inv=par.s_inv[prow], parent_v=par.v[prow],
-                               out=str(staging / f"{product}-leaf-{k:05d}.parquet"), out_queries=out_queries,
-                               write_rows=src.levels[leaf] in want,
+        tasks.append(LeafPass2(part=str(part), **own, parent_rows=np.unique(src.parents[leaf][rows]),
+                               parents_in=str(parents_out), out=str(staging / f"{product}-leaf-{k:05d}.parquet"),
+                               out_queries=out_queries, write_rows=src.levels[leaf] in want,
                                cover={i: leaf_cover[int(r)] for i, r in enumerate(rows) if int(r) in leaf_cover}))
     res2 = gather(dclient, [dclient.submit(leaf_pass2, t, pure=False) for t in tasks],
                   f"uncertainty {product} {src.levels[leaf]} (pass 2)")
@@ -606,21 +678,11 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     cost.worker_cpu_seconds += sum(r["cpu"] for r in res2)
     if src.levels[leaf] in want:
         out_parts += [Path(t.out) for t in tasks]
+    for name in PARENT_ARRAYS:
+        Path(f"{parents_out}-{name}.npy").unlink(missing_ok=True)
 
     if keys:
-        # The leaf level as the entity covariance needs it: V_- and A shared through (signature, parent).
-        key, kinv = np.unique(np.stack([sig_of, src.parents[leaf]], axis=1), axis=0, return_inverse=True)
-        a_key = gain(v_sig[key[:, 0]], par.s_inv[key[:, 1]])
-        leaf_state = LevelState(src.parents[leaf], v_sig[:1], None, v_minus=_Indexed(v_sig, sig_of),
-                                gain=_Indexed(a_key, kinv.ravel()))
-        states = upper + [leaf_state]
-        est = np.zeros((len(keys), alg.schema.ncells))
-        cov = np.zeros((len(keys), alg.n_classes, alg.d, alg.d))
-        tot = np.zeros(len(keys))  # exact where every node of the cover is
-        for e, cv in enumerate(covers):
-            est[e] = sum((upper[i].b[cv[i]].sum(axis=0) for i in range(leaf)), np.zeros(alg.schema.ncells))
-            cov[e] = entity_covariance(states, cv)
-            tot[e] = sum(upper[i].total[cv[i]].sum() for i in range(leaf)) + leaf_total[cv[leaf]].sum()
+        est, cov, tot = res["entities"]
         for r in res2:
             for e, s in r["sums"].items():
                 est[e] += s
