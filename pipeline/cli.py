@@ -540,14 +540,16 @@ def input_errors() -> tuple[type[ValueError], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    quiet = getattr(args, "quiet", False)
+    # --quiet: no bars and no INFO lines, so that stderr holds warnings and errors only
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
     from .execution.progress import command_reporting
 
     try:
-        with _command_setup(args), _signals_interrupt(), command_reporting(getattr(args, "quiet", False)):
+        with _command_setup(args), _no_new_empty_out(args), _signals_interrupt(), command_reporting(quiet):
             return args.fn(args)
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)
@@ -558,6 +560,27 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:
         return _failed(exc, args)
+
+
+@contextmanager
+def _no_new_empty_out(args: argparse.Namespace) -> Iterator[None]:
+    """A command that fails (refused before it started: bad configuration or input, over budget, locked)
+    leaves no empty --out folder, nor folder above it, that it created."""
+    out = getattr(args, "out", None)
+    created = [] if not out else [p for p in (Path(out), *Path(out).parents) if not os.path.lexists(p)]
+    try:
+        yield
+    except BaseException:
+        for path in created:  # the deepest first; a folder that holds anything stays, and those above it
+            if path.is_symlink() or not path.is_dir():
+                if os.path.lexists(path):
+                    break
+                continue  # never made (--out FILE, or a folder the command did not get to)
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def _quiet_cluster_logs(verbose: bool) -> None:

@@ -1,0 +1,99 @@
+"""What a demanding user hits through the command line (in a subprocess, tests/cli_subprocess.py): ``--quiet``
+leaves nothing but warnings and errors on stderr; a command refused before it starts leaves no --out folder
+it created; ``privacy --out`` replaces only an earlier certificate, atomically; ``batch`` stops on SIGTERM
+like every command."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_subprocess import Outcome, assert_clean_failure, snapshot, topdown
+from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_OK, EXIT_RUNDIR, EXIT_TERMINATED
+from topdown.pipeline.execution.rundir import LOCK
+from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
+
+RUN = ("--workers", "1", "--seed", "1")
+
+
+def _not_warnings(outcome: Outcome) -> list[str]:
+    """stderr's lines other than the test-mode warning every test-mode run prints (progress, INFO, Dask's)."""
+    return [ln for ln in outcome.stderr.splitlines() if ln.strip() and NOT_PRIVATE_WARNING not in ln]
+
+
+# -- 1. --quiet: warnings and errors only ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quiet_run(tmp_path_factory, demo_input) -> tuple[Path, Outcome]:
+    out = tmp_path_factory.mktemp("quiet") / "run"
+    return out, topdown("run", "demo", "--input", demo_input, "--out", out, "--quiet", *RUN)
+
+
+def test_quiet_run_prints_nothing_but_its_warning(quiet_run):
+    out, outcome = quiet_run
+    assert outcome.code == EXIT_OK, str(outcome)
+    assert _not_warnings(outcome) == [], str(outcome)
+    assert NOT_PRIVATE_WARNING in outcome.stderr  # warnings still come through
+    assert "run complete" in outcome.stdout
+
+
+def test_quiet_uncertainty_prints_nothing(quiet_run, tmp_path):
+    out, _ = quiet_run
+    outcome = topdown("uncertainty", out, "--out", tmp_path / "u.parquet", "--workers", "1", "--quiet")
+    assert outcome.code == EXIT_OK, str(outcome)
+    assert outcome.stderr.strip() == "", str(outcome)
+
+
+@pytest.mark.slow
+def test_quiet_replicates_prints_nothing(quiet_run, tmp_path):
+    out, _ = quiet_run
+    outcome = topdown("replicates", out, "--n", "1", "--parallel", "1", "--out", tmp_path / "reps", "--workers", "1",
+                      "--quiet")
+    assert outcome.code == EXIT_OK, str(outcome)
+    assert _not_warnings(outcome) == [], str(outcome)
+
+
+def test_without_quiet_the_progress_lines_show(tmp_path, demo_input):
+    """The INFO lines --quiet drops are there without it (the test above can fail)."""
+    outcome = topdown("run", "demo", "--input", demo_input, "--out", tmp_path / "run", *RUN)
+    assert outcome.code == EXIT_OK, str(outcome)
+    assert any(" INFO embedded Dask cluster" in ln for ln in outcome.stderr.splitlines()), str(outcome)
+
+
+# -- 2. refused before it starts: no --out folder left behind --------------------------------------------------
+def test_input_error_leaves_no_out_folder(tmp_path, demo_input):
+    bad = tmp_path / "input"
+    shutil.copytree(demo_input, bad)
+    persons = bad / "persons.parquet"
+    persons.write_bytes(persons.read_bytes()[:3000])  # found by the workers, after the run directory was made
+    out = tmp_path / "new" / "run"
+    outcome = topdown("run", "demo", "--input", bad, "--out", out, "--quiet", *RUN)
+    assert_clean_failure(outcome, EXIT_INPUT, "persons.parquet", "not a readable Parquet file")
+    assert not (tmp_path / "new").exists()  # neither --out nor the folder above it that the run made
+
+
+def test_refused_run_keeps_an_out_folder_that_was_there(tmp_path, demo_input):
+    bad = tmp_path / "input"
+    shutil.copytree(demo_input, bad)
+    (bad / "persons.parquet").write_bytes(b"not parquet")
+    out = tmp_path / "run"
+    out.mkdir()
+    outcome = topdown("run", "demo", "--input", bad, "--out", out, "--quiet", *RUN)
+    assert_clean_failure(outcome, EXIT_INPUT, "persons.parquet")
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
+@pytest.mark.slow  # the client waits out its 20 s connect timeout
+@pytest.mark.parametrize("command", ["run", "reprocess"])
+def test_config_error_leaves_no_out_folder(tmp_path, demo_input, quiet_run, command):
+    out = tmp_path / "out"
+    source = ("demo", "--input", demo_input) if command == "run" else (quiet_run[0],)
+    outcome = topdown(command, *source, "--out", out, "--scheduler", "tcp://127.0.0.1:9", "--quiet")
+    assert_clean_failure(outcome, EXIT_CONFIG, "cannot reach the Dask scheduler")
+    assert not out.exists()
