@@ -116,15 +116,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from .privacy.certificate import certificate, render_certificate
+    from .privacy.certificate import certificate, render_certificate, write_certificate
     from .configuration.config import load_config
-    from .execution.rundir import write_json_atomic
 
     config = load_config(args.config)
     cert = certificate(config)
+    if args.out:  # refused (exit 4) before anything is printed
+        write_certificate(Path(args.out), cert)
     print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
     if args.out:
-        write_json_atomic(Path(args.out), cert)
         print(f"certificate written to {args.out}", file=sys.stderr)
     return EXIT_OK
 
@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "privacy", help="print the privacy certificate of a configuration")
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. pl94_production_2021)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--out", help="also write the JSON certificate to this file (default: print only)")
+    p.add_argument("--out", help="also write the JSON certificate to this file (default: print only); it replaces "
+                                 "only an earlier certificate")
     p.set_defaults(fn=cmd_privacy)
 
     p = _command(sub, "demo-data", help="write the bundled demo input (2018 End-to-End prototype, 569 blocks)")

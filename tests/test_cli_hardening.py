@@ -97,3 +97,33 @@ def test_config_error_leaves_no_out_folder(tmp_path, demo_input, quiet_run, comm
     outcome = topdown(command, *source, "--out", out, "--scheduler", "tcp://127.0.0.1:9", "--quiet")
     assert_clean_failure(outcome, EXIT_CONFIG, "cannot reach the Dask scheduler")
     assert not out.exists()
+
+
+# -- 3. privacy --out: only an earlier certificate is replaced, atomically ----------------------------------------
+def test_privacy_out_refuses_a_file_that_is_not_a_certificate(tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": 1}\n')
+    outcome = topdown("privacy", "demo", "--out", mine)
+    assert_clean_failure(outcome, EXIT_RUNDIR, str(mine), "not an earlier output of this command")
+    assert outcome.stdout == ""  # refused before the certificate is printed
+    assert mine.read_text() == '{"mine": 1}\n' and [p.name for p in tmp_path.iterdir()] == ["notes.json"]
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert_clean_failure(topdown("privacy", "demo", "--out", folder), EXIT_RUNDIR, str(folder), "a folder")
+    assert list(folder.iterdir()) == []
+
+
+def test_privacy_out_replaces_an_earlier_certificate_but_not_a_runs(tmp_path, quiet_run):
+    out = tmp_path / "cert.json"
+    assert topdown("privacy", "demo", "--out", out).code == EXIT_OK
+    first = json.loads(out.read_text())
+    assert first["run"] == "demo"
+    done = topdown("privacy", "pl94_production_2021", "--out", out)  # a new certificate over the earlier one
+    assert done.code == EXIT_OK, str(done)
+    assert json.loads(out.read_text())["mode"] == "production" and [p.name for p in tmp_path.iterdir()] == ["cert.json"]
+    # A run directory's certificate is part of that run (its manifest records its SHA-256): never replaced.
+    run_cert = quiet_run[0] / "certificate.json"
+    before = run_cert.read_bytes()
+    outcome = topdown("privacy", "pl94_production_2021", "--out", run_cert)
+    assert_clean_failure(outcome, EXIT_RUNDIR, str(run_cert), "run directory")
+    assert run_cert.read_bytes() == before
