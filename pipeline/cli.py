@@ -19,12 +19,12 @@ import os
 import signal
 import sys
 import textwrap
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .execution.signals import signals_interrupt
 from .inputs import RACE_CHOICES
 
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     from .execution.progress import command_reporting
 
     try:
-        with _command_setup(args), _no_new_empty_out(args), _signals_interrupt(), command_reporting(quiet):
+        with _command_setup(args), _no_new_empty_out(args), signals_interrupt(), command_reporting(quiet):
             return args.fn(args)
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)
@@ -630,52 +630,6 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
     print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
           file=sys.stderr)
     return EXIT_INTERNAL
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived: the command stops, every lock and cluster is released on the way out."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, once: a second one while the command
-    unwinds is ignored, so its locks and cluster are still released. A signal that lands inside a finalizer
-    (a Dask future's ``__del__``), where Python swallows exceptions, is delivered again a moment later."""
-    delivered: list[int] = []
-    active = [True]
-
-    def stop(signum, frame):
-        if delivered:
-            return
-        delivered.append(signum)
-        raise Interrupted(signum)
-
-    previous_hook = sys.unraisablehook
-
-    def swallowed(unraisable) -> None:
-        if not isinstance(unraisable.exc_value, Interrupted):
-            previous_hook(unraisable)
-            return
-        delivered.clear()  # the interpreter dropped it: send it again, outside the finalizer
-        threading.Timer(0.05, again, (unraisable.exc_value.signum,)).start()
-
-    def again(signum: int) -> None:
-        if active:
-            os.kill(os.getpid(), signum)
-
-    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    sys.unraisablehook = swallowed
-    try:
-        yield
-    finally:
-        active.clear()
-        sys.unraisablehook = previous_hook
-        for s, handler in saved.items():
-            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -127,3 +127,52 @@ def test_privacy_out_replaces_an_earlier_certificate_but_not_a_runs(tmp_path, qu
     outcome = topdown("privacy", "pl94_production_2021", "--out", run_cert)
     assert_clean_failure(outcome, EXIT_RUNDIR, str(run_cert), "run directory")
     assert run_cert.read_bytes() == before
+
+
+# -- 4. batch stops on SIGTERM through the commands' one mechanism (execution/signals.py) ---------------------------
+def test_sigterm_stops_a_batch_and_its_job_cleanly(tmp_path, demo_input):
+    """A batch system's kill of the batch process alone: the running job gets SIGINT and releases its run
+    directory, the summary says interrupted, and the batch exits 143 like any command stopped by SIGTERM."""
+    (tmp_path / "jobs.toml").write_text(f'[batch]\nworkers = 1\n\n[[job]]\nname = "demo"\nkind = "run"\n'
+                                        f'config = "demo"\ninput = "{demo_input}"\nout = "out/demo"\n')
+    lock = tmp_path / "out" / "demo" / LOCK
+    proc = subprocess.Popen([sys.executable, "-m", "topdown.pipeline.cli", "batch", str(tmp_path / "jobs.toml")],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not lock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock.exists(), "the job never started its run"
+        os.kill(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        from conftest import end_process_groups
+        end_process_groups([proc])
+    outcome = Outcome(("batch",), proc.returncode, stdout, stderr)
+    assert outcome.code == EXIT_TERMINATED, str(outcome)
+    assert outcome.tracebacks() == [] and "Exception ignored" not in stderr, str(outcome)
+    summary = json.loads((tmp_path / "jobs.summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["exit_code"] == EXIT_TERMINATED, summary
+    assert summary["jobs"][0]["status"] == "failed" and summary["jobs"][0]["exit_code"] == 130, summary
+    assert not lock.exists()  # the job released its run directory: it resumes
+    assert not (tmp_path / ".jobs.batch" / LOCK).exists()  # and the batch its own lock
+
+
+def test_signals_interrupt_off_the_main_thread_changes_nothing():
+    """batch.Batch.run may run in a thread (a notebook's): there Python allows no signal handler."""
+    import threading
+
+    from topdown.pipeline.execution.signals import signals_interrupt
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook)
+    seen = []
+
+    def body():
+        with signals_interrupt():
+            seen.append((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [before]
