@@ -109,8 +109,9 @@ def test_privacy_out_refuses_a_file_that_is_not_a_certificate(tmp_path):
 
 
 def test_privacy_out_replaces_an_earlier_certificate_but_not_a_runs(tmp_path, quiet_run):
-    out = tmp_path / "cert.json"
+    out = tmp_path / "new" / "cert.json"  # a missing folder is made, as for the other commands' --out
     assert topdown("privacy", "demo", "--out", out).code == EXIT_OK
+    tmp_path = out.parent
     first = json.loads(out.read_text())
     assert first["run"] == "demo"
     done = topdown("privacy", "pl94_production_2021", "--out", out)  # a new certificate over the earlier one
