@@ -8,21 +8,20 @@ Ingests the bundled RI 2010 blocks if no ``--input`` is given, runs the configur
 run ``WORK/run``), then reprocesses it unchanged from the run directory and from the NMF (both must come out
 byte-identical to the run) and with another rounder ordering. CPU is the user + system time of the command
 and all its processes (the embedded cluster's workers included); peak RSS is the largest resident set of any
-one of them (``ru_maxrss`` of the waited-for descendants, measured in a fresh wrapper process per command).
+one of them (sampled every 0.2 s: ``process_cost.measure``, the one measurement of the benchmarks).
 The load average is printed before and after, since wall times on a shared machine are noisy.
 """
 from __future__ import annotations
 
 import argparse
 import filecmp
-import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from process_cost import measure
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDER = """[persons.estimation.rounder_passes]
@@ -31,21 +30,13 @@ Block_Group = [["total", "hhgq", "detailed"]]
 """
 
 
-def _measure(cmd: list[str]) -> None:
-    """(In the wrapper process) run ``cmd``; print its CPU seconds and the peak RSS of its largest process."""
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    use = resource.getrusage(resource.RUSAGE_CHILDREN)
-    print(json.dumps({"cpu": use.ru_utime + use.ru_stime, "peak_rss_mb": use.ru_maxrss / 1024}))
-
-
 def timed(cmd: list[str]) -> tuple[float, float, float]:
-    """Run a command; its wall seconds, the CPU seconds of it and its descendants and the peak RSS (MB) of the
-    largest of them."""
-    t = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--measure", *cmd], check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    return wall, got["cpu"], got["peak_rss_mb"]
+    """Run a command (process_cost.measure); its wall seconds, the CPU seconds of it and its descendants and the
+    peak RSS (MB) of the largest of them."""
+    cost = measure(cmd)
+    if cost.code != 0:
+        raise subprocess.CalledProcessError(cost.code, cmd)
+    return cost.wall, cost.cpu, cost.largest / 2**20
 
 
 def same_tree(a: Path, b: Path) -> bool:
@@ -55,8 +46,6 @@ def same_tree(a: Path, b: Path) -> bool:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--measure":
-        return _measure(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="/tmp/reprocess-bench")
     ap.add_argument("--workers", type=int, default=2)

@@ -19,12 +19,12 @@ import os
 import signal
 import sys
 import textwrap
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from .execution.signals import signals_interrupt
 from .inputs import RACE_CHOICES
 
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXIT_INTERNAL, EXIT_INTERRUPTED = (
@@ -116,15 +116,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from .privacy.certificate import certificate, render_certificate
+    from .privacy.certificate import certificate, render_certificate, write_certificate
     from .configuration.config import load_config
-    from .execution.rundir import write_json_atomic
 
     config = load_config(args.config)
     cert = certificate(config)
+    if args.out:  # refused (exit 4) before anything is printed
+        write_certificate(Path(args.out), cert)
     print(json.dumps(cert, indent=2) if args.json else render_certificate(cert))
     if args.out:
-        write_json_atomic(Path(args.out), cert)
         print(f"certificate written to {args.out}", file=sys.stderr)
     return EXIT_OK
 
@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "privacy", help="print the privacy certificate of a configuration")
     p.add_argument("config", help="TOML configuration file or shipped preset name (e.g. pl94_production_2021)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--out", help="also write the JSON certificate to this file (default: print only)")
+    p.add_argument("--out", help="also write the JSON certificate to this file (default: print only); it replaces "
+                                 "only an earlier certificate")
     p.set_defaults(fn=cmd_privacy)
 
     p = _command(sub, "demo-data", help="write the bundled demo input (2018 End-to-End prototype, 569 blocks)")
@@ -540,14 +541,16 @@ def input_errors() -> tuple[type[ValueError], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    quiet = getattr(args, "quiet", False)
+    # --quiet: no bars and no INFO lines, so that stderr holds warnings and errors only
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
     from .execution.progress import command_reporting
 
     try:
-        with _command_setup(args), _signals_interrupt(), command_reporting(getattr(args, "quiet", False)):
+        with _command_setup(args), _no_new_empty_out(args), signals_interrupt(), command_reporting(quiet):
             return args.fn(args)
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)
@@ -558,6 +561,27 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:
         return _failed(exc, args)
+
+
+@contextmanager
+def _no_new_empty_out(args: argparse.Namespace) -> Iterator[None]:
+    """A command that fails (refused before it started: bad configuration or input, over budget, locked)
+    leaves no empty --out folder, nor folder above it, that it created."""
+    out = getattr(args, "out", None)
+    created = [] if not out else [p for p in (Path(out), *Path(out).parents) if not os.path.lexists(p)]
+    try:
+        yield
+    except BaseException:
+        for path in created:  # the deepest first; a folder that holds anything stays, and those above it
+            if path.is_symlink() or not path.is_dir():
+                if os.path.lexists(path):
+                    break
+                continue  # never made (--out FILE, or a folder the command did not get to)
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def _quiet_cluster_logs(verbose: bool) -> None:
@@ -606,52 +630,6 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
     print(f"topdown: internal error ({type(exc).__name__}); please report it with the traceback above",
           file=sys.stderr)
     return EXIT_INTERNAL
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived: the command stops, every lock and cluster is released on the way out."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread, once: a second one while the command
-    unwinds is ignored, so its locks and cluster are still released. A signal that lands inside a finalizer
-    (a Dask future's ``__del__``), where Python swallows exceptions, is delivered again a moment later."""
-    delivered: list[int] = []
-    active = [True]
-
-    def stop(signum, frame):
-        if delivered:
-            return
-        delivered.append(signum)
-        raise Interrupted(signum)
-
-    previous_hook = sys.unraisablehook
-
-    def swallowed(unraisable) -> None:
-        if not isinstance(unraisable.exc_value, Interrupted):
-            previous_hook(unraisable)
-            return
-        delivered.clear()  # the interpreter dropped it: send it again, outside the finalizer
-        threading.Timer(0.05, again, (unraisable.exc_value.signum,)).start()
-
-    def again(signum: int) -> None:
-        if active:
-            os.kill(os.getpid(), signum)
-
-    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    sys.unraisablehook = swallowed
-    try:
-        yield
-    finally:
-        active.clear()
-        sys.unraisablehook = previous_hook
-        for s, handler in saved.items():
-            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

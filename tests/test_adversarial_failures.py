@@ -263,7 +263,7 @@ def test_signal_swallowed_by_a_finalizer_is_delivered_again(signum, capsys):
     Python with an "Exception ignored" traceback; the command must still stop, without that traceback."""
     import time
 
-    from topdown.pipeline.cli import Interrupted, _signals_interrupt
+    from topdown.pipeline.execution.signals import Interrupted, signals_interrupt
 
     class TakesTheSignal:
         def __del__(self):
@@ -271,7 +271,7 @@ def test_signal_swallowed_by_a_finalizer_is_delivered_again(signum, capsys):
 
     before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook)
     with pytest.raises(Interrupted) as stopped:
-        with _signals_interrupt():
+        with signals_interrupt():
             TakesTheSignal()  # dropped at once: the handler raises inside its finalizer
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:

@@ -95,3 +95,18 @@ def test_peer_censusdp_converts_demo_persons_and_spends_each_level_rho(demo_inpu
     assert (records["Block_Group"] == persons["geoid"].str[:12]).all() and records["State"].nunique() == 1
     sigma2 = peer.peer_sigma2(BENCH.parent / "conf" / "demo.toml")
     assert len(sigma2) == 6 and sum(1 / (2 * s) for s in sigma2) == Fraction(293764, 114921)
+
+
+def test_reprocess_times_a_command_with_process_costs_measurement():
+    """benchmarks/reprocess.py's ``timed`` is process_cost.measure (one measurement): wall, CPU and the peak
+    resident memory of the largest process, here a child that holds 150 MiB; a failing command raises."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import reprocess
+    finally:
+        sys.path.remove(str(BENCH))
+    hold = "import time; x = bytearray(150 * 2**20); x[::4096] = b'1' * len(x[::4096]); time.sleep(1.5)"
+    wall, cpu, rss_mb = reprocess.timed([sys.executable, "-c", hold])
+    assert wall >= 1.5 and cpu > 0 and 150 <= rss_mb < 400
+    with pytest.raises(subprocess.CalledProcessError):
+        reprocess.timed([sys.executable, "-c", "raise SystemExit(3)"])

@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..configuration.config import ConfigError, _format_validation_error, read_toml
 from .cluster import credential_flags, tls_security
 from .rundir import RunDir, RunDirError, write_json_atomic
+from .signals import Interrupted, signals_interrupt
 
 log = logging.getLogger("topdown")
 
@@ -271,13 +272,8 @@ class Batch:
 
     def run(self, wait: float = 0.0) -> int:
         """Run every job; returns the batch's exit code. SIGTERM (a scheduler's kill) stops it like Ctrl-C."""
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
-        try:
+        with signals_interrupt():
             return self._run_guarded(wait)
-        finally:
-            if main:
-                signal.signal(signal.SIGTERM, previous)
 
     def _run_guarded(self, wait: float) -> int:
         guard = RunDir(self.base / f".{self.path.stem}.batch")
@@ -308,12 +304,12 @@ class Batch:
         try:
             with dask_client(None, cfg.scheduler, cfg.workers, security) as client:
                 self.tls_flags = credential_flags(client.security, credentials)  # the jobs join this cluster
-                interrupted = self._run_jobs(client, cfg)
+                stopped = self._run_jobs(client, cfg)
         finally:
             shutil.rmtree(credentials, ignore_errors=True)
         failed = [r for r in self.records if r.get("exit_code") not in (0, None)]
-        code = EXIT_INTERRUPTED if interrupted else (failed[0]["exit_code"] if failed else EXIT_OK)
-        self.summary.update(status="interrupted" if interrupted else ("failed" if failed else "ok"),
+        code = stopped or (failed[0]["exit_code"] if failed else EXIT_OK)
+        self.summary.update(status="interrupted" if stopped else ("failed" if failed else "ok"),
                             finished=_now(), wall_seconds=round(time.perf_counter() - start, 3), exit_code=code,
                             counts={s: sum(r["status"] == s for r in self.records)
                                     for s in ("complete", "skipped", "failed", "pending")})
@@ -321,20 +317,21 @@ class Batch:
         return code
 
 
-    def _run_jobs(self, client, cfg: "BatchSection") -> bool:
-        """Every job on the cluster of ``client``, ``cfg.concurrent`` at a time; True when interrupted."""
+    def _run_jobs(self, client, cfg: "BatchSection") -> int | None:
+        """Every job on the cluster of ``client``, ``cfg.concurrent`` at a time; when a signal stopped the batch,
+        its exit code (130 SIGINT, 143 SIGTERM), else None."""
         address = client.scheduler.address
         pids = _worker_pids(client)
         cpu0 = _cpu(pids)
         self.summary["cluster"] = {"scheduler": address, "workers": len(pids)}
         pool = ThreadPoolExecutor(max_workers=cfg.concurrent)
         futures = [pool.submit(self._job, i, address, None) for i in range(len(self.records))]
-        interrupted = False
+        stopped = None
         try:
             for f in futures:
                 f.result()
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as exc:  # Interrupted (signals_interrupt), or a KeyboardInterrupt raised elsewhere
+            stopped = exc.exit_code if isinstance(exc, Interrupted) else EXIT_INTERRUPTED
             for f in futures:
                 f.cancel()
             with self.lock:
@@ -344,11 +341,7 @@ class Batch:
                 event.set()
         pool.shutdown(wait=True)
         self.summary["cluster"]["cpu_seconds"] = round(_cpu(pids) - cpu0, 3)
-        return interrupted
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+        return stopped
 
 
 def _now() -> str:
