@@ -54,6 +54,9 @@ class LevelReport:
     seconds: float
     failsafe: list[dict] = field(default_factory=list)
     max_parent_seconds: float = 0.0
+    #: SHA-256 of the level's files by path in the run directory, as :func:`level_digests` gives them, from the
+    #: sums its tasks took of the files they wrote (None: not known; the driver reads the files)
+    digests: dict[str, str] | None = None
 
 
 def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
@@ -256,6 +259,8 @@ def estimate_level(
         tasks=len(plan), seconds=time.perf_counter() - start,
         failsafe=[f for i in sorted(tally.failsafe) for f in tally.failsafe[i]],
         max_parent_seconds=tally.max_parent_seconds,
+        digests=tally.digests(rundir.root, mdir if source.draws else None, hdir) if len(tally.sha256) == len(plan)
+        else None,
     )
     return LevelOutput(hdir, tally.part_of, tally.nnz), report
 
@@ -270,6 +275,18 @@ class _Tally:
         self.solved = self.copied = 0
         self.max_parent_seconds = 0.0
         self.failsafe: dict[int, list[dict]] = {}
+        self.sha256: dict[int, tuple[str, str]] = {}  # per chunk: its histogram and measurement parts'
+
+    def digests(self, root: Path, mdir: Path | None, hdir: Path) -> dict[str, str]:
+        """The level's files' SHA-256 by path below ``root``, ordered as :func:`level_digests` orders them
+        (``mdir`` None: the level wrote no measurements)."""
+        out = {}
+        for folder, which in ((mdir, 1), (hdir, 0)):
+            if folder is not None:
+                files = {str((folder / f"part-{i:05d}.parquet").relative_to(root)): sums[which]
+                         for i, sums in self.sha256.items()}
+                out.update((k, files[k]) for k in sorted(files, key=Path))
+        return out
 
     def add(self, res: ChunkResult, rows: np.ndarray) -> None:
         """Take chunk ``res``, whose children are the level's nodes ``rows``."""
@@ -278,6 +295,7 @@ class _Tally:
         self.solved += res.solved
         self.copied += res.copied
         self.max_parent_seconds = max([self.max_parent_seconds, *res.solve_seconds])
+        self.sha256[res.index] = (res.hist_sha256, res.measurements_sha256)
         if res.failsafe:
             self.failsafe[res.index] = res.failsafe
 

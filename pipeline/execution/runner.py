@@ -528,7 +528,8 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
         _log_report(product, report)
         release_memory()
         done.append(level.name)
-        digests[level.name] = level_digests(rundir, product, level.name)
+        digests[level.name] = report.digests if report.digests is not None else level_digests(rundir, product,
+                                                                                                level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
                               "tasks": report.tasks, "max_parent_seconds": round(report.max_parent_seconds, 3)}
         manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)
