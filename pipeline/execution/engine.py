@@ -304,7 +304,7 @@ def _recorded(records: Path, chunks: int) -> list[int]:
     """The chunks of a level with a record in ``records`` (an interrupted run's finished chunks), by index."""
     if not records.is_dir():
         return []
-    found = (f.name[5:10] for f in records.iterdir() if f.name.startswith("part-") and f.name.endswith(".json"))
+    found = (f.name[5:-5] for f in records.iterdir() if f.name.startswith("part-") and f.name.endswith(".json"))
     return sorted(i for i in {int(x) for x in found if x.isdigit()} if i < chunks)
 
 
