@@ -14,6 +14,16 @@ Two sources of cost, per level:
   elsewhere (a one-state run's US, State and County levels) the solver figure is used.
 
 Usage: python benchmarks/projection.py --parents parents.jsonl [--stages run_stages.jsonl] [--product persons]
+
+Wall time on a cluster (issue 30 item 5): ``--wall run_stages.jsonl --machines 1,4,10 --cores 16`` projects a
+national run of every product of that run (persons and units) from its measured stages. Every stage's worker
+and driver CPU seconds are scaled to national size by its nodes (a level: the level's nodes; ingest,
+tabulate, MDF and the rest: the spine's blocks; national counts: geo/us2020.py's standard spine, 5,892,698
+populated blocks). A stage's wall on N cores is at least each of: its worker CPU over N, its longest
+parent (serial: the run's largest parent solve at the level, a California-sized state holding the nation's
+largest County and Tract parents; ``--serial STAGE=SECONDS`` for a parent measured alone, such as the US ->
+State parent of 52 states, about 58 CPU s) and its driver CPU (one process); the projection is the largest,
+summed over the stages, and the same plus the driver CPU (no overlap) as an upper figure.
 """
 from __future__ import annotations
 
@@ -62,13 +72,73 @@ def pipeline_costs(rows: list[dict], product: str) -> tuple[dict[str, float], di
     return per_child, nodes, summary
 
 
+def national_nodes() -> dict[str, int]:
+    """National node counts of the standard spine (geo/us2020.py), populated blocks from the TDA paper."""
+    from topdown.geo.us2020 import US2020
+
+    return {"US": 1, "State": len(US2020), "County": sum(s.counties for s in US2020),
+            "Tract": sum(s.tracts for s in US2020), "Block_Group": sum(s.block_groups for s in US2020),
+            "Block": NATIONAL["Block"]}
+
+
+def wall_projection(rows: list[dict], machines: list[int], cores: int, serial: dict[str, float]) -> list[str]:
+    """The lines of the national wall-time projection of a run_stages.py run (see the module docstring)."""
+    summary = next(r for r in rows if r.get("stage") == "summary")
+    run_nodes, nation = summary["nodes"], national_nodes()
+    largest = {f"{p}.{lv}": v.get("max_parent_seconds", 0.0)
+               for p, levels in (summary.get("parents_solved") or {}).items() for lv, v in levels.items()}
+    largest.update(serial)
+    stages = []
+    for r in rows:
+        if r.get("stage") in (None, "summary") or r.get("wall_s") is None and not r.get("worker_cpu_s"):
+            continue
+        level = r["stage"].split(".", 1)[-1]
+        scale = nation[level] / max(run_nodes[level], 1) if level in LEVELS else nation["Block"] / run_nodes["Block"]
+        stages.append((r["stage"], r["worker_cpu_s"] * scale, r["driver_cpu_s"] * scale,
+                       largest.get(r["stage"], 0.0)))
+    work = sum(w for _, w, _, _ in stages)
+    driver = sum(d for _, _, d, _ in stages)
+    out = [f"national projection from {summary.get('config')} on {summary.get('input')} "
+           f"({run_nodes['Block']:,} spine blocks -> {nation['Block']:,}), {summary.get('date')}, "
+           f"load {summary.get('loadavg')}",
+           f"worker CPU {work / 3600:.2f} core-hours, driver CPU {driver / 60:.1f} min "
+           f"({100 * driver / max(work, 1e-9):.2f} % of the workers')"]
+    out.append(f"{'stage':22s} {'worker CPU s':>13s} {'driver CPU s':>12s} {'serial s':>9s} "
+               + " ".join(f"{f'{m}x{cores} wall s':>14s}" for m in machines))
+    totals = {m: [0.0, 0.0] for m in machines}
+    for name, w, d, ser in stages:
+        walls = []
+        for m in machines:
+            wall = max(w / (m * cores), ser, d)
+            totals[m][0] += wall
+            totals[m][1] += max(w / (m * cores), ser) + d
+            walls.append(f"{wall:14.0f}")
+        out.append(f"{name:22s} {w:13,.0f} {d:12,.0f} {ser:9.1f} " + " ".join(walls))
+    out.append("total wall (stages overlapping the driver; without overlap): " + "; ".join(
+        f"{m} machine{'s' if m > 1 else ''} of {cores} cores {lo / 60:.1f} min ({hi / 60:.1f})"
+        for m, (lo, hi) in totals.items()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parents", required=True, help="benchmarks/parents.py output (JSON lines)")
+    ap.add_argument("--parents", help="benchmarks/parents.py output (JSON lines)")
+    ap.add_argument("--wall", help="run_stages.py output of a run (all its products): project the national wall")
+    ap.add_argument("--machines", default="1,4,10", help="cluster sizes for --wall (machines, comma-separated)")
+    ap.add_argument("--cores", type=int, default=16, help="cores (workers) per machine for --wall")
+    ap.add_argument("--serial", action="append", default=[], metavar="STAGE=SECONDS",
+                    help="for --wall: the longest parent of a stage measured alone (persons.State=58)")
     ap.add_argument("--stages", help="benchmarks/run_stages.py output (JSON lines) of a persons run")
     ap.add_argument("--product", default="persons")
     ap.add_argument("--min-children", type=int, default=200)
     args = ap.parse_args()
+    if args.wall:
+        serial = {k: float(v) for k, v in (x.split("=", 1) for x in args.serial)}
+        print("\n".join(wall_projection(read_jsonl(args.wall), [int(m) for m in args.machines.split(",")],
+                                         args.cores, serial)))
+        return
+    if not args.parents:
+        ap.error("--parents is required without --wall")
     solver = solver_costs(read_jsonl(args.parents))
     per_child, nodes, summary = pipeline_costs(read_jsonl(args.stages), args.product) if args.stages else ({}, {}, {})
     header = (f"{'level (children)':18s} {'parents':>9s} {'children':>10s} {'ch/parent':>9s} {'case':>10s} "

@@ -5,8 +5,9 @@ estimate one level on Dask, including writing it), <product>.mdf, and "other" (e
 certificate, invariants, cluster start and stop). Wall times of the named stages come from the run
 manifest's "timings"; "other" is measured here.
 
-Memory: a thread polls every worker process's RSS (``client.run``) and the driver's own RSS about
-every 0.25 s; each sample is attributed to the stage in progress. Driver stages are marked by wrapping
+Memory: a thread in every worker process polls its RSS, and one in the driver the driver's own, about every
+0.25 s (stamped with one clock; nothing runs through the scheduler until the run ends, so the driver's CPU is
+the run's own); each sample is attributed to the stage in progress. Driver stages are marked by wrapping
 the runner's stage functions; levels are identified by the ``progress(product, level, done, total)``
 callback of :func:`topdown.pipeline.execution.runner.run` (a sample taken before a level's first progress call is
 given to that level). Peaks also use each process's high-water mark (``ru_maxrss``), so short spikes
@@ -29,6 +30,7 @@ Usage: python benchmarks/run_stages.py CONFIG --input DIR --workers N --out DIR
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import os
@@ -49,12 +51,31 @@ MB = 1 << 20
 POLL_SECONDS = 0.25
 
 
-def _worker_memory() -> tuple[int, int, int, float]:
-    """(pid, current RSS, high-water RSS, CPU seconds so far) of the calling worker process (bytes)."""
-    proc = psutil.Process()
-    cpu = proc.cpu_times()
-    return (os.getpid(), proc.memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            cpu.user + cpu.system)
+def _start_sampling(dask_worker=None) -> None:
+    """In a worker process: poll its own RSS, high-water RSS and CPU seconds every ``POLL_SECONDS`` in a thread,
+    kept as numbers (time.monotonic(), pid, rss, hwm, cpu) until :func:`_stop_sampling`."""
+    numbers, stop = array("d"), threading.Event()
+
+    def poll() -> None:
+        proc = psutil.Process()
+        while True:
+            cpu = proc.cpu_times()
+            numbers.extend([time.monotonic(), os.getpid(), proc.memory_info().rss,
+                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, cpu.user + cpu.system])
+            if stop.wait(POLL_SECONDS):
+                return
+
+    thread = threading.Thread(target=poll, daemon=True, name="run_stages-sampler")
+    thread.start()
+    dask_worker.run_stages_sampler = (numbers, stop, thread)
+
+
+def _stop_sampling(dask_worker=None) -> bytes:
+    """In a worker process: stop :func:`_start_sampling`'s thread after one last poll; its numbers as bytes."""
+    numbers, stop, thread = dask_worker.run_stages_sampler
+    stop.set()
+    thread.join()
+    return numbers.tobytes()
 
 
 class StageTracker:
@@ -107,60 +128,71 @@ class Worker(NamedTuple):
 
 
 class Sampler(threading.Thread):
-    """Polls worker and driver memory until stopped. The samples live in the driver whose memory they measure,
-    so they are kept as numbers in one array (a dict per worker and sample was 1.9 kB a sample, 12 MB over a
-    30-minute run; a dict per sample still about 1 kB) and become records (``samples``) after the run."""
+    """Polls the driver's memory and CPU until stopped, and has each worker poll its own (a thread in the
+    worker: polling the workers from here through ``client.run`` cost the driver about 3 ms of CPU a poll,
+    as much as the driver's own work on a large run). Every sample is stamped with ``time.monotonic()``
+    (one clock for every process of the machine); a worker's samples go to the stage of the driver's next
+    sample. The samples are kept as numbers in arrays (the driver's memory is measured) and become records
+    (``samples``) after the run."""
 
     FIELDS = ("t", "driver_rss", "driver_hwm", "driver_cpu")
 
     def __init__(self, client, tracker: StageTracker) -> None:
         super().__init__(daemon=True)
         self.client, self.tracker = client, tracker
-        self.numbers = array("d")  # per sample: FIELDS, the number of workers, then each one's Worker fields
-        self.starts = array("q")
+        self.numbers = array("d")  # per sample: FIELDS
+        self.workers: list[array] = []  # per worker, after the run: (t, pid, rss, hwm, cpu) per sample
         self.stop_event = threading.Event()
         self.driver = psutil.Process()
 
     @property
     def samples(self) -> list[dict]:
-        """The samples as records: FIELDS, "stage" and "workers" (position -> Worker)."""
-        out = []
-        for i, (start, stage) in enumerate(zip(self.starts, self.tracker.stages)):
-            values = self.numbers[start:start + len(self.FIELDS) + 1]
-            s = dict(zip(self.FIELDS, values), stage=stage)
-            first = start + len(self.FIELDS) + 1
-            s["workers"] = {w: Worker(int(self.numbers[first + 4 * w]), int(self.numbers[first + 4 * w + 1]),
-                                      int(self.numbers[first + 4 * w + 2]), self.numbers[first + 4 * w + 3])
-                            for w in range(int(values[-1]))}
-            out.append(s)
+        """The samples as records: FIELDS, "stage" and "workers" (pid -> Worker: the worker's last poll since
+        the driver's previous sample, with the largest RSS polled in between)."""
+        width = len(self.FIELDS)
+        times = self.numbers[0::width]
+        out = [dict(zip(self.FIELDS, self.numbers[i * width:(i + 1) * width]), stage=stage, workers={})
+               for i, stage in enumerate(self.tracker.stages)]
+        for numbers in self.workers:
+            for j in range(0, len(numbers), 5):
+                t, pid, rss, hwm, cpu = numbers[j:j + 5]
+                i = min(bisect.bisect_left(times, t), len(out) - 1)
+                if i < 0:
+                    continue
+                seen = out[i]["workers"].get(int(pid))
+                out[i]["workers"][int(pid)] = Worker(int(pid), max(int(rss), seen.rss if seen else 0), int(hwm), cpu)
         return out
 
     def sample(self) -> None:
-        try:
-            workers = self.client.run(_worker_memory)
-        except Exception as exc:  # a worker restarting: keep polling, record nothing this round
-            logging.getLogger("topdown").warning("memory poll failed: %s", exc)
-            workers = {}
+        cpu = self.driver.cpu_times()
         with self.tracker.lock:
-            self.starts.append(len(self.numbers))
-            self.numbers.extend([time.perf_counter(), self.driver.memory_info().rss,
-                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                                 sum(self.driver.cpu_times()[:2]), len(workers)])
-            for v in workers.values():
-                self.numbers.extend(v)
+            self.numbers.extend([time.monotonic(), self.driver.memory_info().rss,
+                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, cpu.user + cpu.system])
             self.tracker.stages.append(self.tracker.stage)
             if self.tracker.awaiting_level:
                 self.tracker.pending.append(len(self.tracker.stages) - 1)
 
     def run(self) -> None:
+        self.client.run(_start_sampling)
         while not self.stop_event.is_set():
             t = time.perf_counter()
             self.sample()
             self.stop_event.wait(max(0.0, POLL_SECONDS - (time.perf_counter() - t)))
 
     def stop(self) -> None:
+        """Stop polling; the workers' samples come back (a last driver sample follows them)."""
         self.stop_event.set()
         self.join()
+        try:
+            found = self.client.run(_stop_sampling)
+        except Exception as exc:  # a worker lost: its samples with it
+            logging.getLogger("topdown").warning("collecting the workers' samples failed: %s", exc)
+            found = {}
+        self.sample()
+        for data in found.values():
+            numbers = array("d")
+            numbers.frombytes(data)
+            self.workers.append(numbers)
 
 
 @contextmanager
@@ -345,6 +377,8 @@ def main() -> None:
         "interrupted": interrupted,
         "total_wall_s": round(run_wall, 2), "cluster_start_s": round(cluster_s, 2),
         "worker_cpu_s": round(sum(r["worker_cpu_s"] for r in rows), 1),
+        "driver_cpu_s": round(sum(r["driver_cpu_s"] for r in rows), 1),
+        "driver_over_worker_cpu": round(sum(r["driver_cpu_s"] for r in rows) / max(sum(r["worker_cpu_s"] for r in rows), 1e-9), 4),
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
         "driver_rss_peak_mb": round(max((s["driver_rss"] for s in samples), default=0) / MB),
         "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 
 from topdown.pipeline.configuration.config import load_config
 from topdown.pipeline.configuration.census import PERSONS_PRODUCT
-from topdown.pipeline.execution.engine import CHUNK_CHILDREN, make_chunks
+from topdown.pipeline.execution.engine import BATCH_CHUNKS, CHUNK_CHILDREN, TASKS_PER_WORKER, batch_chunks, make_chunks
 from topdown.pipeline.execution.levels import Level
 
 
@@ -40,3 +40,18 @@ def test_chunks_hold_whole_parents_and_the_huge_parent_costs_most(tmp_path):
     huge = next(ch for ch in chunks if any(len(p.children) == 400 for p in ch.parents))
     assert len(huge.parents) == 1 and huge.cost == 1200
     assert huge.cost == max(ch.cost for ch in chunks)  # submitted first (engine.estimate_level)
+
+
+def test_batches_are_runs_of_consecutive_chunks_under_the_target_cost():
+    costs = [1200] + [20] * 100 + [900] + [20] * 50
+    todo = [i for i in range(len(costs)) if i not in (3, 40)]  # chunks 3 and 40 finished by an earlier run
+    batches = batch_chunks(costs, todo, workers=2)
+    assert [i for b in batches for i in b] == todo  # every chunk once, in order
+    target = sum(costs[i] for i in todo) / (TASKS_PER_WORKER * 2)
+    for b in batches:
+        assert b == list(range(b[0], b[-1] + 1))  # consecutive: neighbouring geography, few shards read
+        assert len(b) <= BATCH_CHUNKS
+        assert len(b) == 1 or sum(costs[i] for i in b) <= target
+    assert [0] in batches and [101] in batches  # a chunk above the target cost runs alone
+    assert len(batches) < len(todo) / 4  # far fewer tasks than chunks
+    assert len(batch_chunks(costs, todo, workers=1000)) == len(todo)  # a large cluster: a task per chunk

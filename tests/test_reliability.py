@@ -213,6 +213,30 @@ def test_resume_stops_on_a_staged_chunk_that_fails_its_sha256_in_production(tmp_
     assert not (out / "noisy_measurements" / "persons" / "level=Block").exists()
 
 
+def test_a_batch_of_chunks_writes_each_chunks_part_and_record_and_resume_reuses_them(
+        tmp_path, demo_input, demo_run, dask_client, caplog, monkeypatch):
+    """Issue 30 item 5: the persons Block level's two chunks run in one Dask task (one batch); each chunk's part
+    and record are written by the task, an interruption after it keeps both for --resume, and the output is
+    the unbatched reference run's, byte for byte."""
+    from topdown.pipeline.execution import engine
+
+    monkeypatch.setattr(engine, "TASKS_PER_WORKER", 0.001)  # a target cost above the level's: one batch
+    submitted = []
+    real_submit = dask_client.submit
+    monkeypatch.setattr(dask_client, "submit", lambda fn, *a, **k: (submitted.append((fn.__name__, a)),
+                                                                   real_submit(fn, *a, **k))[1])
+    out = tmp_path / "run"
+    _interrupted_in_persons_block(load_config("demo"), out, demo_input, dask_client)
+    batches = [a[0] for name, a in submitted if name == "run_part_chunks"]
+    assert [c[4][-30:] for c in batches[-1]] == ["level=Block/part-00000.parquet", "level=Block/part-00001.parquet"]
+    records = sorted((out / ".staging/chunks/persons/level=Block").glob("part-*.json"))
+    assert [r.name for r in records] == ["part-00000.json", "part-00001.json"]
+    with caplog.at_level(logging.INFO, logger="topdown"):
+        run(load_config("demo"), out, input_dir=demo_input, client=dask_client, resume=True)
+    assert "persons Block: 2 of 2 chunks finished by an earlier run, reused" in caplog.text
+    assert differing_outputs(demo_run, out) == []
+
+
 def test_resume_checks_the_committed_levels_it_reads_back(tmp_path, planted, planted_run, dask_client, caplog):
     """A committed level changed after the interruption: test mode recomputes it (same output as the
     reference run), production stops."""

@@ -43,7 +43,7 @@ from topdown.vocab.queries import build_query
 
 from .levels import holding, node_answers
 from .memory import release_memory
-from .rundir import sha256_file, write_table
+from .rundir import sha256_file, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
 from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
@@ -436,6 +436,28 @@ def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: li
     write_table(hist_table(pd.Index(result.children), result.hist), Path(hist_path))
     return dataclasses.replace(result, hist=None, nnz=np.diff(result.hist.indptr).astype(np.int32),
                                hist_sha256=sha256_file(Path(hist_path)))
+
+
+def run_part_chunks(chunks: list[tuple], records: str) -> list[ChunkResult]:
+    """Run a batch of chunks on a worker, one after the other (``chunks``: the arguments of
+    :func:`run_part_chunk`); each chunk's histograms and then its record (the mark of a finished chunk, for
+    --resume) are written as it finishes. Returns each chunk's result without its children's names."""
+    results = []
+    for args in chunks:
+        res = run_part_chunk(*args)
+        record_chunk(Path(records), res)
+        results.append(dataclasses.replace(res, children=[]))
+    return results
+
+
+def record_chunk(records: Path, res: ChunkResult) -> None:
+    """Record a finished chunk whose histograms its task staged (written last: the mark of a finished chunk),
+    with the SHA-256 of the chunk's two staged files."""
+    records.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(records / f"part-{res.index:05d}.json",
+                      {"failsafe": res.failsafe, "solved": res.solved, "copied": res.copied,
+                       "solve_seconds": res.solve_seconds,
+                       "sha256": {"histograms": res.hist_sha256, "measurements": res.measurements_sha256}})
 
 
 # --------------------------------------------------------------------------------------------- the driver

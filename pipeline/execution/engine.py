@@ -23,12 +23,12 @@ import scipy.sparse as sp
 from topdown.vocab.problem import GroupTotal
 
 from ..configuration.config import Config
-from .levels import Level, holding
+from .levels import Level, Shares, holding
 from .progress import reporter
-from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_json_atomic, write_table
+from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_table
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
-from .dataplane import hist_table, run_part_chunk
+from .dataplane import hist_table, run_part_chunks
 from .tasks import Chunk, ChunkResult, ParentTask, windowed
 
 if TYPE_CHECKING:  # a run's client; verify reads level digests from here without starting Dask
@@ -54,6 +54,9 @@ class LevelReport:
     seconds: float
     failsafe: list[dict] = field(default_factory=list)
     max_parent_seconds: float = 0.0
+    #: SHA-256 of the level's files by path in the run directory, as :func:`level_digests` gives them, from the
+    #: sums its tasks took of the files they wrote (None: not known; the driver reads the files)
+    digests: dict[str, str] | None = None
 
 
 def _group_totals(level: Level, rows: np.ndarray) -> list[GroupTotal]:
@@ -143,15 +146,18 @@ def chunk_plan(
     pending: list[int] = []
     cost = 0
 
+    ordered = bool((order == np.arange(n)).all())  # a slice of the nodes, not a take (a string per child)
+
     def build(idx: int) -> Chunk:
         groups, cost = specs[idx]
         lo, hi = int(starts[groups[0]]), int(ends[groups[-1]])
         rows = order[lo:hi]
-        children = [str(g) for g in level.nodes[rows]]
+        children = [str(g) for g in (level.nodes[lo:hi] if ordered else level.nodes[rows]).tolist()]
         labels = ([None] * len(groups) if independent or parent_level is None else
-                  [str(x) for x in parent_level.nodes[level.parent[order[starts[groups]]]]])
+                  [str(x) for x in parent_level.nodes[level.parent[order[starts[groups]]]].tolist()])
+        plb = level.plb.take(rows) if isinstance(level.plb, Shares) else [level.plb[r] for r in rows]
         return Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
-                     child_plb=[level.plb[r] for r in rows],
+                     child_plb=plb,
                      parents=[parent_task(int(starts[g]), int(ends[g]), lo, children, label)
                               for g, label in zip(groups, labels)],
                      measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
@@ -204,7 +210,7 @@ def estimate_level(
     records = rundir.chunk_records(name, level.name)
     tally = _Tally(len(level))  # the driver keeps no chunk result, only the level's arrays and sums
     finished = set()
-    for i in range(len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
+    for i in _recorded(records, len(plan)):  # chunks an interrupted run finished (chunking is deterministic)
         if (res := _finished_chunk(rundir, hdir, records, plan.build(i))) is not None:
             tally.add(res, plan.rows(i))
             finished.add(i)
@@ -217,25 +223,32 @@ def estimate_level(
         reporter().tasks(name, level.name, len(finished), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
     digest = config.digest()[:8] + "-" + hashlib.sha256(str(rundir.root.resolve()).encode()).hexdigest()[:8]
-    todo = [int(i) for i in np.argsort(plan.costs, kind="stable")[::-1] if int(i) not in finished]
+    workers = max(1, len(client.scheduler_info().get("workers", {})))
+    batches = batch_chunks(plan.costs, [i for i in range(len(plan)) if i not in finished], workers)
+    batch_costs = [sum(plan.costs[i] for i in b) for b in batches]
 
-    def submit(i: int):
+    def chunk_args(i: int) -> tuple:
         rows = plan.rows(i)
         parts = None if level.parts is None else holding(level.parts, rows)
         parent_files = None if parent is None else parent.files(level.parent[rows])
         meta = None if level.meta is None else holding(level.meta, rows)
         # Pickled here: the driver's scheduler keeps arguments of finished tasks for a while, and bytes cost a
         # third of the objects a chunk unpickles to (benchmarks/RESULTS.md, "Driver memory, third round").
-        return client.submit(run_part_chunk, pickle.dumps(plan.build(i), protocol=5), rows, parts, parent_files,
-                             str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta,
-                             key=f"{name}-{level.name}-{i}-{digest}", priority=plan.costs[i], pure=False)
+        return (pickle.dumps(plan.build(i), protocol=5), rows, parts, parent_files,
+                str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta)
+
+    def submit(b: int):
+        batch = batches[b]
+        return client.submit(run_part_chunks, [chunk_args(i) for i in batch], str(records),
+                             key=f"{name}-{level.name}-{batch[0]}-{digest}", priority=batch_costs[b], pure=False)
 
     done = len(finished)
-    for fut in windowed(client, submit, todo):  # a bounded number of chunks in the driver and the scheduler
-        res: ChunkResult = fut.result()
-        _record_chunk(records, res)
-        tally.add(res, plan.rows(res.index))
-        done += 1
+    costliest = [int(b) for b in np.argsort(batch_costs, kind="stable")[::-1]]
+    for fut in windowed(client, submit, costliest):  # a bounded number of tasks in the driver and the scheduler
+        results: list[ChunkResult] = fut.result()  # the task wrote each chunk's part and record
+        for res in results:
+            tally.add(res, plan.rows(res.index))
+        done += len(results)
         if progress:
             progress(name, level.name, done, len(plan))
     if source.draws:
@@ -246,6 +259,8 @@ def estimate_level(
         tasks=len(plan), seconds=time.perf_counter() - start,
         failsafe=[f for i in sorted(tally.failsafe) for f in tally.failsafe[i]],
         max_parent_seconds=tally.max_parent_seconds,
+        digests=tally.digests(rundir.root, mdir if source.draws else None, hdir) if len(tally.sha256) == len(plan)
+        else None,
     )
     return LevelOutput(hdir, tally.part_of, tally.nnz), report
 
@@ -260,6 +275,18 @@ class _Tally:
         self.solved = self.copied = 0
         self.max_parent_seconds = 0.0
         self.failsafe: dict[int, list[dict]] = {}
+        self.sha256: dict[int, tuple[str, str]] = {}  # per chunk: its histogram and measurement parts'
+
+    def digests(self, root: Path, mdir: Path | None, hdir: Path) -> dict[str, str]:
+        """The level's files' SHA-256 by path below ``root``, ordered as :func:`level_digests` orders them
+        (``mdir`` None: the level wrote no measurements)."""
+        out = {}
+        for folder, which in ((mdir, 1), (hdir, 0)):
+            if folder is not None:
+                files = {str((folder / f"part-{i:05d}.parquet").relative_to(root)): sums[which]
+                         for i, sums in self.sha256.items()}
+                out.update((k, files[k]) for k in sorted(files, key=Path))
+        return out
 
     def add(self, res: ChunkResult, rows: np.ndarray) -> None:
         """Take chunk ``res``, whose children are the level's nodes ``rows``."""
@@ -268,18 +295,41 @@ class _Tally:
         self.solved += res.solved
         self.copied += res.copied
         self.max_parent_seconds = max([self.max_parent_seconds, *res.solve_seconds])
+        self.sha256[res.index] = (res.hist_sha256, res.measurements_sha256)
         if res.failsafe:
             self.failsafe[res.index] = res.failsafe
 
 
-def _record_chunk(records: Path, res: ChunkResult) -> None:
-    """Record a finished chunk whose histograms its task staged (the record is written last: the mark of a
-    finished chunk), with the SHA-256 of the chunk's two staged files."""
-    records.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(records / f"part-{res.index:05d}.json",
-                      {"failsafe": res.failsafe, "solved": res.solved, "copied": res.copied,
-                       "solve_seconds": res.solve_seconds,
-                       "sha256": {"histograms": res.hist_sha256, "measurements": res.measurements_sha256}})
+def _recorded(records: Path, chunks: int) -> list[int]:
+    """The chunks of a level with a record in ``records`` (an interrupted run's finished chunks), by index."""
+    if not records.is_dir():
+        return []
+    found = (f.name[5:-5] for f in records.iterdir() if f.name.startswith("part-") and f.name.endswith(".json"))
+    return sorted(i for i in {int(x) for x in found if x.isdigit()} if i < chunks)
+
+
+#: Dask tasks per worker a level's chunks are batched into (:func:`batch_chunks`), and most chunks per task.
+TASKS_PER_WORKER = 16
+BATCH_CHUNKS = 32
+
+
+def batch_chunks(costs: list[int], todo: list[int], workers: int) -> list[list[int]]:
+    """The chunks ``todo`` (indices into ``costs``, ascending) in batches run by one Dask task each: runs of
+    consecutive chunks (neighbouring geography: the batch reads few shards) of summed cost up to the level's
+    cost over ``TASKS_PER_WORKER`` tasks per worker and at most ``BATCH_CHUNKS`` chunks; a chunk above that cost
+    alone. Each chunk still writes its own part and record, so outputs and --resume do not depend on the
+    batches; the driver and the scheduler handle a task per batch instead of one per chunk (issue 30 item 5)."""
+    target = sum(costs[i] for i in todo) / (TASKS_PER_WORKER * max(1, workers))
+    batches: list[list[int]] = []
+    cost = 0
+    for i in todo:
+        if batches and len(batches[-1]) < BATCH_CHUNKS and cost + costs[i] <= target and batches[-1][-1] == i - 1:
+            batches[-1].append(i)
+            cost += costs[i]
+        else:
+            batches.append([i])
+            cost = costs[i]
+    return batches
 
 
 def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str | None]:

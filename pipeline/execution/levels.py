@@ -52,6 +52,10 @@ class Shares(Sequence):
     def __getitem__(self, i: int) -> Fraction:
         return self.values[self.codes[i]]
 
+    def take(self, rows: np.ndarray) -> "Shares":
+        """The shares of node ``rows`` (a chunk's children: an array, not a Fraction per node, to pickle)."""
+        return Shares(self.codes[rows], self.values)
+
 
 @dataclass
 class Level:

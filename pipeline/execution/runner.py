@@ -77,12 +77,21 @@ def _unset_env(*names: str) -> Iterator[None]:
         os.environ.update(saved)
 
 
+#: Timers of an embedded cluster's driver process, which holds the scheduler and the workers' nannies: Dask's
+#: defaults (an event-loop tick every 20 ms in each of them, each nanny polling its worker's memory every 100 ms,
+#: the scheduler's system monitor every 500 ms) cost the driver 36 ms of CPU a second with nothing to do, about
+#: 2 % of two busy workers; these cost it about 7 (benchmarks/RESULTS_national.md, "The driver's CPU"). A worker
+#: above its memory limit is still stopped by its nanny, within a second instead of 0.1 s.
+QUIET_TIMERS = {"distributed.admin.tick.interval": "1s", "distributed.worker.memory.monitor-interval": "1s",
+                "distributed.admin.system-monitor.interval": "2s"}
+
+
 @contextmanager
 def embedded_settings() -> Iterator[None]:
     """What an embedded cluster is started under (here and by benchmarks/run_stages.py): the scheduler's
-    short debugging logs, and glibc's malloc defaults for the workers."""
-    with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH, **GLIBC_DEFAULTS}), \
-            _unset_env(*GLIBC_ENV):
+    short debugging logs, quiet timers (:data:`QUIET_TIMERS`), and glibc's malloc defaults for the workers."""
+    with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH, **GLIBC_DEFAULTS,
+                          **QUIET_TIMERS}), _unset_env(*GLIBC_ENV):
         yield
 
 
@@ -519,7 +528,8 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
         _log_report(product, report)
         release_memory()
         done.append(level.name)
-        digests[level.name] = level_digests(rundir, product, level.name)
+        digests[level.name] = report.digests if report.digests is not None else level_digests(rundir, product,
+                                                                                                level.name)
         solved[level.name] = {"parents": report.parents, "solved": report.solved, "copied": report.copied,
                               "tasks": report.tasks, "max_parent_seconds": round(report.max_parent_seconds, 3)}
         manifest["failsafe"].extend({"product": product, **f} for f in report.failsafe)
