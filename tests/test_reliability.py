@@ -277,7 +277,8 @@ def test_kill_9_mid_level_then_resume(tmp_path, demo_input, demo_run):
     assert (out / ".lock").read_text().startswith(f"pid {proc.pid} ")  # left behind by the killed run
     done = list(manifest["completed"]["persons"])
 
-    resumed = subprocess.run([*base, "--resume"], capture_output=True, text=True, timeout=300)
+    loud = [a for a in base if a != "--quiet"]  # --quiet keeps only warnings; the levels read back are INFO lines
+    resumed = subprocess.run([*loud, "--resume"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == EXIT_OK, resumed.stderr
     assert "took over the stale lock" in resumed.stderr
     for level in done:
