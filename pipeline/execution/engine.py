@@ -259,8 +259,9 @@ def estimate_level(
         tasks=len(plan), seconds=time.perf_counter() - start,
         failsafe=[f for i in sorted(tally.failsafe) for f in tally.failsafe[i]],
         max_parent_seconds=tally.max_parent_seconds,
-        digests=tally.digests(rundir.root, mdir if source.draws else None, hdir) if len(tally.sha256) == len(plan)
-        else None,
+        # from the tasks' sums only where they wrote every file of the level (a reprocessing writes its measurements
+        # before the tasks run: the driver reads the level's files back)
+        digests=tally.digests(rundir.root, mdir, hdir) if source.draws and len(tally.sha256) == len(plan) else None,
     )
     return LevelOutput(hdir, tally.part_of, tally.nnz), report
 
@@ -277,15 +278,14 @@ class _Tally:
         self.failsafe: dict[int, list[dict]] = {}
         self.sha256: dict[int, tuple[str, str]] = {}  # per chunk: its histogram and measurement parts'
 
-    def digests(self, root: Path, mdir: Path | None, hdir: Path) -> dict[str, str]:
+    def digests(self, root: Path, mdir: Path, hdir: Path) -> dict[str, str]:
         """The level's files' SHA-256 by path below ``root``, ordered as :func:`level_digests` orders them
-        (``mdir`` None: the level wrote no measurements)."""
+        (the tasks wrote both: measurements in ``mdir``, histograms in ``hdir``)."""
         out = {}
         for folder, which in ((mdir, 1), (hdir, 0)):
-            if folder is not None:
-                files = {str((folder / f"part-{i:05d}.parquet").relative_to(root)): sums[which]
-                         for i, sums in self.sha256.items()}
-                out.update((k, files[k]) for k in sorted(files, key=Path))
+            files = {str((folder / f"part-{i:05d}.parquet").relative_to(root)): sums[which]
+                     for i, sums in self.sha256.items()}
+            out.update((k, files[k]) for k in sorted(files, key=Path))
         return out
 
     def add(self, res: ChunkResult, rows: np.ndarray) -> None:
