@@ -66,13 +66,14 @@ def _not_compute_failed(record: logging.LogRecord) -> bool:
 
 @contextmanager
 def quiet_closing() -> Iterator[Callable[[], None]]:
-    """Yields ``quiet``: called when the embedded cluster starts closing, it turns the driver's Dask loggers (its
-    scheduler's and connections') to CRITICAL, so that a command that stops early (an input error) prints its
-    one line only, not a connection torn down mid-handshake; their level is restored when the block ends."""
+    """Yields ``quiet``: called when the embedded cluster starts closing, it silences the driver's Dask loggers (its
+    scheduler's and connections'), so that a command that stops early (an input error, a signal) prints its one
+    line only, not a connection torn down mid-handshake (the scheduler logs those at CRITICAL, with a traceback);
+    their level is restored when the block ends."""
     logger = logging.getLogger("distributed")
     level = logger.level
     try:
-        yield lambda: logger.setLevel(logging.CRITICAL)
+        yield lambda: logger.setLevel(logging.CRITICAL + 1)
     finally:
         logger.setLevel(level)
 
