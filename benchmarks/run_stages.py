@@ -318,8 +318,10 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--input", required=True)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", required=True, help="run directory (replaced)")
+    ap.add_argument("--out", required=True, help="run directory (replaced, unless --resume)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue an interrupted run in --out (the figures are this sitting's; add the sittings' up)")
     args = ap.parse_args()
 
     from distributed import Client, LocalCluster, get_task_stream
@@ -328,7 +330,8 @@ def main() -> None:
     from topdown.pipeline.configuration.config import declared_census, load_config
     from topdown.pipeline.execution.dataplane import find_input
 
-    shutil.rmtree(args.out, ignore_errors=True)
+    if not args.resume:
+        shutil.rmtree(args.out, ignore_errors=True)
     os.environ.update(runner.SINGLE_THREAD_ENV)
     tracker = StageTracker()
     interrupted = False
@@ -351,8 +354,8 @@ def main() -> None:
                     t1 = time.perf_counter()
                     signal.signal(signal.SIGTERM, _interrupt)
                     try:
-                        out = runner.run(args.config, args.out, input_dir=args.input, client=client, force=True,
-                                         progress=tracker.progress)
+                        out = runner.run(args.config, args.out, input_dir=args.input, client=client,
+                                         force=not args.resume, resume=args.resume, progress=tracker.progress)
                     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: report the stages so far
                         out, interrupted = Path(args.out), True
                     run_wall = time.perf_counter() - t1
@@ -391,7 +394,7 @@ def main() -> None:
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }), flush=True)
-    if not args.keep:
+    if not (args.keep or args.resume or interrupted):
         shutil.rmtree(args.out, ignore_errors=True)
 
 
