@@ -42,13 +42,16 @@ class L2Result:
 
 
 def problem_scale(layout: Layout) -> float:
-    """s of the rescaling: the parent total (root: the largest constraint rhs or measured row sum) / 1e4."""
+    """s of the rescaling: the parent total (root: the largest equality or lower-bound rhs or measured row sum)
+    / 1e4."""
     p = layout.problem
     if p.parent_hist is not None:
         magnitude = float(np.sum(p.parent_hist))
     else:
         magnitude = 0.0
         for con in p.constraints:
+            if con.sense == "<=":  # an upper bound says how large an answer may be, not how large it is
+                continue
             rhs = np.asarray(con.rhs, float)
             if np.isfinite(rhs).any():
                 magnitude = max(magnitude, float(np.abs(rhs[np.isfinite(rhs)]).max()))

@@ -201,6 +201,22 @@ def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: boo
     return mask
 
 
+def root_totals(problem: ParentProblem) -> np.ndarray:
+    """float[n_children]: each child's total where an equality constraint whose answers cover every cell fixes
+    it (the sum of its right-hand sides, e.g. an invariant total), inf elsewhere."""
+    totals = np.full(problem.n_children, np.inf)
+    for con in problem.constraints:
+        if con.sense != "==":
+            continue
+        _, q = parse_query(problem, con.query, f"constraint {con.name!r}")
+        if (np.asarray(q.groups) < 0).any():
+            continue
+        rhs = np.asarray(con.rhs, float)
+        fixed = np.isfinite(rhs).all(axis=1)
+        totals[fixed] = np.minimum(totals[fixed], rhs[fixed].sum(axis=1))
+    return totals
+
+
 def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, relax_parent: bool) -> np.ndarray:
     """float[n_children, n_answers]: the most each child's answer can be given the parent (inf at the root).
 
@@ -209,9 +225,9 @@ def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, r
     bands of 1e-3 in scaled units, a range that makes the interior-point solver report spurious infeasibility.
     """
     k = problem.n_children
-    if problem.parent_hist is None:
-        n = problem.schema.ncells if query == DETAILED else query.n_answers
-        return np.full((k, n), np.inf)
+    if problem.parent_hist is None:  # the root: a child's fixed total (an equality over every cell) caps it
+        cell_cap = np.where(mask, root_totals(problem)[:, None], 0.0)
+        return cell_cap if query == DETAILED else np.minimum(query.answer(cell_cap), root_totals(problem)[:, None])
     parent = np.asarray(problem.parent_hist, float)
     if relax_parent:  # the exact marginal over the other dimensions still fixes the total
         cell_cap = np.where(mask, parent.sum(), 0.0)

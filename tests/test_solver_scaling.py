@@ -117,3 +117,41 @@ def test_layout_leaves_out_only_rows_that_cannot_bind():
                          [Constraint("ub", "hhgq", "<=", np.array([[1e10] + [0.0] * 7]))], l2_passes=[["total"]],
                          rounder_passes=[["total"]])
     assert len(build_layout(root).constraint_rows) == 1
+
+
+def national_root(seed: int, people: int = 334_870_478, ncells: int = 400) -> ParentProblem:
+    """The US root of a national run (issue 30): one child of 335 M persons, its total an invariant, the
+    production measurements' variances at the US level, and hhgq_total_ub = 99999 x 145 M housing units
+    (1.4e13). The upper bound used to set the root's scale (1.4e13 / 1e4), leaving the L2 solution 13,740
+    persons off the invariant total and the rounder infeasible (the national run's first failure)."""
+    rng = np.random.default_rng(seed)
+    cells = rng.choice(PERSONS.ncells, ncells, replace=False)
+    truth = np.zeros((1, PERSONS.ncells), dtype=np.int64)
+    truth[0, cells] = rng.multinomial(people, rng.dirichlet(np.full(ncells, 0.5)))
+    meas = []
+    for name, var in {"total": 2429.6, "hhgq": 2429.6, "votingage * hispanic * cenrace": 142.9,
+                      "detailed": 19.7}.items():
+        q = build_query(PERSONS, name)
+        meas.append(Measurement(name, np.round(q.answer(truth) + rng.normal(0.0, np.sqrt(var), (1, q.n_answers))),
+                                np.full(1, var)))
+    hhgq = build_query(PERSONS, "hhgq").answer(truth).astype(float)
+    units = np.maximum(hhgq / 2.3, 1.0)
+    cons = [Constraint("hhgq_total_lb", "hhgq", ">=", np.minimum(units, hhgq)),
+            Constraint("hhgq_total_ub", "hhgq", "<=", units * 99999.0),
+            Constraint("total", "total", "==", np.array([[float(people)]]))]
+    return ParentProblem(PERSONS, "", ["US"], None, meas, cons,
+                         l2_passes=[["total", "hhgq"], ["votingage * hispanic * cenrace", "detailed"]],
+                         rounder_passes=[["total", "hhgq", "detailed"]])
+
+
+def test_root_of_national_size_meets_its_invariant_total():
+    problem = national_root(1)
+    layout = build_layout(problem)
+    assert layout_mod.root_totals(problem).tolist() == [334_870_478.0]
+    assert not [r for r in layout.constraint_rows if r.sense == "<="]  # no upper bound can bind under the total
+    sol = solve_parent(problem)
+    assert sol.failsafe == []
+    assert sol.hist.sum() == 334_870_478
+    assert (sol.hist >= 0).all()
+    hhgq = build_query(PERSONS, "hhgq").answer(sol.hist)
+    assert (hhgq >= problem.constraints[0].rhs).all()
