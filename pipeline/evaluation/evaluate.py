@@ -23,7 +23,17 @@ Writes (into ``out``)::
     *.png, report.html      figures and a one-page report
 
 Only summaries over geounits are written: a per-geounit error next to the published estimate would disclose
-the confidential count. The runs and the sampling replicates are evaluated as one Dask job.
+the confidential count.
+
+No task reads a level or the truth whole (issue 30 item 4): the truth is tabulated one read task at a time and,
+with each run's spine and levels, routed to groups of whole states (:mod:`.grouped`, verify's groups); one
+Dask task per group computes every run's and every sample's metrics there, as mergeable parts
+(:class:`LevelPart`: per query the distribution of residuals as distinct values and counts, exact sums), which
+the driver merges into exactly the tables of the whole level (the root level, one node, is read whole). What
+stays per geounit of a level: the Blau quintiles (ranks over the level) keep each populated geounit's name,
+Blau index and TOTAL error (about 32 bytes); the replicates table (several runs) each geounit's estimates. The
+simple random samples are drawn per state (a multivariate hypergeometric split of the sample over the states,
+then each state's persons from its block histograms), so a sample does not depend on the grouping.
 """
 from __future__ import annotations
 
@@ -45,7 +55,8 @@ import pyarrow.parquet as pq
 from . import metrics as M
 from .eval_report import first_product
 from .metrics import MIN_NODES
-from .grouped import SPILL_DIR, group_rows, route_entities, route_level, route_spine, route_truth, router, truth_products, truth_tasks
+from .grouped import (SPILL_DIR, group_rows, route_entities, route_level, route_spine, route_truth, router,
+                      tabulate_task, truth_products, truth_tasks)
 from topdown.geo import one_line
 from topdown.geo.spine import PREFIX, STATE
 from topdown.vocab.queries import build_query
@@ -54,10 +65,8 @@ from ..execution.private_files import private_dir, seal
 from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
 from ..outputs.verify import _Groups, _records
-from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, PL94, read_as_declared
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
 from topdown.vocab.census import Census, Product
-from ..inputs.tabulate import sparse_counts, tabulate
-from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, check_records
 from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
@@ -83,7 +92,8 @@ class EvaluationError(ValueError):
 
 @dataclass
 class EvalOptions:
-    """What to compute. Queries are per product; ``dense_limit`` caps dense per-geounit answer arrays."""
+    """What to compute. Queries are per product; ``dense_limit`` caps a level's replicate estimates (geounits x
+    answers) kept for replicates.parquet."""
 
     queries: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: each product's evaluation_queries
     sampling_rates: tuple[float, ...] = SAMPLING_RATES
@@ -105,40 +115,31 @@ class EvalOptions:
 
 @dataclass
 class Truth:
-    """True block histograms per product (geocode = 15-character block GEOID) and the person records."""
+    """True block histograms per product (geocode = 15-character block GEOID)."""
 
     blocks: dict[str, pd.DataFrame]
-    persons: pd.DataFrame
 
 
 def load_truth(truth: Path, census: Census | None = None) -> Truth:
-    """Read the person and unit files of a run's input directory (one file each, or directories of
-    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies). A
-    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``);
-    its truth has no person records (the person-record metrics are P.L. 94-171's)."""
-    if census is not None and read_as_declared(census):
-        return _declared_truth(truth, census)
-    files = find_input(truth)  # FileNotFoundError naming what is missing
-    persons = pd.concat([pd.read_parquet(f, columns=["geoid", *PERSONS.dim_names]) for f in files.persons],
-                        ignore_index=True)
-    persons["geoid"] = persons["geoid"].astype(str)
-    units = pd.concat([pd.read_parquet(f, columns=["geoid", "unit_type", "occupied"]) for f in files.units],
-                      ignore_index=True)
-    units["geoid"] = units["geoid"].astype(str)
-    records = {PERSON_RECORDS: persons, UNIT_RECORDS: units}
-    return Truth({p.name: tabulate(p, records) for p in PL94.products}, persons)
+    """The true block histograms of a run's input directory (one file each, or directories of partitions:
+    ``dataplane.find_input``), tabulated a read task at a time (:func:`.grouped.tabulate_task`) and held
+    whole (evaluation studies of small inputs; ``topdown evaluate`` holds a group of states at a time). A
+    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``)."""
+    census = census if census is not None and read_as_declared(census) else None
+    files = find_input(truth, census)  # FileNotFoundError naming what is missing
+    parts: dict[str, list[pd.DataFrame]] = {p.name: [] for p in truth_products(census)}
+    for path, rgs, products in truth_tasks(files, census):
+        for product in products:
+            parts[product.name].append(tabulate_task(path, rgs, product, census))
+    return Truth({name: _summed(frames) for name, frames in parts.items()})
 
 
-def _declared_truth(truth: Path, census: Census) -> Truth:
-    files = find_input(truth, census)
-    blocks = {}
-    for product in census.products:
-        if census.units is not None and product.records.name == census.units.name:
-            continue  # a product counting the unit records: not evaluated from a declared census's truth yet
-        read = [check_records(f, product, census.hierarchy) for f in files.persons]
-        leaf = pd.concat([r[0] for r in read], ignore_index=True)
-        blocks[product.name] = sparse_counts(leaf, np.concatenate([r[1] for r in read]), product.schema.ncells)
-    return Truth(blocks, pd.DataFrame())
+def _summed(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Block histogram rows (geocode, cell, count) of several read tasks: a block read twice adds up; sorted."""
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        {"geocode": pd.Series(dtype="str"), "cell": pd.Series(dtype="int64"), "count": pd.Series(dtype="int64")})
+    rows["geocode"] = rows["geocode"].astype(str)
+    return rows.groupby(["geocode", "cell"], as_index=False, sort=True)["count"].sum()
 
 
 def load_entities(path: Path) -> pd.DataFrame:
@@ -399,9 +400,7 @@ def _group_nodes(spine: pd.DataFrame, level: str) -> tuple[pd.Index, np.ndarray]
 
 def _group_truth(tmp: Path, product: str, g: int) -> pd.DataFrame:
     """Group ``g``'s true block histograms of ``product`` (a block read by two tasks adds up), sorted."""
-    rows = group_rows(tmp / "truth" / product, g, {"geocode": "str", "cell": "int64", "count": "int64"})
-    rows["geocode"] = rows["geocode"].astype(str)
-    return rows.groupby(["geocode", "cell"], as_index=False, sort=True)["count"].sum()
+    return _summed([group_rows(tmp / "truth" / product, g, {"geocode": "str", "cell": "int64", "count": "int64"})])
 
 
 def _root_rows(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, root: Path) -> pd.DataFrame:
@@ -451,7 +450,7 @@ def evaluate_group(g: int, tmp: Path, runs: list[tuple[Path, RunPlan]], sampling
                 out["runs"][(i, product, level)] = _level_part(spec, true, est, names, queries, edges,
                                                              person_metrics, replicate[level])
                 if level == plan.levels[-1] and person_metrics and entity_kinds:
-                    out["entities"][i] = _entity_sums(tmp, g, blocks, geoids, spine, level, est, entity_kinds)
+                    out["entities"][i] = _entity_sums(tmp, g, blocks, spine, level, est, entity_kinds, root)
         if i == 0 and sampling is not None:
             blocks = truth[PERSONS.name]
             for (rate, rep), draws in sampling.draws.items():
@@ -481,13 +480,13 @@ def _group_estimates(rows: pd.DataFrame, nodes: pd.Index, level: str, path: Path
 ENTITY_QUERIES = ("total", SHARE_QUERY)
 
 
-def _entity_sums(tmp: Path, g: int, blocks: pd.DataFrame, geoids: pd.Index, spine: pd.DataFrame, leaf: str,
-                 est: M.SparseHist, kinds: int) -> dict:
+def _entity_sums(tmp: Path, g: int, blocks: pd.DataFrame, spine: pd.DataFrame, leaf: str, est: M.SparseHist,
+                 kinds: int, root: Path) -> dict:
     """Per entity kind and query, the group's sparse answer sums (keys entity x answer) of the truth and of the
     estimates (exact integer sums: the groups' add up to the entities' whole)."""
     leaf_nodes, leaf_codes = _group_nodes(spine, leaf)
     if len(leaf_nodes) != len(spine):
-        raise EvaluationError(f"{tmp.parent.parent / 'spine.parquet'}: {leaf} nodes are not one per block GEOID")
+        raise EvaluationError(f"{root / 'spine.parquet'}: {leaf} nodes are not one per block GEOID")
     leaf_geoid = np.empty(len(spine), dtype=object)
     leaf_geoid[leaf_codes] = spine["geoid"].to_numpy()
     table = group_rows(tmp / "entities", g, {"geoid": "str", "kind": "int64", "entity": "int64"})
@@ -747,8 +746,10 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     report.html to ``out`` (default: ``<first run>/evaluation-CONFIDENTIAL``). Returns the output directory.
     ``audit``: the output directory of ``topdown audit``, whose bounds the report shows beside the EPL.
 
-    All runs and sampling replicates form one Dask job, computed on ``client`` if given, else locally on
-    threads. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
+    The truth's read tasks, then one task per group of states (all runs and sampling replicates), are computed
+    on ``client`` if given, else locally on threads; the groups' rows lie meanwhile in a private folder inside
+    ``out`` (:data:`.grouped.SPILL_DIR`, room for a copy of the runs' histograms and the tabulated truth),
+    removed at the end. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
     """
     opts = options or EvalOptions()
     runs = [Path(r) for r in run_dirs]

@@ -79,6 +79,18 @@ def truth_tasks(files: InputFiles, census: Census | None) -> list[tuple[str, lis
     return tasks
 
 
+def tabulate_task(path: str, row_groups: list[int], product: Product, census: Census | None) -> pd.DataFrame:
+    """Block histograms (geocode, cell, count) of ``product`` from one read task's records: P.L. 94-171's
+    tabulated from their columns, a declared census's read and checked as a run reads them."""
+    if census is not None and read_as_declared(census):
+        leaf, cells, _ = check_records(Path(path), product, census.hierarchy, row_groups)
+        return sparse_counts(pd.Series(leaf).astype(str), np.asarray(cells), product.schema.ncells)
+    columns = list(dict.fromkeys(["geoid", *(a.column for a in product.attributes), *(c for c, _ in product.records.where)]))
+    frame = pq.ParquetFile(path).read_row_groups(row_groups, columns=columns).to_pandas()
+    frame["geoid"] = frame["geoid"].astype(str)
+    return tabulate(product, {product.records.name: frame})
+
+
 def route_truth(path: str, row_groups: list[int], products: list[Product], census: Census | None, groups: _Groups,
                 folder: Path, part: int) -> dict[str, np.ndarray]:
     """Tabulate one read task's records into block histograms of each of ``products`` and route them to their
@@ -87,15 +99,7 @@ def route_truth(path: str, row_groups: list[int], products: list[Product], censu
     keys = groups.runs["key"][0]
     totals = {}
     for product in products:
-        if declared:
-            leaf, cells, _ = check_records(Path(path), product, census.hierarchy, row_groups)
-            hist = sparse_counts(pd.Series(leaf).astype(str), np.asarray(cells), product.schema.ncells)
-        else:
-            columns = list(dict.fromkeys(["geoid", *(a.column for a in product.attributes),
-                                          *(c for c, _ in product.records.where)]))
-            frame = pq.ParquetFile(path).read_row_groups(row_groups, columns=columns).to_pandas()
-            frame["geoid"] = frame["geoid"].astype(str)
-            hist = tabulate(product, {product.records.name: frame})
+        hist = tabulate_task(path, row_groups, product, census)
         geocode = pa.array(hist["geocode"].to_numpy(), pa.large_string())
         write_rows(hist, groups.route("geoid", geocode), folder / product.name, str(part))
         if declared:  # the sampling baselines are P.L. 94-171's: no totals per state needed
