@@ -553,14 +553,14 @@ def _frame(parts: list) -> pd.DataFrame:
     return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
-def _sum_rows(frames: list[pd.DataFrame], n: int, count=None) -> M.SparseHist:
+def _sum_rows(frames: list[pd.DataFrame], n: int) -> M.SparseHist:
     """The groups' rows of a root histogram (unit, cell, count) summed into one."""
     rows = pd.concat(frames, ignore_index=True).groupby(["unit", "cell"], as_index=False, sort=True)["count"].sum()
     return M.SparseHist(rows["unit"].to_numpy(np.int64), rows["cell"].to_numpy(np.int64),
                         rows["count"].to_numpy(np.int64), n)
 
 
-def _plan(head: RunHead, groups, truth_names: set[str], n_runs: int, opts: EvalOptions) -> RunPlan:
+def _plan(head: RunHead, groups: _Groups, truth_names: set[str], n_runs: int, opts: EvalOptions) -> RunPlan:
     """What is evaluated of one run (:class:`RunPlan`); ``groups`` its spine's groups."""
     products = {}
     sizes = {level: len(pc.unique(groups.spine.column(level).cast(pa.large_string()))) for level in head.levels}
@@ -626,9 +626,9 @@ def _evaluate_grouped(heads: list[RunHead], truth: Path, entities: pd.DataFrame 
         per_key = np.sum([t[PERSONS.name] for t in totals if PERSONS.name in t], axis=0).astype(np.int64)
         draws = {}
         for rate in opts.sampling_rates:
-            size = int(round(rate * int(per_key.sum())))
             if not 0 < rate <= 1:
                 raise ValueError(f"sampling rate {rate} is not in (0, 1]")
+            size = int(round(rate * int(per_key.sum())))
             for rep in range(opts.sampling_replicates):
                 rng = np.random.default_rng((opts.sampling_seed, int(round(rate * 10000)), rep))
                 draws[(rate, rep)] = rng.multivariate_hypergeometric(per_key, size, method="marginals")
