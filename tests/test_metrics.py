@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.stats
 from hypothesis import given, settings
@@ -191,3 +192,67 @@ def test_simple_random_sample():
     assert M.simple_random_sample(10, 1.0, 0).tolist() == list(range(10))
     with pytest.raises(ValueError, match="not in"):
         M.simple_random_sample(10, 0.0, 0)
+
+
+# -- mergeable summaries (a level evaluated group by group, issue 30 item 4) ------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False), max_size=60), st.integers(0, 60))
+def test_exact_sum_is_the_exact_sum_in_any_split(values, cut):
+    import math
+
+    v = np.asarray(values, dtype=float)
+    whole, split = M.ExactSum.of(v), M.ExactSum.of(v[:cut]) + M.ExactSum.of(v[cut:])
+    assert whole.scaled == split.scaled
+    assert whole.value() == math.fsum(v)
+
+
+def test_exact_sum_mean_of_whole_numbers_is_numpys_mean():
+    rng = np.random.default_rng(3)
+    err = rng.integers(-40, 40, size=100_001).astype(float)
+    assert M.ExactSum.of(err).mean(err.size) == err.mean()
+    assert M.ExactSum.of(np.array([5e-324, 5e-324, 1.0, -1.0])).value() == 1e-323  # subnormals are exact too
+    assert np.isnan(M.ExactSum().mean(0))
+    with pytest.raises(ValueError, match="not finite"):
+        M.ExactSum.of(np.array([1.0, np.inf]))
+
+
+def test_error_stats_of_groups_merge_into_the_whole():
+    rng = np.random.default_rng(4)
+    true = rng.integers(0, 3000, size=900)
+    err = rng.integers(-30, 30, size=900).astype(float)
+    whole = M.errors_by_bin(true, err, M.COUNTY_BINS)
+    parts = [M.bin_stats(true[s], err[s], M.COUNTY_BINS) for s in (slice(0, 100), slice(100, 101), slice(101, None))]
+    merged = M.bin_rows([M.ErrorStats.merge([p[b] for p in parts]) for b in range(len(M.COUNTY_BINS))], M.COUNTY_BINS)
+    pd.testing.assert_frame_equal(merged, whole, check_exact=True)
+    assert whole.loc[whole["bin"] == "all", "q0.5"].item() == np.quantile(err, 0.5, method="inverted_cdf")
+    index = rng.integers(2000, 2016, size=900)
+    halves = [M.homogeneity_stats(index[s], err[s]) for s in (slice(0, 450), slice(450, None))]
+    keys = sorted(set(halves[0]) | set(halves[1]))
+    merged_h = M.homogeneity_rows({k: M.ErrorStats.merge([h[k] for h in halves if k in h]) for k in keys})
+    pd.testing.assert_frame_equal(merged_h, M.bias_by_homogeneity(index, err), check_exact=True)
+
+
+def test_residual_summaries_of_groups_merge_into_the_whole_levels():
+    """Geounits split into two groups: the merged summary has the whole level's residual distribution, L1
+    sum and geounit count, so its quantiles and EPL input are those of the whole."""
+    rng = np.random.default_rng(5)
+    n, rows = 40, 600
+    unit, cell = rng.integers(0, n, rows), rng.integers(0, PERSONS.ncells, rows)
+    true = M.SparseHist(unit, cell, rng.integers(1, 9, rows), n)
+    est = M.SparseHist(unit, cell, rng.integers(0, 12, rows), n)
+    query = build_query(PERSONS, "votingage * hispanic")
+    whole = M.query_errors(true, est, query)
+    parts = []
+    for sel in (unit < 15, unit >= 15):
+        local = np.unique(unit[sel], return_inverse=True)[1]
+        n_g = len(np.unique(unit[sel]))
+        parts.append(M.query_errors(M.SparseHist(local, cell[sel], true.count[sel], n_g),
+                                    M.SparseHist(local, cell[sel], est.count[sel], n_g), query).summary())
+    merged = M.ResidualSummary.merge(parts)
+    assert merged.n_units == n and merged.n_answers == whole.n_answers
+    assert np.array_equal(merged.values, whole.values) and np.array_equal(merged.counts, whole.counts)
+    assert merged.mean_abs_error == whole.mean_abs_error
+    assert np.array_equal(merged.signed_quantiles(M.QUANTILES), whole.signed_quantiles(M.QUANTILES))
+    scaled = M.query_errors(true, est, query, rate=0.5)  # a sample's answers scaled up: est / rate - true
+    assert (scaled.values * scaled.counts).sum() == 2 * est.count.sum() - true.count.sum()

@@ -23,11 +23,22 @@ Writes (into ``out``)::
     *.png, report.html      figures and a one-page report
 
 Only summaries over geounits are written: a per-geounit error next to the published estimate would disclose
-the confidential count. The runs and the sampling replicates are evaluated as one Dask job.
+the confidential count.
+
+No task reads a level or the truth whole (issue 30 item 4): the truth is tabulated one read task at a time and,
+with each run's spine and levels, routed to groups of whole states (:mod:`.grouped`, verify's groups); one
+Dask task per group computes every run's and every sample's metrics there, as mergeable parts
+(:class:`LevelPart`: per query the distribution of residuals as distinct values and counts, exact sums), which
+the driver merges into exactly the tables of the whole level (the root level, one node, is read whole). What
+stays per geounit of a level: the Blau quintiles (ranks over the level) keep each populated geounit's name,
+Blau index and TOTAL error (about 32 bytes); the replicates table (several runs) each geounit's estimates. The
+simple random samples are drawn per state (a multivariate hypergeometric split of the sample over the states,
+then each state's persons from its block histograms), so a sample does not depend on the grouping.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 from contextlib import nullcontext
 from fractions import Fraction
 from dataclasses import dataclass, field
@@ -37,21 +48,25 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from . import metrics as M
 from .eval_report import first_product
 from .metrics import MIN_NODES
+from .grouped import (SPILL_DIR, group_rows, route_entities, route_level, route_spine, route_truth, router,
+                      tabulate_task, truth_products, truth_tasks)
 from topdown.geo import one_line
+from topdown.geo.spine import PREFIX, STATE
 from topdown.vocab.queries import build_query
 from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import compute
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
-from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, PL94, read_as_declared
+from ..outputs.verify import _Groups, _records
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
 from topdown.vocab.census import Census, Product
-from ..inputs.tabulate import block_histograms, sparse_counts, tabulate
-from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS, check_records
 from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
@@ -77,7 +92,8 @@ class EvaluationError(ValueError):
 
 @dataclass
 class EvalOptions:
-    """What to compute. Queries are per product; ``dense_limit`` caps dense per-geounit answer arrays."""
+    """What to compute. Queries are per product; ``dense_limit`` caps a level's replicate estimates (geounits x
+    answers) kept for replicates.parquet."""
 
     queries: dict[str, tuple[str, ...]] = field(default_factory=dict)  # default: each product's evaluation_queries
     sampling_rates: tuple[float, ...] = SAMPLING_RATES
@@ -99,40 +115,31 @@ class EvalOptions:
 
 @dataclass
 class Truth:
-    """True block histograms per product (geocode = 15-character block GEOID) and the person records."""
+    """True block histograms per product (geocode = 15-character block GEOID)."""
 
     blocks: dict[str, pd.DataFrame]
-    persons: pd.DataFrame
 
 
 def load_truth(truth: Path, census: Census | None = None) -> Truth:
-    """Read the person and unit files of a run's input directory (one file each, or directories of
-    partitions: ``dataplane.find_input``) and tabulate them by block (in memory: evaluation studies). A
-    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``);
-    its truth has no person records (the person-record metrics are P.L. 94-171's)."""
-    if census is not None and read_as_declared(census):
-        return _declared_truth(truth, census)
-    files = find_input(truth)  # FileNotFoundError naming what is missing
-    persons = pd.concat([pd.read_parquet(f, columns=["geoid", *PERSONS.dim_names]) for f in files.persons],
-                        ignore_index=True)
-    persons["geoid"] = persons["geoid"].astype(str)
-    units = pd.concat([pd.read_parquet(f, columns=["geoid", "unit_type", "occupied"]) for f in files.units],
-                      ignore_index=True)
-    units["geoid"] = units["geoid"].astype(str)
-    records = {PERSON_RECORDS: persons, UNIT_RECORDS: units}
-    return Truth({p.name: tabulate(p, records) for p in PL94.products}, persons)
+    """The true block histograms of a run's input directory (one file each, or directories of partitions:
+    ``dataplane.find_input``), tabulated a read task at a time (:func:`.grouped.tabulate_task`) and held
+    whole (evaluation studies of small inputs; ``topdown evaluate`` holds a group of states at a time). A
+    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``)."""
+    census = census if census is not None and read_as_declared(census) else None
+    files = find_input(truth, census)  # FileNotFoundError naming what is missing
+    parts: dict[str, list[pd.DataFrame]] = {p.name: [] for p in truth_products(census)}
+    for path, rgs, products in truth_tasks(files, census):
+        for product in products:
+            parts[product.name].append(tabulate_task(path, rgs, product, census))
+    return Truth({name: _summed(frames) for name, frames in parts.items()})
 
 
-def _declared_truth(truth: Path, census: Census) -> Truth:
-    files = find_input(truth, census)
-    blocks = {}
-    for product in census.products:
-        if census.units is not None and product.records.name == census.units.name:
-            continue  # a product counting the unit records: not evaluated from a declared census's truth yet
-        read = [check_records(f, product, census.hierarchy) for f in files.persons]
-        leaf = pd.concat([r[0] for r in read], ignore_index=True)
-        blocks[product.name] = sparse_counts(leaf, np.concatenate([r[1] for r in read]), product.schema.ncells)
-    return Truth(blocks, pd.DataFrame())
+def _summed(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Block histogram rows (geocode, cell, count) of several read tasks: a block read twice adds up; sorted."""
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        {"geocode": pd.Series(dtype="str"), "cell": pd.Series(dtype="int64"), "count": pd.Series(dtype="int64")})
+    rows["geocode"] = rows["geocode"].astype(str)
+    return rows.groupby(["geocode", "cell"], as_index=False, sort=True)["count"].sum()
 
 
 def load_entities(path: Path) -> pd.DataFrame:
@@ -187,8 +194,8 @@ def entities_on_spine(entities: pd.DataFrame, spine_geoids: pd.Index, source: Pa
     return entities[on].reset_index(drop=True)
 
 
-class RunView:
-    """One run directory: manifest, spine and the unit index of every block at every level."""
+class RunHead:
+    """One run directory, without its spine: manifest, census, levels (what evaluate checks up front)."""
 
     def __init__(self, root: Path, label: str):
         self.root, self.label = Path(root), label
@@ -196,16 +203,9 @@ class RunView:
         self.manifest = self.reader.complete_manifest("evaluating it")  # RunDirError: exit 4, as verify
         self.census = self.reader.census()
         self.levels: list[str] = list(self.manifest.levels)
-        spine = self.reader.spine_table()
-        if list(spine.columns) != ["geoid", *self.levels]:
+        columns = [c for c in pq.read_schema(self.reader.spine_path).names if not c.startswith("__index_level_")]
+        if columns != ["geoid", *self.levels]:
             raise EvaluationError(f"{self.root / 'spine.parquet'}: columns are not geoid + the manifest's levels")
-        self.spine = spine
-        self.geoid_index = pd.Index(spine["geoid"])
-        self.nodes: dict[str, pd.Index] = {}
-        self.codes: dict[str, np.ndarray] = {}
-        for level in self.levels:
-            codes, nodes = pd.factorize(spine[level], sort=True)
-            self.nodes[level], self.codes[level] = pd.Index(nodes.astype(str)), codes.astype(np.int64)
 
     @property
     def seed(self) -> Any:
@@ -226,123 +226,320 @@ class RunView:
                 per[(row["level"], row["query"])] = query.epsilon_at(delta)
         return total.epsilon_at(delta), per
 
+
+
+class RunView(RunHead):
+    """One run directory with its whole spine and the node number of every block at every level (studies of
+    small runs: benchmarks/petti_flaxman.py; ``topdown evaluate`` reads a group of states at a time)."""
+
+    def __init__(self, root: Path, label: str):
+        super().__init__(root, label)
+        spine = self.reader.spine_table()
+        self.spine = spine
+        self.geoid_index = pd.Index(spine["geoid"])
+        self.nodes: dict[str, pd.Index] = {}
+        self.codes: dict[str, np.ndarray] = {}
+        for level in self.levels:
+            codes, nodes = pd.factorize(spine[level], sort=True)
+            self.nodes[level], self.codes[level] = pd.Index(nodes.astype(str)), codes.astype(np.int64)
+
     def truth_at(self, blocks: pd.DataFrame, level: str) -> M.SparseHist:
         """True block histograms rolled up to ``level`` by this run's spine."""
-        rows = self.geoid_index.get_indexer(blocks["geocode"])
-        if (rows < 0).any():
-            raise EvaluationError(f"{self.root / 'spine.parquet'}: truth block {blocks['geocode'].iloc[np.flatnonzero(rows < 0)[0]]} "
-                                  "is not in the run's spine (truth and run do not match)")
-        return M.SparseHist(self.codes[level][rows], blocks["cell"].to_numpy(np.int64), blocks["count"].to_numpy(),
-                            len(self.nodes[level]))
+        return _rolled_up(blocks, self.geoid_index, self.codes[level], len(self.nodes[level]), self.root)
 
     def estimate_at(self, product: str, level: str) -> M.SparseHist:
-        """The run's estimates at ``level``, read a batch of a part at a time (a level is never a frame of
-        geocodes in memory: only each row's node number, cell and count are kept)."""
-        path = self.reader.histograms(product, level)
-        if not path.exists():
-            raise EvaluationError(f"{path}: histograms of level {level} not found")
-        units, cells, counts = [], [], []
-        for batch in ds.dataset(path, format="parquet").to_batches(columns=["geocode", "cell", "count"]):
-            geocode = batch.column("geocode").to_pandas().astype(str)
-            rows = self.nodes[level].get_indexer(geocode)
-            if (rows < 0).any():
-                raise EvaluationError(f"{path}: geocode {geocode.iloc[np.flatnonzero(rows < 0)[0]]!r} is not a "
-                                      f"{level} node of the spine")
-            units.append(rows)
-            cells.append(batch.column("cell").to_numpy().astype(np.int64))
-            counts.append(batch.column("count").to_numpy().astype(np.int64))
-        empty = np.zeros(0, np.int64)
-        return M.SparseHist(np.concatenate(units) if units else empty, np.concatenate(cells) if cells else empty,
-                            np.concatenate(counts) if counts else empty, len(self.nodes[level]))
-
-    def block_geoids(self) -> np.ndarray:
-        """GEOID of each Block-level node (the leaf level must be one node per tabulation block)."""
-        leaf = self.levels[-1]
-        if len(self.nodes[leaf]) != len(self.spine):
-            raise EvaluationError(f"{self.root / 'spine.parquet'}: {leaf} nodes are not one per block GEOID")
-        out = np.empty(len(self.spine), dtype=object)
-        out[self.codes[leaf]] = self.spine["geoid"].to_numpy()
-        return out
+        """The run's estimates at ``level`` (:func:`read_estimates`)."""
+        return read_estimates(self.reader.histograms(product, level), level, self.nodes[level])
 
 
-# -- per-run evaluation (one Dask task) ------------------------------------------------------------------
+def _rolled_up(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, n: int, root: Path) -> M.SparseHist:
+    """Block histograms (geocode = block GEOID) rolled up to the nodes ``codes`` gives each spine row."""
+    rows = geoids.get_indexer(blocks["geocode"])
+    if (rows < 0).any():
+        raise EvaluationError(f"{root / 'spine.parquet'}: truth block {blocks['geocode'].iloc[np.flatnonzero(rows < 0)[0]]} "
+                              "is not in the run's spine (truth and run do not match)")
+    return M.SparseHist(codes[rows], blocks["cell"].to_numpy(np.int64), blocks["count"].to_numpy(np.int64), n)
+
+
+def read_estimates(path: Path, level: str, nodes: pd.Index) -> M.SparseHist:
+    """A level's estimates (a Parquet file or folder of parts) as node numbers of ``nodes``, read a batch at a
+    time (only each row's node number, cell and count are kept)."""
+    if not path.exists():
+        raise EvaluationError(f"{path}: histograms of level {level} not found")
+    units, cells, counts = [], [], []
+    for batch in ds.dataset(path, format="parquet").to_batches(columns=["geocode", "cell", "count"]):
+        geocode = batch.column("geocode").to_pandas().astype(str)
+        rows = nodes.get_indexer(geocode)
+        if (rows < 0).any():
+            raise EvaluationError(f"{path}: geocode {geocode.iloc[np.flatnonzero(rows < 0)[0]]!r} is not a "
+                                  f"{level} node of the spine")
+        units.append(rows)
+        cells.append(batch.column("cell").to_numpy().astype(np.int64))
+        counts.append(batch.column("count").to_numpy().astype(np.int64))
+    empty = np.zeros(0, np.int64)
+    return M.SparseHist(np.concatenate(units) if units else empty, np.concatenate(cells) if cells else empty,
+                        np.concatenate(counts) if counts else empty, len(nodes))
+
+
+# -- one group of states (one Dask task each) ------------------------------------------------------------
 
 def _key(run: str, seed: Any, product: str, level: str, **more) -> dict:
     return {"run": run, "seed": None if seed is None else str(seed), "product": product, "level": level, **more}
 
 
-def _summary_row(qe: M.QueryErrors) -> dict:
-    med, mx = qe.abs_quantiles((0.5, 1.0))
-    row = {"n": qe.n_units, "n_answers": qe.n_answers, "mean_abs_error": qe.mean_abs_error,
-           "mean_abs_cell_error": float(qe.l1.sum() / (qe.n_units * qe.n_answers)) if qe.n_units else np.nan,
-           "median_abs_error": float(med), "max_abs_error": float(mx)}
-    row.update({M.quantile_column(q): float(v) for q, v in zip(M.QUANTILES, qe.signed_quantiles(M.QUANTILES))})
+def _summary_row(rs: M.ResidualSummary) -> dict:
+    med, mx = rs.abs_quantiles((0.5, 1.0))
+    row = {"n": rs.n_units, "n_answers": rs.n_answers, "mean_abs_error": rs.mean_abs_error,
+           "mean_abs_cell_error": rs.mean_abs_cell_error, "median_abs_error": float(med), "max_abs_error": float(mx)}
+    row.update({M.quantile_column(q): float(v) for q, v in zip(M.QUANTILES, rs.signed_quantiles(M.QUANTILES))})
     return row
 
 
-def _epl_row(qe: M.QueryErrors, opts: EvalOptions) -> dict:
-    res = M.empirical_privacy_loss(qe.values, qe.counts, factor=opts.epl_factor, min_count=opts.epl_min_count,
+def _epl_row(rs: M.ResidualSummary, opts: EvalOptions) -> dict:
+    res = M.empirical_privacy_loss(rs.values, rs.counts, factor=opts.epl_factor, min_count=opts.epl_min_count,
                                    n_boot=opts.epl_bootstrap)
-    return {"n": qe.n_units, "n_residuals": res.n_residuals, "status": res.status, "epl": res.epl, "epl_lo": res.lo,
+    return {"n": rs.n_units, "n_residuals": res.n_residuals, "status": res.status, "epl": res.epl, "epl_lo": res.lo,
             "epl_hi": res.hi, "bandwidth": res.bandwidth,
             "range_lo": float(res.x.min()) if res.x.size else None, "range_hi": float(res.x.max()) if res.x.size else None}
 
 
-def _level_metrics(run: str, seed: Any, spec: Product, level: str, true: M.SparseHist, est: M.SparseHist,
-                   queries: Sequence[str], opts: EvalOptions) -> tuple[list[dict], list[dict], dict[str, M.QueryErrors]]:
-    product, schema = spec.name, spec.schema
-    summary, epl, kept = [], [], {}
+@dataclass
+class LevelPart:
+    """A level's metrics at some of its geounits (a group's, or the root's), mergeable with :func:`_merge_levels`:
+    per query a :class:`~.metrics.ResidualSummary`; the TOTAL's :class:`~.metrics.ErrorStats` per true-population
+    bin and per homogeneity value; each populated geounit's name, Blau index and TOTAL error (quintiles are ranks
+    over the whole level); each replicate query's estimates by geounit."""
+
+    queries: dict[str, M.ResidualSummary]
+    bins: list[M.ErrorStats] | None = None
+    blau: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    homogeneity: dict[int, M.ErrorStats] | None = None
+    replicates: dict[str, pd.Series] = field(default_factory=dict)
+
+
+def _names(nodes: pd.Index) -> np.ndarray:
+    """Node names as a compact array that sorts as the names do (bytes when ASCII)."""
+    values = nodes.to_numpy().astype(str)
+    try:
+        return np.char.encode(values, "ascii") if values.size else values
+    except UnicodeEncodeError:
+        return values
+
+
+def _level_part(spec: Product, true: M.SparseHist, est: M.SparseHist, nodes: pd.Index, queries: Sequence[str],
+                edges: Sequence[int] | None, person_metrics: bool, replicate: set[str], rate: float = 1.0) -> LevelPart:
+    """The metrics of one level at the geounits ``nodes`` (``true``, ``est`` their histograms); ``edges``: the
+    TOTAL's bins (None: no per-geounit metrics, as for the sampling baselines)."""
+    part = LevelPart({})
+    err = true_total = None
     for name in queries:
-        qe = M.query_errors(true, est, build_query(schema, name), opts.dense_limit)
-        summary.append({**_key(run, seed, product, level, query=name), **_summary_row(qe)})
-        epl.append({**_key(run, seed, product, level, query=name), **_epl_row(qe, opts)})
-        if qe.true is not None:
-            kept[name] = qe
-    return summary, epl, kept
+        query = build_query(spec.schema, name)
+        dense = edges is not None and name == "total" or name in replicate
+        qe = M.query_errors(true, est, query, true.n_units * query.n_answers if dense else -1, rate=rate)
+        part.queries[name] = qe.summary()
+        if name in replicate:
+            idx = pd.MultiIndex.from_product([nodes, range(qe.n_answers)], names=["geocode", "answer"])
+            part.replicates[name] = pd.Series(qe.est.ravel(), index=idx)
+        if edges is not None and name == "total":
+            true_total, err = qe.true[:, 0], (qe.est - qe.true)[:, 0]
+    if edges is None:
+        return part
+    part.bins = M.bin_stats(true_total, err, edges)
+    if person_metrics:
+        blau_query = build_query(PERSONS, BLAU_QUERY)
+        blau = M.blau_index(M.query_errors(true, true, blau_query, true.n_units * blau_query.n_answers).true)
+        kept = ~np.isnan(blau)
+        part.blau = (_names(nodes)[kept], blau[kept], err[kept])
+        part.homogeneity = M.homogeneity_stats(M.homogeneity_index(M.nonzero_cells(true), PERSONS.ncells), err)
+    return part
 
 
-def evaluate_run(root: Path, label: str, truth: Truth, entities: pd.DataFrame | None, opts: EvalOptions) -> dict:
-    """All metrics of one run directory; returns frames keyed by output table, plus replicate estimates."""
-    view = RunView(root, label)
-    out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
-    replicates: dict[tuple[str, str, str], pd.Series] = {}
-    seed = view.seed
-    for spec in view.census.products:  # the truth is tabulated as the run's census's products
-        product = spec.name
-        if product not in view.manifest.products or product not in truth.blocks:
-            continue
-        person_metrics = spec == PERSONS_PRODUCT  # metrics defined on P.L. 94-171 person records (metrics.py)
-        extra = opts.sampling_queries if person_metrics else ()
-        asked = opts.queries.get(product, spec.evaluation_queries)
-        queries = list(dict.fromkeys(["total", *asked, *extra, *opts.replicate_queries]))
-        for level in view.levels:
-            true, est = view.truth_at(truth.blocks[product], level), view.estimate_at(product, level)
-            summary, epl, kept = _level_metrics(label, seed, spec, level, true, est, queries, opts)
-            eps_total, eps_query = view.theoretical_epsilon(product)
-            out["summary"] += summary
-            out["epl"] += [{**row, "epsilon_query": eps_query.get((level, row["query"])), "epsilon_total": eps_total}
-                           for row in epl]
-            total = kept["total"]
-            err = (total.est - total.true)[:, 0]
-            edges = M.BLOCK_BINS if level == view.levels[-1] else M.COUNTY_BINS
-            out["errors_by_bin"].append(M.errors_by_bin(total.true[:, 0], err, edges)
-                                        .assign(**_key(label, seed, product, level, query="total")))
-            for name in opts.replicate_queries:
-                if name in kept:
-                    qe = kept[name]
-                    idx = pd.MultiIndex.from_product([view.nodes[level], range(qe.n_answers)], names=["geocode", "answer"])
-                    replicates[(product, level, name)] = pd.Series(qe.est.ravel(), index=idx)
-            if not person_metrics:
-                continue
-            blau_true = M.query_errors(true, true, build_query(PERSONS, BLAU_QUERY), opts.dense_limit).true
-            out["blau"].append(M.blau_quintile_errors(M.blau_index(blau_true), err)
-                               .assign(**_key(label, seed, product, level)))
-            hom = M.homogeneity_index(M.nonzero_cells(true), PERSONS.ncells)
-            out["homogeneity"].append(M.bias_by_homogeneity(hom, err).assign(**_key(label, seed, product, level)))
-        if person_metrics and entities is not None:
-            out["entities"] += _entity_metrics(view, truth.blocks[product], entities, opts)
-    frames = {k: _frame(v) for k, v in out.items()}
-    return {"tables": frames, "replicates": replicates, "label": label, "seed": seed}
+def _merge_levels(parts: list[LevelPart]) -> LevelPart:
+    """The metrics of a level from those of its groups (exact: counts and exact sums add, distributions merge)."""
+    queries = {name: M.ResidualSummary.merge([p.queries[name] for p in parts]) for name in parts[0].queries}
+    out = LevelPart(queries)
+    if parts[0].bins is not None:
+        out.bins = [M.ErrorStats.merge([p.bins[b] for p in parts]) for b in range(len(parts[0].bins))]
+    if parts[0].blau is not None:
+        names, blau, err = (np.concatenate([p.blau[i] for p in parts]) for i in range(3))
+        order = np.argsort(names, kind="stable")  # the level's node order (nodes are numbered in sorted order)
+        out.blau = (names[order], blau[order], err[order])
+        keys = sorted({k for p in parts for k in p.homogeneity})
+        out.homogeneity = {k: M.ErrorStats.merge([p.homogeneity[k] for p in parts if k in p.homogeneity])
+                           for k in keys}
+    for name in parts[0].replicates:
+        out.replicates[name] = pd.concat([p.replicates[name] for p in parts]).sort_index()
+    return out
+
+
+@dataclass
+class RunPlan:
+    """What a group's task evaluates of one run: its label, seed, spine levels and per product the queries,
+    whether the P.L. 94-171 person metrics apply and the replicate queries kept (dense arrays small enough)."""
+
+    label: str
+    seed: Any
+    levels: list[str]
+    products: dict[str, tuple[Product, list[str], bool, dict[str, set[str]]]]
+    root_nodes: pd.Index  # the root level's nodes (read whole)
+
+
+@dataclass
+class SamplePlan:
+    """The simple random samples: per (rate, replicate) the persons drawn from each state (key of the groups)."""
+
+    draws: dict[tuple[float, int], np.ndarray]
+    keys: np.ndarray
+    seed: int
+
+
+def _group_nodes(spine: pd.DataFrame, level: str) -> tuple[pd.Index, np.ndarray]:
+    codes, nodes = pd.factorize(spine[level], sort=True)
+    return pd.Index(np.asarray(nodes, dtype=object).astype(str)), codes.astype(np.int64)
+
+
+def _group_truth(tmp: Path, product: str, g: int) -> pd.DataFrame:
+    """Group ``g``'s true block histograms of ``product`` (a block read by two tasks adds up), sorted."""
+    return _summed([group_rows(tmp / "truth" / product, g, {"geocode": "str", "cell": "int64", "count": "int64"})])
+
+
+def _root_rows(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, root: Path) -> pd.DataFrame:
+    """Block rows summed per (root node, cell): a group's share of the root level's histogram."""
+    hist = _rolled_up(blocks, geoids, codes, 0, root)
+    return (pd.DataFrame({"unit": hist.unit, "cell": hist.cell, "count": hist.count})
+            .groupby(["unit", "cell"], as_index=False)["count"].sum())
+
+
+def _sample(blocks: pd.DataFrame, keys: np.ndarray, draws: np.ndarray, seed: tuple[int, ...]) -> np.ndarray:
+    """Persons drawn without replacement from each state's block histograms (``draws[k]`` of state ``keys[k]``):
+    the sampled count of each row. A state's draw depends on the seed and the state only, not on its group."""
+    state = np.searchsorted(keys, blocks["geocode"].str[:PREFIX[STATE]].to_numpy().astype(str))
+    counts = blocks["count"].to_numpy(np.int64)
+    out = np.zeros(len(blocks), np.int64)
+    for k in np.unique(state):
+        rows = np.flatnonzero(state == k)
+        rng = np.random.default_rng((*seed, int(k)))
+        out[rows] = rng.multivariate_hypergeometric(counts[rows], int(draws[k]), method="marginals")
+    return out
+
+
+def evaluate_group(g: int, tmp: Path, runs: list[tuple[Path, RunPlan]], sampling: SamplePlan | None,
+                   entity_kinds: int, opts: EvalOptions) -> dict:
+    """Every metric's share of group ``g`` of states: per run, product and level below the root a
+    :class:`LevelPart`; the group's rows of each root histogram; the sampling baselines; the entities' sums."""
+    out: dict[str, dict] = {"runs": {}, "root_truth": {}, "srs": {}, "srs_root": {}, "entities": {}}
+    truth: dict[str, pd.DataFrame] = {}
+    for i, (root, plan) in enumerate(runs):
+        spine = group_rows(tmp / "spine" / str(i), g, {c: "str" for c in ["geoid", *plan.levels]}).astype(str)
+        geoids = pd.Index(spine["geoid"])
+        top, below = plan.levels[0], plan.levels[1:]
+        nodes = {level: _group_nodes(spine, level) for level in below}
+        root_codes = plan.root_nodes.get_indexer(spine[top])
+        for product, (spec, queries, person_metrics, replicate) in plan.products.items():
+            if product not in truth:
+                truth[product] = _group_truth(tmp, product, g)
+            blocks = truth[product]
+            out["root_truth"][(i, product)] = _root_rows(blocks, geoids, root_codes, root)
+            for level in below:
+                names, codes = nodes[level]
+                est_rows = group_rows(tmp / "est" / str(i) / product / level, g,
+                                      {"geocode": "str", "cell": "int64", "count": "int64"})
+                est = _group_estimates(est_rows, names, level, root / "histograms" / product / f"level={level}")
+                true = _rolled_up(blocks, geoids, codes, len(names), root)
+                edges = M.BLOCK_BINS if level == plan.levels[-1] else M.COUNTY_BINS
+                out["runs"][(i, product, level)] = _level_part(spec, true, est, names, queries, edges,
+                                                             person_metrics, replicate[level])
+                if level == plan.levels[-1] and person_metrics and entity_kinds:
+                    out["entities"][i] = _entity_sums(tmp, g, blocks, spine, level, est, entity_kinds, root)
+        if i == 0 and sampling is not None:
+            blocks = truth[PERSONS.name]
+            for (rate, rep), draws in sampling.draws.items():
+                sampled = blocks.assign(count=_sample(blocks, sampling.keys, draws,
+                                                      (sampling.seed, int(round(rate * 10000)), rep)))
+                out["srs_root"][(rate, rep)] = _root_rows(sampled, geoids, root_codes, root)
+                for level in below:
+                    names, codes = nodes[level]
+                    true, est = (_rolled_up(b, geoids, codes, len(names), root) for b in (blocks, sampled))
+                    out["srs"][(rate, rep, level)] = _level_part(PERSONS_PRODUCT, true, est, names,
+                                                                 opts.sampling_queries, None, False, set(), rate)
+    return out
+
+
+def _group_estimates(rows: pd.DataFrame, nodes: pd.Index, level: str, path: Path) -> M.SparseHist:
+    """A group's estimate rows of ``level`` as node numbers of its ``nodes``."""
+    geocode = rows["geocode"].astype(str)
+    units = nodes.get_indexer(geocode)
+    if (units < 0).any():
+        raise EvaluationError(f"{path}: geocode {geocode.iloc[np.flatnonzero(units < 0)[0]]!r} is not a "
+                              f"{level} node of the spine")
+    return M.SparseHist(units.astype(np.int64), rows["cell"].to_numpy(np.int64), rows["count"].to_numpy(np.int64),
+                        len(nodes))
+
+
+#: The off-spine entity queries: TOTAL and the largest-group share's.
+ENTITY_QUERIES = ("total", SHARE_QUERY)
+
+
+def _entity_sums(tmp: Path, g: int, blocks: pd.DataFrame, spine: pd.DataFrame, leaf: str, est: M.SparseHist,
+                 kinds: int, root: Path) -> dict:
+    """Per entity kind and query, the group's sparse answer sums (keys entity x answer) of the truth and of the
+    estimates (exact integer sums: the groups' add up to the entities' whole)."""
+    leaf_nodes, leaf_codes = _group_nodes(spine, leaf)
+    if len(leaf_nodes) != len(spine):
+        raise EvaluationError(f"{root / 'spine.parquet'}: {leaf} nodes are not one per block GEOID")
+    leaf_geoid = np.empty(len(spine), dtype=object)
+    leaf_geoid[leaf_codes] = spine["geoid"].to_numpy()
+    table = group_rows(tmp / "entities", g, {"geoid": "str", "kind": "int64", "entity": "int64"})
+    out = {}
+    for kind in range(kinds):
+        rows = table[table["kind"] == kind]
+        where = pd.Index(rows["geoid"].astype(str))
+        t_rows, e_rows = where.get_indexer(blocks["geocode"]), where.get_indexer(pd.Index(leaf_geoid[est.unit].astype(str)))
+        t_sel, e_sel = t_rows >= 0, e_rows >= 0
+        entity = rows["entity"].to_numpy(np.int64)
+        true = M.SparseHist(entity[t_rows[t_sel]], blocks["cell"].to_numpy(np.int64)[t_sel],
+                            blocks["count"].to_numpy(np.int64)[t_sel], 0)
+        esth = M.SparseHist(entity[e_rows[e_sel]], est.cell[e_sel], est.count[e_sel], 0)
+        out[kind] = {name: (M.answer_totals(true, build_query(PERSONS, name)),
+                            M.answer_totals(esth, build_query(PERSONS, name))) for name in ENTITY_QUERIES}
+    return out
+
+
+def _entity_tables(label: str, seed: Any, parts: list[dict], kinds: list[tuple[str, int]], opts: EvalOptions
+                   ) -> list[pd.DataFrame]:
+    """The entity metrics of one run from its groups' answer sums (``kinds``: name and number of entities)."""
+    frames = []
+    for k, (kind, n) in enumerate(kinds):
+        dense = {}
+        for name in ENTITY_QUERIES:
+            a = build_query(PERSONS, name).n_answers
+            pair = []
+            for side in (0, 1):
+                keys = np.concatenate([p[k][name][side][0] for p in parts]) if parts else np.zeros(0, np.int64)
+                sums = np.concatenate([p[k][name][side][1] for p in parts]) if parts else np.zeros(0)
+                values = np.zeros(n * a)
+                np.add.at(values, keys, sums)
+                pair.append(values.reshape(n, a))
+            dense[name] = pair
+        (tt, te), (st, se) = dense["total"], dense[SHARE_QUERY]
+        frame = M.entity_metrics(tt[:, 0], (te - tt)[:, 0], M.largest_share_error(se, st), opts.entity_bins)
+        frames.append(frame.assign(run=label, seed=None if seed is None else str(seed), entity_type=kind,
+                                   query="total"))
+    return frames
+
+
+def _level_rows(label: str, seed: Any, spec: Product, level: str, part: LevelPart, edges: Sequence[int],
+                eps: tuple[float | None, dict], opts: EvalOptions, out: dict[str, list]) -> None:
+    """A merged level's rows of every table of one run and product (appended to ``out``)."""
+    product = spec.name
+    for name, rs in part.queries.items():
+        out["summary"].append({**_key(label, seed, product, level, query=name), **_summary_row(rs)})
+        out["epl"].append({**_key(label, seed, product, level, query=name), **_epl_row(rs, opts),
+                           "epsilon_query": eps[1].get((level, name)), "epsilon_total": eps[0]})
+    out["errors_by_bin"].append(M.bin_rows(part.bins, edges).assign(**_key(label, seed, product, level, query="total")))
+    if part.blau is not None:
+        out["blau"].append(M.blau_quintile_errors(part.blau[1], part.blau[2]).assign(**_key(label, seed, product, level)))
+        out["homogeneity"].append(M.homogeneity_rows(part.homogeneity).assign(**_key(label, seed, product, level)))
 
 
 def _frame(parts: list) -> pd.DataFrame:
@@ -356,51 +553,138 @@ def _frame(parts: list) -> pd.DataFrame:
     return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
-def _entity_metrics(view: RunView, blocks: pd.DataFrame, entities: pd.DataFrame, opts: EvalOptions) -> list[pd.DataFrame]:
-    leaf = view.levels[-1]
-    est = view.estimate_at(PERSONS.name, leaf)
-    est_geoid = view.block_geoids()[est.unit]
-    frames = []
-    for kind, table in entities.groupby("entity_type", sort=True):
-        codes, names = pd.factorize(table["entity"], sort=True)
-        where = pd.Index(table["geoid"])
-        t_rows = where.get_indexer(blocks["geocode"])
-        e_rows = where.get_indexer(pd.Index(est_geoid.astype(str)))
-        t_sel, e_sel = t_rows >= 0, e_rows >= 0
-        n = len(names)
-        true = M.SparseHist(codes[t_rows[t_sel]], blocks["cell"].to_numpy(np.int64)[t_sel],
-                            blocks["count"].to_numpy(np.int64)[t_sel], n)
-        esth = M.SparseHist(codes[e_rows[e_sel]], est.cell[e_sel], est.count[e_sel], n)
-        tot = M.query_errors(true, esth, build_query(PERSONS, "total"), opts.dense_limit)
-        share = M.query_errors(true, esth, build_query(PERSONS, SHARE_QUERY), opts.dense_limit)
-        frame = M.entity_metrics(tot.true[:, 0], (tot.est - tot.true)[:, 0],
-                                 M.largest_share_error(share.est, share.true), opts.entity_bins)
-        frames.append(frame.assign(run=view.label, seed=None if view.seed is None else str(view.seed),
-                                   entity_type=kind, query="total"))
-    return frames
+def _sum_rows(frames: list[pd.DataFrame], n: int) -> M.SparseHist:
+    """The groups' rows of a root histogram (unit, cell, count) summed into one."""
+    rows = pd.concat(frames, ignore_index=True).groupby(["unit", "cell"], as_index=False, sort=True)["count"].sum()
+    return M.SparseHist(rows["unit"].to_numpy(np.int64), rows["cell"].to_numpy(np.int64),
+                        rows["count"].to_numpy(np.int64), n)
 
 
-# -- simple random sampling baselines (one Dask task per rate and replicate) -----------------------------
+def _plan(head: RunHead, groups: _Groups, truth_names: set[str], n_runs: int, opts: EvalOptions) -> RunPlan:
+    """What is evaluated of one run (:class:`RunPlan`); ``groups`` its spine's groups."""
+    products = {}
+    sizes = {level: len(pc.unique(groups.spine.column(level).cast(pa.large_string()))) for level in head.levels}
+    for spec in head.census.products:  # the truth is tabulated as the run's census's products
+        if spec.name not in head.manifest.products or spec.name not in truth_names:
+            continue
+        person_metrics = spec == PERSONS_PRODUCT  # metrics defined on P.L. 94-171 person records (metrics.py)
+        extra = opts.sampling_queries if person_metrics else ()
+        asked = opts.queries.get(spec.name, spec.evaluation_queries)
+        queries = list(dict.fromkeys(["total", *asked, *extra, *opts.replicate_queries]))
+        replicate = {level: {q for q in opts.replicate_queries if q in queries and n_runs > 1
+                             and sizes[level] * build_query(spec.schema, q).n_answers <= opts.dense_limit}
+                     for level in head.levels}
+        products[spec.name] = (spec, queries, person_metrics, replicate)
+    root = groups.spine.column(head.levels[0]).cast(pa.large_string())
+    return RunPlan(head.label, head.seed, head.levels, products, pd.Index(sorted(pc.unique(root).to_pylist())))
 
-def sampling_replicate(root: Path, truth: Truth, rate: float, replicate: int, opts: EvalOptions) -> dict:
-    """Error and EPL of a simple random sample of persons (without replacement) scaled by 1 / rate, on the
-    first run's spine. Generator seed: (sampling_seed, round(rate x 10000), replicate)."""
-    view = RunView(root, "srs")
-    persons = truth.persons
-    seed = (opts.sampling_seed, int(round(rate * 10000)), replicate)
-    sample = persons.iloc[M.simple_random_sample(len(persons), rate, seed)]
-    blocks = block_histograms(sample)
-    scaled = blocks.assign(count=blocks["count"].to_numpy(float) / rate)
+
+def _evaluate_grouped(heads: list[RunHead], truth: Path, entities: pd.DataFrame | None, tmp: Path, client,
+                      opts: EvalOptions) -> tuple[dict[str, pd.DataFrame], list[dict]]:
+    """Every table of the evaluation, computed one group of states at a time (module :mod:`.grouped`)."""
+    import dask
+
+    first = heads[0]
+    census = first.census if read_as_declared(first.census) else None
+    files = find_input(truth, census)  # FileNotFoundError naming what is missing
+    truth_names = {p.name for p in truth_products(census)}
+    reader = first.reader
+    records = _records(reader, reader.products(), first.levels[1])
+    plans, groups0 = [], None
+    for i, head in enumerate(heads):
+        groups = _Groups(head.reader.spine_path, head.levels, head.reader.hierarchy().us, records)
+        if groups0 is None:
+            groups0 = router(groups)
+        elif groups.count != groups0.count or not all(np.array_equal(a, b) for a, b in
+                                                     zip(groups.runs["key"], groups0.runs["key"])):
+            raise EvaluationError(f"{head.root / 'spine.parquet'}: its blocks do not group into states as those of "
+                                  f"{first.root} do (evaluate runs of one input together)")
+        plan = _plan(head, groups, truth_names, len(heads), opts)
+        plans.append(plan)
+        route_spine(groups, tmp / "spine" / str(i))
+        for product in plan.products:
+            for level in head.levels[1:]:
+                path = head.reader.histograms(product, level)
+                if not path.exists():
+                    raise EvaluationError(f"{path}: histograms of level {level} not found")
+                route_level(groups, path, tmp / "est" / str(i) / product / level, level)
+        if i == 0 and entities is not None:
+            kinds, rows = [], []
+            for kind, table in entities.groupby("entity_type", sort=True):
+                codes, names = pd.factorize(table["entity"], sort=True)
+                kinds.append((kind, len(names)))
+                rows.append(pd.DataFrame({"geoid": table["geoid"].to_numpy(), "kind": len(kinds) - 1,
+                                          "entity": codes.astype(np.int64)}))
+            route_entities(groups, pd.concat(rows, ignore_index=True), tmp / "entities")
+        del groups
+    kinds = kinds if entities is not None else []
+    routed = [dask.delayed(route_truth)(path, rgs, prods, census, groups0, tmp / "truth", k)
+              for k, (path, rgs, prods) in enumerate(truth_tasks(files, census))]
+    totals = compute(routed, client, "tabulate the truth by group of states")
+    sampling = None
+    if census is None and PERSONS.name in plans[0].products:  # SRS samples P.L. 94-171 persons
+        per_key = np.sum([t[PERSONS.name] for t in totals if PERSONS.name in t], axis=0).astype(np.int64)
+        draws = {}
+        for rate in opts.sampling_rates:
+            if not 0 < rate <= 1:
+                raise ValueError(f"sampling rate {rate} is not in (0, 1]")
+            size = int(round(rate * int(per_key.sum())))
+            for rep in range(opts.sampling_replicates):
+                rng = np.random.default_rng((opts.sampling_seed, int(round(rate * 10000)), rep))
+                draws[(rate, rep)] = rng.multivariate_hypergeometric(per_key, size, method="marginals")
+        sampling = SamplePlan(draws, groups0.runs["key"][0], opts.sampling_seed)
+    tasks = [dask.delayed(evaluate_group)(g, tmp, list(zip([h.root for h in heads], plans)), sampling, len(kinds), opts)
+             for g in range(groups0.count)]
+    parts = compute(tasks, client, "evaluate groups of states")
+    return _merged_tables(heads, plans, parts, sampling, kinds, opts)
+
+
+def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict], sampling: SamplePlan | None,
+                   kinds: list[tuple[str, int]], opts: EvalOptions) -> tuple[dict[str, pd.DataFrame], list[dict]]:
+    """The tables from the groups' parts; the root level from the groups' root rows and the root estimates."""
+    out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
+    run_results = []
+    for i, (head, plan) in enumerate(zip(heads, plans)):
+        replicates: dict[tuple[str, str, str], pd.Series] = {}
+        top = plan.levels[0]
+        for product, (spec, queries, person_metrics, replicate) in plan.products.items():
+            eps = head.theoretical_epsilon(product)
+            for level in plan.levels:
+                edges = M.BLOCK_BINS if level == plan.levels[-1] else M.COUNTY_BINS
+                if level == top:
+                    true = _sum_rows([p["root_truth"][(i, product)] for p in parts], len(plan.root_nodes))
+                    est = read_estimates(head.reader.histograms(product, top), top, plan.root_nodes)
+                    part = _level_part(spec, true, est, plan.root_nodes, queries, edges, person_metrics,
+                                       replicate[top])
+                else:
+                    part = _merge_levels([p["runs"][(i, product, level)] for p in parts])
+                _level_rows(plan.label, plan.seed, spec, level, part, edges, eps, opts, out)
+                replicates.update({(product, level, name): s for name, s in part.replicates.items()})
+            if person_metrics and kinds:
+                out["entities"] += _entity_tables(plan.label, plan.seed, [p["entities"][i] for p in parts], kinds, opts)
+        run_results.append({"replicates": replicates, "label": plan.label})
+    tables = {k: _frame(v) for k, v in out.items()}
     rows = []
-    for level in view.levels:
-        true, est = view.truth_at(truth.blocks[PERSONS.name], level), view.truth_at(scaled, level)
-        summary, epl, _ = _level_metrics("srs", None, PERSONS_PRODUCT, level, true, est, opts.sampling_queries, opts)
-        for s, e in zip(summary, epl):
-            rows.append({"rate": rate, "replicate": replicate, "sampling_seed": opts.sampling_seed,
-                         "level": level, "query": s["query"], "n": s["n"], "mean_abs_error": s["mean_abs_error"],
-                         "median_abs_error": s["median_abs_error"], "mean_abs_cell_error": s["mean_abs_cell_error"],
-                         "status": e["status"], "epl": e["epl"], "epl_lo": e["epl_lo"], "epl_hi": e["epl_hi"]})
-    return {"sampling": pd.DataFrame(rows)}
+    if sampling is not None:
+        plan = plans[0]
+        true_root = _sum_rows([p["root_truth"][(0, PERSONS.name)] for p in parts], len(plan.root_nodes))
+        for (rate, rep) in sampling.draws:
+            for level in plan.levels:
+                if level == plan.levels[0]:
+                    est = _sum_rows([p["srs_root"][(rate, rep)] for p in parts], len(plan.root_nodes))
+                    part = _level_part(PERSONS_PRODUCT, true_root, est, plan.root_nodes, opts.sampling_queries, None,
+                                       False, set(), rate)
+                else:
+                    part = _merge_levels([p["srs"][(rate, rep, level)] for p in parts])
+                for name, rs in part.queries.items():
+                    s, e = _summary_row(rs), _epl_row(rs, opts)
+                    rows.append({"rate": rate, "replicate": rep, "sampling_seed": opts.sampling_seed, "level": level,
+                                 "query": name, "n": s["n"], "mean_abs_error": s["mean_abs_error"],
+                                 "median_abs_error": s["median_abs_error"],
+                                 "mean_abs_cell_error": s["mean_abs_cell_error"], "status": e["status"],
+                                 "epl": e["epl"], "epl_lo": e["epl_lo"], "epl_hi": e["epl_hi"]})
+    tables["sampling"] = _frame([pd.DataFrame(rows)] if rows else [])
+    return tables, run_results
 
 
 # -- replicates ------------------------------------------------------------------------------------------
@@ -462,42 +746,40 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     report.html to ``out`` (default: ``<first run>/evaluation-CONFIDENTIAL``). Returns the output directory.
     ``audit``: the output directory of ``topdown audit``, whose bounds the report shows beside the EPL.
 
-    All runs and sampling replicates form one Dask job, computed on ``client`` if given, else locally on
-    threads. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
+    The truth's read tasks, then one task per group of states (all runs and sampling replicates), are computed
+    on ``client`` if given, else locally on threads; the groups' rows lie meanwhile in a private folder inside
+    ``out`` (:data:`.grouped.SPILL_DIR`, room for a copy of the runs' histograms and the tabulated truth),
+    removed at the end. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
     """
-    import dask
-
     opts = options or EvalOptions()
     runs = [Path(r) for r in run_dirs]
     if not runs:
         raise EvaluationError("evaluate needs at least one run directory")
     labels = _labels(runs)
-    views = [RunView(r, "check") for r in runs]  # fail fast, naming the offending directory
+    heads = [RunHead(r, lab) for r, lab in zip(runs, labels)]  # fail fast, naming the offending directory
     out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
                     lambda p: (p / "summary.parquet").is_file())
-    truth_d = dask.delayed(load_truth)(Path(truth), views[0].census)
-    ent_d = (entities_on_spine(load_entities(Path(entities)), views[0].geoid_index, Path(entities))
-             if entities is not None else None)
-    tasks = [dask.delayed(evaluate_run)(r, lab, truth_d, ent_d, opts) for r, lab in zip(runs, labels)]
-    if not read_as_declared(views[0].census) and PERSONS.name in views[0].manifest.products:  # SRS samples P.L. 94-171 persons
-        tasks += [dask.delayed(sampling_replicate)(runs[0], truth_d, rate, rep, opts)
-                  for rate in opts.sampling_rates for rep in range(opts.sampling_replicates)]
-    results = compute(tasks, client, "evaluate runs and samples")  # on local threads without a client
-    run_results = results[:len(runs)]
-    tables: dict[str, pd.DataFrame] = {}
-    for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl"):
-        tables[name] = _frame([r["tables"][name] for r in run_results if not r["tables"][name].empty])
-    tables["sampling"] = _frame([r["sampling"] for r in results[len(runs):]])
-    tables["replicates"] = replicate_spread(run_results)  # protected estimates only: nothing to suppress
-    if opts.suppress:
-        for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl", "sampling"):
-            tables[name] = suppress_small(tables[name])
-    if audit is not None:
-        tables["audit"] = load_audit(Path(audit))
+    ent = None
+    if entities is not None:
+        spine = pq.read_table(heads[0].reader.spine_path, columns=["geoid"]).column("geoid")
+        ent = entities_on_spine(load_entities(Path(entities)), pd.Index(spine.to_pandas(types_mapper=pd.ArrowDtype)),
+                                Path(entities))
     from .eval_report import write_report
 
     with removed_on_failure(out) if not out.exists() else nullcontext():  # a new folder: complete or absent
         private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
+        tmp = out / SPILL_DIR
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tables, run_results = _evaluate_grouped(heads, Path(truth), ent, private_dir(tmp), client, opts)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        tables["replicates"] = replicate_spread(run_results)  # protected estimates only: nothing to suppress
+        if opts.suppress:
+            for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl", "sampling"):
+                tables[name] = suppress_small(tables[name])
+        if audit is not None:
+            tables["audit"] = load_audit(Path(audit))
         for name, frame in tables.items():
             write_table(frame, out / f"{name}.parquet")
         extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None

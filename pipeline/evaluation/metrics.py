@@ -85,14 +85,7 @@ def assign_bins(true: np.ndarray, edges: Sequence[int]) -> np.ndarray:
 
 def error_summary(err: np.ndarray, true: np.ndarray | None = None, qs: Sequence[float] = QUANTILES) -> dict:
     """n, mean |error|, mean signed error, mean relative |error| (|error| / max(1, true)) and signed quantiles."""
-    err = np.asarray(err, dtype=float)
-    row = {"n": int(err.size), "mean_abs_error": float(np.abs(err).mean()) if err.size else np.nan,
-           "mean_signed_error": float(err.mean()) if err.size else np.nan}
-    if true is not None:
-        rel = np.abs(err) / np.maximum(1.0, np.asarray(true, dtype=float))
-        row["mean_rel_abs_error"] = float(rel.mean()) if err.size else np.nan
-    row.update({quantile_column(q): v for q, v in zip(qs, weighted_quantiles(err, None, qs))})
-    return row
+    return ErrorStats.of(err, true).row(qs)
 
 
 def quantile_column(q: float) -> str:
@@ -105,14 +98,148 @@ def errors_by_bin(true: np.ndarray, err: np.ndarray, edges: Sequence[int], qs: S
 
     One row per bin (all bins, empty ones with n = 0) and a final row ``bin = "all"``.
     """
+    return bin_rows(bin_stats(true, err, edges), edges, qs)
+
+
+def bin_stats(true: np.ndarray, err: np.ndarray, edges: Sequence[int]) -> list[ErrorStats]:
+    """:class:`ErrorStats` of the geounits of each true-count bin (merge lists of groups with
+    :meth:`ErrorStats.merge`, bin by bin; :func:`bin_rows` makes the table)."""
     true, err = np.asarray(true), np.asarray(err, dtype=float)
     idx = assign_bins(true, edges)
-    rows = []
-    for b, label in enumerate(bin_labels(edges)):
-        sel = idx == b
-        rows.append({"bin": label, **error_summary(err[sel], true[sel], qs)})
-    rows.append({"bin": "all", **error_summary(err, true, qs)})
+    return [ErrorStats.of(err[idx == b], true[idx == b]) for b in range(len(edges))]
+
+
+def bin_rows(stats: list[ErrorStats], edges: Sequence[int], qs: Sequence[float] = QUANTILES) -> pd.DataFrame:
+    """The table of :func:`errors_by_bin` from its bins' :class:`ErrorStats` (the row "all" is their merge)."""
+    rows = [{"bin": label, **s.row(qs)} for label, s in zip(bin_labels(edges), stats)]
+    rows.append({"bin": "all", **ErrorStats.merge(stats).row(qs)})
     return pd.DataFrame(rows)
+
+
+# -- mergeable summaries: a level evaluated group by group (issue 30 item 4) ----------------------------
+
+class ExactSum:
+    """The exact sum of float64 values, added an array at a time in any order, so that a level's sums do not
+    depend on how its geounits were split into groups. Held as an integer multiple of 2**-:data:`SHIFT`
+    (every finite float64 is one). :meth:`mean` is the correctly rounded mean: for whole numbers (TopDown's
+    errors, whose float sums are exact) it is what ``np.mean`` gives."""
+
+    SHIFT = 1127  # 53 mantissa bits + 1074: the smallest float64 step
+
+    __slots__ = ("scaled",)
+
+    def __init__(self, scaled: int = 0):
+        self.scaled = scaled
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "ExactSum":
+        v = np.asarray(values, dtype=float).ravel()
+        v = v[v != 0]
+        if not v.size:
+            return cls()
+        if not np.isfinite(v).all():
+            raise ValueError("ExactSum: a value is not finite")
+        m, e = np.frexp(v)
+        mant = (m * 2.0**53).astype(np.int64)  # v = mant * 2**(e - 53), |mant| < 2**53
+        exps, inv = np.unique(e, return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        starts = np.r_[0, np.flatnonzero(np.diff(inv[order])) + 1]
+        hi = np.add.reduceat(mant[order] >> 26, starts)  # two 27-bit halves: int64 sums of up to 2**36 values
+        lo = np.add.reduceat(mant[order] & ((1 << 26) - 1), starts)
+        total = 0
+        for x, h, l in zip(exps.tolist(), hi.tolist(), lo.tolist()):
+            total += ((h << 26) + l) << (x - 53 + cls.SHIFT)
+        return cls(total)
+
+    def __add__(self, other: "ExactSum") -> "ExactSum":
+        return ExactSum(self.scaled + other.scaled)
+
+    def value(self) -> float:
+        return self.scaled / (1 << self.SHIFT)
+
+    def mean(self, n: int) -> float:
+        """The sum divided by ``n``, correctly rounded (NaN for n = 0)."""
+        return self.scaled / (n << self.SHIFT) if n else float("nan")
+
+
+def merge_counts(values: Sequence[np.ndarray], counts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Distributions given as distinct values and their counts, merged: sorted distinct values, summed counts."""
+    if not len(values):
+        return np.zeros(0), np.zeros(0, np.int64)
+    merged, inv = np.unique(np.concatenate([np.asarray(v, dtype=float) for v in values]), return_inverse=True)
+    summed = np.zeros(merged.size, np.int64)
+    np.add.at(summed, inv, np.concatenate([np.asarray(c, dtype=np.int64) for c in counts]))
+    return merged, summed
+
+
+@dataclass
+class ErrorStats:
+    """Errors of one answer per geounit over some geounits, as :func:`error_summary` reports them and mergeable
+    group by group: n, exact sums of error, |error| and |error| / max(1, true), and the distinct errors with
+    their counts (the quantiles of the merge are those of all errors: inverted CDF, observed values)."""
+
+    n: int
+    err: ExactSum
+    abs: ExactSum
+    rel: ExactSum | None
+    values: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, err: np.ndarray, true: np.ndarray | None = None) -> "ErrorStats":
+        err = np.asarray(err, dtype=float)
+        rel = None if true is None else ExactSum.of(np.abs(err) / np.maximum(1.0, np.asarray(true, dtype=float)))
+        values, counts = np.unique(err, return_counts=True)
+        return cls(int(err.size), ExactSum.of(err), ExactSum.of(np.abs(err)), rel, values, counts.astype(np.int64))
+
+    @classmethod
+    def merge(cls, parts: Sequence["ErrorStats"]) -> "ErrorStats":
+        rels = [p.rel for p in parts]
+        rel = None if not parts or any(r is None for r in rels) else sum(rels, ExactSum())
+        values, counts = merge_counts([p.values for p in parts], [p.counts for p in parts])
+        return cls(sum(p.n for p in parts), sum((p.err for p in parts), ExactSum()),
+                   sum((p.abs for p in parts), ExactSum()), rel, values, counts)
+
+    def row(self, qs: Sequence[float] = QUANTILES) -> dict:
+        row = {"n": self.n, "mean_abs_error": self.abs.mean(self.n), "mean_signed_error": self.err.mean(self.n)}
+        if self.rel is not None:
+            row["mean_rel_abs_error"] = self.rel.mean(self.n)
+        row.update({quantile_column(q): v for q, v in zip(qs, weighted_quantiles(self.values, self.counts, qs))})
+        return row
+
+
+@dataclass
+class ResidualSummary:
+    """A query's errors at some geounits, mergeable group by group: geounits, answers per geounit, the exact
+    sum of the geounits' L1 errors and the distribution of all their residuals (zeros included)."""
+
+    n_units: int
+    n_answers: int
+    l1: ExactSum
+    values: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def merge(cls, parts: Sequence["ResidualSummary"]) -> "ResidualSummary":
+        values, counts = merge_counts([p.values for p in parts], [p.counts for p in parts])
+        return cls(sum(p.n_units for p in parts), parts[0].n_answers, sum((p.l1 for p in parts), ExactSum()),
+                   values, counts)
+
+    @property
+    def mean_abs_error(self) -> float:
+        """Average over geounits of the query's L1 error (paper Tables 9-10)."""
+        return self.l1.mean(self.n_units)
+
+    @property
+    def mean_abs_cell_error(self) -> float:
+        return self.l1.mean(self.n_units * self.n_answers)
+
+    def abs_quantiles(self, qs: Sequence[float]) -> np.ndarray:
+        """Quantiles of |residual| over all answers of all geounits."""
+        return weighted_quantiles(np.abs(self.values), self.counts, qs)
+
+    def signed_quantiles(self, qs: Sequence[float]) -> np.ndarray:
+        return weighted_quantiles(self.values, self.counts, qs)
 
 
 # -- sparse query errors -----------------------------------------------------------------------------
@@ -156,6 +283,10 @@ class QueryErrors:
     def signed_quantiles(self, qs: Sequence[float]) -> np.ndarray:
         return weighted_quantiles(self.values, self.counts, qs)
 
+    def summary(self) -> ResidualSummary:
+        """The mergeable summary of these errors (:class:`ResidualSummary`)."""
+        return ResidualSummary(self.n_units, self.n_answers, ExactSum.of(self.l1), self.values, self.counts)
+
 
 def answer_totals(hist: SparseHist, query: Query) -> tuple[np.ndarray, np.ndarray]:
     """Sparse query answers: sorted keys ``unit * n_answers + answer`` and their sums (zeros dropped)."""
@@ -168,13 +299,16 @@ def answer_totals(hist: SparseHist, query: Query) -> tuple[np.ndarray, np.ndarra
     return uniq[nz], sums[nz]
 
 
-def query_errors(true: SparseHist, est: SparseHist, query: Query, dense_limit: int = 20_000_000) -> QueryErrors:
-    """Errors ``est - true`` of ``query`` at every geounit, computed sparsely (zero answers never built)."""
+def query_errors(true: SparseHist, est: SparseHist, query: Query, dense_limit: int = 20_000_000, rate: float = 1.0
+                 ) -> QueryErrors:
+    """Errors ``est - true`` of ``query`` at every geounit, computed sparsely (zero answers never built); the
+    estimate's answers are divided by ``rate`` (a sample's counts scaled up)."""
     if true.n_units != est.n_units:
         raise ValueError(f"query {query.name!r}: truth has {true.n_units} geounits, estimate {est.n_units}")
     n, a = true.n_units, query.n_answers
     kt, vt = answer_totals(true, query)
     ke, ve = answer_totals(est, query)
+    ve = ve / rate if rate != 1 else ve
     keys, inv = np.unique(np.concatenate([kt, ke]), return_inverse=True)
     err = np.bincount(inv, weights=np.concatenate([-vt, ve]), minlength=keys.size)
     l1 = np.bincount(keys // a, weights=np.abs(err), minlength=n) if keys.size else np.zeros(n)
@@ -247,10 +381,25 @@ def homogeneity_index(nonzero: np.ndarray, ncells: int) -> np.ndarray:
 
 def bias_by_homogeneity(index: np.ndarray, err: np.ndarray) -> pd.DataFrame:
     """Bias (mean signed error) and mean |error| of the total per homogeneity-index value."""
-    frame = pd.DataFrame({"homogeneity": np.asarray(index, dtype=np.int64), "err": np.asarray(err, dtype=float)})
-    frame["abs"] = frame["err"].abs()
-    out = frame.groupby("homogeneity").agg(n=("err", "size"), bias=("err", "mean"), mean_abs_error=("abs", "mean"))
-    return out.reset_index()
+    return homogeneity_rows(homogeneity_stats(index, err))
+
+
+def homogeneity_stats(index: np.ndarray, err: np.ndarray) -> dict[int, ErrorStats]:
+    """:class:`ErrorStats` of the total per homogeneity-index value (merge groups' dicts key by key)."""
+    index, err = np.asarray(index, dtype=np.int64), np.asarray(err, dtype=float)
+    order = np.argsort(index, kind="stable")
+    keys, starts = np.unique(index[order], return_index=True)
+    parts = np.split(err[order], starts[1:])
+    return {int(k): ErrorStats.of(part) for k, part in zip(keys, parts)}
+
+
+def homogeneity_rows(stats: dict[int, ErrorStats]) -> pd.DataFrame:
+    """The table of :func:`bias_by_homogeneity` from its values' :class:`ErrorStats`."""
+    keys = sorted(stats)
+    return pd.DataFrame({"homogeneity": np.asarray(keys, dtype=np.int64),
+                         "n": np.asarray([stats[k].n for k in keys], dtype=np.int64),
+                         "bias": np.asarray([stats[k].err.mean(stats[k].n) for k in keys], dtype=float),
+                         "mean_abs_error": np.asarray([stats[k].abs.mean(stats[k].n) for k in keys], dtype=float)})
 
 
 # -- largest-group share (DAS-2020 "L1 relative") -----------------------------------------------------

@@ -1,0 +1,130 @@
+"""The inputs of ``topdown evaluate`` routed to groups of whole states (issue 30 item 4), so that no task holds
+a level or the truth whole: verify's groups (``verify._Groups``: consecutive states - a state's AIAN parts
+together - of about ``verify.GROUP_BLOCKS`` blocks or ``verify.GROUP_RECORDS`` records, at most
+``verify.MAX_GROUPS``; a declared hierarchy's nodes of its first level below the root). Every kind of rows
+lands in ``folder/<kind>/<group>-<part>.parquet``:
+
+* the truth, tabulated one read task (``dataplane.read_tasks``: whole row groups of one input file, about
+  ``ROWS_PER_TASK`` records) at a time into block histograms (geocode, cell, count), on the workers;
+* each run's spine rows and each level's estimates below the root (the root is read whole);
+* the off-spine entities' blocks.
+
+A group's rows are read back with :func:`group_rows`. The folder lies inside the evaluation's private output
+folder (it holds true counts) and is removed when the evaluation ends.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from topdown.geo.spine import PREFIX, STATE
+from topdown.pipeline.configuration.census import PL94, read_as_declared
+from topdown.vocab.census import Census, Product
+
+from ..execution.dataplane import InputFiles, read_tasks
+from ..inputs.tabulate import sparse_counts, tabulate
+from ..inputs.validate import check_records
+from ..outputs.verify import _Groups, _route
+
+#: The spill folder's name inside the evaluation's output folder.
+SPILL_DIR = ".groups-tmp"
+
+
+def router(groups: _Groups) -> _Groups:
+    """``groups`` without its spine: what routing a code needs (small enough to send to every task)."""
+    light = copy.copy(groups)
+    light.spine, light.row_group = None, None
+    return light
+
+
+def write_rows(frame: pd.DataFrame | pa.Table, group: np.ndarray, folder: Path, part: str) -> None:
+    """The rows of ``frame`` into ``folder/<g>-<part>.parquet``, ``g`` each row's group (``group``)."""
+    table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    for g in np.unique(group):
+        pq.write_table(table.filter(pa.array(group == g)), folder / f"{int(g)}-{part}.parquet")
+
+
+def group_rows(folder: Path, g: int, columns: dict[str, str]) -> pd.DataFrame:
+    """Group ``g``'s rows of one kind (``columns``: name -> dtype of the empty frame when it has none)."""
+    files = sorted(folder.glob(f"{g}-*.parquet"))
+    if not files:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
+    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default").to_pandas()
+
+
+def truth_products(census: Census | None) -> list[Product]:
+    """The products whose truth is tabulated: P.L. 94-171's (persons and units), or a declared census's that
+    count its person records (a product counting the unit records is not evaluated from a declared truth yet)."""
+    if census is None or not read_as_declared(census):
+        return list(PL94.products)
+    return [p for p in census.products if census.units is None or p.records.name != census.units.name]
+
+
+def truth_tasks(files: InputFiles, census: Census | None) -> list[tuple[str, list[int], list[Product]]]:
+    """(file, row groups, products counted from them) of each read task of the truth."""
+    products = truth_products(census)
+    declared = census is not None and read_as_declared(census)
+    tasks = []
+    for kind, paths in ((files.names[0], files.persons), (files.names[1], files.units)):
+        counted = [p for p in products if declared and kind == files.names[0]
+                   or not declared and p.records.name == kind]
+        if counted and paths:
+            tasks += [(path, rgs, counted) for path, rgs in read_tasks(paths)]
+    return tasks
+
+
+def tabulate_task(path: str, row_groups: list[int], product: Product, census: Census | None) -> pd.DataFrame:
+    """Block histograms (geocode, cell, count) of ``product`` from one read task's records: P.L. 94-171's
+    tabulated from their columns, a declared census's read and checked as a run reads them."""
+    if census is not None and read_as_declared(census):
+        leaf, cells, _ = check_records(Path(path), product, census.hierarchy, row_groups)
+        return sparse_counts(pd.Series(leaf).astype(str), np.asarray(cells), product.schema.ncells)
+    columns = list(dict.fromkeys(["geoid", *(a.column for a in product.attributes), *(c for c, _ in product.records.where)]))
+    frame = pq.ParquetFile(path).read_row_groups(row_groups, columns=columns).to_pandas()
+    frame["geoid"] = frame["geoid"].astype(str)
+    return tabulate(product, {product.records.name: frame})
+
+
+def route_truth(path: str, row_groups: list[int], products: list[Product], census: Census | None, groups: _Groups,
+                folder: Path, part: int) -> dict[str, np.ndarray]:
+    """Tabulate one read task's records into block histograms of each of ``products`` and route them to their
+    groups (``folder/<product>/``); returns each product's count per key of ``groups`` (per state; P.L. 94-171)."""
+    declared = census is not None and read_as_declared(census)
+    keys = groups.runs["key"][0]
+    totals = {}
+    for product in products:
+        hist = tabulate_task(path, row_groups, product, census)
+        geocode = pa.array(hist["geocode"].to_numpy(), pa.large_string())
+        write_rows(hist, groups.route("geoid", geocode), folder / product.name, str(part))
+        if declared:  # the sampling baselines are P.L. 94-171's: no totals per state needed
+            continue
+        key = np.searchsorted(keys, hist["geocode"].str[:PREFIX[STATE]].to_numpy().astype(str)) if len(keys) else []
+        totals[product.name] = np.bincount(np.minimum(key, max(len(keys) - 1, 0)), weights=hist["count"].to_numpy(),
+                                           minlength=len(keys)).astype(np.int64)
+    return totals
+
+
+def route_spine(groups: _Groups, folder: Path) -> None:
+    """Each group's rows of the spine (strings, as ``RunReader.spine_table`` gives them)."""
+    for g in range(groups.count):
+        frame = groups.spine_frame(g)
+        write_rows(frame, np.full(len(frame), g), folder, "0")
+
+
+def route_level(groups: _Groups, path: Path, folder: Path, level: str) -> None:
+    """A level's histogram rows (``path``: its folder of parts) routed by geocode, a batch at a time."""
+    _route(groups, path, folder, level)
+    for f in folder.glob("*.parquet"):
+        f.rename(folder / f"{f.stem}-0.parquet")
+
+
+def route_entities(groups: _Groups, table: pd.DataFrame, folder: Path) -> None:
+    """The entities' rows (geoid, kind number, entity number) routed by block."""
+    if len(table):
+        write_rows(table, groups.route("geoid", pa.array(table["geoid"].to_numpy(), pa.large_string())), folder, "0")
