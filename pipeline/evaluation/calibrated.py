@@ -25,11 +25,19 @@ gets ``[q0, q0]``. ``estimate`` of a ``calibrated`` row is the interval's centre
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from scipy import stats
+
+from ..execution.memory import release_memory
+from .amc import KEY, SCHEMA, Tabulator, conform, replicate_dirs
+from .evaluate import EvaluationError
 
 #: Name of the rows in the uncertainty table's ``method`` column.
 METHOD = "calibrated"
@@ -86,6 +94,25 @@ def fit(sums: np.ndarray, min_rows: int = MIN_ROWS) -> SizeModel:
     return SizeModel(x, b, np.sqrt(np.maximum(g[:, 3] / g[:, 0] - b * b, 0.0)))
 
 
+#: Largest factor by which (C4) moves a knot's bias or spread from the first generation's.
+MAX_RATIO = 3.0
+
+
+def extrapolate(first: SizeModel, second: SizeModel) -> SizeModel:
+    """(C4): one generation back. ``first`` is fitted on the replicates of the run (published -> replicate),
+    ``second`` on replicates of one of them (replicate -> its replicate); TopDown's bias and spread change by
+    about the same factor from one generation to the next, so at each knot of ``first``
+    ``b = b1 * r_b`` and ``s = s1 * r_s`` with ``r_b = b1 / b2`` and ``r_s = s1 / s2`` (``b2``, ``s2``:
+    ``second`` at that knot), each factor clipped to [1/MAX_RATIO, MAX_RATIO] and 1 where the biases' signs
+    differ or one is 0."""
+    b2, s2 = second.at(first.x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rb = np.where(first.b * b2 > 0, first.b / b2, 1.0)
+        rs = np.where((first.s > 0) & (s2 > 0), first.s / s2, 1.0)
+    clip = (1 / MAX_RATIO, MAX_RATIO)
+    return SizeModel(first.x, first.b * np.clip(rb, *clip), first.s * np.clip(rs, *clip))
+
+
 def z_value(level: float) -> float:
     """The normal 1 - (1 - level)/2 quantile (1.645 at 0.90)."""
     return float(stats.norm.ppf(1 - (1 - level) / 2))
@@ -137,10 +164,6 @@ def centre(q0: np.ndarray, model: SizeModel) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ------------------------------------------------------------------------------ the uncertainty table's rows
-#: The columns of the ``amc`` rows that :func:`add_sums` and :func:`rows` read.
-KEY = ["product", "level", "query"]
-
-
 def add_sums(sums: dict, amc: pd.DataFrame) -> None:
     """Add the (C1) bin sums of the ``amc`` rows ``amc`` to ``sums`` (per (product, level, query))."""
     for k, g in amc.groupby(KEY, sort=False):
@@ -159,3 +182,83 @@ def rows(amc: pd.DataFrame, models: dict) -> pd.DataFrame:
         out.append(g.assign(method=METHOD, estimate=est, variance=var, ci90_low=lo90, ci90_high=hi90,
                             ci95_low=lo95, ci95_high=hi95))
     return pd.concat(out).loc[amc.index] if out else amc.assign(method=METHOD).iloc[:0]
+
+
+# ---------------------------------------------------------------------------------------------- driver
+#: Rows of an ``amc`` part read at a time.
+BATCH_ROWS = 1 << 16
+
+
+def _amc_batches(part: Path, columns: list[str] | None = None):
+    """The ``amc`` rows of an output part, :data:`BATCH_ROWS` at a time, as pandas frames."""
+    for batch in pq.ParquetFile(part).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        frame = batch.to_pandas()
+        frame = frame[frame["method"] == "amc"]
+        if len(frame):
+            yield frame.reset_index(drop=True)
+
+
+def second_generation(rep_dir: Path, second_dir: Path) -> tuple[Path, list[Path]]:
+    """The replicate of ``rep_dir`` that ``second_dir`` (``topdown replicates`` of it) replicates, and those of
+    its replicates whose seed differs from its own (one with the same seed has the same noise: not independent)."""
+    dirs = replicate_dirs(second_dir)
+    record = json.loads((second_dir / "replicates.json").read_text())
+    base = Path(str(record.get("run", "")))
+    if base.resolve() not in {d.resolve() for d in replicate_dirs(rep_dir)}:
+        raise EvaluationError(f"{second_dir}: its replicates are of {base}, not of a replicate in {rep_dir} "
+                              f"(make them with `topdown replicates {rep_dir / 'rep-000'} --n 10 --out DIR`)")
+    seed = json.loads((base / "config.json").read_text())["run"]["seed"]
+    kept = [d for d, r in zip(dirs, record["replicates"]) if r.get("seed") != seed]
+    if len(kept) < 2:
+        raise EvaluationError(f"{second_dir}: {len(kept)} replicate(s) with a seed other than {base.name}'s own "
+                              f"({seed}); at least 2 are needed")
+    return base, kept
+
+
+def second_sums(src, entities, keys: list, base: Path, reps: list[Path]) -> dict:
+    """(C1) bin sums per key of the replicates ``reps`` of the replicate ``base`` (its counts as the truth)."""
+    tab = Tabulator(src, entities, keys)
+    out = {}
+    for spec in src.products:
+        if not any(k[0] == spec.name for k in tab.keys) or not tab.parts(base, spec.name):
+            continue
+        q0 = tab.tabulate(base, spec)
+        s1 = {k: np.zeros_like(v) for k, v in q0.items()}
+        s2 = {k: np.zeros_like(v) for k, v in q0.items()}
+        for rep in reps:  # one replicate's tables at a time
+            for k, v in tab.tabulate(rep, spec).items():
+                d = np.subtract(v, q0[k], out=v)
+                s1[k] += d
+                s2[k] += d * d
+        n = len(reps)
+        out.update({k: bin_sums(q0[k].ravel(), s1[k].ravel() / n, s2[k].ravel() / n) for k in q0})
+    return out
+
+
+def calibrated_parts(parts: list[Path], src, staging: Path, entities: pd.DataFrame | None, rep_dir: Path,
+                     second_dir: Path) -> list[Path]:
+    """The ``calibrated`` rows of every ``amc`` row of the output ``parts``, as new parts in ``staging``:
+    (C1) on the ``amc`` rows, (C1) on ``second_dir``'s replicates, (C4), then (C3) part by part."""
+    base, reps = second_generation(rep_dir, second_dir)
+    first: dict = {}
+    for part in parts:
+        for frame in _amc_batches(part, [*KEY, "method", "published", "rep_bias", "rep_rmse"]):
+            add_sums(first, frame)
+    if not first:
+        return []
+    second = second_sums(src, entities, sorted(first), base, reps)
+    models = {k: extrapolate(fit(v), fit(second[k])) if k in second else fit(v) for k, v in first.items()}
+    out = []
+    for i, part in enumerate(parts):
+        path = staging / f"calibrated-{i:05d}.parquet"
+        written = False
+        with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
+            for frame in _amc_batches(part):
+                writer.write_table(conform(pa.Table.from_pandas(rows(frame, models), preserve_index=False)))
+                written = True
+        if written:
+            out.append(path)
+        else:
+            path.unlink()
+        release_memory()
+    return out
