@@ -215,23 +215,23 @@ def second_generation(rep_dir: Path, second_dir: Path) -> tuple[Path, list[Path]
     return base, kept
 
 
-def second_sums(src, entities, keys: list, base: Path, reps: list[Path]) -> dict:
-    """(C1) bin sums per key of the replicates ``reps`` of the replicate ``base`` (its counts as the truth)."""
-    tab = Tabulator(src, entities, keys)
+def second_sums(tab: Tabulator, masks: dict, base: Path, reps: list[Path]) -> dict:
+    """(C1) bin sums per key of the replicates ``reps`` of the replicate ``base`` (its counts as the truth),
+    over the cells ``masks`` (nodes x cells, per key) that the table holds."""
     out = {}
-    for spec in src.products:
-        if not any(k[0] == spec.name for k in tab.keys) or not tab.parts(base, spec.name):
+    for product in sorted({k[0] for k in masks}):
+        if not tab.parts(base, product):
             continue
-        q0 = tab.tabulate(base, spec)
+        q0 = tab.tabulate(base, product)
         s1 = {k: np.zeros_like(v) for k, v in q0.items()}
         s2 = {k: np.zeros_like(v) for k, v in q0.items()}
         for rep in reps:  # one replicate's tables at a time
-            for k, v in tab.tabulate(rep, spec).items():
+            for k, v in tab.tabulate(rep, product).items():
                 d = np.subtract(v, q0[k], out=v)
                 s1[k] += d
                 s2[k] += d * d
         n = len(reps)
-        out.update({k: bin_sums(q0[k].ravel(), s1[k].ravel() / n, s2[k].ravel() / n) for k in q0})
+        out.update({k: bin_sums(q0[k][m], s1[k][m] / n, s2[k][m] / n) for k, m in masks.items() if k in q0})
     return out
 
 
@@ -240,13 +240,19 @@ def calibrated_parts(parts: list[Path], src, staging: Path, entities: pd.DataFra
     """The ``calibrated`` rows of every ``amc`` row of the output ``parts``, as new parts in ``staging``:
     (C1) on the ``amc`` rows, (C1) on ``second_dir``'s replicates, (C4), then (C3) part by part."""
     base, reps = second_generation(rep_dir, second_dir)
+    keys = sorted({tuple(r[c] for c in KEY) for p in parts
+                   for r in pq.read_table(p, columns=KEY).group_by(KEY).aggregate([]).to_pylist()})
+    tab = Tabulator(src, entities, keys)
     first: dict = {}
+    masks = {k: np.zeros_like(v, dtype=bool) for p in {k[0] for k in keys} for k, v in tab.zeros(p).items()}
     for part in parts:
-        for frame in _amc_batches(part, [*KEY, "method", "published", "rep_bias", "rep_rmse"]):
+        for frame in _amc_batches(part, [*KEY, "geocode", "cell", "method", "published", "rep_bias", "rep_rmse"]):
             add_sums(first, frame)
+            for k, g in frame.groupby(KEY, sort=False):
+                masks[k][tab.aggs[k[1]][0].get_indexer(g["geocode"].astype(str)), g["cell"].to_numpy()] = True
     if not first:
         return []
-    second = second_sums(src, entities, sorted(first), base, reps)
+    second = second_sums(tab, {k: masks[k] for k in first}, base, reps)
     models = {k: extrapolate(fit(v), fit(second[k])) if k in second else fit(v) for k, v in first.items()}
     out = []
     for i, part in enumerate(parts):
