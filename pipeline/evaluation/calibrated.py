@@ -1,11 +1,12 @@
-"""Intervals for published counts calibrated on the replicates by size (``method`` = ``calibrated``; issue 31
-item 1): the replicates' error, pooled over counts of similar size, as a function of the true count, inverted
-into a confidence interval (Neyman's construction).
+"""Intervals for published counts calibrated on two generations of replicates by size (``method`` =
+``calibrated``; issue 31 item 1): the replicates' error, pooled over counts of similar size, as a function of
+the true count, extrapolated one generation back and inverted into a confidence interval (Neyman's
+construction).
 
 Notation as in pipeline/evaluation/amc.py: a published count q0 (one cell of one query at one node), its
 replicates q_1..q_n (TopDown rerun on the published microdata), ``BIAS = mean(q_i - q0)``, ``MSE =
-mean((q_i - q0)^2)``. In the replicates' world q0 is the truth, so the replicates show how TopDown's output is
-spread about a true count of that size. Per (product, level, query), over all its published cells:
+mean((q_i - q0)^2)``. In the replicates' world q0 is the truth, so they show how TopDown's output is spread
+about a true count of that size. Per (product, level, query), over all its published cells:
 
 (C1) bins k of the published count, :data:`EDGES`, merged upwards until each holds :data:`MIN_ROWS` cells (one
      bin where the key has fewer); per bin ``x_k = mean q0``, ``b_k = mean BIAS``, ``s_k^2 = mean MSE - b_k^2``
@@ -14,14 +15,19 @@ spread about a true count of that size. Per (product, level, query), over all it
 (C3) the interval at level L of a published count q0 is the set of true counts t in {0, 1, 2, ...} under which
      q0 is within the central L range of its distribution, ``t + b(t) - z s(t) <= q0 <= t + b(t) + z s(t)``,
      z the normal 1 - (1 - L)/2 quantile: ``[min{t: U(t) >= q0}, max{t: L(t) <= q0}]`` with ``L`` and ``U``
-     the running maxima of those bounds (made non-decreasing in t); integer bounds, never below 0.
+     those bounds made non-decreasing in t (running maxima); integer bounds, never below 0;
+(C4) the replicates start from the published data, which TopDown has already pulled toward the mean, so
+     they under-state its bias and spread; replicates of one replicate (a second generation) under-state
+     them again by about the same factor, so (C3) uses ``b = b_1^2 / b_2`` and ``s = s_1^2 / s_2`` at each
+     knot (1: the replicates of the run, 2: those of one replicate; :func:`extrapolate`).
 
 Why (C3) rather than AMC's ``q0 - BIAS +- t RMSE``: TopDown's error depends on the TRUE size (small counts are
 pulled up, large ones down), and coverage is wanted for every true size; inverting the error's distribution
-given the truth gives each true size its own nominal rate where the replicates' functions are right, while a
-correction evaluated at the published count mixes sizes. A count whose replicates all equal it (an invariant)
-gets ``[q0, q0]``. ``estimate`` of a ``calibrated`` row is the interval's centre point ``t`` solving
-``t + b(t) = q0`` (the median-unbiased estimate under (C2)), ``variance`` = ``s(t)^2`` there.
+given the truth gives each true size its nominal rate where the functions are right, while a correction
+evaluated at the published count mixes sizes. A key whose replicates all equal the published counts (an
+invariant) gets ``[q0, q0]``. ``estimate`` of a ``calibrated`` row is the t with ``t + b(t) = q0`` (the
+interval's construction at z = 0), ``variance`` = ``s(t)^2`` there; ``rep_*`` are the ``amc`` row's.
+Measured coverage: benchmarks/RESULTS_uncertainty.md, "A calibrated interval for published counts".
 """
 from __future__ import annotations
 
