@@ -488,8 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicates", help="directory of `topdown replicates`: add an `amc` row (the Bureau's approximate "
                                         "Monte Carlo interval of the published count) after every `gls` row")
     p.add_argument("--calibrate", help="with --replicates: `topdown replicates` of one of its replicates (e.g. "
-                                       "REPS/rep-000 --n 10): add a `calibrated` row, an interval of the published "
-                                       "count with nominal coverage by size (README 'Uncertainty')")
+                                       "REPS/rep-000 --n 10): add a `calibrated` row, an experimental interval of the "
+                                       "published count (not nominal on real data; README 'Uncertainty')")
     _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 
