@@ -98,16 +98,10 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | None = None,
-            product: str | None = None, queries: tuple[str, ...] = QUERIES) -> dict[str, pd.DataFrame]:
-    """The three tables: coverage of ``total`` per method, level and bin; of the other ``queries``' cells per
-    method, query, level and zero/non-zero truth; widths and errors per level."""
+def truth_rows(run: Path, truth_dir: Path, unc: pd.DataFrame, entities_path: Path | None = None) -> pd.DataFrame:
+    """``unc``'s rows (one product) with their true count, geounit true total and bin (:func:`with_truth`)."""
     src = Source.open(run)
-    product = product or src.products[0].name
-    unc = pd.read_parquet(unc_path, filters=[("product", "==", product), ("query", "in", ["total", *queries])])
-    unc = unc.reset_index(drop=True)
-    if unc.empty:
-        raise SystemExit(f"coverage: {unc_path} has no rows of product {product!r}")
+    (product,) = unc["product"].unique()
     entities = None
     if entities_path is not None:
         entities = entities_on_spine(load_entities(entities_path), pd.Index(src.spine["geoid"]), entities_path)
@@ -125,7 +119,11 @@ def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | No
     tab.add(arrays, rows, blocks["cell"].to_numpy(), blocks["count"].to_numpy(np.float64))
     truth = {k: (tab.aggs[k[1]][0], a) for k, a in arrays.items()}
     totals = {(p, lv): truth[p, lv, q] for p, lv, q in truth if q == "total"}
-    table = with_truth(unc, truth, totals)
+    return with_truth(unc, truth, totals)
+
+
+def tables(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The three tables of :func:`measure` from rows with their truth (:func:`truth_rows`)."""
     total = table[table["query"] == "total"]
     cells = table[table["query"] != "total"]
     out = {"coverage_total": coverage_table(total, ["method", "level", "bin"]),
@@ -134,6 +132,22 @@ def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | No
         cells = cells.assign(cell_truth=np.where(cells["truth"] > 0, ">0", "0"))
         out["coverage_cells"] = coverage_table(cells, ["method", "query", "level", "cell_truth"])
     return out
+
+
+def read_rows(unc_path: Path, product: str, queries: tuple[str, ...]) -> pd.DataFrame:
+    """The uncertainty file's rows of ``product`` and the queries total and ``queries``."""
+    unc = pd.read_parquet(unc_path, filters=[("product", "==", product), ("query", "in", ["total", *queries])])
+    if unc.empty:
+        raise SystemExit(f"coverage: {unc_path} has no rows of product {product!r}")
+    return unc.reset_index(drop=True)
+
+
+def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | None = None,
+            product: str | None = None, queries: tuple[str, ...] = QUERIES) -> dict[str, pd.DataFrame]:
+    """The three tables: coverage of ``total`` per method, level and bin; of the other ``queries``' cells per
+    method, query, level and zero/non-zero truth; widths and errors per level."""
+    product = product or Source.open(run).products[0].name
+    return tables(truth_rows(run, truth_dir, read_rows(unc_path, product, queries), entities_path))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -253,7 +253,7 @@ def cmd_uncertainty(args: argparse.Namespace) -> int:
 
     cost = uncertainty(args.run, args.out, entities=Path(args.entities) if args.entities else None, levels=args.levels,
                        scheduler=args.scheduler, workers=args.workers, replicates=args.replicates, spine=args.spine,
-                       config=args.config)
+                       config=args.config, calibrate=args.calibrate)
     print(f"uncertainty of {args.run} written to {args.out}: {cost.rows} rows; {cost.wall_seconds:.1f}s wall, "
           f"{cost.worker_cpu_seconds:.1f}s worker CPU in {cost.tasks} tasks, {cost.client_cpu_seconds:.1f}s client CPU")
     return EXIT_OK
@@ -487,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--levels", nargs="+", help="spine levels to write (default: all)")
     p.add_argument("--replicates", help="directory of `topdown replicates`: add an `amc` row (the Bureau's approximate "
                                         "Monte Carlo interval of the published count) after every `gls` row")
+    p.add_argument("--calibrate", help="with --replicates: `topdown replicates` of one of its replicates (e.g. "
+                                       "REPS/rep-000 --n 10): add a `calibrated` row, an experimental interval of the "
+                                       "published count (not nominal on real data; README 'Uncertainty')")
     _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 

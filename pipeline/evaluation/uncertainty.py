@@ -8,7 +8,9 @@ is the answer's position in the query's cell order (pipeline/execution/nmf.py). 
 intervals in the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
 covers a non-negative integer count exactly when the real interval ``est +- z sd`` does; ``published`` where
 the run has its histograms. ``amc`` rows (with replicates): the Bureau's approximate Monte Carlo interval of
-the published count (pipeline/evaluation/amc.py).
+the published count (pipeline/evaluation/amc.py). ``calibrated`` rows (with replicates and a second generation
+of them): the published count's interval from the replicates' error by size, extrapolated one generation
+back and inverted (pipeline/evaluation/calibrated.py).
 
 Work plan, all in Dask tasks (the client holds no level's arrays): the block level is read and estimated one
 task per block measurement part (whole block groups), in two passes: their sums up to the block groups; then
@@ -45,6 +47,7 @@ from ..execution.nmf import nmf_invariants
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather, track
 from .amc import SCHEMA, codes, published_and_amc, replicate_dirs
+from .calibrated import calibrated_parts, second_generation
 from .evaluate import entities_on_spine, load_entities
 from topdown.vocab.census import Product
 
@@ -457,10 +460,11 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
                 levels: list[str] | None = None, queries: dict[str, tuple[str, ...]] | None = None,
                 client=None, scheduler: str | None = None, workers: int | None = None,
                 replicates: str | Path | None = None, spine: str | Path | None = None,
-                config: str | Path | None = None) -> Cost:
+                config: str | Path | None = None, calibrate: str | Path | None = None) -> Cost:
     """Write the uncertainty table of ``run`` to ``out`` (Parquet, atomically); returns the cost. ``entities``:
     a (geoid, entity_type, entity) frame, or a table file or BAF directory to read and match with the spine.
-    ``run`` may be a noisy measurement file, read with its ``spine`` file and ``config`` (:meth:`Source.from_nmf`)."""
+    ``run`` may be a noisy measurement file, read with its ``spine`` file and ``config`` (:meth:`Source.from_nmf`).
+    ``calibrate``: replicates of one of the ``replicates`` (adds the ``calibrated`` rows)."""
     from ..execution.runner import dask_client
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -481,8 +485,14 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
         if source is not None:
             entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
         out = _check_out(Path(out))
+        if calibrate is not None and replicates is None:
+            from ..configuration.config import ConfigError
+
+            raise ConfigError("--calibrate needs --replicates (its replicates are of one of them)")
         if replicates is not None:
             replicate_dirs(Path(replicates))  # a bad folder is reported before any work
+            if calibrate is not None:
+                second_generation(Path(replicates), Path(calibrate))
         has_hist = not from_nmf and (replicates is not None or (src.root / "histograms").exists())  # published counts
         if not from_nmf:
             RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if has_hist else ())),
@@ -506,6 +516,9 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
         parts_written = published_and_amc(parts_written, src, staging, entities,
                                           Path(replicates) if replicates is not None else None)
+        if calibrate is not None:
+            parts_written += calibrated_parts(parts_written, src, staging, entities, Path(replicates),
+                                              Path(calibrate))
         if not parts_written:
             raise GLSError(f"{run}: no rows to write")
         cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
