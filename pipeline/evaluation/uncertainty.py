@@ -504,8 +504,8 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
-        parts_written = published_and_amc(parts_written, src, staging, entities,
-                                          Path(replicates) if replicates is not None else None)
+            parts_written = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
+                                              Path(replicates) if replicates is not None else None, dclient)
         if not parts_written:
             raise GLSError(f"{run}: no rows to write")
         cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
@@ -516,8 +516,10 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
         tmp = out.with_name(f".{out.name}.tmp")
         with writing(out), removed_on_failure(tmp):
             with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
-                for part in parts_written:
-                    writer.write_table(pq.read_table(part).cast(schema))
+                for part in parts_written:  # by their row groups (amc.REWRITE_ROWS rows at most)
+                    f = pq.ParquetFile(part)
+                    for g in range(f.num_row_groups):
+                        writer.write_table(f.read_row_group(g).cast(schema))
             os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -546,9 +548,11 @@ class UpperTask:
     covers: list[list[np.ndarray]] = field(default_factory=list)  # the entities' covers (:func:`entity_covers`)
 
 
-def _shipped(src: Source) -> Source:
-    """``src`` as a task needs it: levels, nodes, parents and parts (the spine table and the readers stay)."""
-    return Source(src.root, src.levels, src.products, src.spine.iloc[:0], src.nodes, src.parents)
+def _shipped(src: Source, spine: bool = False) -> Source:
+    """``src`` as a task needs it: levels, nodes, parents and parts, with ``spine`` its spine table too (the
+    readers and the configuration stay)."""
+    return Source(src.root, src.levels, src.products, src.spine if spine else src.spine.iloc[:0], src.nodes,
+                  src.parents)
 
 
 def upper_pass(t: UpperTask, res1: list[dict]) -> dict:
