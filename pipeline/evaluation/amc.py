@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -385,9 +386,10 @@ class Rewrite:
     reps: list[Path]  # the replicates' run folders
 
 
-def rewrite_part(ctx: Rewrite, part: str, out: str) -> None:
+def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
     """Rewrite one output part (:func:`_rewrite`), tabulating the run's and its replicates' block histograms for
-    the part's own nodes only (a Dask task: the arrays are those of one part)."""
+    the part's own nodes only (a Dask task: the arrays are those of one part); returns its CPU seconds."""
+    cpu = time.process_time()
     pk = PartKeys.read(Path(part))
     tab = Tabulator(ctx.src, ctx.entities, pk.keys, pk.nodes())
     published, s1, s2 = {}, {}, {}
@@ -410,20 +412,20 @@ def rewrite_part(ctx: Rewrite, part: str, out: str) -> None:
     _rewrite(Path(part), Path(out), pk, published, s1, s2, len(ctx.reps), tab.aggs)
     del pk, tab, published, s1, s2
     release_memory()  # the worker's heap back to where it was before the task
+    return time.process_time() - cpu
 
 
 def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFrame | None = None,
-                      rep_dir: Path | None = None, client=None) -> list[Path]:
+                      rep_dir: Path | None = None, client=None) -> tuple[list[Path], float]:
     """Rewrite each output part (GLS rows) with the published count where the run has block histograms, and
     after them, with ``rep_dir``, the same cells' ``amc`` rows; every part conforms to :data:`SCHEMA`. One
-    Dask task per part on ``client`` (without one, here, part after part)."""
+    Dask task per part on ``client`` (without one, here, part after part). Returns the parts and the tasks'
+    CPU seconds."""
     ctx = Rewrite(src, entities, replicate_dirs(rep_dir) if rep_dir is not None else [])
     out = [staging / f"final-{i:05d}.parquet" for i in range(len(parts))]
     if client is None:
-        for part, path in zip(parts, out):
-            rewrite_part(ctx, str(part), str(path))
-        return out
+        return out, sum(rewrite_part(ctx, str(part), str(path)) for part, path in zip(parts, out))
     shared = client.scatter(ctx, broadcast=True, hash=False)
-    gather(client, [client.submit(rewrite_part, shared, str(part), str(path), pure=False)
-                    for part, path in zip(parts, out)], "uncertainty: published counts")
-    return out
+    cpu = gather(client, [client.submit(rewrite_part, shared, str(part), str(path), pure=False)
+                          for part, path in zip(parts, out)], "uncertainty: published counts")
+    return out, sum(cpu)

@@ -504,8 +504,10 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
-            parts_written = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
-                                              Path(replicates) if replicates is not None else None, dclient)
+            parts_written, cpu = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
+                                                   Path(replicates) if replicates is not None else None, dclient)
+            cost.tasks += len(parts_written)
+            cost.worker_cpu_seconds += cpu
         if not parts_written:
             raise GLSError(f"{run}: no rows to write")
         cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
