@@ -30,8 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +64,8 @@ SCHEMA = pa.schema([("product", pa.string()), ("level", pa.string()), ("geocode"
                     ("ci95_high", pa.float64()), ("rep_n", pa.int32()), ("rep_bias", pa.float64()),
                     ("rep_rmse", pa.float64())])
 KEY = ["product", "level", "query"]
+#: The string columns of an output part read as dictionaries (codes into a few distinct values).
+KEY_COLUMNS = [*KEY, "geocode"]
 
 
 # -------------------------------------------------------------------------------------------- the rule
@@ -100,18 +101,30 @@ def amc_interval(point: np.ndarray, rmse: np.ndarray, level: float) -> tuple[np.
 
 
 # ------------------------------------------------------------------------------- tabulating run folders
-def aggregators(src, entities: pd.DataFrame | None,
-                nodes: dict[str, np.ndarray] | None = None) -> dict[str, tuple[pd.Index, sp.csr_matrix]]:
+def _cached(cache: dict, key, make):
+    """``cache[key]``, made by ``make()`` the first time."""
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def aggregators(src, entities: pd.DataFrame | None, nodes: dict[str, np.ndarray] | None = None,
+                cache: dict | None = None) -> dict[str, tuple[pd.Index, sp.csr_matrix]]:
     """Per output level (spine levels and entity types): node index and node x block (spine row) matrix;
-    with ``nodes``, only its levels, each restricted to the given nodes (those of one output part)."""
-    geoids = pd.Index(src.spine["geoid"])
+    with ``nodes``, only its levels, each restricted to the given nodes (those of one output part).
+    ``cache`` keeps each level's node of every block for the next call."""
+    cache = {} if cache is None else cache
+    geoids = _cached(cache, "geoids", lambda: pd.Index(src.spine["geoid"]))
     out = {}
-    for level, level_nodes in zip(src.levels, src.nodes):
-        if nodes is not None:
-            if level not in nodes:
-                continue
-            level_nodes = level_nodes[level_nodes.isin(nodes[level])]
-        rows = level_nodes.get_indexer(src.spine[level])
+    for i, level in enumerate(src.levels):
+        if nodes is not None and level not in nodes:
+            continue
+        level_nodes = src.nodes[i]
+        rows = _cached(cache, ("rows", level), lambda: level_nodes.get_indexer(src.spine[level]))
+        if nodes is not None:  # renumber the kept nodes 0, 1, ...; the others -1
+            keep = level_nodes.isin(nodes[level])
+            rows = np.where(keep, np.cumsum(keep) - 1, -1)[rows]
+            level_nodes = level_nodes[keep]
         blocks = np.flatnonzero(rows >= 0)
         out[level] = (level_nodes, sp.csr_matrix((np.ones(len(blocks)), (rows[blocks], blocks)),
                                                  shape=(len(level_nodes), len(geoids))))
@@ -129,10 +142,14 @@ def aggregators(src, entities: pd.DataFrame | None,
     return out
 
 
-@lru_cache(maxsize=1 << 16)
-def _geocode_range(path: str, size: int, mtime_ns: int) -> tuple[str, str] | None:
-    """The smallest and largest geocode of a histogram part (its footer's statistics; None without them),
-    cached by the file's size and modification time (a worker reads each footer once per command)."""
+def _stat(path: Path) -> tuple[str, int, int]:
+    """A file's identity for a cache: path, size and modification time."""
+    st = path.stat()
+    return str(path), st.st_size, st.st_mtime_ns
+
+
+def _geocode_range(path: Path) -> tuple[str, str] | None:
+    """The smallest and largest geocode of a histogram part (its footer's statistics; None without them)."""
     meta = pq.read_metadata(path)
     col = meta.schema.to_arrow_schema().get_field_index("geocode")
     lo = hi = None
@@ -150,22 +167,24 @@ def _geocode_range(path: str, size: int, mtime_ns: int) -> tuple[str, str] | Non
 class Tabulator:
     """Answers of the queries ``keys`` (product, level, query) over a run folder's block histograms, read one
     part file at a time; nodes and cells as :func:`aggregators` and the query's answer order. With ``nodes``
-    (level -> geocodes), only those nodes, and only the part files that may hold their blocks are read."""
+    (level -> geocodes), only those nodes, and only the part files that may hold their blocks are read.
+    ``cache``: what one Tabulator may leave to the next of the same run (spine rows, part ranges, matrices)."""
 
     def __init__(self, src, entities: pd.DataFrame | None, keys: list[tuple[str, str, str]],
-                 nodes: dict[str, np.ndarray] | None = None):
-        self.geoids = pd.Index(src.spine["geoid"])
+                 nodes: dict[str, np.ndarray] | None = None, cache: dict | None = None):
+        self.cache = {} if cache is None else cache
+        self.aggs = aggregators(src, entities, nodes, self.cache)
+        self.geoids = self.cache["geoids"]
         self.leaf = src.levels[-1]  # the block histograms' level, in the run and in its replicates
         self.spine_file = Path(src.root) / "spine.parquet"
-        self._block_rows: dict[str, pd.Series] = {}  # by the spine file's SHA-256 (block_rows)
-        self.aggs = aggregators(src, entities, nodes)
         self.columns = {level: m.tocsc() for level, (_, m) in self.aggs.items()}  # sliced by block below
         #: The spine rows the nodes cover (None: every block).
         self.blocks = None if nodes is None else np.unique(np.concatenate(
             [m.indices for _, m in self.aggs.values()] + [np.zeros(0, np.int32)]))
         self.products = {p.name: p for p in src.products}
         self.keys = sorted(keys)
-        self.matrices = {(p, q): build_query(self.products[p].schema, q).matrix().T.tocsr()
+        self.matrices = {(p, q): _cached(self.cache, ("matrix", p, q),
+                                         lambda: build_query(self.products[p].schema, q).matrix().T.tocsr())
                          for p, _, q in self.keys}
 
     def spine_path(self, run_dir: Path) -> Path:
@@ -177,11 +196,13 @@ class Tabulator:
         """A run folder's leaf geocodes -> rows of :attr:`geoids`, read once per distinct spine file (the run and
         its replicates have the same one)."""
         path = self.spine_path(run_dir)
-        key = hashlib.sha256(path.read_bytes()).hexdigest()
-        if key not in self._block_rows:
+        digest = _cached(self.cache, ("sha256", *_stat(path)), lambda: hashlib.sha256(path.read_bytes()).hexdigest())
+
+        def read() -> pd.Series:
             spine = pq.read_table(path).to_pandas().astype(str)
-            self._block_rows[key] = pd.Series(self.geoids.get_indexer(spine["geoid"]), index=spine[spine.columns[-1]])
-        return self._block_rows[key]
+            return pd.Series(self.geoids.get_indexer(spine["geoid"]), index=spine[spine.columns[-1]])
+
+        return _cached(self.cache, ("block_rows", digest), read)
 
     def parts(self, run_dir: Path, product: str) -> list[Path]:
         folder = run_dir / "histograms" / product / f"level={self.leaf}"
@@ -194,8 +215,7 @@ class Tabulator:
         wanted = np.sort(rows_of.index[rows_of.isin(self.blocks)].to_numpy(dtype=str))
         out = []
         for part in parts:
-            st = part.stat()
-            rng = _geocode_range(str(part), st.st_size, st.st_mtime_ns)
+            rng = _cached(self.cache, ("range", *_stat(part)), lambda: _geocode_range(part))
             if rng is not None:
                 i = np.searchsorted(wanted, rng[0])
                 if i == len(wanted) or wanted[i] > rng[1]:
@@ -233,8 +253,10 @@ class Tabulator:
         ncells = next(iter(self.matrices[k[0], k[2]] for k in out)).shape[0]
         blocks, local = np.unique(rows, return_inverse=True)
         hist = sp.csr_matrix((counts, (local.ravel(), cells)), shape=(len(blocks), ncells))
+        by_level, by_query = {}, {}  # each level's columns and each query's answers, once per call
         for k in out:
-            answers = (self.columns[k[1]][:, blocks] @ (hist @ self.matrices[k[0], k[2]])).tocoo()
+            cols = _cached(by_level, k[1], lambda: self.columns[k[1]][:, blocks])
+            answers = (cols @ _cached(by_query, k[::2], lambda: hist @ self.matrices[k[0], k[2]])).tocoo()
             np.add.at(out[k], (answers.row, answers.col), answers.data)
 
 
@@ -262,8 +284,9 @@ def conform(table: pa.Table) -> pa.Table:
 def codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     """A string column as codes (one per row) into its distinct values (as strings)."""
     if pa.types.is_dictionary(column.type):  # chunks may have dictionaries of their own
-        column = column.cast(column.type.value_type)
-    arr = pc.dictionary_encode(column.combine_chunks())
+        arr = column.unify_dictionaries().combine_chunks()
+    else:
+        arr = pc.dictionary_encode(column.combine_chunks())
     return (arr.indices.to_numpy(zero_copy_only=False).astype(np.int64),
             arr.dictionary.cast(pa.string()).to_pylist())
 
@@ -288,25 +311,6 @@ def key_codes(table: pa.Table) -> tuple[np.ndarray, list[tuple[str, str, str]]]:
     return rank[inverse.ravel()], keys
 
 
-def published_column(table: pa.Table, published: dict, aggs) -> pa.Array:
-    """Each GLS row's published count (null where its key has none), from the rows' key and geocode codes in
-    Arrow (no Python string per row)."""
-    q0 = np.full(table.num_rows, np.nan)
-    if published and table.num_rows:
-        key, keys = key_codes(table)
-        geo, geo_names = codes(table.column("geocode"))
-        geo_names = pd.Index(geo_names, dtype=object)
-        cell = table.column("cell").to_numpy()
-        order = np.argsort(key, kind="stable")
-        bounds = np.searchsorted(key[order], np.arange(len(keys) + 1))
-        for u, k in enumerate(keys):
-            if k in published:
-                pos = order[bounds[u]:bounds[u + 1]]
-                rows = aggs[k[1]][0].get_indexer(geo_names)[geo[pos]]
-                q0[pos] = published[k][rows, cell[pos]]
-    return pa.array(q0, from_pandas=True)  # NaN as null, as a pandas frame's NaN is written
-
-
 #: Rows of an output part rewritten at a time (a part of the upper levels holds all their nodes' rows).
 REWRITE_ROWS = 1 << 16
 
@@ -324,7 +328,7 @@ class PartKeys:
 
     @classmethod
     def read(cls, part: Path) -> "PartKeys":
-        table = pq.read_table(part, columns=["product", "level", "geocode", "query", "cell"])
+        table = pq.read_table(part, columns=["product", "level", "geocode", "query", "cell"], read_dictionary=KEY_COLUMNS)
         key, keys = key_codes(table)
         geo, geo_names = codes(table.column("geocode"))
         return cls(table, keys, key, geo, pd.Index(geo_names, dtype=object))
@@ -335,6 +339,19 @@ class PartKeys:
         for k, (_, level, _) in enumerate(self.keys):
             out.setdefault(level, set()).update(self.geo_names[np.unique(self.geo[self.key == k])])
         return {level: np.array(sorted(g), dtype=object) for level, g in out.items()}
+
+    def published(self, published: dict, aggs) -> np.ndarray:
+        """Each row's published count (NaN where its key has none)."""
+        q0 = np.full(len(self.key), np.nan)
+        cell = self.table.column("cell").to_numpy()
+        order = np.argsort(self.key, kind="stable")
+        bounds = np.searchsorted(self.key[order], np.arange(len(self.keys) + 1))
+        for u, k in enumerate(self.keys):
+            if k in published:
+                pos = order[bounds[u]:bounds[u + 1]]
+                rows = aggs[k[1]][0].get_indexer(self.geo_names)[self.geo[pos]]
+                q0[pos] = published[k][rows, cell[pos]]
+        return q0
 
 
 def _amc_rows(pk: PartKeys, k: int, pos: np.ndarray, published: dict, s1: dict, s2: dict, n: int, aggs) -> pa.Table:
@@ -361,13 +378,16 @@ def _rewrite(part: Path, path: Path, pk: PartKeys, published: dict, s1: dict, s2
     """Write ``part``'s GLS rows with their published counts to ``path``, then (``s1``, ``s2``: the replicates'
     sums) the same cells' ``amc`` rows, key by key in the order the keys first occur, :data:`REWRITE_ROWS` rows
     at a time (the part is read by batches, never whole)."""
+    q0 = pk.published(published, aggs) if published else np.full(len(pk.key), np.nan)
+    start = 0
     with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
         for batch in pq.ParquetFile(part).iter_batches(batch_size=REWRITE_ROWS):
             gls = pa.Table.from_batches([batch])
-            q0 = published_column(gls, published, aggs)
             if "published" in gls.column_names:
                 gls = gls.drop_columns(["published"])
-            writer.write_table(conform(gls.append_column("published", q0)))
+            published_q0 = pa.array(q0[start:start + len(gls)], from_pandas=True)  # NaN as null, as pandas writes it
+            writer.write_table(conform(gls.append_column("published", published_q0)))
+            start += len(gls)
         for k, key in enumerate(pk.keys):
             if key not in s1:
                 continue
@@ -384,6 +404,7 @@ class Rewrite:
     src: object  # uncertainty.Source: root, levels, products, spine, nodes
     entities: pd.DataFrame | None
     reps: list[Path]  # the replicates' run folders
+    cache: dict = field(default_factory=dict)  # Tabulator's, filled on each worker by its first task
 
 
 def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
@@ -391,7 +412,7 @@ def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
     the part's own nodes only (a Dask task: the arrays are those of one part); returns its CPU seconds."""
     cpu = time.process_time()
     pk = PartKeys.read(Path(part))
-    tab = Tabulator(ctx.src, ctx.entities, pk.keys, pk.nodes())
+    tab = Tabulator(ctx.src, ctx.entities, pk.keys, pk.nodes(), ctx.cache)
     published, s1, s2 = {}, {}, {}
     for spec in ctx.src.products:
         if not any(k[0] == spec.name for k in pk.keys):
