@@ -508,25 +508,32 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
                                                    Path(replicates) if replicates is not None else None, dclient)
             cost.tasks += len(parts_written)
             cost.worker_cpu_seconds += cpu
-        if not parts_written:
-            raise GLSError(f"{run}: no rows to write")
-        cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
-        cost.wall_seconds = time.perf_counter() - t0
-        cost.client_cpu_seconds = time.process_time() - c0
-        meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
-        schema = SCHEMA.with_metadata({META_KEY: meta})
-        tmp = out.with_name(f".{out.name}.tmp")
-        with writing(out), removed_on_failure(tmp):
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
-                for part in parts_written:  # by their row groups (amc.REWRITE_ROWS rows at most)
-                    f = pq.ParquetFile(part)
-                    for g in range(f.num_row_groups):
-                        writer.write_table(f.read_row_group(g).cast(schema))
-            os.replace(tmp, out)
+            if not parts_written:
+                raise GLSError(f"{run}: no rows to write")
+            cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
+            cost.wall_seconds = time.perf_counter() - t0
+            cost.client_cpu_seconds = time.process_time() - c0
+            meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
+            tmp = out.with_name(f".{out.name}.tmp")
+            with writing(out), removed_on_failure(tmp):
+                dclient.submit(concatenate, [str(p) for p in parts_written], str(tmp),
+                               SCHEMA.with_metadata({META_KEY: meta}), pure=False).result()
+                os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(converted, ignore_errors=True)
     return cost
+
+
+def concatenate(parts: list[str], path: str, schema: pa.Schema) -> None:
+    """The parts' rows as one Parquet file, row group by row group (amc.REWRITE_ROWS rows at most); a Dask task,
+    so that the reader's and writer's buffers (about 60 MB at the Hawaii size) stay out of the client."""
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for part in parts:
+            f = pq.ParquetFile(part)
+            for g in range(f.num_row_groups):
+                writer.write_table(f.read_row_group(g).cast(schema))
+    release_memory()
 
 
 # ------------------------------------------------------------------------------------ the upper levels
