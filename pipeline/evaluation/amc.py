@@ -21,9 +21,10 @@ The notebook's demonstration used 25 replicates of 2010 data; issue 31 asks for 
 ``variance`` = MSE (so the interval is estimate +- t sqrt(variance) before rounding), ``rep_bias`` = BIAS,
 ``rep_rmse`` = RMSE and ``rep_n`` = n.
 
-Streaming: the published counts and the replicates' sums of d_i = q_i - q0 and d_i^2 are accumulated per
-(product, level, query) from one block-histogram part file of one run directory at a time; the output parts
-are then rewritten one at a time.
+Streaming: each output part is rewritten by a Dask task of its own (:func:`rewrite_part`), which accumulates
+the published counts and the replicates' sums of d_i = q_i - q0 and d_i^2 per (product, level, query) for the
+part's own nodes only, from one block-histogram part file of one run directory at a time (only the files whose
+geocode range holds one of those nodes' blocks), and writes the part by batches of :data:`REWRITE_ROWS` rows.
 """
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ Work plan, all in Dask tasks (the client holds no level's arrays): the block lev
 task per block measurement part (whole block groups), in two passes: their sums up to the block groups; then
 one task estimates the levels above (few nodes: both passes, their rows, and the entities' covariances) and
 writes the block groups' final state to files; then, given it, the blocks' estimates, written as part files,
-and their sums over entity covers. Covariances depend on the variances only, not on the
-data, so all blocks with the same measurements' variances under one parent share one covariance.
+and their sums over entity covers; then one task per part adds the published counts (and the ``amc`` rows,
+amc.py) and one task concatenates the parts into the table. Covariances depend on the variances only, not on
+the data, so all blocks with the same measurements' variances under one parent share one covariance.
 """
 from __future__ import annotations
 
