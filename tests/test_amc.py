@@ -124,7 +124,7 @@ def test_published_and_amc_from_replicate_folders(demo_run, tmp_path):
              _gls_part(src, tmp_path / "b.parquet", "Block", np.asarray([block]))]
     staging = tmp_path / "staging"
     staging.mkdir()
-    out = amc.published_and_amc(parts, src, staging, None, tmp_path / "reps")
+    out, _ = amc.published_and_amc(parts, src, staging, None, tmp_path / "reps")
     t = pd.concat([pq.read_table(p).to_pandas() for p in out], ignore_index=True)
     assert pq.read_schema(out[0]).equals(amc.SCHEMA)
     assert t.groupby("method").size().to_dict() == {"amc": len(t) // 2, "gls": len(t) // 2}
@@ -163,9 +163,53 @@ def test_parts_rewritten_in_slices_are_the_parts_rewritten_whole(demo_run, tmp_p
         monkeypatch.setattr(amc, "REWRITE_ROWS", rows)
         staging = tmp_path / f"staging-{rows}"
         staging.mkdir()
-        (out,) = amc.published_and_amc([part], src, staging, None, tmp_path / "reps")
+        (out,), _ = amc.published_and_amc([part], src, staging, None, tmp_path / "reps")
         tables.append(pq.read_table(out).to_pandas())
     assert len(tables[0]) == 2 * len(pd.read_parquet(part)) > 2 * 7
+    pd.testing.assert_frame_equal(tables[0], tables[1], check_exact=True)
+
+
+def test_a_parts_tabulation_reads_only_the_histogram_parts_of_its_nodes(demo_run):
+    """Restricted to the blocks of one histogram part (an output part of the block level), a Tabulator reads
+    that part only and its arrays are the unrestricted ones' rows of those nodes; the upper levels' nodes
+    need every part."""
+    src = Source.open(demo_run)
+    parts = sorted((demo_run / "histograms" / "persons" / "level=Block").glob("*.parquet"))
+    assert len(parts) == 2
+    blocks = np.sort(pd.read_parquet(parts[1])["geocode"].astype(str).unique())
+    keys = [("persons", "Block", "total"), ("persons", "Block", "hispanic")]
+    whole = amc.Tabulator(src, None, keys)
+    some = amc.Tabulator(src, None, keys, {"Block": blocks})
+    assert whole._needed(parts, whole.block_rows(demo_run)) == parts
+    assert some._needed(parts, some.block_rows(demo_run)) == [parts[1]]
+    a, b = whole.tabulate(demo_run, "persons"), some.tabulate(demo_run, "persons")
+    rows = whole.aggs["Block"][0].get_indexer(blocks)
+    assert list(some.aggs["Block"][0]) == list(blocks) and a[keys[0]][rows].sum() > 0
+    for k in keys:
+        np.testing.assert_array_equal(b[k], a[k][rows])
+    tract = amc.Tabulator(src, None, [("persons", "Tract", "total")],
+                          {"Tract": np.asarray(src.nodes[src.levels.index("Tract")])})
+    assert tract._needed(parts, tract.block_rows(demo_run)) == parts
+
+
+def test_rewrite_tasks_on_the_cluster_are_the_rewrite_here(demo_run, dask_client, tmp_path):
+    """The parts rewritten as Dask tasks (one per part, each tabulating its own nodes) are those rewritten in
+    this process, the amc rows included."""
+    src = Source.open(demo_run)
+    _fake_replicates(demo_run, tmp_path / "reps", [0, 2, 5])
+    blocks = np.asarray(src.nodes[-1])
+    parts = [_gls_part(src, tmp_path / "a.parquet", "Tract", np.asarray(src.nodes[src.levels.index("Tract")])),
+             _gls_part(src, tmp_path / "b.parquet", "Block", blocks[: len(blocks) // 3]),
+             _gls_part(src, tmp_path / "c.parquet", "Block", blocks[len(blocks) // 3:])]
+    tables = []
+    for client in (None, dask_client):
+        staging = tmp_path / f"staging-{client is None}"
+        staging.mkdir()
+        out, cpu = amc.published_and_amc(parts, src, staging, None, tmp_path / "reps", client)
+        assert cpu > 0
+        tables.append(pd.concat([pq.read_table(p).to_pandas() for p in out], ignore_index=True))
+    assert len(tables[0]) == 2 * sum(len(pd.read_parquet(p)) for p in parts)
+    assert tables[0]["published"].notna().all() and (tables[0]["rep_bias"] != 0).any()
     pd.testing.assert_frame_equal(tables[0], tables[1], check_exact=True)
 
 

@@ -16,8 +16,9 @@ Work plan, all in Dask tasks (the client holds no level's arrays): the block lev
 task per block measurement part (whole block groups), in two passes: their sums up to the block groups; then
 one task estimates the levels above (few nodes: both passes, their rows, and the entities' covariances) and
 writes the block groups' final state to files; then, given it, the blocks' estimates, written as part files,
-and their sums over entity covers. Covariances depend on the variances only, not on the
-data, so all blocks with the same measurements' variances under one parent share one covariance.
+and their sums over entity covers; then one task per part adds the published counts (and the ``amc`` rows,
+amc.py) and one task concatenates the parts into the table. Covariances depend on the variances only, not on
+the data, so all blocks with the same measurements' variances under one parent share one covariance.
 """
 from __future__ import annotations
 
@@ -514,28 +515,39 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
-        parts_written = published_and_amc(parts_written, src, staging, entities,
-                                          Path(replicates) if replicates is not None else None)
-        if calibrate is not None:
-            parts_written += calibrated_parts(parts_written, src, staging, entities, Path(replicates),
-                                              Path(calibrate))
-        if not parts_written:
-            raise GLSError(f"{run}: no rows to write")
-        cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
-        cost.wall_seconds = time.perf_counter() - t0
-        cost.client_cpu_seconds = time.process_time() - c0
-        meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
-        schema = SCHEMA.with_metadata({META_KEY: meta})
-        tmp = out.with_name(f".{out.name}.tmp")
-        with writing(out), removed_on_failure(tmp):
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:  # the parts, concatenated once
-                for part in parts_written:
-                    writer.write_table(pq.read_table(part).cast(schema))
-            os.replace(tmp, out)
+            parts_written, cpu = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
+                                                   Path(replicates) if replicates is not None else None, dclient)
+            cost.tasks += len(parts_written)
+            cost.worker_cpu_seconds += cpu
+            if calibrate is not None:
+                parts_written += calibrated_parts(parts_written, src, staging, entities, Path(replicates),
+                                                  Path(calibrate))
+            if not parts_written:
+                raise GLSError(f"{run}: no rows to write")
+            cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
+            cost.wall_seconds = time.perf_counter() - t0
+            cost.client_cpu_seconds = time.process_time() - c0
+            meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
+            tmp = out.with_name(f".{out.name}.tmp")
+            with writing(out), removed_on_failure(tmp):
+                dclient.submit(concatenate, [str(p) for p in parts_written], str(tmp),
+                               SCHEMA.with_metadata({META_KEY: meta}), pure=False).result()
+                os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(converted, ignore_errors=True)
     return cost
+
+
+def concatenate(parts: list[str], path: str, schema: pa.Schema) -> None:
+    """The parts' rows as one Parquet file, row group by row group (amc.REWRITE_ROWS rows at most); a Dask task,
+    so that the reader's and writer's buffers (about 60 MB at the Hawaii size) stay out of the client."""
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for part in parts:
+            f = pq.ParquetFile(part)
+            for g in range(f.num_row_groups):
+                writer.write_table(f.read_row_group(g).cast(schema))
+    release_memory()
 
 
 # ------------------------------------------------------------------------------------ the upper levels
@@ -559,9 +571,11 @@ class UpperTask:
     covers: list[list[np.ndarray]] = field(default_factory=list)  # the entities' covers (:func:`entity_covers`)
 
 
-def _shipped(src: Source) -> Source:
-    """``src`` as a task needs it: levels, nodes, parents and parts (the spine table and the readers stay)."""
-    return Source(src.root, src.levels, src.products, src.spine.iloc[:0], src.nodes, src.parents)
+def _shipped(src: Source, spine: bool = False) -> Source:
+    """``src`` as a task needs it: levels, nodes, parents and parts, with ``spine`` its spine table too (the
+    readers and the configuration stay)."""
+    return Source(src.root, src.levels, src.products, src.spine if spine else src.spine.iloc[:0], src.nodes,
+                  src.parents)
 
 
 def upper_pass(t: UpperTask, res1: list[dict]) -> dict:

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from topdown.vocab.problem import Constraint, FailsafeStep, GroupTotal, Measurement, ParentProblem
 
 from ..configuration.config import ProductConfig
+from .memory import release_memory
 from .rundir import sha256_file
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
@@ -110,7 +111,14 @@ def map_on_cluster(backend) -> Callable | None:
 
 
 def run_chunk(chunk: Chunk) -> ChunkResult:
-    """Measure the chunk's children (or read their published measurements) and estimate every parent."""
+    """Measure the chunk's children (or read their published measurements) and estimate every parent; then give
+    the freed memory back (the solvers' transients: a worker's heap does not grow task after task)."""
+    result = _run_chunk(chunk)
+    release_memory()
+    return result
+
+
+def _run_chunk(chunk: Chunk) -> ChunkResult:
     from topdown.solvers import solve_parent
     from topdown.solvers.backends import BACKENDS
 
