@@ -143,7 +143,7 @@ def test_calibrated_rows_from_two_generations(demo_run, tmp_path):
              _gls_part(src, tmp_path / "b.parquet", "Block", np.asarray([block]))]
     staging = tmp_path / "staging"
     staging.mkdir()
-    parts = amc.published_and_amc(parts, src, staging, None, tmp_path / "reps")
+    parts, _ = amc.published_and_amc(parts, src, staging, None, tmp_path / "reps")
     out = cal.calibrated_parts(parts, src, staging, None, tmp_path / "reps", tmp_path / "reps2")
     assert len(out) == 2 and pq.read_schema(out[0]).equals(amc.SCHEMA)
     rows = pd.concat([pq.read_table(p).to_pandas() for p in out], ignore_index=True)
