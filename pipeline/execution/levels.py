@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import scipy.sparse as sp
 
 from topdown.geo.spine import PREFIX, STATE, Spine, is_sorted, sorted_factorize
@@ -75,8 +76,26 @@ class Level:
     parts: list[LevelPart] | None = None  # true histograms kept on the workers (dataplane.py); None: in ``hist``
     meta: list[LevelPart] | None = None  # the block level's unit counts and constraints on the workers
 
+    def __post_init__(self) -> None:
+        self.nodes = one_chunk(self.nodes)
+
     def __len__(self) -> int:
         return len(self.nodes)
+
+
+def one_chunk(index: pd.Index) -> pd.Index:
+    """``index`` over one contiguous Arrow array where it is Arrow-backed in several chunks: a take (the
+    children of a chunk, its parents' names) from an array of many chunks costs time in proportion to the
+    whole array, at every call (benchmarks/RESULTS_national.md, the national run's driver)."""
+    arr = index.array
+    if not isinstance(arr, pd.arrays.ArrowExtensionArray):
+        return index
+    data = pa.chunked_array(arr.__arrow_array__())
+    if data.num_chunks <= 1:
+        return index
+    combined = pa.chunked_array([data.combine_chunks()])
+    values = type(arr)(combined, dtype=arr.dtype) if isinstance(arr, pd.arrays.ArrowStringArray) else type(arr)(combined)
+    return pd.Index(values, name=index.name, copy=False)
 
 
 def block_matrix(block_hist: pd.DataFrame, geoids: pd.Index, ncells: int) -> sp.csr_matrix:
