@@ -226,8 +226,9 @@ def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, r
     """
     k = problem.n_children
     if problem.parent_hist is None:  # the root: a child's fixed total (an equality over every cell) caps it
-        cell_cap = np.where(mask, root_totals(problem)[:, None], 0.0)
-        return cell_cap if query == DETAILED else np.minimum(query.answer(cell_cap), root_totals(problem)[:, None])
+        totals = root_totals(problem)[:, None]
+        cell_cap = np.where(mask, totals, 0.0)
+        return cell_cap if query == DETAILED else np.minimum(query.answer(cell_cap), totals)
     parent = np.asarray(problem.parent_hist, float)
     if relax_parent:  # the exact marginal over the other dimensions still fixes the total
         cell_cap = np.where(mask, parent.sum(), 0.0)
