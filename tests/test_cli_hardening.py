@@ -172,3 +172,24 @@ def test_signals_interrupt_off_the_main_thread_changes_nothing():
     thread.start()
     thread.join()
     assert seen == [before]
+
+
+def _ignored(status: str) -> set[int]:
+    """The signals a process ignores, from the SigIgn mask of its /proc/PID/status."""
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_embedded_workers_ignore_the_stop_signals_and_the_driver_gets_them_back():
+    """A signal to the whole group must stop the driver alone: a worker dying first makes the scheduler log
+    its loss before the command's one line. The driver's own handlers are restored once the cluster is up."""
+    from topdown.pipeline.execution.runner import dask_client
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    with dask_client(workers=1) as client:
+        during = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+        statuses = client.run(lambda: Path("/proc/self/status").read_text())
+    assert during == before
+    assert statuses and all({signal.SIGTERM, signal.SIGINT} <= _ignored(s) for s in statuses.values()), statuses
+    assert not {signal.SIGTERM, signal.SIGINT} & _ignored(Path("/proc/self/status").read_text())

@@ -79,17 +79,21 @@ def quiet_closing() -> Iterator[Callable[[], None]]:
 
 
 @contextmanager
-def workers_ignore_sigint() -> Iterator[None]:
-    """Worker processes started in this block ignore SIGINT (the disposition is inherited): a Ctrl-C reaches
-    the whole process group, and the driver alone stops the command, closing the cluster on its way out."""
+def workers_ignore_stop_signals() -> Iterator[None]:
+    """Worker processes started in this block ignore SIGINT and SIGTERM (ignored dispositions survive the spawn):
+    Ctrl-C or a batch system's kill reaches the whole process group, and the driver alone stops the command,
+    closing the cluster on its way out; a worker killed first would make the scheduler log its loss on the way.
+    The nanny still stops a worker (a close message, then SIGKILL), and a worker exits when its nanny dies.
+    While the block runs (the cluster's start), the driver ignores them too."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, saved)
+        for s, handler in saved.items():
+            signal.signal(s, handler)
 
 
 def tls_security(ca_file: str | None = None, cert: str | None = None, key: str | None = None) -> Security | None:
