@@ -255,3 +255,65 @@ def test_counties_are_the_groups_of_the_geoids_five_character_prefixes(numbers, 
     assert got.names == sorted(expected)
     assert {name: got.rows(i).tolist() for i, name in enumerate(got.names)} == expected
     assert (got.order is None) == (geoids == sorted(geoids))
+
+
+# -- what the workers hold: compact block metadata, each level's truth dropped once estimated ----------------------
+_counts = st.lists(st.one_of(st.integers(-2**40, 2**40), st.integers(-300, 300), st.sampled_from([np.nan, np.inf])),
+                   min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_counts, st.booleans())
+def test_narrowed_counts_widen_back_exactly(values, as_float):
+    """dataplane._narrow keeps every value (NaN and infinities included) and uses 4 bytes only where exact."""
+    a = np.array(values, dtype=float if as_float else object)
+    if not as_float:
+        a = np.array([v for v in values if isinstance(v, int)] or [0], dtype=np.int64)
+    narrow = dataplane._narrow(a)
+    back = narrow.astype(a.dtype)
+    assert np.array_equal(back, a, equal_nan=True)
+    assert narrow.dtype.itemsize == 4 or np.abs(a[np.isfinite(a)]).max() >= 2**24
+
+
+def test_block_meta_gives_back_its_frames_exactly():
+    geoids = pd.Index([f"{i:015d}" for i in range(7)], dtype="str")
+    units = pd.DataFrame({"u0": np.arange(7, dtype=np.int64) * 3, "occupied": np.arange(7, dtype=np.int64)},
+                         index=geoids)
+    from topdown.vocab.problem import Constraint
+    from topdown.pipeline.execution.invariants import LevelConstraints
+    lb = np.array([[0.0, 1.0]] * 7)
+    ub = np.array([[99999.0 * 100, np.nan]] * 7)  # NaN: "no constraint"
+    cons = LevelConstraints(geoids, {"lb": Constraint("lb", "hhgq", ">=", lb), "ub": Constraint("ub", "hhgq", "<=", ub)})
+    meta = dataplane.BlockMeta(10, geoids, units, cons)
+    assert meta._columns[0][1].dtype == np.int32 and meta._cons[1][2].dtype == np.float32  # 4 bytes a count
+    pd.testing.assert_frame_equal(meta.units, units)
+    pd.testing.assert_index_equal(meta.geoids, geoids)
+    rows = np.array([13, 10, 16])
+    picked = dataplane.meta_rows([meta], rows)
+    pd.testing.assert_frame_equal(picked.units, units.iloc[rows - 10])
+    got = dataplane.meta_constraints([meta], rows)
+    pd.testing.assert_index_equal(got.nodes, geoids[rows - 10])
+    for name, c in cons.rhs.items():
+        assert got.rhs[name].rhs.dtype == np.float64 and got.rhs[name].sense == c.sense
+        np.testing.assert_array_equal(got.rhs[name].rhs, c.rhs[rows - 10])
+
+
+def test_a_run_drops_each_levels_true_histograms_once_estimated(tmp_path, demo_input, dask_client, monkeypatch):
+    """A one-off run keeps on its workers only the truth of the levels still to estimate: at each product's MDF
+    no level above the blocks holds parts, and the first product's blocks are gone at the second's."""
+    from topdown.pipeline.execution import runner
+
+    seen = []
+    write_mdf = runner.write_mdf
+
+    def watching(client, rundir, product, spine, blocks, estimated, hierarchy):
+        held = client.run(lambda dask_worker: sum("level_partial" in str(k) for k in dask_worker.data))
+        seen.append((product.name, sum(held.values()), blocks.parts is None))
+        return write_mdf(client, rundir, product, spine, blocks, estimated, hierarchy)
+
+    monkeypatch.setattr(runner, "write_mdf", watching)
+    run("demo", tmp_path / "run", input_dir=demo_input, client=dask_client)
+    assert [name for name, _, _ in seen] == ["persons", "units"]
+    (_, at_persons, persons_dropped), (_, at_units, units_dropped) = seen
+    assert persons_dropped and units_dropped
+    assert at_units < at_persons  # the persons' blocks went; the units' own levels were already dropped

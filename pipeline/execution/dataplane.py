@@ -203,19 +203,77 @@ def read_units(path: str, row_groups: list[int], census: Census | None = None) -
     return frame
 
 
-@dataclass
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """Integral counts in 4 bytes where exact (held for a whole level on the workers): integers, and floats
+    that are all integers, in 32-bit integers; floats with NaN ("no constraint") or infinities whose other
+    values are integers below 2**24 in 32-bit floats; else unchanged. :class:`BlockMeta` widens them back."""
+    if values.size == 0 or values.dtype.kind not in "iuf" or values.dtype.itemsize <= 4:
+        return values
+    finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+    if finite.size and not (finite == np.round(finite)).all():
+        return values
+    low, high = (finite.min(), finite.max()) if finite.size else (0, 0)
+    if finite.size == values.size and np.iinfo(np.int32).min <= low and high <= np.iinfo(np.int32).max:
+        return values.astype(np.int32)
+    return values.astype(np.float32) if max(-low, high) < 2 ** 24 else values
+
+
+def _strings(index: pd.Index) -> pa.Array:
+    """An index's strings as one Arrow array (no pandas hash table kept with them)."""
+    return pa.array(np.asarray(index, dtype=object), type=pa.string())
+
+
 class BlockMeta:
     """The public metadata of a range of the block level's rows (stays on its worker): the blocks' GEOIDs, unit
     counts (u0..u7, occupied; indexed by block geocode) and constraint right-hand sides, rows in node order
-    from row ``lo``."""
+    from row ``lo``. Held compact (strings as Arrow arrays, counts in 32 bits): :attr:`geoids`, :attr:`units`,
+    :attr:`constraints` and the ``*_rows`` methods give them back with their original types."""
 
-    lo: int
-    geoids: pd.Index
-    units: pd.DataFrame
-    constraints: LevelConstraints | None
+    def __init__(self, lo: int, geoids: pd.Index, units: pd.DataFrame, constraints: LevelConstraints | None):
+        self.lo, self.n = lo, len(units)
+        self._geoids = _strings(geoids)
+        self._names = None if units.index is geoids or units.index.equals(geoids) else _strings(units.index)
+        self._dtypes = {"geoids": geoids.dtype, "names": units.index.dtype}
+        self._columns = [(c, _narrow(units[c].to_numpy()), units[c].dtype) for c in units.columns]
+        self._cons = None if constraints is None else [  # each constraint without its rows, their rhs apart
+            (name, dataclasses.replace(c, rhs=c.rhs[:0]), _narrow(c.rhs), c.rhs.dtype)
+            for name, c in constraints.rhs.items()]
 
     def __len__(self) -> int:
-        return len(self.units)
+        return self.n
+
+    def _index(self, values: pa.Array, rows, dtype) -> pd.Index:
+        picked = values if isinstance(rows, slice) else values.take(pa.array(np.asarray(rows, dtype=np.int64)))
+        return pd.Index(picked.to_numpy(zero_copy_only=False), dtype=dtype)
+
+    def names_rows(self, rows: np.ndarray | slice = slice(None)) -> pd.Index:
+        """The block geocodes (the units' index) of local ``rows``."""
+        return self._index(self._geoids if self._names is None else self._names, rows, self._dtypes["names"])
+
+    def geoids_rows(self, rows: np.ndarray | slice = slice(None)) -> pd.Index:
+        """The GEOIDs of local ``rows``."""
+        return self._index(self._geoids, rows, self._dtypes["geoids"])
+
+    def units_rows(self, rows: np.ndarray | slice = slice(None)) -> pd.DataFrame:
+        """The unit counts of local ``rows``, indexed by block geocode."""
+        return pd.DataFrame({c: v[rows].astype(d) for c, v, d in self._columns}, index=self.names_rows(rows),
+                            columns=[c for c, _, _ in self._columns])
+
+    def rhs_rows(self, rows: np.ndarray | slice = slice(None)) -> dict:
+        """Each block constraint, its right-hand sides those of local ``rows``, by name."""
+        return {name: dataclasses.replace(c, rhs=v[rows].astype(d)) for name, c, v, d in self._cons or []}
+
+    @property
+    def geoids(self) -> pd.Index:
+        return self.geoids_rows()
+
+    @property
+    def units(self) -> pd.DataFrame:
+        return self.units_rows()
+
+    @property
+    def constraints(self) -> LevelConstraints | None:
+        return None if self._cons is None else LevelConstraints(self.names_rows(), self.rhs_rows())
 
 
 def _locate(metas: list[BlockMeta], rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
@@ -233,18 +291,18 @@ def meta_constraints(metas: list[BlockMeta], rows: np.ndarray) -> LevelConstrain
     """The constraints of block ``rows`` (in that order) from the parts holding them (a Block chunk's: no
     unit frames gathered)."""
     local, back = _locate(metas, rows)
-    nodes = metas[0].units.index[:0].append([m.units.index[i] for m, i in zip(metas, local)])[back]
-    return LevelConstraints(nodes, {name: dataclasses.replace(c, rhs=np.concatenate(
-        [m.constraints.rhs[name].rhs[i] for m, i in zip(metas, local)])[back])
-        for name, c in metas[0].constraints.rhs.items()})
+    nodes = metas[0].names_rows(local[0][:0]).append([m.names_rows(i) for m, i in zip(metas, local)])[back]
+    parts = [m.rhs_rows(i) for m, i in zip(metas, local)]
+    return LevelConstraints(nodes, {name: dataclasses.replace(c, rhs=np.concatenate([p[name].rhs for p in parts])[back])
+                                    for name, c in parts[0].items()})
 
 
 def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
     """The metadata of block ``rows`` (in that order) from the parts holding them."""
     local, back = _locate(metas, rows)
-    units = pd.concat([m.units.iloc[i] for m, i in zip(metas, local)]).iloc[back]
-    geoids = metas[0].geoids[:0].append([m.geoids[i] for m, i in zip(metas, local)])[back]
-    cons = None if metas[0].constraints is None else meta_constraints(metas, rows)
+    units = pd.concat([m.units_rows(i) for m, i in zip(metas, local)]).iloc[back]
+    geoids = metas[0].geoids_rows(local[0][:0]).append([m.geoids_rows(i) for m, i in zip(metas, local)])[back]
+    cons = None if metas[0]._cons is None else meta_constraints(metas, rows)
     return BlockMeta(0, geoids, units, cons)
 
 

@@ -357,8 +357,9 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: p
     return Prepared(config, spine, all_levels, shares, hashes, dict(timings))
 
 
-def _plan(config: Config, prep: Prepared, dclient, prior: list[dict]) -> "Plan":
-    """The plan of a run of ``config`` from ``prep`` (its certificate composing with ``prior`` draws)."""
+def _plan(config: Config, prep: Prepared, dclient, prior: list[dict], reused: bool = False) -> "Plan":
+    """The plan of a run of ``config`` from ``prep`` (its certificate composing with ``prior`` draws; ``reused``:
+    ``prep`` serves further runs, so its true histograms stay on the workers)."""
     cert = with_draws(certificate(config, prep.shares), prior or [])
 
     def publish(rd: RunDir) -> None:
@@ -366,7 +367,8 @@ def _plan(config: Config, prep: Prepared, dclient, prior: list[dict]) -> "Plan":
         for product in config.run_products:
             _write_invariants(dclient, rd, product, prep.levels[product.name])
 
-    return Plan(prep.spine, prep.levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": prep.hashes})
+    return Plan(prep.spine, prep.levels, cert, publish, lambda rd, product, level: DRAW, {"input_sha256": prep.hashes},
+                release=not reused)
 
 
 def prepare(config: Config, input_dir: str | Path, client) -> Prepared:
@@ -393,7 +395,7 @@ def run_prepared(config: Config, out: str | Path, prep: Prepared, client) -> Pat
     rundir = RunDir(check_out(out, "the run directory", is_run_dir))
     with opened(rundir, config, prep.hashes, resume=False, force=False, draws=True) as (manifest, prior):
         manifest["timings"] = dict(prep.timings)
-        return execute(config, rundir, manifest, _plan(config, prep, client, prior), client, None, None, None,
+        return execute(config, rundir, manifest, _plan(config, prep, client, prior, reused=True), client, None, None, None,
                        time.perf_counter(), fresh=True)
 
 
@@ -407,6 +409,7 @@ class Plan:
     publish: Callable[[RunDir], None]  # writes (or links) the spine and the invariants
     source: Callable[[RunDir, str, Level], MeasurementSource]  # per product and level: drawn or published
     manifest: dict  # extra manifest entries (input hashes, the run reprocessed)
+    release: bool = False  # drop each level's true histograms from the workers once it is estimated (a one-off run)
 
 
 def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, scheduler, workers,
@@ -440,9 +443,11 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
         for product in config.run_products:
             levels = plan.levels[product.name]
             blocks = _estimate_product(dclient, rundir, config, product, levels, manifest, progress,
-                                       lambda level: plan.source(rundir, product.name, level))
+                                       lambda level: plan.source(rundir, product.name, level), plan.release)
             t = time.perf_counter()
             write_mdf(dclient, rundir, product, plan.spine, levels[-1], blocks, census_hierarchy(config))
+            if plan.release:  # the product's last use of the blocks' metadata on the workers
+                levels[-1].meta = None
             release_memory()
             timings[f"{product.name}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
@@ -502,8 +507,9 @@ class PathShares(Mapping):
 
 
 def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, levels: list[Level], manifest: dict,
-                      progress: ProgressFn | None, source: Callable[[Level], MeasurementSource]):
-    """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up."""
+                      progress: ProgressFn | None, source: Callable[[Level], MeasurementSource], release: bool = False):
+    """Top-down: every level estimated from its parents. Block-by-block: blocks alone, then summed up.
+    ``release``: each level's true histograms are dropped from the workers once it is complete."""
     product = spec.name
     done = manifest["completed"].setdefault(product, [])
     solved = manifest["parents_solved"].setdefault(product, {})
@@ -519,6 +525,8 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
             if problem is None:
                 hist = read_level_output(rundir, product, level)
                 log.info("%s %s: complete in an earlier run, read back", product, level.name)
+                if release:
+                    level.parts = None
                 continue
             distrust(problem, config.run.mode, f"{product} {level.name}",
                      "Run again without --resume (with --redraw: a second release) or restore the level's files")
@@ -526,6 +534,8 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
         hist, report = estimate_level(dclient, rundir, spec, config, level, parent, hist, progress,
                                       independent=by_block, source=source(level))
         _log_report(product, report)
+        if release:
+            level.parts = None
         release_memory()
         done.append(level.name)
         digests[level.name] = report.digests if report.digests is not None else level_digests(rundir, product,
