@@ -183,7 +183,8 @@ def _ignored(status: str) -> set[int]:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
 def test_embedded_workers_ignore_the_stop_signals_and_the_driver_gets_them_back():
     """A signal to the whole group must stop the driver alone: a worker dying first makes the scheduler log
-    its loss before the command's one line. The driver's own handlers are restored once the cluster is up."""
+    its loss before the command's one line. The driver's own handlers are restored once the cluster is up (what
+    they were: a shell's background job starts with SIGINT ignored)."""
     from topdown.pipeline.execution.runner import dask_client
 
     before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
@@ -192,4 +193,3 @@ def test_embedded_workers_ignore_the_stop_signals_and_the_driver_gets_them_back(
         statuses = client.run(lambda: Path("/proc/self/status").read_text())
     assert during == before
     assert statuses and all({signal.SIGTERM, signal.SIGINT} <= _ignored(s) for s in statuses.values()), statuses
-    assert not {signal.SIGTERM, signal.SIGINT} & _ignored(Path("/proc/self/status").read_text())

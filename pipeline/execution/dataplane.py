@@ -395,16 +395,24 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
         rows, local = np.unique(inverse, return_inverse=True)
         agg = sp.csr_matrix((np.ones(len(local), np.int64), (local, np.arange(len(local)))), shape=(len(rows), len(local)))
         partial = (agg @ hist).tocsr()
-        partials.append((rows, partial))
+        partials.append(_compact_partial(rows, partial))
         answers.append(node_answers(product, partial))
         sums.append(agg @ units)
         if i == len(inverses) - 1:  # the level above the blocks: their right-hand sides summed per node
             for name, c in cons.rhs.items():
                 below[name] = np.zeros((len(rows), c.rhs.shape[1]))
                 np.add.at(below[name], local, c.rhs)
-    partials.append((lo + np.arange(len(blocks)), hist))
+    partials.append(_compact_partial(lo + np.arange(len(blocks)), hist))
     return Shard(partials, answers, sums, below, {name: (str(names[row]), n) for name, (row, n) in bad.items()},
                  problem, BlockMeta(lo, blocks, frame, cons))
+
+
+def _compact_partial(rows: np.ndarray, hist: sp.csr_matrix) -> tuple[np.ndarray, sp.csr_matrix]:
+    """A partial as the shard holds it for its level's estimation: node rows and counts in 4 bytes where
+    they fit (:func:`_stack` sums them in 64 bits)."""
+    hist = hist.copy()
+    hist.data = _narrow(hist.data)
+    return _narrow(rows), hist
 
 
 def _runs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
