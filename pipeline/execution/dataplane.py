@@ -272,6 +272,10 @@ class BlockMeta:
         return self.units_rows()
 
     @property
+    def has_constraints(self) -> bool:
+        return self._cons is not None
+
+    @property
     def constraints(self) -> LevelConstraints | None:
         return None if self._cons is None else LevelConstraints(self.names_rows(), self.rhs_rows())
 
@@ -302,7 +306,7 @@ def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
     local, back = _locate(metas, rows)
     units = pd.concat([m.units_rows(i) for m, i in zip(metas, local)]).iloc[back]
     geoids = metas[0].geoids_rows(local[0][:0]).append([m.geoids_rows(i) for m, i in zip(metas, local)])[back]
-    cons = None if metas[0]._cons is None else meta_constraints(metas, rows)
+    cons = meta_constraints(metas, rows) if metas[0].has_constraints else None
     return BlockMeta(0, geoids, units, cons)
 
 
