@@ -317,3 +317,41 @@ def test_a_run_drops_each_levels_true_histograms_once_estimated(tmp_path, demo_i
     (_, at_persons, persons_dropped), (_, at_units, units_dropped) = seen
     assert persons_dropped and units_dropped
     assert at_units < at_persons  # the persons' blocks went; the units' own levels were already dropped
+
+
+def test_the_persons_read_parts_are_freed_before_the_units_are_tabulated(tmp_path, demo_input, dask_client,
+                                                                         monkeypatch):
+    """The read tasks' person parts live on the workers only until the persons' shards are built: the units
+    product counts none of them, so they are gone before its tabulation (the national run's tabulation peak)."""
+    import time
+
+    from topdown.pipeline.execution import runner
+
+    keys: list[str] = []
+    read_input, tabulate = runner.read_input, runner.tabulate_levels
+
+    def reading(client, files, census=None):
+        inp = read_input(client, files, census)
+        keys.extend(str(f.key) for f in inp.persons)
+        return inp
+
+    def held(client) -> int:
+        found = client.run(lambda dask_worker, keys: sum(str(k) in keys for k in dask_worker.data), keys=set(keys))
+        return sum(found.values())
+
+    seen = []
+
+    def watching(client, config, product, spine, inp, files, later=()):
+        count = held(client)
+        deadline = time.monotonic() + 30  # the scheduler frees released keys asynchronously
+        while product.name == "units" and count and time.monotonic() < deadline:
+            time.sleep(0.1)
+            count = held(client)
+        seen.append((product.name, count))
+        return tabulate(client, config, product, spine, inp, files, later)
+
+    monkeypatch.setattr(runner, "read_input", reading)
+    monkeypatch.setattr(runner, "tabulate_levels", watching)
+    run("demo", tmp_path / "run", input_dir=demo_input, client=dask_client)
+    assert keys and [name for name, _ in seen] == ["persons", "units"]
+    assert seen[0][1] >= len(keys) and seen[1][1] == 0  # each part held (replicas counted), then none

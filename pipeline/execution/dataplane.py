@@ -157,7 +157,7 @@ class BlockPart:
 
     path: str
     geoids: pd.Index  # sorted unique block GEOIDs (Arrow strings: no Python object per block)
-    hist: sp.csr_matrix  # blocks x person cells, int64
+    hist: sp.csr_matrix  # blocks x person cells, counts in 4 bytes where they fit (:func:`_narrow`)
     geography: pd.DataFrame | None = None  # a column hierarchy's level codes per block (public)
 
 
@@ -169,6 +169,7 @@ def read_persons(path: str, row_groups: list[int]) -> BlockPart:
     hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, np.asarray(cells, np.int64))),
                          shape=(len(blocks), PERSONS.ncells), dtype=np.int64)
     hist.sum_duplicates()
+    hist.data = _narrow(hist.data)
     return BlockPart(path, pd.Index(blocks, dtype="str"), hist)
 
 
@@ -179,6 +180,7 @@ def read_records(path: str, row_groups: list[int], product: Product, hierarchy: 
     ncells = product.schema.ncells
     hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, cells)), shape=(len(blocks), ncells), dtype=np.int64)
     hist.sum_duplicates()
+    hist.data = _narrow(hist.data)
     return BlockPart(path, pd.Index(blocks, dtype="str"), hist, geography)
 
 
@@ -196,10 +198,17 @@ def read_units(path: str, row_groups: list[int], census: Census | None = None) -
     and a column hierarchy's level codes per block in ``attrs["geography"]``."""
     if census is None:
         _, units = check_units(Path(path), row_groups)
-        return block_units(units)
+        return _narrow_counts(block_units(units))
     _, units = check_units(Path(path), row_groups, census.hierarchy, census.units)
-    frame = block_units(units)
+    frame = _narrow_counts(block_units(units))
     frame.attrs["geography"] = units.attrs["geography"]
+    return frame
+
+
+def _narrow_counts(frame: pd.DataFrame) -> pd.DataFrame:
+    """A units frame's counts in 4 bytes where they fit (:func:`_narrow`; :func:`_block_units` sums them in 64 bits)."""
+    for column in frame.columns.drop("geoid"):
+        frame[column] = _narrow(frame[column].to_numpy())
     return frame
 
 
@@ -627,11 +636,14 @@ def _block_units(frames: list[pd.DataFrame], blocks: pd.Index) -> np.ndarray:
     return units
 
 
-def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, files: InputFiles) -> list:
+def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, files: InputFiles,
+                    later: tuple[Product, ...] = ()) -> list:
     """Every level of ``product`` with its invariants and constraints (checked) in the driver and its true
     histograms on the workers (``Level.parts``): one shard task per :data:`SHARD_BLOCKS` blocks. The block
     level's unit counts and constraints stay on the shards too (``Level.meta``): the driver holds per block
-    its geocode, parent row and budget share only."""
+    its geocode, parent row and budget share only. When none of the ``later`` products (tabulated after this
+    one) counts this one's records, the driver forgets their read tasks once the shards are submitted, so that
+    the workers free each read part as soon as the shards reading it are done."""
     from distributed import wait
 
     from .levels import Level, LevelPart, _geography, _plb, levels_from_units
@@ -665,6 +677,9 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
                                     unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
+    del sources, shard_parts, unit_parts
+    if persons and all(_counted(inp, q) is None or _counted(inp, q)[0] is not counted[0] for q in later):
+        counted[0].clear()  # the read tasks' only references in the driver (ReadInput's lists)
     columns = UNIT_COLUMNS + ["occupied"]
     above = geo[:-1]
     answers: list[dict[str, np.ndarray]] = [{} for _ in above]

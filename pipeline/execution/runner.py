@@ -346,10 +346,11 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: p
 
     shares = {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}
     all_levels: dict[str, list[Level]] = {}
-    for product in config.run_products:
+    products = tuple(config.run_products)
+    for i, product in enumerate(products):
         t = time.perf_counter()
         step(f"tabulate {product.name}")
-        all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files)
+        all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files, products[i + 1:])
         release_memory()
         timings[f"{product.name}.tabulate"] = time.perf_counter() - t
     del data  # the shards hold the true histograms now
