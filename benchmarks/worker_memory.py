@@ -1,5 +1,6 @@
 """What the workers hold after a run's tabulation: bytes per spine block of each product's and level's true
-histograms (``Level.parts``) and of the blocks' metadata (``Level.meta``), and the worker's RSS.
+histograms (``Level.parts``) and of the blocks' metadata (``Level.meta``), each worker's RSS, and its
+high-water RSS (the tabulation's peak).
 
     python benchmarks/worker_memory.py CONFIG --input DIR [--workers N]
 
@@ -45,9 +46,12 @@ def nbytes(x, seen: set | None = None) -> int:
     return sys.getsizeof(x)
 
 
-def held(dask_worker) -> tuple[dict, int]:
-    """Each key's bytes on this worker, and its RSS."""
-    return {str(k): nbytes(v) for k, v in dask_worker.data.items()}, dask_worker.monitor.get_process_memory()
+def held(dask_worker) -> tuple[dict, int, int]:
+    """Each key's bytes on this worker, its RSS and its high-water RSS (bytes)."""
+    import resource
+
+    return ({str(k): nbytes(v) for k, v in dask_worker.data.items()}, dask_worker.monitor.get_process_memory(),
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         prep = prepare(config, Path(args.input), c)
         blocks = len(prep.spine.table)
         per_worker = c.run(held)
-        sizes = {k: v for s, _ in per_worker.values() for k, v in s.items()}
+        sizes = {k: v for s, _, _ in per_worker.values() for k, v in s.items()}
         rows, kinds = [], Counter()
         for product, levels in prep.levels.items():
             for level in levels:
@@ -79,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['product']:10s} {r['level']:14s} {r['kind']:5s} {r['bytes'] / 1e6:10.1f} MB "
                   f"{r['bytes_per_block']:8.1f} B/block")
         total = sum(kinds.values())
-        rss = [r for _, r in per_worker.values()]
+        rss = [r for _, r, _ in per_worker.values()]
+        hwm = [h for _, _, h in per_worker.values()]
         print(f"held {total / 1e6:.1f} MB, {total / blocks:.1f} B per spine block ({blocks:,} blocks); "
-              f"worker RSS {', '.join(f'{r >> 20} MB' for r in rss)}")
+              f"worker RSS {', '.join(f'{r >> 20} MB' for r in rss)}; high-water {', '.join(f'{h >> 20} MB' for h in hwm)}")
         print(json.dumps({"blocks": blocks, "held_bytes": total, "held_per_block": round(total / blocks, 1),
-                          "worker_rss_mb": [r >> 20 for r in rss], "rows": rows}))
+                          "worker_rss_mb": [r >> 20 for r in rss], "worker_hwm_mb": [h >> 20 for h in hwm],
+                          "rows": rows}))
     return 0
 
 
