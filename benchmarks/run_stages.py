@@ -15,7 +15,9 @@ between samples are not missed; per stage it is reported only where the high-wat
 ``driver_hwm_run_mb`` is the driver's high-water mark when the run returns, ``driver_hwm_mb`` at the end
 (it includes this script's own reading of the task stream and samples).
 CPU: the same polls read each process's CPU seconds (user + system); the CPU used between two polls goes
-to the later poll's stage. On a shared machine worker CPU seconds, unlike wall time, do not grow with
+to the later poll's stage. The driver's leaves out the polling thread's own (a run has no such thread);
+the summary's ``driver_cpu_by_thread_s`` splits the driver's process CPU by thread (``MainThread``: the
+run's code; ``IO loop``: the client, the embedded scheduler and the nannies; the polling thread included). On a shared machine worker CPU seconds, unlike wall time, do not grow with
 the load, so they are the figures to project from (benchmarks/projection.py reads this output).
 Tasks: Dask's task stream gives every task's compute interval. Per level: ``task_busy_s`` (the summed
 compute seconds of the level's chunk tasks and of the split groups' tasks they started), ``task_span_s``
@@ -34,6 +36,7 @@ import bisect
 import json
 import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -138,12 +141,13 @@ class Sampler(threading.Thread):
     FIELDS = ("t", "driver_rss", "driver_hwm", "driver_cpu")
 
     def __init__(self, client, tracker: StageTracker) -> None:
-        super().__init__(daemon=True)
+        super().__init__(daemon=True, name="run_stages sampler")
         self.client, self.tracker = client, tracker
         self.numbers = array("d")  # per sample: FIELDS
         self.workers: list[array] = []  # per worker, after the run: (t, pid, rss, hwm, cpu) per sample
         self.stop_event = threading.Event()
         self.driver = psutil.Process()
+        self.own = 0.0  # this thread's CPU seconds at its latest sample (the benchmark's, not the run's)
 
     @property
     def samples(self) -> list[dict]:
@@ -164,10 +168,12 @@ class Sampler(threading.Thread):
         return out
 
     def sample(self) -> None:
+        """One driver sample; its CPU leaves out this sampler thread's own (``self.own``: not the run's)."""
         cpu = self.driver.cpu_times()
         with self.tracker.lock:
             self.numbers.extend([time.monotonic(), self.driver.memory_info().rss,
-                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, cpu.user + cpu.system])
+                                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                                 cpu.user + cpu.system - self.own])
             self.tracker.stages.append(self.tracker.stage)
             if self.tracker.awaiting_level:
                 self.tracker.pending.append(len(self.tracker.stages) - 1)
@@ -176,6 +182,7 @@ class Sampler(threading.Thread):
         self.client.run(_start_sampling)
         while not self.stop_event.is_set():
             t = time.perf_counter()
+            self.own = time.thread_time()
             self.sample()
             self.stop_event.wait(max(0.0, POLL_SECONDS - (time.perf_counter() - t)))
 
@@ -313,6 +320,20 @@ def task_levels(stream: list[dict], workers: int) -> dict[str, dict]:
     return out
 
 
+def driver_threads_cpu() -> dict[str, float]:
+    """This process's CPU seconds since it started, by thread: ``MainThread`` (the run's own code), ``IO loop``
+    (the event loop of the client, the embedded scheduler and the workers' nannies), Dask's offload threads,
+    this script's sampler; ``ended threads`` those no longer running (by difference)."""
+    proc = psutil.Process()
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in proc.threads():
+        name = re.sub(r"[-_ ]?\d+$", "", names.get(t.id, "other"))
+        out[name] = out.get(name, 0.0) + t.user_time + t.system_time
+    out["ended threads"] = max(0.0, sum(proc.cpu_times()[:2]) - sum(out.values()))
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
@@ -359,6 +380,7 @@ def main() -> None:
                     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: report the stages so far
                         out, interrupted = Path(args.out), True
                     run_wall = time.perf_counter() - t1
+                    threads = driver_threads_cpu()
                     run_hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # before this script's own summing up
             finally:
                 sampler.stop()
@@ -382,6 +404,7 @@ def main() -> None:
         "worker_cpu_s": round(sum(r["worker_cpu_s"] for r in rows), 1),
         "driver_cpu_s": round(sum(r["driver_cpu_s"] for r in rows), 1),
         "driver_over_worker_cpu": round(sum(r["driver_cpu_s"] for r in rows) / max(sum(r["worker_cpu_s"] for r in rows), 1e-9), 4),
+        "driver_cpu_by_thread_s": threads,
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
         "driver_rss_peak_mb": round(max((s["driver_rss"] for s in samples), default=0) / MB),
         "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
