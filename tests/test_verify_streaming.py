@@ -116,3 +116,34 @@ def test_group_keys(monkeypatch, blocks, records, limits, expected) -> None:
     monkeypatch.setattr(verify, "GROUP_BLOCKS", limits[0])
     monkeypatch.setattr(verify, "GROUP_RECORDS", limits[1])
     assert verify._group_keys(np.array(blocks), np.array(records, float)).tolist() == expected
+
+
+def test_the_mdf_is_checked_a_batch_at_a_time(three_states, tmp_path, monkeypatch) -> None:
+    """A group's MDF is tabulated a batch of rows at a time (a national group's MDF, tens of millions of records,
+    does not fit one frame): batches of 97 rows find what one batch finds, on a clean and a tampered run."""
+    copy = tmp_path / "tampered"
+    shutil.copytree(three_states, copy)
+    mdf = sorted((copy / "mdf" / "persons").rglob("*.parquet"))[-1]
+    table = pq.read_table(mdf)
+    race = table.column("CENRACE").to_pylist()
+    race[len(race) // 2] = "02" if race[len(race) // 2] != "02" else "01"  # one person's race changed
+    pq.write_table(table.set_column(table.schema.get_field_index("CENRACE"), "CENRACE",
+                                    pa.array(race, table.schema.field("CENRACE").type)), mdf)
+    batches = []
+    read = verify._Spill.batches
+
+    def counting(self, g):
+        for frame in read(self, g):
+            batches.append(len(frame))
+            yield frame
+
+    for run_dir, ok in ((three_states, True), (copy, False)):
+        whole = verify.verify_run(run_dir)
+        with monkeypatch.context() as m:
+            m.setattr(verify, "ROUTE_BATCH", 97)
+            m.setattr(verify._Spill, "batches", counting)
+            small = verify.verify_run(run_dir)
+        assert small.checks == whole.checks and small.ok == whole.ok == ok
+        assert sorted(small.failures) == sorted(whole.failures)
+    assert max(batches) == 97 and len(batches) > 100
+    assert "persons MDF does not tabulate back to the block histograms" in "\n".join(whole.failures)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -174,6 +175,15 @@ class _Spill:
         """Group ``g``'s rows (none: an empty frame of the source's schema)."""
         path = self.folder / f"{g}.parquet"
         return (pq.read_table(path) if path.exists() else self.schema.empty_table()).to_pandas()
+
+    def batches(self, g: int) -> Iterator[pd.DataFrame]:
+        """Group ``g``'s rows, :data:`ROUTE_BATCH` at a time (none: one empty frame of the source's schema)."""
+        path = self.folder / f"{g}.parquet"
+        if not path.exists():
+            yield self.schema.empty_table().to_pandas()
+            return
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=ROUTE_BATCH):
+            yield batch.to_pandas()
 
 
 def _batches(path: Path):
@@ -354,7 +364,7 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
                 _check_sums(product, parent, child, _children_sums(hists[child], _parent_map(spine, child, parent)),
                             hists[parent], relaxed, merged)
             verify_declared(reader, hists, inv.frame(g), spine, merged, totals_invariant, spec, hierarchy,
-                            mdf=None if mdf is None else mdf.frame(g), state=state, run_levels=levels)
+                            mdf=None if mdf is None else mdf.batches(g), state=state, run_levels=levels)
         if below:
             _check_sums(product, root, below[0], pd.concat(top).groupby(level=[0, 1]).sum(), h_root, relaxed, merged)
         verify_declared(reader, {root: h_root}, inv_top, groups.spine.slice(0, 1).to_pandas().astype(str), merged,
@@ -402,28 +412,37 @@ def _route_invariants(groups: _Groups, path: Path, folder: Path, root: str, belo
     return spill, pa.concat_tables(top).to_pandas() if top else spill.schema.empty_table().to_pandas()
 
 
-def _verify_person_mdf(mdf: pd.DataFrame, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
-                       rep: VerifyReport, hierarchy: Hierarchy) -> None:
-    """The P.L. 94-171 persons MDF (``mdf``, its rows of the blocks of ``spine``) tabulates back to the block
-    histograms."""
+def _summed(tabs: Iterable[pd.DataFrame]) -> pd.DataFrame:
+    """Tabulations (geocode, cell, count) of batches of an MDF's rows, added up."""
+    parts = list(tabs)
+    if len(parts) == 1:
+        return parts[0]
+    return pd.concat(parts, ignore_index=True).groupby(["geocode", "cell"])["count"].sum().reset_index()
+
+
+def _verify_person_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame],
+                       spine: pd.DataFrame, rep: VerifyReport, hierarchy: Hierarchy) -> None:
+    """The P.L. 94-171 persons MDF (``mdf``: batches of its rows of the blocks of ``spine``) tabulates back to
+    the block histograms."""
     levels = list(hists)
-    tab = tabulate_person_mdf(mdf.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
+    tab = _summed(tabulate_person_mdf(b.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
+                  for b in mdf)
     _check_mdf_blocks(spec.name, hists[levels[-1]], spine, levels[-1], tab, rep)
 
 
-def _verify_unit_mdf(mdf: pd.DataFrame, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+def _verify_unit_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
                      rep: VerifyReport, hierarchy: Hierarchy) -> None:
     """The P.L. 94-171 units MDF has one housing-unit row per unit of the block histograms."""
-    hu = int((mdf["RTYPE"] == "2").sum())
+    hu = sum(int((b["RTYPE"] == "2").sum()) for b in mdf)
     rep.check(hu == int(hists[list(hists)[-1]]["count"].sum()),
               f"{spec.name} MDF housing-unit rows differ from the block histograms")
 
 
-def _verify_generic_mdf(mdf: pd.DataFrame, spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
-                        rep: VerifyReport, hierarchy: Hierarchy) -> None:
-    """A generic MDF tabulates back to the leaf histograms."""
+def _verify_generic_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame],
+                        spine: pd.DataFrame, rep: VerifyReport, hierarchy: Hierarchy) -> None:
+    """A generic MDF (``mdf``: batches of its rows) tabulates back to the leaf histograms."""
     leaf = list(hists)[-1]
-    tab = tabulate_generic_mdf(mdf, spec, hierarchy)
+    tab = _summed(tabulate_generic_mdf(b, spec, hierarchy) for b in mdf)
     _check_mdf_blocks(spec.name, hists[leaf], spine, leaf, tab, rep)
 
 
@@ -458,11 +477,11 @@ _SPINE_STATE = object()
 
 def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.DataFrame, spine: pd.DataFrame,
                     rep: VerifyReport, totals_invariant: bool, spec: Product, hierarchy: Hierarchy, *,
-                    mdf: pd.DataFrame | None = None, check_mdf: bool = True, state=_SPINE_STATE,
+                    mdf: Iterable[pd.DataFrame] | None = None, check_mdf: bool = True, state=_SPINE_STATE,
                     run_levels: list[str] | None = None) -> None:
     """The product's declared invariants and constraints hold at every level of ``hists``: its unit bounds,
     its structural zeros (where the run configures them), its total (a state's as the sum over its parts) and
-    its housing-unit counts; its MDF (``mdf``: the rows of the blocks of ``spine``; default the whole MDF)
+    its housing-unit counts; its MDF (``mdf``: batches of its rows of the blocks of ``spine``; default the whole MDF)
     tabulates back to the leaves, unless not ``check_mdf``. ``run_levels``: all the run's levels, when ``hists``
     holds some of them (where a structural zero holds depends on the levels below)."""
     product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
@@ -510,5 +529,5 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
         elif lv_inv["tot"].notna().any():
             rep.check(bool((totals == lv_inv["tot"]).all()), f"{product} {level}: total differs from its invariant")
     if check_mdf and spec.mdf in MDF_CHECKS:
-        frame = reader.table(reader.mdf(spec.name)) if mdf is None else mdf
-        MDF_CHECKS[spec.mdf](frame, spec, hists, spine, rep, hierarchy)
+        MDF_CHECKS[spec.mdf]([reader.table(reader.mdf(spec.name))] if mdf is None else mdf, spec, hists, spine, rep,
+                             hierarchy)
