@@ -5,8 +5,8 @@ high-water RSS (the tabulation's peak).
     python benchmarks/worker_memory.py CONFIG --input DIR [--workers N]
 
 Reads, checks and tabulates the input as a run does (``runner.prepare``) on an embedded cluster of N workers
-(default 1: one process holds everything, so its figures are the run's totals), then sizes every object the
-workers hold (NumPy, SciPy sparse and Arrow buffers; pandas objects with their hash tables). Prints a table
+(default 1: one process holds everything, so its figures are the run's totals) started as a run's are
+(``runner.embedded_settings``), then sizes every object the workers hold (NumPy, SciPy sparse and Arrow buffers; pandas objects with their hash tables). Prints a table
 and one JSON line. No output is written; no true count is printed, only sizes.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def held(dask_worker) -> tuple[dict, int, int]:
 def main(argv: list[str] | None = None) -> int:
     from distributed import Client, LocalCluster
 
-    from topdown.pipeline.execution.runner import configure_run, prepare
+    from topdown.pipeline.execution.runner import configure_run, embedded_settings, prepare
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args(argv)
     config = configure_run(args.config, args.input)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True) as cluster, Client(cluster) as c:
+    with embedded_settings(), LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True) as cluster, \
+            Client(cluster) as c:
         prep = prepare(config, Path(args.input), c)
         blocks = len(prep.spine.table)
         per_worker = c.run(held)

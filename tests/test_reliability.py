@@ -438,3 +438,20 @@ def test_embedded_workers_keep_glibc_malloc_defaults(monkeypatch):
     with dask_client(workers=1) as client:
         assert list(client.run(_malloc_trim_threshold).values()) == [None]
     assert os.environ["MALLOC_TRIM_THRESHOLD_"] == "65536"
+
+
+def _arrow_pool() -> str:
+    import pyarrow as pa
+
+    return pa.default_memory_pool().backend_name
+
+
+def test_embedded_workers_allocate_arrow_buffers_with_glibc(monkeypatch):
+    """The embedded cluster's workers use Arrow's system pool (runner.WORKER_ENV), and this process's
+    environment is as it was afterwards."""
+    from topdown.pipeline.execution.runner import dask_client
+
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    with dask_client(workers=1) as client:
+        assert list(client.run(_arrow_pool).values()) == ["system"]
+    assert "ARROW_DEFAULT_MEMORY_POOL" not in os.environ

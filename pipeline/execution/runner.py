@@ -65,6 +65,10 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
 #: to do the same there.
 GLIBC_ENV = ("MALLOC_TRIM_THRESHOLD_",)
 GLIBC_DEFAULTS = {f"distributed.nanny.pre-spawn-environ.{name}": None for name in GLIBC_ENV}
+#: The embedded cluster's workers allocate Arrow's buffers with glibc (``system``), whose freed memory the next
+#: allocations reuse; Arrow's default pool (mimalloc) kept more resident: workers' high-water -12 % over a run,
+#: the same CPU (benchmarks/RESULTS_national.md section 8).
+WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
 @contextmanager
@@ -75,6 +79,21 @@ def _unset_env(*names: str) -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+@contextmanager
+def _env_kept(*names: str) -> Iterator[None]:
+    """``names`` in this process's environment afterwards as before (a nanny writes its workers' pre-spawn
+    variables into it)."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 #: Timers of an embedded cluster's driver process, which holds the scheduler and the workers' nannies: Dask's
@@ -89,9 +108,11 @@ QUIET_TIMERS = {"distributed.admin.tick.interval": "1s", "distributed.worker.mem
 @contextmanager
 def embedded_settings() -> Iterator[None]:
     """What an embedded cluster is started under (here and by benchmarks/run_stages.py): the scheduler's
-    short debugging logs, quiet timers (:data:`QUIET_TIMERS`), and glibc's malloc defaults for the workers."""
+    short debugging logs, quiet timers (:data:`QUIET_TIMERS`), glibc's malloc defaults and :data:`WORKER_ENV`
+    for the workers."""
+    spawn = {f"distributed.nanny.pre-spawn-environ.{name}": value for name, value in WORKER_ENV.items()}
     with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH, **GLIBC_DEFAULTS,
-                          **QUIET_TIMERS}), _unset_env(*GLIBC_ENV):
+                          **spawn, **QUIET_TIMERS}), _unset_env(*GLIBC_ENV), _env_kept(*WORKER_ENV):
         yield
 
 
