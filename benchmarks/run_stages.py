@@ -17,8 +17,9 @@ between samples are not missed; per stage it is reported only where the high-wat
 CPU: the same polls read each process's CPU seconds (user + system); the CPU used between two polls goes
 to the later poll's stage. The driver's leaves out the polling thread's own (a run has no such thread);
 the summary's ``driver_cpu_by_thread_s`` splits the driver's process CPU by thread (``MainThread``: the
-run's code; ``IO loop``: the client, the embedded scheduler and the nannies; the polling thread included). On a shared machine worker CPU seconds, unlike wall time, do not grow with
-the load, so they are the figures to project from (benchmarks/projection.py reads this output).
+run's code; ``IO loop``: the client, the embedded scheduler and the nannies; the polling thread included).
+On a shared machine worker CPU seconds, unlike wall time, do not grow with the load, so they are the
+figures to project from (benchmarks/projection.py reads this output).
 Tasks: Dask's task stream gives every task's compute interval. Per level: ``task_busy_s`` (the summed
 compute seconds of the level's chunk tasks and of the split groups' tasks they started), ``task_span_s``
 (first start to last stop) and ``span_over_busy_per_worker`` = span / (busy / workers), the measure of

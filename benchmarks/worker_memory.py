@@ -6,8 +6,8 @@ high-water RSS (the tabulation's peak).
 
 Reads, checks and tabulates the input as a run does (``runner.prepare``) on an embedded cluster of N workers
 (default 1: one process holds everything, so its figures are the run's totals) started as a run's are
-(``runner.embedded_settings``), then sizes every object the workers hold (NumPy, SciPy sparse and Arrow buffers; pandas objects with their hash tables). Prints a table
-and one JSON line. No output is written; no true count is printed, only sizes.
+(``runner.embedded_settings``), then sizes every object the workers hold (NumPy, SciPy sparse and Arrow
+buffers; pandas objects with their hash tables). Prints a table and one JSON line. No output is written; no true count is printed, only sizes.
 """
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         rss = [r for _, r, _ in per_worker.values()]
         hwm = [h for _, _, h in per_worker.values()]
         print(f"held {total / 1e6:.1f} MB, {total / blocks:.1f} B per spine block ({blocks:,} blocks); "
-              f"worker RSS {', '.join(f'{r >> 20} MB' for r in rss)}; high-water {', '.join(f'{h >> 20} MB' for h in hwm)}")
+              f"worker RSS {', '.join(f'{r >> 20} MB' for r in rss)}; "
+              f"high-water {', '.join(f'{h >> 20} MB' for h in hwm)}")
         print(json.dumps({"blocks": blocks, "held_bytes": total, "held_per_block": round(total / blocks, 1),
                           "worker_rss_mb": [r >> 20 for r in rss], "worker_hwm_mb": [h >> 20 for h in hwm],
                           "rows": rows}))

@@ -678,7 +678,7 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     del sources, shard_parts, unit_parts
-    if persons and all(_counted(inp, q) is None or _counted(inp, q)[0] is not counted[0] for q in later):
+    if persons and all((other := _counted(inp, q)) is None or other[0] is not counted[0] for q in later):
         counted[0].clear()  # the read tasks' only references in the driver (ReadInput's lists)
     columns = UNIT_COLUMNS + ["occupied"]
     above = geo[:-1]

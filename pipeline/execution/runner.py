@@ -72,16 +72,6 @@ WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
 @contextmanager
-def _unset_env(*names: str) -> Iterator[None]:
-    """``names`` absent from this process's environment (which spawned workers inherit), restored after."""
-    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-@contextmanager
 def _env_kept(*names: str) -> Iterator[None]:
     """``names`` in this process's environment afterwards as before (a nanny writes its workers' pre-spawn
     variables into it)."""
@@ -94,6 +84,15 @@ def _env_kept(*names: str) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextmanager
+def _unset_env(*names: str) -> Iterator[None]:
+    """``names`` absent from this process's environment (which spawned workers inherit), restored after."""
+    with _env_kept(*names):
+        for name in names:
+            os.environ.pop(name, None)
+        yield
 
 
 #: Timers of an embedded cluster's driver process, which holds the scheduler and the workers' nannies: Dask's
