@@ -265,37 +265,83 @@ _counts = st.lists(st.one_of(st.integers(-2**40, 2**40), st.integers(-300, 300),
 @settings(max_examples=200, deadline=None)
 @given(_counts, st.booleans())
 def test_narrowed_counts_widen_back_exactly(values, as_float):
-    """dataplane._narrow keeps every value (NaN and infinities included) and uses 4 bytes only where exact."""
+    """dataplane._narrow keeps every value (NaN and infinities included) and picks the smallest integer type
+    that holds integral values (4-byte floats for integral values with NaN or infinities below 2**24)."""
     a = np.array(values, dtype=float if as_float else object)
     if not as_float:
         a = np.array([v for v in values if isinstance(v, int)] or [0], dtype=np.int64)
     narrow = dataplane._narrow(a)
     back = narrow.astype(a.dtype)
     assert np.array_equal(back, a, equal_nan=True)
-    assert narrow.dtype.itemsize == 4 or np.abs(a[np.isfinite(a)]).max() >= 2**24
+    finite = a[np.isfinite(a)]
+    if finite.size == a.size and np.abs(finite).max() < 2**31 - 1:
+        low, high = finite.min(), finite.max()
+        assert narrow.dtype.kind == "i"
+        assert narrow.dtype.itemsize == next(t(0).itemsize for t in dataplane.NARROW_INTS
+                                             if np.iinfo(t).min <= low and high <= np.iinfo(t).max)
+    else:
+        assert narrow.dtype.itemsize == 4 or np.abs(finite).max() >= 2**24
 
 
 def test_block_meta_gives_back_its_frames_exactly():
+    """BlockMeta holds the unit counts in the fewest bytes and no right-hand side: its rule gives back the
+    constraints of any rows from their counts, as the tabulation computed them."""
     geoids = pd.Index([f"{i:015d}" for i in range(7)], dtype="str")
-    units = pd.DataFrame({"u0": np.arange(7, dtype=np.int64) * 3, "occupied": np.arange(7, dtype=np.int64)},
+    units = pd.DataFrame({"u0": np.arange(7, dtype=np.int64) * 300, "occupied": np.arange(7, dtype=np.int64)},
                          index=geoids)
     from topdown.vocab.problem import Constraint
     from topdown.pipeline.execution.invariants import LevelConstraints
-    lb = np.array([[0.0, 1.0]] * 7)
-    ub = np.array([[99999.0 * 100, np.nan]] * 7)  # NaN: "no constraint"
-    cons = LevelConstraints(geoids, {"lb": Constraint("lb", "hhgq", ">=", lb), "ub": Constraint("ub", "hhgq", "<=", ub)})
-    meta = dataplane.BlockMeta(10, geoids, units, cons)
-    assert meta._columns[0][1].dtype == np.int32 and meta._cons[1][2].dtype == np.float32  # 4 bytes a count
+
+    def rule(frame):  # a lower bound from u0, an upper bound with NaN ("no constraint") for odd counts
+        u0 = frame[["u0"]].to_numpy(dtype=float)
+        return LevelConstraints(frame.index, {"lb": Constraint("lb", "hhgq", ">=", np.hstack([u0, u0 / 2])),
+                                              "ub": Constraint("ub", "hhgq", "<=", np.where(u0 % 600, np.nan, u0))})
+
+    meta = dataplane.BlockMeta(10, geoids, units, rule)
+    assert [v.dtype for _, v, _ in meta._columns] == [np.int16, np.int8]  # the fewest bytes a count
+    assert not any(isinstance(v, np.ndarray) for v in vars(meta).values())  # no right-hand side held
     pd.testing.assert_frame_equal(meta.units, units)
     pd.testing.assert_index_equal(meta.geoids, geoids)
     rows = np.array([13, 10, 16])
     picked = dataplane.meta_rows([meta], rows)
     pd.testing.assert_frame_equal(picked.units, units.iloc[rows - 10])
-    got = dataplane.meta_constraints([meta], rows)
+    got, expected = dataplane.meta_constraints([meta], rows), rule(units.iloc[rows - 10])
     pd.testing.assert_index_equal(got.nodes, geoids[rows - 10])
-    for name, c in cons.rhs.items():
+    for name, c in expected.rhs.items():
         assert got.rhs[name].rhs.dtype == np.float64 and got.rhs[name].sense == c.sense
-        np.testing.assert_array_equal(got.rhs[name].rhs, c.rhs[rows - 10])
+        np.testing.assert_array_equal(got.rhs[name].rhs, c.rhs)
+
+
+def test_a_later_products_block_metadata_shares_the_first_ones_arrays():
+    geoids = pd.Index([f"{i:015d}" for i in range(5)], dtype="str")
+    units = pd.DataFrame({"u0": np.arange(5, dtype=np.int64), "occupied": np.arange(5, dtype=np.int64)}, index=geoids)
+    meta = dataplane.BlockMeta(0, geoids, units, None)
+    rule = lambda frame: None  # noqa: E731
+    other = meta.sharing(rule)
+    assert other.rhs is rule and meta.rhs is None and other.has_constraints and not meta.has_constraints
+    assert other._geoids is meta._geoids and all(a is b for (_, a, _), (_, b, _) in zip(other._columns, meta._columns))
+    pd.testing.assert_frame_equal(other.units, units)
+
+
+def test_tabulated_block_rules_give_the_constraints_the_tabulation_checked(tmp_path, demo_input, dask_client):
+    """The shards' block metadata hold their rule only; it gives back the right-hand sides computed at
+    tabulation (level_rhs of the blocks' unit counts) for any rows."""
+    from topdown.pipeline.execution.invariants import level_rhs
+    from topdown.pipeline.execution.runner import configure_run, prepare
+
+    config = configure_run("demo", demo_input)
+    prep = prepare(config, demo_input, dask_client)
+    product = config.run_products[0]
+    blocks = prep.levels[product.name][-1]
+    metas = dask_client.gather([p.future for p in blocks.meta])
+    rows = np.random.default_rng(3).permutation(sum(len(m) for m in metas))[:50]
+    units = dataplane.meta_rows(metas, rows).units
+    expected = level_rhs(product, config.product(product.name), prep.spine.levels, prep.spine.levels[-1], units,
+                         None, None)
+    got = dataplane.meta_constraints(metas, rows)
+    assert list(got.rhs) == list(expected.rhs) and got.rhs
+    for name, c in expected.rhs.items():
+        np.testing.assert_array_equal(got.rhs[name].rhs, c.rhs)
 
 
 def test_a_run_drops_each_levels_true_histograms_once_estimated(tmp_path, demo_input, dask_client, monkeypatch):
@@ -319,10 +365,10 @@ def test_a_run_drops_each_levels_true_histograms_once_estimated(tmp_path, demo_i
     assert at_units < at_persons  # the persons' blocks went; the units' own levels were already dropped
 
 
-def test_the_persons_read_parts_are_freed_before_the_units_are_tabulated(tmp_path, demo_input, dask_client,
-                                                                         monkeypatch):
-    """The read tasks' person parts live on the workers only until the persons' shards are built: the units
-    product counts none of them, so they are gone before its tabulation (the national run's tabulation peak)."""
+def test_the_read_parts_are_freed_before_the_units_are_tabulated(tmp_path, demo_input, dask_client, monkeypatch):
+    """The read tasks' person parts and unit frames live on the workers only until the persons' shards are
+    built: the units product counts no person and takes its unit counts from the persons' block metadata, so
+    they are all gone before its tabulation (the national run's tabulation peak)."""
     import time
 
     from topdown.pipeline.execution import runner
@@ -332,7 +378,7 @@ def test_the_persons_read_parts_are_freed_before_the_units_are_tabulated(tmp_pat
 
     def reading(client, files, census=None):
         inp = read_input(client, files, census)
-        keys.extend(str(f.key) for f in inp.persons)
+        keys.extend(str(f.key) for f in inp.persons + inp.units)
         return inp
 
     def held(client) -> int:
@@ -341,14 +387,14 @@ def test_the_persons_read_parts_are_freed_before_the_units_are_tabulated(tmp_pat
 
     seen = []
 
-    def watching(client, config, product, spine, inp, files, later=()):
+    def watching(client, config, product, spine, inp, files, later=(), first=None):
         count = held(client)
         deadline = time.monotonic() + 30  # the scheduler frees released keys asynchronously
         while product.name == "units" and count and time.monotonic() < deadline:
             time.sleep(0.1)
             count = held(client)
         seen.append((product.name, count))
-        return tabulate(client, config, product, spine, inp, files, later)
+        return tabulate(client, config, product, spine, inp, files, later, first)
 
     monkeypatch.setattr(runner, "read_input", reading)
     monkeypatch.setattr(runner, "tabulate_levels", watching)

@@ -23,11 +23,13 @@ in-memory path (tests/test_dataplane.py).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -157,7 +159,7 @@ class BlockPart:
 
     path: str
     geoids: pd.Index  # sorted unique block GEOIDs (Arrow strings: no Python object per block)
-    hist: sp.csr_matrix  # blocks x person cells, counts in 4 bytes where they fit (:func:`_narrow`)
+    hist: sp.csr_matrix  # blocks x person cells, counts in the fewest bytes that hold them (:func:`_narrow`)
     geography: pd.DataFrame | None = None  # a column hierarchy's level codes per block (public)
 
 
@@ -206,25 +208,34 @@ def read_units(path: str, row_groups: list[int], census: Census | None = None) -
 
 
 def _narrow_counts(frame: pd.DataFrame) -> pd.DataFrame:
-    """A units frame's counts in 4 bytes where they fit (:func:`_narrow`; :func:`_block_units` sums them in 64 bits)."""
+    """A units frame's counts in the fewest bytes that hold them (:func:`_narrow`; :func:`_block_units` sums
+    them in 64 bits)."""
     for column in frame.columns.drop("geoid"):
         frame[column] = _narrow(frame[column].to_numpy())
     return frame
 
 
+#: The integer types :func:`_narrow` picks from, smallest first.
+NARROW_INTS = (np.int8, np.int16, np.int32)
+
+
 def _narrow(values: np.ndarray) -> np.ndarray:
-    """Integral counts in 4 bytes where exact (held for a whole level on the workers): integers, and floats
-    that are all integers, in 32-bit integers; floats with NaN ("no constraint") or infinities whose other
-    values are integers below 2**24 in 32-bit floats; else unchanged. :class:`BlockMeta` widens them back."""
-    if values.size == 0 or values.dtype.kind not in "iuf" or values.dtype.itemsize <= 4:
+    """Integral counts in the fewest bytes that hold them exactly (held for a whole level on the workers):
+    integers, and floats that are all integers, in the smallest of :data:`NARROW_INTS` that holds them; floats
+    with NaN ("no constraint") or infinities whose other values are integers below 2**24 in 32-bit floats;
+    else unchanged. Readers widen them back (:class:`BlockMeta`) or sum them in 64 bits (:func:`_stack`)."""
+    if values.size == 0 or values.dtype.kind not in "iuf" or values.dtype.itemsize == 1:
         return values
     finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
     if finite.size and not (finite == np.round(finite)).all():
         return values
     low, high = (finite.min(), finite.max()) if finite.size else (0, 0)
-    if finite.size == values.size and np.iinfo(np.int32).min <= low and high <= np.iinfo(np.int32).max:
-        return values.astype(np.int32)
-    return values.astype(np.float32) if max(-low, high) < 2 ** 24 else values
+    if finite.size == values.size:  # all integral
+        fits = next((t for t in NARROW_INTS if np.iinfo(t).min <= low and high <= np.iinfo(t).max), None)
+        if fits is None or values.dtype.kind in "iu" and np.dtype(fits).itemsize >= values.dtype.itemsize:
+            return values
+        return values.astype(fits)
+    return values.astype(np.float32) if values.dtype.itemsize > 4 and max(-low, high) < 2 ** 24 else values
 
 
 def _strings(index: pd.Index) -> pa.Array:
@@ -233,20 +244,20 @@ def _strings(index: pd.Index) -> pa.Array:
 
 
 class BlockMeta:
-    """The public metadata of a range of the block level's rows (stays on its worker): the blocks' GEOIDs, unit
-    counts (u0..u7, occupied; indexed by block geocode) and constraint right-hand sides, rows in node order
-    from row ``lo``. Held compact (strings as Arrow arrays, counts in 32 bits): :attr:`geoids`, :attr:`units`,
-    :attr:`constraints` and the ``*_rows`` methods give them back with their original types."""
+    """The public metadata of a range of the block level's rows (stays on its worker): the blocks' GEOIDs and
+    unit counts (u0..u7, occupied; indexed by block geocode), rows in node order from row ``lo``, and the rule
+    giving their constraints' right-hand sides from those counts (:func:`block_rhs`; None: no constraints), so
+    that no right-hand side is held. Held compact (strings as Arrow arrays, counts in the fewest bytes that
+    hold them): :attr:`geoids`, :attr:`units`, :attr:`constraints` and the ``*_rows`` methods give them back
+    with their original types."""
 
-    def __init__(self, lo: int, geoids: pd.Index, units: pd.DataFrame, constraints: LevelConstraints | None):
-        self.lo, self.n = lo, len(units)
+    def __init__(self, lo: int, geoids: pd.Index, units: pd.DataFrame,
+                 rhs: Callable[[pd.DataFrame], LevelConstraints] | None):
+        self.lo, self.n, self.rhs = lo, len(units), rhs
         self._geoids = _strings(geoids)
         self._names = None if units.index is geoids or units.index.equals(geoids) else _strings(units.index)
         self._dtypes = {"geoids": geoids.dtype, "names": units.index.dtype}
         self._columns = [(c, _narrow(units[c].to_numpy()), units[c].dtype) for c in units.columns]
-        self._cons = None if constraints is None else [  # each constraint without its rows, their rhs apart
-            (name, dataclasses.replace(c, rhs=c.rhs[:0]), _narrow(c.rhs), c.rhs.dtype)
-            for name, c in constraints.rhs.items()]
 
     def __len__(self) -> int:
         return self.n
@@ -268,10 +279,6 @@ class BlockMeta:
         return pd.DataFrame({c: v[rows].astype(d) for c, v, d in self._columns}, index=self.names_rows(rows),
                             columns=[c for c, _, _ in self._columns])
 
-    def rhs_rows(self, rows: np.ndarray | slice = slice(None)) -> dict:
-        """Each block constraint, its right-hand sides those of local ``rows``, by name."""
-        return {name: dataclasses.replace(c, rhs=v[rows].astype(d)) for name, c, v, d in self._cons or []}
-
     @property
     def geoids(self) -> pd.Index:
         return self.geoids_rows()
@@ -280,13 +287,25 @@ class BlockMeta:
     def units(self) -> pd.DataFrame:
         return self.units_rows()
 
+    def sharing(self, rhs: Callable[[pd.DataFrame], LevelConstraints] | None) -> BlockMeta:
+        """The same blocks' metadata with the rule ``rhs`` (another product's), sharing these arrays."""
+        other = copy.copy(self)
+        other.rhs = rhs
+        return other
+
     @property
     def has_constraints(self) -> bool:
-        return self._cons is not None
+        return self.rhs is not None
 
     @property
     def constraints(self) -> LevelConstraints | None:
-        return None if self._cons is None else LevelConstraints(self.names_rows(), self.rhs_rows())
+        return None if self.rhs is None else self.rhs(self.units)
+
+
+def block_rhs(product: Product, cfg, levels: list[str], units: pd.DataFrame) -> LevelConstraints:
+    """The constraints' right-hand sides of blocks with unit counts ``units`` (indexed by geocode): at the
+    lowest level each block's depend on its own counts alone."""
+    return level_rhs(product, cfg, levels, levels[-1], units, None, None)
 
 
 def _locate(metas: list[BlockMeta], rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
@@ -303,11 +322,7 @@ def _locate(metas: list[BlockMeta], rows: np.ndarray) -> tuple[list[np.ndarray],
 def meta_constraints(metas: list[BlockMeta], rows: np.ndarray) -> LevelConstraints:
     """The constraints of block ``rows`` (in that order) from the parts holding them (a Block chunk's: no
     unit frames gathered)."""
-    local, back = _locate(metas, rows)
-    nodes = metas[0].names_rows(local[0][:0]).append([m.names_rows(i) for m, i in zip(metas, local)])[back]
-    parts = [m.rhs_rows(i) for m, i in zip(metas, local)]
-    return LevelConstraints(nodes, {name: dataclasses.replace(c, rhs=np.concatenate([p[name].rhs for p in parts])[back])
-                                    for name, c in parts[0].items()})
+    return metas[0].rhs(meta_rows(metas, rows).units)
 
 
 def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
@@ -315,8 +330,7 @@ def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
     local, back = _locate(metas, rows)
     units = pd.concat([m.units_rows(i) for m, i in zip(metas, local)]).iloc[back]
     geoids = metas[0].geoids_rows(local[0][:0]).append([m.geoids_rows(i) for m, i in zip(metas, local)])[back]
-    cons = meta_constraints(metas, rows) if metas[0].has_constraints else None
-    return BlockMeta(0, geoids, units, cons)
+    return BlockMeta(0, geoids, units, metas[0].rhs)
 
 
 @dataclass
@@ -378,21 +392,27 @@ def unit_bounded(spec: Product) -> str | None:
     return None if spec.unit_bounds is None else spec.unit_bounds.attribute
 
 
-def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray,
-                   names: pd.Index | None, parts: list[BlockPart] | None, unit_frames: list[pd.DataFrame],
+def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray | None,
+                   names: pd.Index | None, parts: list[BlockPart] | None, units: list[pd.DataFrame] | BlockMeta,
                    runs: list[tuple[np.ndarray, np.ndarray]], width: int = GEOID_DIGITS) -> Shard:
-    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers` of ``width``
-    digits) and
-    geocodes ``names`` (None: the GEOIDs), unit counts from the unit read tasks' frames, histograms from the
-    person read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks (``runs[i]``: the blocks'
-    node rows at level i, as :func:`_runs`); the blocks' constraints, checked against their true answers and
-    summed per node of the level above."""
+    """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers` of
+    ``width`` digits) and geocodes ``names`` (None: the GEOIDs), unit counts summed from the unit read tasks'
+    frames, or ``units`` the same rows' metadata of a product tabulated before (whose GEOIDs, geocodes and unit
+    counts this shard's metadata shares; ``blocks`` and ``names`` are then None); histograms from the person
+    read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks
+    (``runs[i]``: the blocks' node rows at level i, as :func:`_runs`); the blocks' constraints, checked
+    against their true answers and summed per node of the level above."""
     schema, spec = product.schema, product
-    blocks = _geoid_strings(blocks, width) if isinstance(blocks, np.ndarray) else blocks
-    names = blocks if names is None else names
+    known = units if isinstance(units, BlockMeta) else None
+    if known is not None:
+        blocks, frame = known.geoids, known.units
+        units = frame.to_numpy(dtype=np.int64)
+    else:
+        blocks = _geoid_strings(blocks, width) if isinstance(blocks, np.ndarray) else blocks
+        units = _block_units(units, blocks)
+        frame = pd.DataFrame(units, index=blocks if names is None else names, columns=UNIT_COLUMNS + ["occupied"])
+    names = frame.index
     inverses = [np.repeat(values, lengths) for values, lengths in runs]
-    units = _block_units(unit_frames, blocks)
-    frame = pd.DataFrame(units, index=names, columns=UNIT_COLUMNS + ["occupied"])
     if parts is not None:
         hist = _stack(parts, blocks, schema.ncells)
         bounded = unit_bounded(spec)
@@ -401,7 +421,8 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
                                                                 by_type)
     else:
         hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
-    cons = level_rhs(product, cfg, levels, levels[-1], frame, None, None)
+    rule = functools.partial(block_rhs, product, cfg, levels)
+    cons = rule(frame)
     bad = infeasible(cons, node_answers(product, hist))
     partials, answers, sums, below = [], [], [], {}
     for i, inverse in enumerate(inverses):
@@ -417,12 +438,12 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
                 np.add.at(below[name], local, c.rhs)
     partials.append(_compact_partial(lo + np.arange(len(blocks)), hist))
     return Shard(partials, answers, sums, below, {name: (str(names[row]), n) for name, (row, n) in bad.items()},
-                 problem, BlockMeta(lo, blocks, frame, cons))
+                 problem, BlockMeta(lo, blocks, frame, rule) if known is None else known.sharing(rule))
 
 
 def _compact_partial(rows: np.ndarray, hist: sp.csr_matrix) -> tuple[np.ndarray, sp.csr_matrix]:
-    """A partial as the shard holds it for its level's estimation: node rows and counts in 4 bytes where
-    they fit (:func:`_stack` sums them in 64 bits)."""
+    """A partial as the shard holds it for its level's estimation: node rows and counts in the fewest bytes
+    that hold them (:func:`_narrow`; :func:`_stack` sums them in 64 bits)."""
     hist = hist.copy()
     hist.data = _narrow(hist.data)
     return _narrow(rows), hist
@@ -637,13 +658,15 @@ def _block_units(frames: list[pd.DataFrame], blocks: pd.Index) -> np.ndarray:
 
 
 def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, files: InputFiles,
-                    later: tuple[Product, ...] = ()) -> list:
+                    later: tuple[Product, ...] = (), first: list | None = None) -> list:
     """Every level of ``product`` with its invariants and constraints (checked) in the driver and its true
     histograms on the workers (``Level.parts``): one shard task per :data:`SHARD_BLOCKS` blocks. The block
     level's unit counts and constraints stay on the shards too (``Level.meta``): the driver holds per block
-    its geocode, parent row and budget share only. When none of the ``later`` products (tabulated after this
-    one) counts this one's records, the driver forgets their read tasks once the shards are submitted, so that
-    the workers free each read part as soon as the shards reading it are done."""
+    its geocode, parent row and budget share only. The first product tabulated sums the unit read tasks'
+    frames; the others (``first``: its levels) take each shard's unit counts from its block metadata and share
+    them. When none of the ``later`` products (tabulated after this one) counts this one's records, the driver
+    forgets their read tasks once the shards are submitted, and the first product forgets the unit read tasks
+    once its shards are done, so that the workers free each read part as soon as no shard needs it."""
     from distributed import wait
 
     from .levels import Level, LevelPart, _geography, _plb, levels_from_units
@@ -658,7 +681,8 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     persons = counted is not None
     unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
-    sources = [(inp.units, inp.unit_geoids, unit_parts)] + ([(*counted, shard_parts)] if persons else [])
+    known = None if first is None else [p.future for p in first[-1].meta]
+    sources = ([] if known else [(inp.units, inp.unit_geoids, unit_parts)]) + ([(*counted, shard_parts)] if persons else [])
     spine_numbers, width = _spine_numbers(tab_geoid), _code_width(tab_geoid)
     for futs, geoids, into in sources:  # the read tasks holding each shard's blocks
         for fut, g in zip(futs, geoids):
@@ -672,9 +696,10 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     for s, lo in enumerate(starts):
         hi = min(lo + SHARD_BLOCKS, n)
         geoids = spine_numbers[lo:hi] if isinstance(spine_numbers, np.ndarray) else tab_geoid[lo:hi]
-        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, geoids,
-                                    None if same_names else names[lo:hi], shard_parts[s] if persons else None,
-                                    unit_parts[s], [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, pure=False))
+        shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, None if known else geoids,
+                                    None if same_names or known else names[lo:hi],
+                                    shard_parts[s] if persons else None, known[s] if known else unit_parts[s],
+                                    [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     del sources, shard_parts, unit_parts
@@ -703,6 +728,8 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
         if problem is not None:
             problems.append(problem)
     _raise_first(problems, files, inp)
+    if known is None:
+        inp.units.clear()  # the later products take the unit counts from this one's block metadata
     for name in below:  # the lowest infeasible level is reported: the blocks first, constraints in order
         if name in bad:
             raise infeasible_error(geo[-1].name, name, *bad[name])

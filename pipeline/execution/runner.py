@@ -370,7 +370,8 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: p
     for i, product in enumerate(products):
         t = time.perf_counter()
         step(f"tabulate {product.name}")
-        all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files, products[i + 1:])
+        all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files, products[i + 1:],
+                                                   all_levels[products[0].name] if i else None)
         release_memory()
         timings[f"{product.name}.tabulate"] = time.perf_counter() - t
     del data  # the shards hold the true histograms now
