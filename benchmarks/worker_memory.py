@@ -7,7 +7,7 @@ high-water RSS (the tabulation's peak).
 Reads, checks and tabulates the input as a run does (``runner.prepare``) on an embedded cluster of N workers
 (default 1: one process holds everything, so its figures are the run's totals) started as a run's are
 (``runner.embedded_settings``), then sizes every object the workers hold (NumPy, SciPy sparse and Arrow
-buffers; pandas objects with their hash tables). Prints a table and one JSON line. No output is written; no true count is printed, only sizes.
+buffers; pandas objects with their hash tables), each buffer once: under the first key holding it. Prints a table and one JSON line. No output is written; no true count is printed, only sizes.
 """
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def held(dask_worker) -> tuple[dict, int, int]:
     """Each key's bytes on this worker, its RSS and its high-water RSS (bytes)."""
     import resource
 
-    return ({str(k): nbytes(v) for k, v in dask_worker.data.items()}, dask_worker.monitor.get_process_memory(),
+    seen: set = set()  # a buffer shared by two keys (a later product's block metadata) counted once, first
+    return ({str(k): nbytes(v, seen) for k, v in dask_worker.data.items()}, dask_worker.monitor.get_process_memory(),
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 

@@ -541,12 +541,15 @@ def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: li
 def run_part_chunks(chunks: list[tuple], records: str) -> list[ChunkResult]:
     """Run a batch of chunks on a worker, one after the other (``chunks``: the arguments of
     :func:`run_part_chunk`); each chunk's histograms and then its record (the mark of a finished chunk, for
-    --resume) are written as it finishes. Returns each chunk's result without its children's names."""
+    --resume) are written as it finishes. Returns each chunk's result without its children's names; the
+    worker's freed heap goes back to the system after the batch (its models' transients would otherwise stay
+    resident)."""
     results = []
     for args in chunks:
         res = run_part_chunk(*args)
         record_chunk(Path(records), res)
         results.append(dataclasses.replace(res, children=[]))
+    release_memory()
     return results
 
 

@@ -373,6 +373,7 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: p
         all_levels[product.name] = tabulate_levels(dclient, config, product, spine, data, files, products[i + 1:],
                                                    all_levels[products[0].name] if i else None)
         release_memory()
+        dclient.run(release_memory)  # the workers' freed read parts and transients, before the next product
         timings[f"{product.name}.tabulate"] = time.perf_counter() - t
     del data  # the shards hold the true histograms now
     release_memory()
