@@ -731,8 +731,10 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
         if problem is not None:
             problems.append(problem)
     _raise_first(problems, files, inp)
-    if known is None:
-        inp.units.clear()  # the later products take the unit counts from this one's block metadata
+    if known is None and all(unit_bounded(q) is None for q in later):
+        # the later products take the unit counts from this one's block metadata, and none of them can find a
+        # unit problem whose file _raise_first would look up
+        inp.units.clear()
     for name in below:  # the lowest infeasible level is reported: the blocks first, constraints in order
         if name in bad:
             raise infeasible_error(geo[-1].name, name, *bad[name])
