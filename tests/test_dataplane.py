@@ -283,6 +283,21 @@ def test_narrowed_counts_widen_back_exactly(values, as_float):
         assert narrow.dtype.itemsize == 4 or np.abs(finite).max() >= 2**24
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), min_size=1, max_size=12),
+       st.lists(st.integers(0, 70), min_size=1, max_size=20))
+def test_a_chunk_asks_only_for_the_parts_whose_rows_it_needs(ranges, rows):
+    """levels.holding: the parts whose row range holds one of the chunk's rows, not every part between its
+    lowest and highest row (a chunk across two states far apart in row order would fetch them all)."""
+    from topdown.pipeline.execution.levels import LevelPart, holding
+
+    parts = [LevelPart(i, lo, lo + width) for i, (lo, width) in enumerate(ranges)]
+    got = holding(parts, np.array(rows))
+    assert got == [p.future for p in parts if any(p.lo <= r <= p.hi for r in rows)]
+    wide = [LevelPart(i, 100 * i, 100 * i + 99) for i in range(50)]
+    assert holding(wide, np.array([5, 4_950, 7])) == [0, 49]
+
+
 def test_block_meta_gives_back_its_frames_exactly():
     """BlockMeta holds the unit counts in the fewest bytes and no right-hand side: its rule gives back the
     constraints of any rows from their counts, as the tabulation computed them."""

@@ -35,9 +35,12 @@ class LevelPart:
 
 
 def holding(parts: list[LevelPart], rows: np.ndarray) -> list:
-    """The futures of the ``parts`` that may hold node ``rows`` (their row ranges overlap)."""
-    lo, hi = rows.min(), rows.max()
-    return [p.future for p in parts if p.lo <= hi and p.hi >= lo]
+    """The futures of the ``parts`` that may hold node ``rows``: those whose row range holds one of them (a
+    chunk's rows can lie in two runs far apart, two states' blocks, with many parts between them)."""
+    rows = np.sort(rows)
+    lo, hi = np.array([(p.lo, p.hi) for p in parts], dtype=np.int64).reshape(-1, 2).T
+    hit = np.searchsorted(rows, lo, "left") < np.searchsorted(rows, hi, "right")
+    return [p.future for p, h in zip(parts, hit) if h]
 
 
 class Shares(Sequence):
