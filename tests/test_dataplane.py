@@ -298,6 +298,20 @@ def test_a_chunk_asks_only_for_the_parts_whose_rows_it_needs(ranges, rows):
     assert holding(wide, np.array([5, 4_950, 7])) == [0, 49]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=10, unique=True), min_size=1, max_size=10),
+       st.lists(st.integers(0, 45), min_size=1, max_size=20))
+def test_parts_that_list_their_rows_are_found_by_them(listed, rows):
+    """levels.LevelParts: a chunk above the blocks asks only for the shards whose nodes it has (each shard's
+    nodes are spread over its state: their ranges overlap those of most shards)."""
+    from topdown.pipeline.execution.levels import LevelPart, LevelParts, holding
+
+    parts = LevelParts(LevelPart(i, min(r), max(r), np.array(sorted(r))) for i, r in enumerate(listed) if r)
+    got = holding(parts, np.array(rows))
+    assert got == [p.future for p in parts if set(p.rows) & set(rows)]
+    assert holding(parts, np.array(rows)) == got  # the index, built once, answers again
+
+
 def test_block_meta_gives_back_its_frames_exactly():
     """BlockMeta holds the unit counts in the fewest bytes and no right-hand side: its rule gives back the
     constraints of any rows from their counts, as the tabulation computed them."""

@@ -43,7 +43,7 @@ from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_f
 from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
 from topdown.vocab.queries import build_query
 
-from .levels import holding, node_answers
+from .levels import Level, LevelPart, LevelParts, _geography, _plb, holding, levels_from_units, node_answers
 from .memory import release_memory
 from .rundir import sha256_file, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
@@ -672,8 +672,6 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     once its shards are done, so that the workers free each read part as soon as no shard needs it."""
     from distributed import wait
 
-    from .levels import Level, LevelPart, _geography, _plb, levels_from_units
-
     cfg = config.product(product.name)
     tab_geoid, geo, parents = _geography(spine)
     release_memory()
@@ -715,6 +713,7 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     below: dict[str, np.ndarray] = {}
     bad: dict[str, list] = {}
     ranges: list[list[tuple[int, int]]] = [[] for _ in geo]
+    listed: list[list[np.ndarray]] = [[] for _ in above]  # each shard's node rows above the blocks
     problems = []
     for fut in shards:
         rows, ans, units, summed, infeasible_here, problem = client.submit(shard_summary, fut, pure=False).result()
@@ -728,6 +727,8 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
             bad.setdefault(name, [block, 0])[1] += count
         for i, r in enumerate(rows):
             ranges[i].append((int(r.min()), int(r.max())) if len(r) else (0, -1))
+            if i < len(above):
+                listed[i].append(r)
         if problem is not None:
             problems.append(problem)
     _raise_first(problems, files, inp)
@@ -746,9 +747,12 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     levels.append(Level(geo[-1].name, names, parents[-1], None, None, None, _plb(cfg, spine, geo[-1].name, names), None))
     levels[-1].meta = [LevelPart(client.submit(shard_meta, fut, pure=False), lo, hi)
                        for fut, (lo, hi) in zip(shards, ranges[-1])]
-    for i, level in enumerate(levels):
-        level.parts = [LevelPart(client.submit(level_partial, fut, i, pure=False), lo, hi)
-                       for fut, (lo, hi) in zip(shards, ranges[i]) if hi >= lo]
+    for i, level in enumerate(levels):  # the blocks' parts hold every row of their range
+        level.parts = [LevelPart(client.submit(level_partial, fut, i, pure=False), lo, hi,
+                                 listed[i][s] if i < len(above) else None)
+                       for s, (fut, (lo, hi)) in enumerate(zip(shards, ranges[i])) if hi >= lo]
+        if i < len(above):
+            level.parts = LevelParts(level.parts)
     wait([p.future for level in levels for p in (*level.parts, *(level.meta or []))])
     return levels
 

@@ -27,16 +27,40 @@ from topdown.vocab.queries import build_query
 @dataclass
 class LevelPart:
     """A shard's partial true histograms of one level, on a worker: a Dask future of (node rows, matrix),
-    and the lowest and highest node row it holds."""
+    the lowest and highest node row it holds, and which rows between them (None: all of them)."""
 
     future: object
     lo: int
     hi: int
+    rows: np.ndarray | None = None  # sorted
+
+
+class LevelParts(list):
+    """A level's parts (:class:`LevelPart`) that list the rows they hold: above the blocks a shard's nodes
+    are spread over its state (a chunk's rows lie in the ranges of most shards), so :func:`holding` looks
+    them up in an index of (row, part) pairs built when first asked."""
+
+    _keys: np.ndarray | None = None
+    _owner: np.ndarray | None = None
+
+    def holding(self, rows: np.ndarray) -> list:
+        if self._keys is None:
+            keys = np.concatenate([np.asarray(p.rows, dtype=np.int64) for p in self] or [np.zeros(0, np.int64)])
+            owner = np.repeat(np.arange(len(self)), [len(p.rows) for p in self])
+            order = np.argsort(keys, kind="stable")
+            self._keys, self._owner = keys[order], owner[order]
+        first = np.searchsorted(self._keys, rows, "left")
+        counts = np.searchsorted(self._keys, rows, "right") - first
+        picked = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        return [self[i].future for i in np.unique(self._owner[picked])]
 
 
 def holding(parts: list[LevelPart], rows: np.ndarray) -> list:
-    """The futures of the ``parts`` that may hold node ``rows``: those whose row range holds one of them (a
-    chunk's rows can lie in two runs far apart, two states' blocks, with many parts between them)."""
+    """The futures of the ``parts`` that may hold node ``rows``, in part order: those listing one of them
+    (:class:`LevelParts`), else those whose row range holds one of them (a chunk's rows can lie in two runs
+    far apart, two states' blocks, with many parts between them)."""
+    if isinstance(parts, LevelParts):
+        return parts.holding(rows)
     rows = np.sort(rows)
     lo, hi = np.array([(p.lo, p.hi) for p in parts], dtype=np.int64).reshape(-1, 2).T
     hit = np.searchsorted(rows, lo, "left") < np.searchsorted(rows, hi, "right")
