@@ -430,3 +430,22 @@ def test_the_read_parts_are_freed_before_the_units_are_tabulated(tmp_path, demo_
     run("demo", tmp_path / "run", input_dir=demo_input, client=dask_client)
     assert keys and [name for name, _ in seen] == ["persons", "units"]
     assert seen[0][1] >= len(keys) and seen[1][1] == 0  # each part held (replicas counted), then none
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=8), st.integers(1, 40))
+def test_frames_written_one_after_the_other_give_the_bytes_of_their_concatenation(tmp_path_factory, sizes, group):
+    """rundir.write_frames (the invariants file's block rows a shard at a time) writes the file write_table
+    writes of the concatenated frame, row group for row group."""
+    from topdown.pipeline.execution.rundir import write_frames, write_table
+
+    rng = np.random.default_rng(sum(sizes) + group)
+    frames = [pd.DataFrame({"geocode": pd.Index([f"{v:015d}" for v in rng.integers(0, 10**9, n)], dtype="str"),
+                            "u0": rng.integers(0, 50, n), "level": "Block", "tot": np.nan}) for n in sizes]
+    frames[0] = pd.concat([pd.DataFrame({"geocode": ["01"], "u0": [7], "level": ["State"], "tot": [3.0]}),
+                           frames[0]], ignore_index=True)  # the levels above: object strings, as the driver's
+    d = tmp_path_factory.mktemp("w")
+    write_frames(iter(frames), d / "a.parquet", rows_per_group=group)
+    write_table(pd.concat(frames, ignore_index=True), d / "b.parquet", row_group_size=group)
+    assert (d / "a.parquet").read_bytes() == (d / "b.parquet").read_bytes()
+    assert pq.ParquetFile(d / "a.parquet").metadata.num_row_groups == -(-(sum(sizes) + 1) // group)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ from topdown.vocab.queries import build_query
 
 from .levels import Level, LevelPart, LevelParts, _geography, _plb, holding, levels_from_units, node_answers
 from .memory import release_memory
-from .rundir import sha256_file, write_json_atomic, write_table
+from .rundir import sha256_file, write_frames, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
 from .tasks import Chunk, ChunkResult, run_chunk, windowed
 from ..inputs.tabulate import block_units
@@ -915,6 +916,8 @@ def block_geoids_in_order(spine) -> pd.Index:
 def write_invariants_table(frames: list[pd.DataFrame], metas: list[BlockMeta], level: str, with_tot: bool,
                            path: str) -> None:
     """Write a product's invariants file on a worker: the rows of the levels above the blocks (``frames``)
-    then the blocks' rows from the shards' metadata (invariants.invariant_rows)."""
-    blocks = [invariant_rows(m.units, level, np.nan if with_tot else None) for m in metas]
-    write_table(pd.concat(frames + blocks, ignore_index=True), Path(path))
+    then the blocks' rows from the shards' metadata (invariants.invariant_rows), a shard at a time (a national
+    block level's rows in one frame took 1.4 GB of the worker)."""
+    blocks = (invariant_rows(m.units, level, np.nan if with_tot else None) for m in metas)
+    first = pd.concat(frames + [next(blocks)], ignore_index=True)  # the columns' types of the whole table
+    write_frames(itertools.chain([first], blocks), Path(path))

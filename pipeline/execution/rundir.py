@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -438,6 +438,40 @@ def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:
     with writing(path), removed_on_failure(tmp):
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, tmp, **{"compression": "zstd", "write_statistics": True, **options})
+        os.replace(tmp, path)
+
+
+#: Rows in a row group of a Parquet file written by :func:`write_table` (pyarrow's default for a table).
+ROW_GROUP_ROWS = 1024 * 1024
+
+
+def write_frames(frames: Iterable[Any], path: Path, rows_per_group: int = ROW_GROUP_ROWS) -> None:
+    """Write pandas frames one after the other as one Parquet file: the bytes :func:`write_table` writes of
+    their concatenation, without holding it (a row group at a time; the schema is the first frame's, whose
+    columns must have the concatenation's types). Atomic like :func:`write_table`."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path), removed_on_failure(tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer, schema, pending, held = None, None, [], 0
+        try:
+            for frame in frames:
+                table = pa.Table.from_pandas(frame, preserve_index=False, schema=schema)
+                if writer is None:
+                    schema = table.schema
+                    writer = pq.ParquetWriter(tmp, schema, compression="zstd", write_statistics=True)
+                pending.append(table)
+                held += table.num_rows
+                while held >= rows_per_group:
+                    joined = pa.concat_tables(pending)
+                    writer.write_table(joined.slice(0, rows_per_group).combine_chunks(), row_group_size=rows_per_group)
+                    pending, held = [joined.slice(rows_per_group)], held - rows_per_group
+            if writer is None:
+                raise ValueError(f"{path}: no frame to write")
+            if held:
+                writer.write_table(pa.concat_tables(pending).combine_chunks(), row_group_size=rows_per_group)
+        finally:
+            if writer is not None:
+                writer.close()
         os.replace(tmp, path)
 
 
