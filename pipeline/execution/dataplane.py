@@ -320,16 +320,22 @@ def _locate(metas: list[BlockMeta], rows: np.ndarray) -> tuple[list[np.ndarray],
     return local, np.argsort(np.concatenate(picked), kind="stable")
 
 
+def _units_of(metas: list[BlockMeta], rows: np.ndarray) -> tuple[pd.DataFrame, list[np.ndarray], np.ndarray]:
+    """The unit counts of block ``rows`` (in that order) from the parts holding them, with :func:`_locate`'s
+    local rows and order."""
+    local, back = _locate(metas, rows)
+    return pd.concat([m.units_rows(i) for m, i in zip(metas, local)]).iloc[back], local, back
+
+
 def meta_constraints(metas: list[BlockMeta], rows: np.ndarray) -> LevelConstraints:
     """The constraints of block ``rows`` (in that order) from the parts holding them (a Block chunk's: no
-    unit frames gathered)."""
-    return metas[0].rhs(meta_rows(metas, rows).units)
+    unit frames gathered, no GEOIDs taken)."""
+    return metas[0].rhs(_units_of(metas, rows)[0])
 
 
 def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
     """The metadata of block ``rows`` (in that order) from the parts holding them."""
-    local, back = _locate(metas, rows)
-    units = pd.concat([m.units_rows(i) for m, i in zip(metas, local)]).iloc[back]
+    units, local, back = _units_of(metas, rows)
     geoids = metas[0].geoids_rows(local[0][:0]).append([m.geoids_rows(i) for m, i in zip(metas, local)])[back]
     return BlockMeta(0, geoids, units, metas[0].rhs)
 
