@@ -28,7 +28,10 @@ at stage boundaries is approximate (a sample's CPU goes to one stage); the task 
 
 Prints one JSON object per stage, then one summary object (``"stage": "summary"``); a run stopped with
 SIGTERM or Ctrl-C prints the stages so far (``"interrupted": true``; the stage in progress has no wall time).
-Usage: python benchmarks/run_stages.py CONFIG --input DIR --workers N --out DIR
+Usage: python benchmarks/run_stages.py CONFIG --input DIR --workers N --out DIR [--cluster separate]
+(``separate``: the scheduler and the workers in processes of their own, as on a cluster; the summary then adds
+the scheduler's and the nannies' CPU seconds, ``scheduler_cpu_s`` and ``nannies_cpu_s``, which the embedded
+cluster spends in the driver's process.)
 """
 from __future__ import annotations
 
@@ -41,10 +44,13 @@ import re
 import resource
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from array import array
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple
 
@@ -321,6 +327,47 @@ def task_levels(stream: list[dict], workers: int) -> dict[str, dict]:
     return out
 
 
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far."""
+    cpu = psutil.Process(pid).cpu_times()
+    return cpu.user + cpu.system
+
+
+@contextmanager
+def separate_cluster(workers: int) -> Iterator[tuple]:
+    """A client of a scheduler and ``workers`` workers started as on a cluster (``--cluster separate``): the
+    scheduler in its own process (``dask scheduler``), the workers and their nannies in another (``dask worker
+    --nworkers``), both under the embedded cluster's settings (:func:`runner.embedded_settings`, passed on in
+    ``DASK_INTERNAL_INHERIT_CONFIG``); the driver holds the client alone. Plain TCP on 127.0.0.1, no TLS: for
+    measuring on a machine of one's own. Yields the client and the two processes' pids."""
+    import dask
+    from distributed import Client
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "DASK_INTERNAL_INHERIT_CONFIG": dask.config.serialize(dask.config.global_config)}
+        sfile = f"{tmp}/scheduler.json"
+        quiet = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file", sfile,
+                                      "--host", "127.0.0.1", "--port", "0", "--no-dashboard"], **quiet)
+        nannies = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file", sfile,
+                                    "--nworkers", str(workers), "--nthreads", "1", "--host", "127.0.0.1",
+                                    "--no-dashboard"], **quiet)
+        try:
+            deadline = time.monotonic() + 60
+            while not Path(sfile).exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with Client(scheduler_file=sfile, timeout="60s") as client:
+                client.wait_for_workers(workers, timeout=120)
+                yield client, scheduler.pid, nannies.pid
+        finally:
+            for proc in (nannies, scheduler):
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
 def driver_threads_cpu() -> dict[str, float]:
     """This process's CPU seconds since it started, by thread: ``MainThread`` (the run's own code), ``IO loop``
     (the event loop of the client, the embedded scheduler and the workers' nannies), Dask's offload threads,
@@ -344,6 +391,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the run directory afterwards")
     ap.add_argument("--resume", action="store_true",
                     help="continue an interrupted run in --out (the figures are this sitting's; add the sittings' up)")
+    ap.add_argument("--cluster", choices=("embedded", "separate"), default="embedded",
+                    help="embedded: the runner's LocalCluster (scheduler and nannies in the driver's process); "
+                         "separate: scheduler and workers in processes of their own, as on a cluster (no TLS)")
     args = ap.parse_args()
 
     from distributed import Client, LocalCluster, get_task_stream
@@ -359,9 +409,15 @@ def main() -> None:
     interrupted = False
     t0 = time.perf_counter()
     # Started as the runner's own embedded cluster is (short scheduler logs, glibc's malloc defaults).
-    with runner.embedded_settings(), \
-            LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                         host="127.0.0.1", silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    with runner.embedded_settings(), ExitStack() as stack:
+        if args.cluster == "separate":
+            client, *others = stack.enter_context(separate_cluster(args.workers))
+        else:
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                host="127.0.0.1", silence_logs=logging.ERROR))
+            client, others = stack.enter_context(Client(cluster)), []
+        others_cpu = [_process_cpu(pid) for pid in others]
         cluster_s = time.perf_counter() - t0
         driver_start = psutil.Process().memory_info().rss
         sampler = Sampler(client, tracker)
@@ -382,6 +438,7 @@ def main() -> None:
                         out, interrupted = Path(args.out), True
                     run_wall = time.perf_counter() - t1
                     threads = driver_threads_cpu()
+                    others_cpu = [_process_cpu(pid) - cpu for pid, cpu in zip(others, others_cpu)]
                     run_hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # before this script's own summing up
             finally:
                 sampler.stop()
@@ -406,6 +463,9 @@ def main() -> None:
         "driver_cpu_s": round(sum(r["driver_cpu_s"] for r in rows), 1),
         "driver_over_worker_cpu": round(sum(r["driver_cpu_s"] for r in rows) / max(sum(r["worker_cpu_s"] for r in rows), 1e-9), 4),
         "driver_cpu_by_thread_s": threads,
+        "cluster": args.cluster,
+        # --cluster separate: the scheduler's and the nannies' processes over the run (embedded: in the driver's)
+        **({"scheduler_cpu_s": round(others_cpu[0], 1), "nannies_cpu_s": round(others_cpu[1], 1)} if others else {}),
         "max_worker_rss_mb": round(worker_rss / MB), "max_worker_hwm_mb": round(worker_peak / MB),
         "driver_rss_peak_mb": round(max((s["driver_rss"] for s in samples), default=0) / MB),
         "driver_hwm_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -312,6 +312,24 @@ def test_parts_that_list_their_rows_are_found_by_them(listed, rows):
     assert holding(parts, np.array(rows)) == got  # the index, built once, answers again
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(st.characters(codec="utf-8"), max_size=6), min_size=1, max_size=30), st.data())
+def test_node_names_are_the_index_entries_whatever_its_storage(names, data):
+    """levels.node_names (the children of every chunk the driver builds): the geocodes of a slice or of any rows,
+    as Python strings, the same read from an Arrow string array (one chunk or several) as from pandas."""
+    from topdown.pipeline.execution.levels import node_names, one_chunk
+
+    lo = data.draw(st.integers(0, len(names)))
+    hi = data.draw(st.integers(lo, len(names)))
+    rows = np.array(data.draw(st.lists(st.integers(0, len(names) - 1), max_size=10)), dtype=np.int64)
+    split = pd.arrays.ArrowStringArray(pa.chunked_array([names[:lo], names[lo:]], type=pa.string()))
+    for index in (pd.Index(names, dtype=object), pd.Index(names, dtype="str"), pd.Index(split),
+                  one_chunk(pd.Index(split)), pd.Index(pd.array(names, dtype=pd.ArrowDtype(pa.large_string())))):
+        assert node_names(index, slice(lo, hi)) == names[lo:hi]
+        assert node_names(index, rows) == [names[r] for r in rows]
+        assert all(type(x) is str for x in node_names(index, rows))
+
+
 def test_block_meta_gives_back_its_frames_exactly():
     """BlockMeta holds the unit counts in the fewest bytes and no right-hand side: its rule gives back the
     constraints of any rows from their counts, as the tabulation computed them."""

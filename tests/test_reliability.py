@@ -227,8 +227,8 @@ def test_a_batch_of_chunks_writes_each_chunks_part_and_record_and_resume_reuses_
                                                                    real_submit(fn, *a, **k))[1])
     out = tmp_path / "run"
     _interrupted_in_persons_block(load_config("demo"), out, demo_input, dask_client)
-    batches = [a[0] for name, a in submitted if name == "run_part_chunks"]
-    assert [c[4][-30:] for c in batches[-1]] == ["level=Block/part-00000.parquet", "level=Block/part-00001.parquet"]
+    batches = [a[1] for name, a in submitted if name == "run_part_chunks"]
+    assert [c[3][-30:] for c in batches[-1]] == ["level=Block/part-00000.parquet", "level=Block/part-00001.parquet"]
     records = sorted((out / ".staging/chunks/persons/level=Block").glob("part-*.json"))
     assert [r.name for r in records] == ["part-00000.json", "part-00001.json"]
     with caplog.at_level(logging.INFO, logger="topdown"):

@@ -518,16 +518,13 @@ def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta],
     write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), Path(path), **MDF_PARQUET)
 
 
-def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
+def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
                    hist_path: str, child_meta: list[BlockMeta] | None = None) -> ChunkResult:
     """Run a chunk on a worker: its children's true histograms from the shards' partials (``child_parts``,
     None: the chunk carries them, or none is needed), their constraints from the shards' block metadata
     (``child_meta``, None: the chunk carries them), its parents' from the committed parts of the level
     above (``parent_files``, None at the root); its estimate is written to ``hist_path`` and the driver gets
-    back each child's count of non-zero cells and the part's SHA-256 instead of the histograms. ``chunk`` may
-    come pickled (engine.estimate_level)."""
-    if isinstance(chunk, bytes):
-        chunk = pickle.loads(chunk)
+    back each child's count of non-zero cells and the part's SHA-256 instead of the histograms."""
     ncells = chunk.product.schema.ncells
     if child_parts is not None:
         chunk.child_hist = rows_of(child_parts, child_rows, ncells)
@@ -545,15 +542,16 @@ def run_part_chunk(chunk: Chunk | bytes, child_rows: np.ndarray, child_parts: li
                                hist_sha256=sha256_file(Path(hist_path)))
 
 
-def run_part_chunks(chunks: list[tuple], records: str) -> list[ChunkResult]:
-    """Run a batch of chunks on a worker, one after the other (``chunks``: the arguments of
-    :func:`run_part_chunk`); each chunk's histograms and then its record (the mark of a finished chunk, for
-    --resume) are written as it finishes. Returns each chunk's result without its children's names; the
-    worker's freed heap goes back to the system after the batch (its models' transients would otherwise stay
-    resident)."""
+def run_part_chunks(chunks: bytes, args: list[tuple], records: str) -> list[ChunkResult]:
+    """Run a batch of chunks on a worker, one after the other (``chunks``: the batch's chunks pickled together,
+    ``args``: the other arguments of :func:`run_part_chunk` for each); each chunk's histograms and then its
+    record (the mark of a finished chunk, for --resume) are written as it finishes. Returns each chunk's result
+    without its children's names; the worker's freed heap goes back to the system after the batch (its models'
+    transients would otherwise stay resident)."""
+    batch: list[Chunk] = pickle.loads(chunks)[::-1]
     results = []
-    for args in chunks:
-        res = run_part_chunk(*args)
+    for rest in args:
+        res = run_part_chunk(batch.pop(), *rest)  # a finished chunk is dropped
         record_chunk(Path(records), res)
         results.append(dataclasses.replace(res, children=[]))
     release_memory()

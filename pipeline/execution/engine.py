@@ -23,7 +23,7 @@ import scipy.sparse as sp
 from topdown.vocab.problem import GroupTotal
 
 from ..configuration.config import Config
-from .levels import Level, Shares, holding
+from .levels import Level, Shares, holding, node_names
 from .progress import reporter
 from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_table
 from topdown.vocab.census import Product
@@ -152,9 +152,9 @@ def chunk_plan(
         groups, cost = specs[idx]
         lo, hi = int(starts[groups[0]]), int(ends[groups[-1]])
         rows = order[lo:hi]
-        children = [str(g) for g in (level.nodes[lo:hi] if ordered else level.nodes[rows]).tolist()]
+        children = node_names(level.nodes, slice(lo, hi) if ordered else rows)
         labels = ([None] * len(groups) if independent or parent_level is None else
-                  [str(x) for x in parent_level.nodes[level.parent[order[starts[groups]]]].tolist()])
+                  node_names(parent_level.nodes, level.parent[order[starts[groups]]]))
         plb = level.plb.take(rows) if isinstance(level.plb, Shares) else [level.plb[r] for r in rows]
         return Chunk(index=idx, children=children, child_hist=None if level.hist is None else level.hist[rows],
                      child_plb=plb,
@@ -187,7 +187,7 @@ class LevelOutput:
 
     def files(self, rows: np.ndarray) -> list[str]:
         """The part files holding node ``rows``."""
-        return [str(self.directory / f"part-{i:05d}.parquet") for i in np.unique(self.part_of[rows])]
+        return [f"{self.directory}/part-{i:05d}.parquet" for i in np.unique(self.part_of[rows])]
 
 
 def estimate_level(
@@ -227,19 +227,23 @@ def estimate_level(
     batches = batch_chunks(plan.costs, [i for i in range(len(plan)) if i not in finished], workers)
     batch_costs = [sum(plan.costs[i] for i in b) for b in batches]
 
+    staged = str(rundir.staging(hdir))
+
     def chunk_args(i: int) -> tuple:
+        """What chunk ``i``'s run needs besides the chunk (dataplane.run_part_chunk)."""
         rows = plan.rows(i)
         parts = None if level.parts is None else holding(level.parts, rows)
         parent_files = None if parent is None else parent.files(level.parent[rows])
         meta = None if level.meta is None else holding(level.meta, rows)
-        # Pickled here: the driver's scheduler keeps arguments of finished tasks for a while, and bytes cost a
-        # third of the objects a chunk unpickles to (benchmarks/RESULTS.md, "Driver memory, third round").
-        return (pickle.dumps(plan.build(i), protocol=5), rows, parts, parent_files,
-                str(rundir.staging(hdir) / f"part-{i:05d}.parquet"), meta)
+        return rows, parts, parent_files, f"{staged}/part-{i:05d}.parquet", meta
 
     def submit(b: int):
         batch = batches[b]
-        return client.submit(run_part_chunks, [chunk_args(i) for i in batch], str(records),
+        # A batch's chunks pickled here, together: their product and configuration once a task, and the driver's
+        # scheduler keeps bytes, a third of the objects they unpickle to (benchmarks/RESULTS.md, "Driver memory,
+        # third round").
+        chunks = pickle.dumps([plan.build(i) for i in batch], protocol=5)
+        return client.submit(run_part_chunks, chunks, [chunk_args(i) for i in batch], str(records),
                              key=f"{name}-{level.name}-{batch[0]}-{digest}", priority=batch_costs[b], pure=False)
 
     done = len(finished)
