@@ -22,8 +22,9 @@ tabulate, MDF and the rest: the spine's blocks; national counts: geo/us2020.py's
 populated blocks). A stage's wall on N cores is at least each of: its worker CPU over N, its longest
 parent (serial: the run's largest parent solve at the level, a California-sized state holding the nation's
 largest County and Tract parents; ``--serial STAGE=SECONDS`` for a parent measured alone, such as the US ->
-State parent of 52 states, about 58 CPU s) and its driver CPU (one process); the projection is the largest,
-summed over the stages, and the same plus the driver CPU (no overlap) as an upper figure.
+State parent of 52 states, about 58 CPU s), its driver CPU (one process) and, from a run with ``--cluster
+separate``, its scheduler's CPU (another process); the projection is the largest, summed over the stages, and
+the same plus the driver CPU (no overlap) as an upper figure.
 """
 from __future__ import annotations
 
@@ -95,25 +96,27 @@ def wall_projection(rows: list[dict], machines: list[int], cores: int, serial: d
         level = r["stage"].split(".", 1)[-1]
         scale = nation[level] / max(run_nodes[level], 1) if level in LEVELS else nation["Block"] / run_nodes["Block"]
         stages.append((r["stage"], r["worker_cpu_s"] * scale, r["driver_cpu_s"] * scale,
-                       largest.get(r["stage"], 0.0)))
-    work = sum(w for _, w, _, _ in stages)
-    driver = sum(d for _, _, d, _ in stages)
+                       largest.get(r["stage"], 0.0), r.get("scheduler_cpu_s", 0.0) * scale))
+    work = sum(s[1] for s in stages)
+    driver = sum(s[2] for s in stages)
+    scheduler = sum(s[4] for s in stages)
     out = [f"national projection from {summary.get('config')} on {summary.get('input')} "
            f"({run_nodes['Block']:,} spine blocks -> {nation['Block']:,}), {summary.get('date')}, "
            f"load {summary.get('loadavg')}",
            f"worker CPU {work / 3600:.2f} core-hours, driver CPU {driver / 60:.1f} min "
-           f"({100 * driver / max(work, 1e-9):.2f} % of the workers')"]
-    out.append(f"{'stage':22s} {'worker CPU s':>13s} {'driver CPU s':>12s} {'serial s':>9s} "
+           f"({100 * driver / max(work, 1e-9):.2f} % of the workers'), scheduler CPU {scheduler / 60:.1f} min "
+           f"({100 * scheduler / max(work, 1e-9):.2f} %; 0 where it ran in the driver's process)"]
+    out.append(f"{'stage':22s} {'worker CPU s':>13s} {'driver CPU s':>12s} {'sched CPU s':>11s} {'serial s':>9s} "
                + " ".join(f"{f'{m}x{cores} wall s':>14s}" for m in machines))
     totals = {m: [0.0, 0.0] for m in machines}
-    for name, w, d, ser in stages:
+    for name, w, d, ser, sch in stages:
         walls = []
         for m in machines:
-            wall = max(w / (m * cores), ser, d)
+            wall = max(w / (m * cores), ser, d, sch)
             totals[m][0] += wall
-            totals[m][1] += max(w / (m * cores), ser) + d
+            totals[m][1] += max(w / (m * cores), ser, sch) + d
             walls.append(f"{wall:14.0f}")
-        out.append(f"{name:22s} {w:13,.0f} {d:12,.0f} {ser:9.1f} " + " ".join(walls))
+        out.append(f"{name:22s} {w:13,.0f} {d:12,.0f} {sch:11,.0f} {ser:9.1f} " + " ".join(walls))
     out.append("total wall (stages overlapping the driver; without overlap): " + "; ".join(
         f"{m} machine{'s' if m > 1 else ''} of {cores} cores {lo / 60:.1f} min ({hi / 60:.1f})"
         for m, (lo, hi) in totals.items()))

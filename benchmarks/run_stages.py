@@ -145,15 +145,16 @@ class Sampler(threading.Thread):
     sample. The samples are kept as numbers in arrays (the driver's memory is measured) and become records
     (``samples``) after the run."""
 
-    FIELDS = ("t", "driver_rss", "driver_hwm", "driver_cpu")
+    FIELDS = ("t", "driver_rss", "driver_hwm", "driver_cpu", "scheduler_cpu")
 
-    def __init__(self, client, tracker: StageTracker) -> None:
+    def __init__(self, client, tracker: StageTracker, scheduler_pid: int | None = None) -> None:
         super().__init__(daemon=True, name="run_stages sampler")
         self.client, self.tracker = client, tracker
         self.numbers = array("d")  # per sample: FIELDS
         self.workers: list[array] = []  # per worker, after the run: (t, pid, rss, hwm, cpu) per sample
         self.stop_event = threading.Event()
         self.driver = psutil.Process()
+        self.scheduler = None if scheduler_pid is None else psutil.Process(scheduler_pid)  # --cluster separate
         self.own = 0.0  # this thread's CPU seconds at its latest sample (the benchmark's, not the run's)
 
     @property
@@ -177,10 +178,11 @@ class Sampler(threading.Thread):
     def sample(self) -> None:
         """One driver sample; its CPU leaves out this sampler thread's own (``self.own``: not the run's)."""
         cpu = self.driver.cpu_times()
+        scheduler = 0.0 if self.scheduler is None else sum(self.scheduler.cpu_times()[:2])
         with self.tracker.lock:
             self.numbers.extend([time.monotonic(), self.driver.memory_info().rss,
                                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                                 cpu.user + cpu.system - self.own])
+                                 cpu.user + cpu.system - self.own, scheduler])
             self.tracker.stages.append(self.tracker.stage)
             if self.tracker.awaiting_level:
                 self.tracker.pending.append(len(self.tracker.stages) - 1)
@@ -261,14 +263,18 @@ def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_
     # CPU seconds (user + system) used between a sample and the one before go to the later sample's stage
     cpu: dict[str, float] = {}
     driver_cpu: dict[str, float] = {}
+    scheduler_cpu: dict[str, float] = {}
     last: dict[int, float] = {}
     last_driver = samples[0]["driver_cpu"] if samples else 0.0
+    last_scheduler = samples[0]["scheduler_cpu"] if samples else 0.0
     for s in samples:
         for w in s["workers"].values():
             cpu[s["stage"]] = cpu.get(s["stage"], 0.0) + w["cpu"] - last.get(w["pid"], w["cpu"])
             last[w["pid"]] = w["cpu"]
         driver_cpu[s["stage"]] = driver_cpu.get(s["stage"], 0.0) + s["driver_cpu"] - last_driver
         last_driver = s["driver_cpu"]
+        scheduler_cpu[s["stage"]] = scheduler_cpu.get(s["stage"], 0.0) + s["scheduler_cpu"] - last_scheduler
+        last_scheduler = s["scheduler_cpu"]
     accounted = sum(v for k, v in timings.items() if k != "total")
     for stage in order:
         ss = by_stage.get(stage, [])
@@ -281,6 +287,8 @@ def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_
                    round(total_wall - accounted, 2) if stage == "other" else None),
                "samples": len(ss),
                "worker_cpu_s": round(cpu.get(stage, 0.0), 2), "driver_cpu_s": round(driver_cpu.get(stage, 0.0), 2),
+               # --cluster separate: the scheduler's process (embedded: 0, its CPU is the driver's)
+               "scheduler_cpu_s": round(scheduler_cpu.get(stage, 0.0), 2),
                "worker_rss_peak_mb": [round(v / MB) for _, v in sorted(peak.items())],
                "driver_rss_peak_mb": round(max((s["driver_rss"] for s in ss), default=0) / MB)}
         r = rises.get(stage)
@@ -420,7 +428,7 @@ def main() -> None:
         others_cpu = [_process_cpu(pid) for pid in others]
         cluster_s = time.perf_counter() - t0
         driver_start = psutil.Process().memory_info().rss
-        sampler = Sampler(client, tracker)
+        sampler = Sampler(client, tracker, others[0] if others else None)
         sampler.start()
         with get_task_stream(client) as stream:
             try:
