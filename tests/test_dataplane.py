@@ -91,6 +91,25 @@ def test_multi_state_partitioned_one_worker_many_tasks_and_shards(multi_tables, 
     assert output_hashes(out) == PINNED["multi"]
 
 
+def test_the_mdf_writes_runs_of_counties_a_task_each_and_the_same_files(multi_single, dask_client, tmp_path,
+                                                                         monkeypatch):
+    """Issue 30 item 5: the MDF's counties run in batches (a national MDF has 3,200 counties: a task each before);
+    each county still gets its own file, the pinned bytes."""
+    from topdown.pipeline.execution import tasks
+
+    monkeypatch.setattr(tasks, "TASKS_PER_WORKER", 0.001)  # a target above the whole MDF: BATCH_CHUNKS counties a task
+    submitted = []
+    real_submit = dask_client.submit
+    monkeypatch.setattr(dask_client, "submit", lambda fn, *a, **k: (submitted.append((fn.__name__, a)),
+                                                                   real_submit(fn, *a, **k))[1])
+    out = run(multi_config(), tmp_path / "run", input_dir=multi_single, client=dask_client)
+    batches = [a[1] for name, a in submitted if name == "write_counties_mdf"]
+    counties = sorted(p.parent.name for p in (out / "mdf" / "persons").rglob("part-*.parquet"))
+    assert len(counties) >= 2 and len(batches) == 2  # persons' and units' counties: a task each
+    assert sorted(Path(c[3]).parent.name for c in batches[0]) == counties
+    assert output_hashes(out) == PINNED["multi"]
+
+
 def _broken(tables: dict[str, pa.Table], kind: str, row: int, column: str, value) -> dict[str, pa.Table]:
     table = tables[kind]
     values = table.column(column).to_pylist()

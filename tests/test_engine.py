@@ -9,7 +9,8 @@ import scipy.sparse as sp
 
 from topdown.pipeline.configuration.config import load_config
 from topdown.pipeline.configuration.census import PERSONS_PRODUCT
-from topdown.pipeline.execution.engine import BATCH_CHUNKS, CHUNK_CHILDREN, TASKS_PER_WORKER, batch_chunks, make_chunks
+from topdown.pipeline.execution.engine import CHUNK_CHILDREN, make_chunks
+from topdown.pipeline.execution.tasks import BATCH_CHUNKS, TASKS_PER_WORKER, batch_chunks
 from topdown.pipeline.execution.levels import Level
 
 

@@ -218,9 +218,9 @@ def test_a_batch_of_chunks_writes_each_chunks_part_and_record_and_resume_reuses_
     """Issue 30 item 5: the persons Block level's two chunks run in one Dask task (one batch); each chunk's part
     and record are written by the task, an interruption after it keeps both for --resume, and the output is
     the unbatched reference run's, byte for byte."""
-    from topdown.pipeline.execution import engine
+    from topdown.pipeline.execution import tasks
 
-    monkeypatch.setattr(engine, "TASKS_PER_WORKER", 0.001)  # a target cost above the level's: one batch
+    monkeypatch.setattr(tasks, "TASKS_PER_WORKER", 0.001)  # a target cost above the level's: one batch
     submitted = []
     real_submit = dask_client.submit
     monkeypatch.setattr(dask_client, "submit", lambda fn, *a, **k: (submitted.append((fn.__name__, a)),

@@ -48,7 +48,7 @@ from .levels import Level, LevelPart, LevelParts, _geography, _plb, holding, lev
 from .memory import release_memory
 from .rundir import sha256_file, write_frames, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
-from .tasks import Chunk, ChunkResult, run_chunk, windowed
+from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
 from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_records,
@@ -518,6 +518,13 @@ def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta],
     write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), Path(path), **MDF_PARQUET)
 
 
+def write_counties_mdf(product: Product, counties: list[tuple]) -> None:
+    """Write a batch of counties' MDF parts, one after the other (``counties``: the other arguments of
+    :func:`write_county_mdf` for each)."""
+    for args in counties:
+        write_county_mdf(product, *args)
+
+
 def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
                    hist_path: str, child_meta: list[BlockMeta] | None = None) -> ChunkResult:
     """Run a chunk on a worker: its children's true histograms from the shards' partials (``child_parts``,
@@ -838,7 +845,7 @@ def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:
 
 
 def write_mdf(client, rundir, product: Product, spine, blocks, estimated, hierarchy: Hierarchy) -> None:
-    """Write the MDF of ``product`` on the workers, one task per county (:func:`mdf_groups`), from the committed
+    """Write the MDF of ``product`` on the workers, a file per county (:func:`mdf_groups`), from the committed
     block level (``estimated``: engine.LevelOutput), atomically (staging, then rename). The block level's unit
     counts are on the shards (``blocks.meta``) or, reprocessing, in ``blocks.units``."""
     geoids = block_geoids_in_order(spine)  # node order
@@ -849,17 +856,23 @@ def write_mdf(client, rundir, product: Product, spine, blocks, estimated, hierar
     if product.mdf == GENERIC_MDF:
         codes = spine.table.set_index("geoid")[spine.levels[1:]].reindex(geoids)
 
-    def submit(i: int):
+    def job(i: int) -> tuple:
         rows = county.rows(i)
         if blocks.meta is not None:
             metas, local = holding(blocks.meta, rows), rows
         else:
             metas, local = [BlockMeta(0, geoids[rows], blocks.units.iloc[rows], None)], np.arange(len(rows))
-        return client.submit(write_county_mdf, product, estimated.files(rows), metas, local,
-                             str(staged / folder(county.names[i])), None if codes is None else codes.iloc[rows],
-                             pure=False)
+        return (estimated.files(rows), metas, local, str(staged / folder(county.names[i])),
+                None if codes is None else codes.iloc[rows])
 
-    for fut in windowed(client, submit, list(range(len(county.names)))):
+    # Runs of neighbouring counties, one task each (a national MDF has 3,200 counties): each still its own file.
+    workers = max(1, len(client.scheduler_info().get("workers", {})))
+    batches = batch_chunks(np.diff(county.starts).tolist(), list(range(len(county.names))), workers)
+
+    def submit(b: int):
+        return client.submit(write_counties_mdf, product, [job(i) for i in batches[b]], pure=False)
+
+    for fut in windowed(client, submit, list(range(len(batches)))):
         fut.result()
     staged.mkdir(parents=True, exist_ok=True)
     rundir.commit(final)

@@ -29,7 +29,7 @@ from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_table
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunks
-from .tasks import Chunk, ChunkResult, ParentTask, windowed
+from .tasks import Chunk, ChunkResult, ParentTask, batch_chunks, windowed
 
 if TYPE_CHECKING:  # a run's client; verify reads level digests from here without starting Dask
     from distributed import Client
@@ -310,30 +310,6 @@ def _recorded(records: Path, chunks: int) -> list[int]:
         return []
     found = (f.name[5:-5] for f in records.iterdir() if f.name.startswith("part-") and f.name.endswith(".json"))
     return sorted(i for i in {int(x) for x in found if x.isdigit()} if i < chunks)
-
-
-#: Dask tasks per worker a level's chunks are batched into (:func:`batch_chunks`), and most chunks per task.
-TASKS_PER_WORKER = 16
-BATCH_CHUNKS = 32
-
-
-def batch_chunks(costs: list[int], todo: list[int], workers: int) -> list[list[int]]:
-    """The chunks ``todo`` (indices into ``costs``, ascending) in batches run by one Dask task each: runs of
-    consecutive chunks (neighbouring geography: the batch reads few shards) of summed cost up to the level's
-    cost over ``TASKS_PER_WORKER`` tasks per worker and at most ``BATCH_CHUNKS`` chunks; a chunk above that cost
-    alone. Each chunk still writes its own part and record, so outputs and --resume do not depend on the
-    batches; the driver and the scheduler handle a task per batch instead of one per chunk (issue 30 item 5)."""
-    target = sum(costs[i] for i in todo) / (TASKS_PER_WORKER * max(1, workers))
-    batches: list[list[int]] = []
-    cost = 0
-    for i in todo:
-        if batches and len(batches[-1]) < BATCH_CHUNKS and cost + costs[i] <= target and batches[-1][-1] == i - 1:
-            batches[-1].append(i)
-            cost += costs[i]
-        else:
-            batches.append([i])
-            cost = costs[i]
-    return batches
 
 
 def _unverified(record: Path, files: dict[str, Path]) -> tuple[dict | None, str | None]:
