@@ -153,6 +153,24 @@ class Spine:
         """Levels whose geolevel budget proportions node (level, geocode) carries (bypassing)."""
         return self.moves.get(level, {}).get(geocode, (level,))
 
+    def budget_codes(self, level: str, geocodes) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+        """:meth:`budget_levels` of many nodes at ``level`` at once: a code per node into the distinct tuples of
+        levels, numbered in order of first appearance (a national block level has millions of nodes and few
+        moved ones)."""
+        moved = self.moves.get(level, {})
+        if not moved:
+            return np.zeros(len(geocodes), dtype=np.int32), [(level,)]
+        keys: dict[tuple[str, ...], int] = {(level,): 0}
+        moved_codes = np.array([keys.setdefault(c, len(keys)) for c in moved.values()], dtype=np.int64)
+        at = pd.Index(list(moved), dtype="str").get_indexer(pd.Index(geocodes, dtype="str"))
+        raw = np.where(at >= 0, moved_codes[at], 0)
+        found, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # the distinct codes by first appearance
+        rank = np.empty(len(order), dtype=np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        names = list(keys)
+        return rank[inverse.ravel()], [names[found[j]] for j in order]
+
     def to_arrow(self) -> pa.Table:
         """The table (geoid + one column per level) with kind, levels and moves in the schema metadata."""
         table = pa.Table.from_pandas(self.table[["geoid", *self.levels]], preserve_index=False)

@@ -137,6 +137,22 @@ def test_bypass_keeps_path_condition(blocks) -> None:
                 assert spine.fanout(LEVELS[LEVELS.index(level) - 1]).loc[spine.parents(level)[node]] == 1
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=60,
+                unique=True), st.randoms(use_true_random=False))
+def test_budget_codes_are_each_nodes_budget_levels(blocks, rnd) -> None:
+    """Spine.budget_codes (every node's budget share at once, levels.shares): the tuple of each node is its
+    budget_levels, the tuples are distinct and numbered in order of first appearance, for nodes in any order."""
+    geoids = pd.Series([geo(f"00010{t}", f"{g}{b:03d}") for t, g, b in blocks])
+    spine = standard_spine(geoids, bypass_single_children=True)
+    for level in LEVELS:
+        nodes = list(spine.table[level].drop_duplicates())
+        rnd.shuffle(nodes)
+        codes, keys = spine.budget_codes(level, pd.Index(nodes, dtype="str"))
+        assert [keys[c] for c in codes] == [spine.budget_levels(level, g) for g in nodes]
+        assert len(set(keys)) == len(keys) and list(dict.fromkeys(codes.tolist())) == list(range(len(keys)))
+
+
 def test_custom_block_group_size_cap() -> None:
     geoids = pd.Series([geo("000100", f"1{i:03d}") for i in range(100)])
     bg = custom_block_groups(geoids.str[:11], geoids, pd.Series("same", index=geoids.index))

@@ -228,13 +228,8 @@ def level_constraints(product: Product, cfg: ProductConfig, levels: list[str], u
 
 def shares(spine: Spine, budget_levels: dict[str, Fraction], name: str, nodes: pd.Index | np.ndarray) -> Shares:
     """Each node's geolevel budget share (the sum of the budget proportions of the levels it carries)."""
-    values: dict[tuple[str, ...], int] = {}
-    if spine.moves.get(name):  # only a level with budget moves needs each node's levels
-        codes = np.array([values.setdefault(spine.budget_levels(name, g), len(values)) for g in nodes], dtype=np.int32)
-    else:
-        codes = np.zeros(len(nodes), dtype=np.int32)
-        values[(name,)] = 0
-    return Shares(codes, [sum((budget_levels[lv] for lv in key), Fraction(0)) for key in values])
+    codes, keys = spine.budget_codes(name, nodes)
+    return Shares(codes, [sum((budget_levels[lv] for lv in key), Fraction(0)) for key in keys])
 
 
 def _plb(cfg: ProductConfig, spine: Spine, name: str, nodes: pd.Index) -> Shares:
