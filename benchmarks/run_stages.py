@@ -406,7 +406,10 @@ def main() -> None:
 
     from distributed import Client, LocalCluster, get_task_stream
 
+    import dask
+
     from topdown.pipeline.execution import runner
+    from topdown.pipeline.execution.cluster import NO_DASHBOARD
     from topdown.pipeline.configuration.config import declared_census, load_config
     from topdown.pipeline.execution.dataplane import find_input
 
@@ -416,8 +419,8 @@ def main() -> None:
     tracker = StageTracker()
     interrupted = False
     t0 = time.perf_counter()
-    # Started as the runner's own embedded cluster is (short scheduler logs, glibc's malloc defaults).
-    with runner.embedded_settings(), ExitStack() as stack:
+    # Started as the runner's own embedded cluster is (short scheduler logs, glibc's malloc defaults, no dashboard).
+    with runner.embedded_settings(), dask.config.set(NO_DASHBOARD), ExitStack() as stack:
         if args.cluster == "separate":
             client, *others = stack.enter_context(separate_cluster(args.workers))
         else:

@@ -84,3 +84,21 @@ def test_cli_run_through_a_tls_scheduler(tmp_path, planted, planted_run, capsys)
     assert "cannot reach the Dask scheduler" in capsys.readouterr().err
     assert differing_outputs(planted_run, tmp_path / "run") == []
     assert not (tmp_path / "refused").exists()  # refused before it started: no --out folder left behind
+
+
+def test_embedded_workers_sample_no_profile_unless_the_dashboard_is_on():
+    """Without the dashboard nothing shows a profile: the workers do not sample their task's stack every 10 ms
+    (about 3.5 % of a busy worker's CPU); with ``--dashboard`` they do."""
+    import dask
+
+    from topdown.pipeline.execution.cluster import DASHBOARD_KEY
+    from topdown.pipeline.execution.runner import dask_client
+
+    def profiling(dask_worker):
+        return "profile" in dask_worker.periodic_callbacks
+
+    with dask_client(workers=1) as client:
+        assert list(client.run(profiling).values()) == [False]
+    with dask.config.set({DASHBOARD_KEY: True}), dask_client(workers=1) as client:
+        assert list(client.run(profiling).values()) == [True]
+

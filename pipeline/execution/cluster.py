@@ -33,8 +33,11 @@ TLS_SCHEMES = ("tls", "wss")
 DASHBOARD_KEY = "topdown.dashboard"
 DASHBOARD_ADDRESS = "127.0.0.1:0"
 #: Without the dashboard, the scheduler's and workers' HTTP servers (which Dask starts regardless) serve nothing:
-#: no worker list, task log or metrics page either.
-NO_HTTP_ROUTES = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+#: no worker list, task log or metrics page either; and the workers do not sample their task's stack every 10 ms
+#: for the dashboard's profile page (in the worker's event loop: about 3.5 % of a busy worker's CPU with a
+#: 40-frame stack, benchmarks/RESULTS_national.md section 11).
+NO_DASHBOARD = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": [],
+                "distributed.worker.profile.enabled": False}
 #: The CLI flags for the TLS credentials, in the Security fields they set.
 TLS_FLAGS = {"tls_ca_file": "--tls-ca-file", "tls_client_cert": "--tls-cert", "tls_client_key": "--tls-key"}
 

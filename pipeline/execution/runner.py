@@ -27,7 +27,7 @@ from distributed import Security
 from topdown.geo.spine import Spine, build_spine
 
 from ..privacy.certificate import certificate, with_draws
-from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_HTTP_ROUTES, QuietTaskErrors, check_scheduler,
+from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_DASHBOARD, QuietTaskErrors, check_scheduler,
                       embedded_security, quiet_closing, workers_ignore_stop_signals)
 from ..privacy.accounting import check_budget
 from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict, declared_census,
@@ -150,7 +150,7 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
     dashboard = bool(dask.config.get(DASHBOARD_KEY, False))
-    with embedded_settings(), dask.config.set({} if dashboard else NO_HTTP_ROUTES):
+    with embedded_settings(), dask.config.set({} if dashboard else NO_DASHBOARD):
         with workers_ignore_stop_signals():
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                    dashboard_address=DASHBOARD_ADDRESS, scheduler_kwargs={"dashboard": dashboard},
