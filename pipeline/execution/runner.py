@@ -618,7 +618,7 @@ def _write_invariants(client, rundir: RunDir, product: Product, levels: list[Lev
     path = rundir.invariants(product.name)
     if blocks is None:
         write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
-    else:
-        client.submit(write_invariants_table, frames, [p.future for p in blocks.meta], blocks.name, total,
-                      str(rundir.staging(path)), pure=False).result()
+    else:  # the upper levels' rows scattered, not in the task's graph (55 MiB at national size)
+        client.submit(write_invariants_table, client.scatter(frames), [p.future for p in blocks.meta],
+                      blocks.name, total, str(rundir.staging(path)), pure=False).result()
     rundir.commit(path)
