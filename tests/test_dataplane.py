@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def test_the_mdf_writes_runs_of_counties_a_task_each_and_the_same_files(multi_si
     monkeypatch.setattr(dask_client, "submit", lambda fn, *a, **k: (submitted.append((fn.__name__, a)),
                                                                    real_submit(fn, *a, **k))[1])
     out = run(multi_config(), tmp_path / "run", input_dir=multi_single, client=dask_client)
-    batches = [a[1] for name, a in submitted if name == "write_counties_mdf"]
+    batches = [pickle.loads(a[1]) for name, a in submitted if name == "write_counties_mdf"]
     counties = sorted(p.parent.name for p in (out / "mdf" / "persons").rglob("part-*.parquet"))
     assert len(counties) >= 2 and len(batches) == 2  # persons' and units' counties: a task each
     assert sorted(Path(c[3]).parent.name for c in batches[0]) == counties

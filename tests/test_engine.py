@@ -10,7 +10,10 @@ import scipy.sparse as sp
 from topdown.pipeline.configuration.config import load_config
 from topdown.pipeline.configuration.census import PERSONS_PRODUCT
 from topdown.pipeline.execution.engine import CHUNK_CHILDREN, make_chunks
-from topdown.pipeline.execution.tasks import BATCH_CHUNKS, TASKS_PER_WORKER, batch_chunks
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topdown.pipeline.execution.tasks import BATCH_CHUNKS, TASKS_PER_WORKER, batch_chunks, shared_values, taken
 from topdown.pipeline.execution.levels import Level
 
 
@@ -56,3 +59,26 @@ def test_batches_are_runs_of_consecutive_chunks_under_the_target_cost():
     assert [0] in batches and [101] in batches  # a chunk above the target cost runs alone
     assert len(batches) < len(todo) / 4  # far fewer tasks than chunks
     assert len(batch_chunks(costs, todo, workers=1000)) == len(todo)  # a large cluster: a task per chunk
+
+
+class Keyed:
+    """A stand-in for a Dask future: equal keys name the same value."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 6), max_size=8)), max_size=12))
+def test_a_tasks_futures_are_named_once_and_each_group_gets_its_own_back(groups):
+    """tasks.shared_values: a batch names each shard's future once in a flat list; every chunk's list comes back
+    from its positions (in order, repeats kept), None stays None; objects without a key are kept by identity."""
+    futures = {k: Keyed(f"shard-{k}") for k in range(7)}
+    given_groups = [None if g is None else [futures[k] for k in g] for g in groups]
+    values, where = shared_values(given_groups)
+    assert len({v.key for v in values}) == len(values)
+    assert [taken(values, w) for w in where] == given_groups
+    objects = [object(), object()]
+    values, where = shared_values([objects, objects[::-1]])
+    assert values == objects and where == [[0, 1], [1, 0]]
+

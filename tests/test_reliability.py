@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -227,7 +228,7 @@ def test_a_batch_of_chunks_writes_each_chunks_part_and_record_and_resume_reuses_
                                                                    real_submit(fn, *a, **k))[1])
     out = tmp_path / "run"
     _interrupted_in_persons_block(load_config("demo"), out, demo_input, dask_client)
-    batches = [a[1] for name, a in submitted if name == "run_part_chunks"]
+    batches = [pickle.loads(a[1]) for name, a in submitted if name == "run_part_chunks"]
     assert [c[3][-30:] for c in batches[-1]] == ["level=Block/part-00000.parquet", "level=Block/part-00001.parquet"]
     records = sorted((out / ".staging/chunks/persons/level=Block").glob("part-*.json"))
     assert [r.name for r in records] == ["part-00000.json", "part-00001.json"]

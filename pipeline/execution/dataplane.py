@@ -48,7 +48,7 @@ from .levels import Level, LevelPart, LevelParts, _geography, _plb, holding, lev
 from .memory import release_memory
 from .rundir import sha256_file, write_frames, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
-from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, windowed
+from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
 from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_records,
@@ -518,11 +518,11 @@ def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta],
     write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), Path(path), **MDF_PARQUET)
 
 
-def write_counties_mdf(product: Product, counties: list[tuple]) -> None:
-    """Write a batch of counties' MDF parts, one after the other (``counties``: the other arguments of
-    :func:`write_county_mdf` for each)."""
-    for args in counties:
-        write_county_mdf(product, *args)
+def write_counties_mdf(product: Product, counties: bytes, metas: list) -> None:
+    """Write a batch of counties' MDF parts, one after the other (``counties``: pickled, for each the other
+    arguments of :func:`write_county_mdf`, its block metadata as positions into ``metas``, each once)."""
+    for files, where, rows, path, codes in pickle.loads(counties):
+        write_county_mdf(product, files, taken(metas, where), rows, path, codes)
 
 
 def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
@@ -549,16 +549,18 @@ def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | Non
                                hist_sha256=sha256_file(Path(hist_path)))
 
 
-def run_part_chunks(chunks: bytes, args: list[tuple], records: str) -> list[ChunkResult]:
-    """Run a batch of chunks on a worker, one after the other (``chunks``: the batch's chunks pickled together,
-    ``args``: the other arguments of :func:`run_part_chunk` for each); each chunk's histograms and then its
-    record (the mark of a finished chunk, for --resume) are written as it finishes. Returns each chunk's result
-    without its children's names; the worker's freed heap goes back to the system after the batch (its models'
-    transients would otherwise stay resident)."""
+def run_part_chunks(chunks: bytes, args: bytes, shards: list, records: str) -> list[ChunkResult]:
+    """Run a batch of chunks on a worker, one after the other (``chunks``: the batch's chunks pickled together;
+    ``args``: pickled, for each the other arguments of :func:`run_part_chunk`, its shards' partials and block
+    metadata as positions into ``shards``, each shard's once, :func:`tasks.shared_values`); each chunk's
+    histograms and then its record (the mark of a finished chunk, for --resume) are written as it finishes.
+    Returns each chunk's result without its children's names; the worker's freed heap goes back to the system
+    after the batch (its models' transients would otherwise stay resident)."""
     batch: list[Chunk] = pickle.loads(chunks)[::-1]
     results = []
-    for rest in args:
-        res = run_part_chunk(batch.pop(), *rest)  # a finished chunk is dropped
+    for rows, parts, parent_files, hist_path, meta in pickle.loads(args):
+        res = run_part_chunk(batch.pop(), rows, taken(shards, parts), parent_files, hist_path,  # a finished chunk
+                             taken(shards, meta))                                             # is dropped
         record_chunk(Path(records), res)
         results.append(dataclasses.replace(res, children=[]))
     release_memory()
@@ -870,7 +872,10 @@ def write_mdf(client, rundir, product: Product, spine, blocks, estimated, hierar
     batches = batch_chunks(np.diff(county.starts).tolist(), list(range(len(county.names))), workers)
 
     def submit(b: int):
-        return client.submit(write_counties_mdf, product, [job(i) for i in batches[b]], pure=False)
+        jobs = [job(i) for i in batches[b]]
+        metas, where = shared_values([j[1] for j in jobs])  # each shard's metadata named once
+        plain = [(files, w, rows, path, codes) for (files, _, rows, path, codes), w in zip(jobs, where)]
+        return client.submit(write_counties_mdf, product, pickle.dumps(plain, protocol=5), metas, pure=False)
 
     for fut in windowed(client, submit, list(range(len(batches)))):
         fut.result()

@@ -29,7 +29,7 @@ from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_table
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunks
-from .tasks import Chunk, ChunkResult, ParentTask, batch_chunks, windowed
+from .tasks import Chunk, ChunkResult, ParentTask, batch_chunks, shared_values, windowed
 
 if TYPE_CHECKING:  # a run's client; verify reads level digests from here without starting Dask
     from distributed import Client
@@ -243,7 +243,10 @@ def estimate_level(
         # scheduler keeps bytes, a third of the objects they unpickle to (benchmarks/RESULTS.md, "Driver memory,
         # third round").
         chunks = pickle.dumps([plan.build(i) for i in batch], protocol=5)
-        return client.submit(run_part_chunks, chunks, [chunk_args(i) for i in batch], str(records),
+        args = [chunk_args(i) for i in batch]
+        shards, where = shared_values([a[1] for a in args] + [a[4] for a in args])  # each shard named once
+        plain = [(rows, where[j], files, path, where[len(args) + j]) for j, (rows, _, files, path, _) in enumerate(args)]
+        return client.submit(run_part_chunks, chunks, pickle.dumps(plain, protocol=5), shards, str(records),
                              key=f"{name}-{level.name}-{batch[0]}-{digest}", priority=batch_costs[b], pure=False)
 
     done = len(finished)

@@ -215,3 +215,32 @@ def batch_chunks(costs: list[int], todo: list[int], workers: int) -> list[list[i
             batches.append([i])
             cost = costs[i]
     return batches
+
+
+def shared_values(groups: list[list | None]) -> tuple[list, list[list[int] | None]]:
+    """Each distinct object of ``groups`` (lists of Dask futures or other objects; None: no list) once, in order of
+    first appearance, and each group as positions into them. A task then names each future once, in one flat
+    list, and carries the rest pickled: the scheduler's cost grows with every future named in a task's nested
+    arguments (a batch's chunks name the same few shards again and again; issue 30 item 5)."""
+    values: list = []
+    seen: dict = {}
+    out: list[list[int] | None] = []
+    for group in groups:
+        if group is None:
+            out.append(None)
+            continue
+        positions = []
+        for value in group:
+            key = getattr(value, "key", None) or id(value)  # a future's key; another object itself
+            if key not in seen:
+                seen[key] = len(values)
+                values.append(value)
+            positions.append(seen[key])
+        out.append(positions)
+    return values, out
+
+
+def taken(values: list, positions: list[int] | None) -> list | None:
+    """The objects at ``positions`` of ``values`` (:func:`shared_values`, on the worker: futures resolved)."""
+    return None if positions is None else [values[i] for i in positions]
+
