@@ -618,7 +618,10 @@ def _write_invariants(client, rundir: RunDir, product: Product, levels: list[Lev
     path = rundir.invariants(product.name)
     if blocks is None:
         write_table(pd.concat(frames, ignore_index=True), rundir.staging(path))
-    else:  # the upper levels' rows scattered, not in the task's graph (55 MiB at national size)
-        client.submit(write_invariants_table, client.scatter(frames), [p.future for p in blocks.meta],
-                      blocks.name, total, str(rundir.staging(path)), pure=False).result()
+    else:
+        # The upper levels' rows scattered, not in the task's graph (55 MiB at national size), under keys of their
+        # own: replicates sharing a cluster scatter equal rows at once, and a shared key would go with the first.
+        upper = client.scatter(frames, hash=False)
+        client.submit(write_invariants_table, upper, [p.future for p in blocks.meta], blocks.name, total,
+                      str(rundir.staging(path)), pure=False).result()
     rundir.commit(path)
