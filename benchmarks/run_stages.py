@@ -97,13 +97,11 @@ class StageTracker:
         self.pending: list[int] = []  # samples taken while a level had not reported yet
         self.awaiting_level = False
         self.levels: dict[str, dict] = {}
-        self.seen: set[str] = set()  # the stages this sitting ran (a resumed run's manifest has earlier ones too)
         self.lock = threading.Lock()
 
     def set(self, stage: str) -> None:
         with self.lock:
             self.stage = stage
-            self.seen.add(stage)
             self.awaiting_level = False
             self.pending.clear()
 
@@ -116,7 +114,6 @@ class StageTracker:
         now = time.perf_counter()
         name = f"{product}.{level}"
         with self.lock:
-            self.seen.add(name)
             info = self.levels.setdefault(name, {"first_chunk_s": now, "chunks": total})
             info["last_chunk_s"] = now
             if self.stage != name:
@@ -278,9 +275,7 @@ def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_
         last_driver = s["driver_cpu"]
         scheduler_cpu[s["stage"]] = scheduler_cpu.get(s["stage"], 0.0) + s["scheduler_cpu"] - last_scheduler
         last_scheduler = s["scheduler_cpu"]
-    # a resumed run's manifest keeps the walls of the levels an earlier sitting finished: reported, not counted
-    earlier = {k for k in timings if k != "total" and k not in tracker.seen and k not in by_stage}
-    accounted = sum(v for k, v in timings.items() if k != "total" and k not in earlier)
+    accounted = sum(v for k, v in timings.items() if k != "total")
     for stage in order:
         ss = by_stage.get(stage, [])
         peak: dict[int, int] = {}
@@ -296,8 +291,6 @@ def stage_rows(samples: list[dict], timings: dict, tracker: StageTracker, total_
                "scheduler_cpu_s": round(scheduler_cpu.get(stage, 0.0), 2),
                "worker_rss_peak_mb": [round(v / MB) for _, v in sorted(peak.items())],
                "driver_rss_peak_mb": round(max((s["driver_rss"] for s in ss), default=0) / MB)}
-        if stage in earlier:
-            row["earlier_sitting"] = True  # its wall is the manifest's, from the sitting that ran it
         r = rises.get(stage)
         if r and r["workers"]:
             row["worker_hwm_rise_to_mb"] = {str(pid): round(v / MB) for pid, v in sorted(r["workers"].items())}
