@@ -121,8 +121,15 @@ class StageTracker:
                     self.stages[i] = name
                 self.pending.clear()
                 self.stage = name
-            if done == total:  # the level's writes follow; then a level not known until it reports
-                self.awaiting_level = True
+            # until its last chunk the samples are this level's; then its writes follow, and a level not
+            # known until it reports (its samples wait for its first progress call)
+            self.awaiting_level = done == total
+
+    def record(self) -> None:
+        """Give the sample just taken the stage in progress (called with ``lock`` held)."""
+        self.stages.append(self.stage)
+        if self.awaiting_level:
+            self.pending.append(len(self.stages) - 1)
 
 
 class Worker(NamedTuple):
@@ -183,9 +190,7 @@ class Sampler(threading.Thread):
             self.numbers.extend([time.monotonic(), self.driver.memory_info().rss,
                                  resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                                  cpu.user + cpu.system - self.own, scheduler])
-            self.tracker.stages.append(self.tracker.stage)
-            if self.tracker.awaiting_level:
-                self.tracker.pending.append(len(self.tracker.stages) - 1)
+            self.tracker.record()
 
     def run(self) -> None:
         self.client.run(_start_sampling)
