@@ -224,7 +224,7 @@ def run(
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, workers)
-    baf = read_baf(config)
+    bafs = [read_baf(config)]  # checked before anything is written; the spine's build takes it (_tabulate)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
     out = check_out(out if out is not None else Path("runs") / config.run.name, "the run directory", is_run_dir)
@@ -233,7 +233,7 @@ def run(
     hashes = input_hashes(config, inp)
     rundir = RunDir(out)
     with opened(rundir, config, hashes, resume, force, draws=True, redraw=redraw) as (manifest, prior):
-        return _run_locked(config, rundir, manifest, inp, hashes, client, scheduler, workers, progress, baf, security,
+        return _run_locked(config, rundir, manifest, inp, hashes, client, scheduler, workers, progress, bafs, security,
                            prior)
 
 
@@ -309,7 +309,7 @@ def input_hashes(config: Config, inp: Path) -> dict[str, str]:
 
 
 def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashes: dict[str, str], client, scheduler,
-                workers, progress: ProgressFn | None, baf: pd.DataFrame | None, security: Security | None,
+                workers, progress: ProgressFn | None, bafs: list[pd.DataFrame | None], security: Security | None,
                 prior: list[dict]) -> Path:
     fresh = not manifest  # {} unless --resume continues a run
     t0 = time.perf_counter()
@@ -319,7 +319,7 @@ def _run_locked(config: Config, rundir: RunDir, manifest: dict, inp: Path, hashe
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written; the workers
     # read, check and tabulate the input (dataplane.py), and every check runs before the first write.
     with dask_client(client, scheduler, workers, security) as dclient:
-        prep = _tabulate(config, inp, hashes, dclient, baf, timings, steps)
+        prep = _tabulate(config, inp, hashes, dclient, bafs, timings, steps)
         steps.close()
         return execute(config, rundir, manifest, _plan(config, prep, dclient, prior), dclient, None, None, progress,
                        t0, security, fresh=fresh)
@@ -338,9 +338,11 @@ class Prepared:
     timings: dict[str, float]
 
 
-def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: pd.DataFrame | None,
+def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, bafs: list[pd.DataFrame | None],
               timings: dict[str, float], steps: Steps | None = None) -> Prepared:
-    """Ingest, spine and tabulation on ``dclient``'s workers (``steps``: the start-up bar)."""
+    """Ingest, spine and tabulation on ``dclient``'s workers (``steps``: the start-up bar). ``bafs`` holds the
+    block assignment frame (or None), taken out of it here: the driver frees it once the spine is built (0.6 GB
+    at national size, benchmarks/RESULTS_national.md section 12), before the tabulation's peak."""
     step = steps.start if steps is not None else (lambda name: None)
     t0 = time.perf_counter()
     census = declared_census(config)
@@ -353,12 +355,13 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, baf: p
     t = time.perf_counter()
     step("spine")
     geoids = input_geography(data, census_hierarchy(config))
+    baf = bafs.pop()
     if baf is not None:
         check_baf_states(config, baf, geoids, files.where(UNIT_RECORDS))
     spine = build_spine(config.run.spine, geoids, baf_dir=baf,  # only the optimized spine reads the units
                         units=gq_presence(dclient, data) if config.run.spine == "optimized" else None,
                         hierarchy=census_hierarchy(config))
-    del geoids
+    del geoids, baf
     release_memory()
     for product in config.run_products:
         _level_names(config, product, spine.levels)
@@ -400,7 +403,7 @@ def prepare(config: Config, input_dir: str | Path, client) -> Prepared:
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, None)
-    baf = read_baf(config)
+    baf = [read_baf(config)]
     inp = _input_dir(config, input_dir)
     check_derived_units(config, find_input(inp, declared_census(config)).units)
     return _tabulate(config, inp, input_hashes(config, inp), client, baf, {})
