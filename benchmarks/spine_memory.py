@@ -28,7 +28,7 @@ from topdown.geo.baf import read_baf_dir
 from topdown.geo.spine import build_spine
 from topdown.pipeline.configuration.config import load_config
 from topdown.pipeline.execution.levels import _geography
-from topdown.pipeline.execution.runner import _path_shares
+from topdown.pipeline.execution.runner import path_shares
 from topdown.pipeline.execution.memory import release_memory
 
 MB = 1 << 20
@@ -101,7 +101,7 @@ def main() -> None:
     n = len(spine.table)
     config = load_config(args.config)
     geography = step("levels._geography", lambda: _geography(spine))
-    shares = step("path shares", lambda: {p: _path_shares(spine, config.product(p).budget) for p in config.run.products})
+    shares = step("path shares", lambda: path_shares(spine, config))
     baf = units = geoids = None  # the run drops them after the spine
     gc.collect()
     release_memory()

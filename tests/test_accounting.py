@@ -303,3 +303,25 @@ def test_path_condition_of_a_spine_checks_each_distinct_path_once_at_its_first_b
         assert next(b for b, v in zip(every, vectors) if v == tuple(s[lv] for lv in spine.levels)) == block
     assert list(distinct) == [b for b in every if b in distinct]
     assert check_path_condition(shares, spine.levels) == check_path_condition(every, spine.levels)
+
+
+def test_the_products_path_shares_share_the_blocks_node_codes() -> None:
+    """runner.path_shares: one PathShares per product, equal to one built alone, with each level's node codes
+    (4 bytes a block and level) made once for the spine, not once per product."""
+    import pandas as pd
+
+    from topdown.geo.spine import build_spine, bypass
+    from topdown.pipeline.execution.runner import PathShares, path_shares
+
+    geoids = ["440010001001000", "440010001001001", "440010002001000", "440030001001000",
+              "250010001001000", "250010001002000", "250010001002001", "250010002001000"]
+    spine = bypass(build_spine("standard", pd.Series(geoids, name="geoid")))
+    config = load_config("pl94_production_2021")
+    both = path_shares(spine, config)
+    assert list(both) == ["persons", "units"]
+    for product, shares in both.items():
+        alone = PathShares(spine, config.product(product).budget)
+        assert dict(shares.items()) == dict(alone.items())
+    assert dict(both["persons"].items()) != dict(both["units"].items())  # the budgets differ
+    for (p_codes, _), (u_codes, _) in zip(both["persons"].shares, both["units"].shares):
+        assert p_codes is u_codes

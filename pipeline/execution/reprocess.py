@@ -281,7 +281,7 @@ def write_measurement_parts(nmf: NoisyMeasurementFile, product: str, level: str,
 
 def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Path | None) -> _Source:
     from ..privacy.certificate import certificate
-    from .runner import _path_shares
+    from .runner import path_shares
 
     config, spine, nmf = open_nmf(nmf_dir, spine_path, config_path)
     spine_path = Path(spine_path)
@@ -289,7 +289,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
     of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}
     cert = reprocessing_certificate(
-        certificate(config, {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}), config, of)
+        certificate(config, path_shares(spine, config)), config, of)
 
     def publish(rd: RunDir) -> None:
         write_table(spine.to_arrow(), rd.root / "spine.parquet")

@@ -367,7 +367,7 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, bafs: 
         _level_names(config, product, spine.levels)
     timings["spine"] = time.perf_counter() - t
 
-    shares = {p: _path_shares(spine, config.product(p).budget) for p in config.run.products}
+    shares = path_shares(spine, config)
     all_levels: dict[str, list[Level]] = {}
     products = tuple(config.run_products)
     for i, product in enumerate(products):
@@ -485,21 +485,24 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     return rundir.root
 
 
-def _path_shares(spine, budget) -> "PathShares":
-    """Per block, the budget share of its node at every level (Theorem 2's path condition input), made
-    block by block as the certificate reads them (a dict per block of a national spine would not fit)."""
-    return PathShares(spine, budget)
+def path_shares(spine, config: Config) -> dict[str, "PathShares"]:
+    """Per product, per block, the budget share of its node at every level (Theorem 2's path condition input),
+    made block by block as the certificate reads them (a dict per block of a national spine would not fit).
+    The blocks' node codes are the same for every product: computed once and shared (24 bytes a block)."""
+    rolled = [rollup(spine.table[level]) for level in spine.levels]
+    return {p: PathShares(spine, config.product(p).budget, rolled) for p in config.run.products}
 
 
 class PathShares(Mapping):
     """Block geocode -> {level: share of the block's node at that level}, computed when read."""
 
-    def __init__(self, spine, budget) -> None:
+    def __init__(self, spine, budget, rolled: list[tuple] | None = None) -> None:
+        """``rolled``: each level's ``rollup`` of the spine (nodes, each block's node code), when already made."""
         self.levels = spine.levels
-        self.shares = []  # per level: each block's node code, and each node's share (levels.Shares)
-        for level in spine.levels:
-            nodes, codes = rollup(spine.table[level])
-            self.shares.append((codes, shares(spine, budget.levels, level, nodes)))
+        rolled = rolled or [rollup(spine.table[level]) for level in spine.levels]
+        # per level: each block's node code, and each node's share (levels.Shares)
+        self.shares = [(codes, shares(spine, budget.levels, level, nodes))
+                       for level, (nodes, codes) in zip(spine.levels, rolled)]
         self.blocks = pd.Index(spine.table[spine.levels[-1]], dtype="str")
 
     def __len__(self) -> int:
