@@ -341,8 +341,8 @@ class Prepared:
 def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, bafs: list[pd.DataFrame | None],
               timings: dict[str, float], steps: Steps | None = None) -> Prepared:
     """Ingest, spine and tabulation on ``dclient``'s workers (``steps``: the start-up bar). ``bafs`` holds the
-    block assignment frame (or None), taken out of it here: the driver frees it once the spine is built (0.6 GB
-    at national size, benchmarks/RESULTS_national.md section 12), before the tabulation's peak."""
+    block assignment frame (or None), taken out of it here: the driver frees it once the spine is built, before the
+    tabulation's peak."""
     step = steps.start if steps is not None else (lambda name: None)
     t0 = time.perf_counter()
     census = declared_census(config)
@@ -488,7 +488,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
 def path_shares(spine, config: Config) -> dict[str, "PathShares"]:
     """Per product, per block, the budget share of its node at every level (Theorem 2's path condition input),
     made block by block as the certificate reads them (a dict per block of a national spine would not fit).
-    The blocks' node codes are the same for every product: computed once and shared (24 bytes a block)."""
+    The blocks' node codes are the same for every product: computed once and shared."""
     rolled = [rollup(spine.table[level]) for level in spine.levels]
     return {p: PathShares(spine, config.product(p).budget, rolled) for p in config.run.products}
 
