@@ -403,10 +403,10 @@ def prepare(config: Config, input_dir: str | Path, client) -> Prepared:
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, None)
-    baf = [read_baf(config)]
+    bafs = [read_baf(config)]
     inp = _input_dir(config, input_dir)
     check_derived_units(config, find_input(inp, declared_census(config)).units)
-    return _tabulate(config, inp, input_hashes(config, inp), client, baf, {})
+    return _tabulate(config, inp, input_hashes(config, inp), client, bafs, {})
 
 
 def run_prepared(config: Config, out: str | Path, prep: Prepared, client) -> Path:
@@ -489,8 +489,13 @@ def path_shares(spine, config: Config) -> dict[str, "PathShares"]:
     """Per product, per block, the budget share of its node at every level (Theorem 2's path condition input),
     made block by block as the certificate reads them (a dict per block of a national spine would not fit).
     The blocks' node codes are the same for every product: computed once and shared."""
-    rolled = [rollup(spine.table[level]) for level in spine.levels]
+    rolled = _rollups(spine)
     return {p: PathShares(spine, config.product(p).budget, rolled) for p in config.run.products}
+
+
+def _rollups(spine) -> list[tuple]:
+    """Each level's ``rollup`` of the spine: its nodes, and each block's node code."""
+    return [rollup(spine.table[level]) for level in spine.levels]
 
 
 class PathShares(Mapping):
@@ -499,7 +504,7 @@ class PathShares(Mapping):
     def __init__(self, spine, budget, rolled: list[tuple] | None = None) -> None:
         """``rolled``: each level's ``rollup`` of the spine (nodes, each block's node code), when already made."""
         self.levels = spine.levels
-        rolled = rolled or [rollup(spine.table[level]) for level in spine.levels]
+        rolled = rolled or _rollups(spine)
         # per level: each block's node code, and each node's share (levels.Shares)
         self.shares = [(codes, shares(spine, budget.levels, level, nodes))
                        for level, (nodes, codes) in zip(spine.levels, rolled)]
