@@ -5,9 +5,9 @@ Output (one Parquet file, columns :data:`amc.SCHEMA`): per method, one row per a
 query at every node of every level and every off-spine entity: ``product, level, geocode, query, cell, method,
 published, estimate, variance, ci90_low, ci90_high, ci95_low, ci95_high, rep_n, rep_bias, rep_rmse``. ``cell``
 is the answer's position in the query's cell order (pipeline/execution/nmf.py). ``gls`` rows: the GLS
-intervals in the Bureau's integer form ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, which
-covers a non-negative integer count exactly when the real interval ``est +- z sd`` does; ``published`` where
-the run has its histograms. ``amc`` rows (with replicates): the Bureau's approximate Monte Carlo interval of
+estimate and variance, and the interval of a count >= 0 from them (Feldman-Cousins, pipeline/evaluation/
+bounded.py: nominal at every true count, 0 included, never empty; the central ``est +- z sd`` once ``est >= 2 z
+sd``) with integer bounds rounded inward; ``published`` where the run has its histograms. ``amc`` rows (with replicates): the Bureau's approximate Monte Carlo interval of
 the published count (pipeline/evaluation/amc.py). ``calibrated`` rows (with replicates and a second generation
 of them): the published count's interval from the replicates' error by size, extrapolated one generation
 back and inverted (pipeline/evaluation/calibrated.py).
@@ -36,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .bounded import count_interval
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
                   leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward, with_zeros)
 from topdown.geo.spine import Spine
@@ -251,11 +252,6 @@ def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: 
 
 
 # ------------------------------------------------------------------------------------------- output rows
-def interval(est: np.ndarray, sd: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray]:
-    """The Bureau's integer interval ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``."""
-    return np.maximum(np.ceil(est - z * sd), 0), np.maximum(np.floor(est + z * sd), 0)
-
-
 def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, est: np.ndarray, cov: np.ndarray,
               cov_index: np.ndarray | None, queries: tuple[str, ...]) -> pd.DataFrame:
     """Rows for histograms ``est (N, ncells)`` with covariances ``cov[cov_index]`` (class blocks)."""
@@ -267,8 +263,8 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
         v = alg.cell_variance(cov, q)[idx]
         v = np.maximum(v, 0.0)
         sd = np.sqrt(v)
-        lo90, hi90 = interval(e, sd, Z90)
-        lo95, hi95 = interval(e, sd, Z95)
+        lo90, hi90 = count_interval(e, sd, 0.90)
+        lo95, hi95 = count_interval(e, sd, 0.95)
         k = query.n_answers
         frames.append(pd.DataFrame({
             "product": product, "level": level, "geocode": np.repeat(np.asarray(geocodes, dtype=object), k),
