@@ -3,11 +3,14 @@ block-size bin, with the exact binomial 99 % band of the nominal rate; mean widt
 the published counts' mean absolute error. Prints markdown tables (``--json FILE`` also writes the rows).
 
     python benchmarks/coverage.py RUN --truth INPUT --uncertainty FILE [--entities BAF] [--product persons]
+        [--draws RUN2:FILE2 ...] [--central]
 
 RUN is the run the file was computed from (its spine; ``topdown uncertainty RUN --out FILE [--replicates DIR]``),
 INPUT the run's confidential input. A geounit's bin is its true total (every level, so blocks by size); the
 cells of the other queries in the file (hispanic, cenrace...) are reported per method and level, zero and
-non-zero true counts apart. The band
+non-zero true counts apart. ``--draws`` pools runs of the same input with other seeds (each draw's geounits
+count as trials of their own); ``--central`` adds ``gls_central``, the Bureau's central interval cut at 0 from
+the same GLS estimates (it covers a true 0 at (1 + level) / 2). The band
 treats the geounits as independent trials, which they are not quite (one run's noise is shared along the
 tree): a method within its band at every level and bin is consistent with nominal coverage, no more.
 Confidential: the output is about the true counts (coverage and errors per bin); keep it private.
@@ -128,7 +131,7 @@ def tables(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     cells = table[table["query"] != "total"]
     out = {"coverage_total": coverage_table(total, ["method", "level", "bin"]),
            "widths": width_table(table)}
-    if len(cells):  # a zero cell's clipped interval covers it more often than nominal: shown apart
+    if len(cells):  # zero and non-zero true counts apart (a central interval cut at 0 over-covers a true 0)
         cells = cells.assign(cell_truth=np.where(cells["truth"] > 0, ">0", "0"))
         out["coverage_cells"] = coverage_table(cells, ["method", "query", "level", "cell_truth"])
     return out
@@ -142,12 +145,33 @@ def read_rows(unc_path: Path, product: str, queries: tuple[str, ...]) -> pd.Data
     return unc.reset_index(drop=True)
 
 
+def with_central(unc: pd.DataFrame) -> pd.DataFrame:
+    """``unc`` and, for its ``gls`` rows, ``gls_central`` rows: the Bureau's central interval cut at 0,
+    ``[max(ceil(est - z sd), 0), max(floor(est + z sd), 0)]``, from the same estimate and variance."""
+    gls = unc[unc["method"] == "gls"]
+    est, sd = gls["estimate"].to_numpy(), np.sqrt(gls["variance"].to_numpy())
+    central = gls.assign(method="gls_central")
+    for level in LEVELS:
+        z, tag = stats.norm.ppf(0.5 + level / 2), f"{round(level * 100)}"
+        central[f"ci{tag}_low"] = np.maximum(np.ceil(est - z * sd), 0)
+        central[f"ci{tag}_high"] = np.maximum(np.floor(est + z * sd), 0)
+    return pd.concat([unc, central], ignore_index=True)
+
+
 def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | None = None,
-            product: str | None = None, queries: tuple[str, ...] = QUERIES) -> dict[str, pd.DataFrame]:
+            product: str | None = None, queries: tuple[str, ...] = QUERIES,
+            draws: list[tuple[Path, Path]] = (), central: bool = False) -> dict[str, pd.DataFrame]:
     """The three tables: coverage of ``total`` per method, level and bin; of the other ``queries``' cells per
-    method, query, level and zero/non-zero truth; widths and errors per level."""
+    method, query, level and zero/non-zero truth; widths and errors per level. ``draws``: more (run,
+    uncertainty file) pairs of the same input (other seeds), pooled with the first; ``central``: add
+    :func:`with_central`'s rows."""
     product = product or Source.open(run).products[0].name
-    return tables(truth_rows(run, truth_dir, read_rows(unc_path, product, queries), entities_path))
+    frames = []
+    for k, (r, u) in enumerate([(run, unc_path), *draws]):
+        unc = read_rows(u, product, queries)
+        rows = truth_rows(r, truth_dir, with_central(unc) if central else unc, entities_path)
+        frames.append(rows.assign(geocode=rows["geocode"].astype(str) + f"#{k}") if draws else rows)
+    return tables(pd.concat(frames, ignore_index=True) if draws else frames[0])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,8 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", nargs="*", default=list(QUERIES),
                         help=f"queries whose cells are measured besides total (default: {' '.join(QUERIES)})")
     parser.add_argument("--json", type=Path, help="also write the tables' rows to this JSON file")
+    parser.add_argument("--draws", nargs="*", default=[], metavar="RUN:FILE",
+                        help="more runs of the same input with other seeds and their uncertainty files, pooled")
+    parser.add_argument("--central", action="store_true",
+                        help="also measure the gls rows' central interval cut at 0 (the Bureau's form), as gls_central")
     args = parser.parse_args(argv)
-    tables = measure(Path(args.run), args.truth, args.uncertainty, args.entities, args.product, tuple(args.queries))
+    draws = [tuple(Path(p) for p in d.rsplit(":", 1)) for d in args.draws]
+    tables = measure(Path(args.run), args.truth, args.uncertainty, args.entities, args.product, tuple(args.queries),
+                     draws, args.central)
     titles = {"coverage_total": "Coverage of the true total, per method, level and block-size bin (true total)",
               "coverage_cells": "Coverage of the other queries' cells, per method, query, level and whether the "
                                 "cell's true count is 0",

@@ -256,6 +256,19 @@ def test_coverage_table_arithmetic():
     assert "| amc | Block | 1-9 | 10 | 0.900 |" in cov.markdown(cov.coverage_table(rows, ["method", "level", "bin"]))
 
 
+def test_central_rows_are_the_bureaus_form_from_the_same_estimates():
+    """``--central``: each gls row again as ``gls_central``, ``[max(ceil(est - z sd), 0), max(floor(est + z sd),
+    0)]`` (an estimate far below 0 gets [0, 0], where the gls row's interval of a count >= 0 does not)."""
+    cov = _harness()
+    rows = pd.DataFrame({"method": ["gls", "gls", "amc"], "estimate": [10.0, -5.0, 3.0], "variance": [4.0, 1.0, 1.0],
+                         "ci90_low": [7.0, 0.0, 1.0], "ci90_high": [13.0, 1.0, 5.0], "ci95_low": 0.0, "ci95_high": 20.0})
+    out = cov.with_central(rows)
+    central = out[out["method"] == "gls_central"].reset_index(drop=True)
+    assert len(out) == 5 and len(central) == 2
+    assert central["ci90_low"].tolist() == [7.0, 0.0] and central["ci90_high"].tolist() == [13.0, 0.0]
+    assert central["ci95_low"].tolist() == [7.0, 0.0] and central["ci95_high"].tolist() == [13.0, 0.0]
+
+
 def test_coverage_harness_on_a_tiny_run_with_three_replicates(demo_run, demo_input, dask_client, tmp_path):
     """The harness end to end: the demo run's uncertainty with 3 (copied) replicates and the BAF's entities;
     every level and entity kind gets a coverage row per method, and the published MAE is the histograms'."""
@@ -281,6 +294,16 @@ def test_coverage_harness_on_a_tiny_run_with_three_replicates(demo_run, demo_inp
     widths = pd.DataFrame(tables["widths"]).set_index("level")
     assert (widths["published_mae"] >= 0).all() and (widths["amc_w90"] >= 0).all()
     assert set(pd.DataFrame(tables["coverage_cells"])["query"]) == {"hispanic"}
+    # --draws pools another draw (here the same file again: every count twice), --central adds gls_central
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "coverage.py"), str(demo_run), "--truth",
+                          str(demo_input), "--uncertainty", str(unc), "--draws", f"{demo_run}:{unc}", "--central",
+                          "--json", str(tmp_path / "c2.json")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    pooled = pd.DataFrame(json.loads((tmp_path / "c2.json").read_text())["coverage_total"])
+    assert set(pooled["method"]) == {"gls", "gls_central", "amc"}
+    one = total[total["level"].isin(["Tract", "Block_Group"])].groupby(["method", "level", "bin"])[["n", "cov90"]]
+    two = pooled[pooled["method"] != "gls_central"].groupby(["method", "level", "bin"])[["n", "cov90"]]
+    assert (two.sum()["n"] == 2 * one.sum()["n"]).all() and np.allclose(two.sum()["cov90"], one.sum()["cov90"])
 
 
 def test_cli_refuses_a_bad_replicates_folder_before_any_work(demo_run, tmp_path):
