@@ -27,6 +27,7 @@ import pandas as pd
 from scipy import stats
 
 from topdown.pipeline.evaluation.amc import Tabulator
+from topdown.pipeline.evaluation.bounded import z_value
 from topdown.pipeline.evaluation.evaluate import entities_on_spine, load_entities, load_truth
 from topdown.pipeline.evaluation.uncertainty import Source
 from topdown.pipeline.execution.rundir import RunReader
@@ -152,7 +153,7 @@ def with_central(unc: pd.DataFrame) -> pd.DataFrame:
     est, sd = gls["estimate"].to_numpy(), np.sqrt(gls["variance"].to_numpy())
     central = gls.assign(method="gls_central")
     for level in LEVELS:
-        z, tag = stats.norm.ppf(0.5 + level / 2), f"{round(level * 100)}"
+        z, tag = z_value(level), f"{round(level * 100)}"
         central[f"ci{tag}_low"] = np.maximum(np.ceil(est - z * sd), 0)
         central[f"ci{tag}_high"] = np.maximum(np.floor(est + z * sd), 0)
     return pd.concat([unc, central], ignore_index=True)
@@ -167,10 +168,9 @@ def measure(run: Path, truth_dir: Path, unc_path: Path, entities_path: Path | No
     :func:`with_central`'s rows."""
     product = product or Source.open(run).products[0].name
     frames = []
-    for k, (r, u) in enumerate([(run, unc_path), *draws]):
+    for r, u in [(run, unc_path), *draws]:
         unc = read_rows(u, product, queries)
-        rows = truth_rows(r, truth_dir, with_central(unc) if central else unc, entities_path)
-        frames.append(rows.assign(geocode=rows["geocode"].astype(str) + f"#{k}") if draws else rows)
+        frames.append(truth_rows(r, truth_dir, with_central(unc) if central else unc, entities_path))
     return tables(pd.concat(frames, ignore_index=True) if draws else frames[0])
 
 

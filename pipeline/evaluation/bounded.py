@@ -20,6 +20,11 @@ from scipy import stats
 GRID = 4001
 
 
+def z_value(level: float) -> float:
+    """The normal 1 - (1 - level)/2 quantile (1.645 at 0.90): the half-width of the central interval."""
+    return float(stats.norm.ppf(1 - (1 - level) / 2))
+
+
 def log_ratio(x: np.ndarray, mu: float) -> np.ndarray:
     """(FC1) ``log R(x)``: the log likelihood ratio of ``mu`` against the best ``mu' >= 0`` for ``x``."""
     best = np.maximum(x, 0.0)
@@ -36,7 +41,7 @@ def acceptance(mu: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     """(FC2) The acceptance regions ``[x1, x2]`` of ``0 < mu < z``: ``R(x1) = R(x2)`` and
     ``Phi(x2 - mu) - Phi(x1 - mu) = level``, with ``x2 = mu + r`` (the probability grows with ``r``: bisection)."""
     lo = np.zeros_like(mu)
-    hi = np.full_like(mu, stats.norm.ppf(0.5 + level / 2) + 1.0)
+    hi = np.full_like(mu, z_value(level) + 1.0)
     for _ in range(60):
         r = (lo + hi) / 2
         short = stats.norm.cdf(r) - stats.norm.cdf(left_end(mu, r) - mu) < level
@@ -50,7 +55,7 @@ def acceptance(mu: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
 def table(level: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``mu`` on ``[0, z]`` and the ends ``x1(mu)``, ``x2(mu)`` of its acceptance region (both increasing): at
     ``mu = 0`` ``(-inf, Phi^-1(level)]``, at ``mu >= z`` the central ``mu -+ z``."""
-    z = stats.norm.ppf(0.5 + level / 2)
+    z = z_value(level)
     mu = np.linspace(0.0, z, GRID)
     x1, x2 = acceptance(mu[1:-1], level)
     x1 = np.concatenate([[-np.inf], x1, [0.0]])
@@ -62,7 +67,7 @@ def fc_bounds(x: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     """(FC3) The interval ``[lower, upper]`` of ``mu >= 0`` for standardized estimates ``x``: ``lower`` =
     the ``mu`` with ``x2(mu) = x`` (0 below ``x2(0)``), ``upper`` = the ``mu`` with ``x1(mu) = x``."""
     x = np.asarray(x, dtype=float)
-    z = stats.norm.ppf(0.5 + level / 2)
+    z = z_value(level)
     mu, x1, x2 = table(level)
     lower = np.where(x >= x2[-1], x - z, np.interp(x, x2, mu, left=0.0))
     # x1 is -inf at mu = 0: interpolate on the finite part; below it the upper bound tends to 0.

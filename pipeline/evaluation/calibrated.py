@@ -41,10 +41,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from scipy import stats
 
 from ..execution.memory import release_memory
 from .amc import KEY, SCHEMA, Tabulator, conform, replicate_dirs
+from .bounded import z_value
 from .evaluate import EvaluationError
 
 #: Name of the rows in the uncertainty table's ``method`` column.
@@ -119,11 +119,6 @@ def extrapolate(first: SizeModel, second: SizeModel) -> SizeModel:
         rs = np.where((first.s > 0) & (s2 > 0), first.s / s2, 1.0)
     clip = (1 / MAX_RATIO, MAX_RATIO)
     return SizeModel(first.x, first.b * np.clip(rb, *clip), first.s * np.clip(rs, *clip))
-
-
-def z_value(level: float) -> float:
-    """The normal 1 - (1 - level)/2 quantile (1.645 at 0.90)."""
-    return float(stats.norm.ppf(1 - (1 - level) / 2))
 
 
 #: Integer true counts are tried one by one up to here; above it, on a geometric grid (ratio 1.001).

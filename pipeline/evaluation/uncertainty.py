@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .bounded import count_interval
+from .bounded import count_interval, z_value
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
                   leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward, with_zeros)
 from topdown.geo.spine import Spine
@@ -55,7 +55,7 @@ from topdown.vocab.census import Product
 
 log = logging.getLogger("topdown")
 
-Z90, Z95 = 1.6448536269514722, 1.959963984540054
+Z90, Z95 = z_value(0.90), z_value(0.95)
 META_KEY = b"topdown.uncertainty"
 
 
