@@ -17,7 +17,7 @@ from topdown.vocab.problem import FailsafeStep
 from topdown.vocab.queries import canonical_name
 
 from .backends import Backend
-from .layout import DETAILED, Layout
+from .layout import DETAILED, Layout, positions
 from .standard import StandardForm, restrict_for_passes
 from .tau import tau_lp
 
@@ -45,8 +45,9 @@ def problem_scale(layout: Layout) -> float:
     """s of the rescaling: the parent total (root: the largest equality or lower-bound rhs or measured row sum)
     / 1e4."""
     p = layout.problem
-    if p.parent_hist is not None:
-        magnitude = float(np.sum(p.parent_hist))
+    parent = p.parent_sparse()
+    if parent is not None:
+        magnitude = float(parent.total())
     else:
         magnitude = 0.0
         for con in p.constraints:
@@ -73,12 +74,14 @@ def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: fl
         if name not in wanted:
             continue
         cols = layout.cols(name)
+        answers = layout.answers_of(name)
+        at = answers if meas.answers is None else positions(np.asarray(meas.answers), answers)
         var = np.asarray(meas.variance, float)
-        have = (cols >= 0) & np.isfinite(var)[:, None]
+        have = (cols >= 0) & np.isfinite(var)[:, None] & (at >= 0)[None, :]  # an answer not measured: no term
         idx = cols[have]  # distinct columns: one per (child, answer)
         w = np.broadcast_to((1.0 / var)[:, None], cols.shape)[have]
         p_diag[idx] += 2.0 * w * scale * scale
-        q[idx] += -2.0 * w * scale * np.asarray(meas.values, float)[have]
+        q[idx] += -2.0 * w * scale * np.asarray(meas.values, float)[:, np.maximum(at, 0)][have]
     return p_diag, q
 
 
@@ -91,20 +94,19 @@ def band_columns(layout: Layout, queries: list[str]) -> np.ndarray:
 
 
 def _full(layout: Layout, keep: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """Layout column values from restricted ones: dropped aux columns get their queries' answers."""
+    """Layout column values from restricted ones: dropped aux columns get their queries' answers (summed
+    from the count columns, cell by cell in cell order)."""
     out = np.zeros(layout.n_cols)
     out[keep] = z
     if keep.size == layout.n_cols:
         return out
-    have = layout.xcol >= 0
-    hist = np.zeros(layout.xcol.shape)
-    hist[have] = out[layout.xcol[have]]
+    answers = layout.answers_of_x @ out[:layout.n_x]  # count columns are the first n_x
     dropped = np.ones(layout.n_cols, dtype=bool)
     dropped[keep] = False
-    for name, cols in layout.acol.items():
-        ok = cols >= 0
-        if dropped[cols[ok]].any():
-            out[cols[ok]] = layout.queries[name].answer(hist)[ok]
+    for cols in layout.acol.values():
+        ok = cols[cols >= 0]
+        if dropped[ok].any():
+            out[ok] = answers[ok]
     return out
 
 

@@ -1,7 +1,8 @@
 """Which variables and rows one parent's model has (solver_notes.md, "elimination levels" e2 + hier).
 
-Columns: one ``x`` per (child, cell) in play, one auxiliary ``a`` per (query, child, answer) that
-covers at least one ``x`` of that child (none for a query whose grouping is the identity on cells: it
+Everything is indexed by the parent's cells in play (``Layout.cells``: the parent's non-zero cells, every
+cell at the root), never by the declared cells. Columns: one ``x`` per (child, cell) in play, one auxiliary
+``a`` per (query, child, answer) that covers at least one ``x`` of that child (none for a query whose grouping is the identity on cells: it
 uses the ``x`` columns, as ``detailed``), and, when the parent equality is relaxed (failsafe steps 2-3,
 DAS-2020 ``sequential_optimizers.py``), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families,
 all linear with 0/+-1 coefficients: ``definitions`` (a = sum of a finer query's aux columns when one
@@ -16,9 +17,9 @@ from functools import cached_property, lru_cache
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.vocab.queries import Query, QueryError, build_query, canonical_name
+from topdown.vocab.queries import Query, QueryError, build_query, canonical_name, coarse_answers, refinement
 
-from topdown.vocab.problem import ParentProblem
+from topdown.vocab.problem import ParentProblem, SparseHist
 
 DETAILED = "detailed"
 
@@ -82,10 +83,12 @@ class Layout:
     problem: ParentProblem
     relax_parent: bool
     queries: dict[str, Query]  # canonical name -> Query, every query the model refers to
-    xcol: np.ndarray  # int64[n_children, ncells], -1 = no variable
-    acol: dict[str, np.ndarray]  # query -> int64[n_children, n_answers], -1 = no variable (xcol if identity)
+    cells: np.ndarray  # int64[n], sorted: the cells in play (a variable for some child, or a parent cell)
+    xcol: np.ndarray  # int64[n_children, n]: column of (child, cells[j]), -1 = no variable
+    answers: dict[str, np.ndarray]  # query -> its answers in play, sorted (``cells`` if identity)
+    acol: dict[str, np.ndarray]  # query -> int64[n_children, len(answers)], -1 = no variable (xcol if identity)
     sources: dict[str, str | None]  # query -> the query its aux columns are defined from (None: cells)
-    spcol: np.ndarray  # int64[ncells], -1 unless relax_parent
+    spcol: np.ndarray  # int64[n] (per cell of ``cells``), -1 unless relax_parent
     sncol: np.ndarray
     n_cols: int
     families: dict[str, Rows]
@@ -94,8 +97,20 @@ class Layout:
     # kind "inequality" for a "<=" / ">=" constraint (failsafe step 3 drops it), else "equality"
 
     def cols(self, query: str) -> np.ndarray:
-        """Column of each (child, answer) of a query: the x columns for ``detailed``."""
+        """Column of each (child, answer in play) of a query: the x columns for ``detailed``."""
         return self.xcol if query == DETAILED else self.acol[query]
+
+    def answers_of(self, query: str) -> np.ndarray:
+        """The answers the columns of :meth:`cols` stand for (the cells for ``detailed``)."""
+        return self.cells if query == DETAILED else self.answers[query]
+
+    def parent_at_cells(self) -> np.ndarray:
+        """int64[n]: the parent's count of each cell of ``cells`` (zeros at the root)."""
+        out = np.zeros(self.cells.size, dtype=np.int64)
+        parent = self.problem.parent_sparse()
+        if parent is not None:
+            out[positions(self.cells, parent.cells)] = parent.counts
+        return out
 
     @property
     def n_x(self) -> int:
@@ -108,10 +123,12 @@ class Layout:
         c_all, i_all = np.nonzero(self.xcol >= 0)  # (child, cell) of every count column, row-major
         x = self.xcol[c_all, i_all]
         rows, cols = [x], [x]
+        seen = {id(self.xcol)}
         for name, acol in self.acol.items():
-            if acol is self.xcol:
+            if id(acol) in seen:  # the count columns, or a query another name already stands for
                 continue
-            g = self.queries[name].groups[i_all]
+            seen.add(id(acol))
+            g = positions(self.answers[name], self.queries[name].groups_at(self.cells))[i_all]
             sel = g >= 0
             rows.append(acol[c_all[sel], g[sel]])
             cols.append(x[sel])
@@ -128,21 +145,20 @@ def parse_query(problem: ParentProblem, name: str, where: str) -> tuple[str, Que
     return q.name, q
 
 
+def positions(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """int64: the position of each of ``ids`` in the sorted, distinct ``sorted_ids`` (-1: not there)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    pos = np.searchsorted(sorted_ids, ids)
+    ok = pos < sorted_ids.size
+    ok[ok] = sorted_ids[pos[ok]] == ids[ok]
+    return np.where(ok, pos, -1).astype(np.int64)
+
+
 @lru_cache(maxsize=4096)
-def _refinement(fine: Query, coarse: Query) -> np.ndarray | None:
-    """Map fine answer -> coarse answer (-1: outside) if ``fine`` refines ``coarse``, else None (read-only;
-    cached: queries are built once per schema and name, and every parent asks about the same pairs)."""
-    gf, gc = fine.groups, coarse.groups
-    if ((gc >= 0) & (gf < 0)).any():
-        return None
-    inside = gf >= 0
-    mapping = np.full(fine.n_answers, -2, dtype=np.int64)
-    mapping[gf[inside]] = gc[inside]
-    if (mapping[gf[inside]] != gc[inside]).any():
-        return None
-    mapping[mapping == -2] = -1
-    mapping.flags.writeable = False
-    return mapping
+def _refinement(fine: Query, coarse: Query) -> tuple[np.ndarray, ...] | None:
+    """:func:`~topdown.vocab.queries.refinement`, cached: queries are built once per schema and name, and
+    every parent asks about the same pairs."""
+    return refinement(fine, coarse)
 
 
 def _validate(problem: ParentProblem) -> None:
@@ -151,16 +167,24 @@ def _validate(problem: ParentProblem) -> None:
         raise ProblemError(f"parent {problem.parent!r}: no children")
     if problem.parent_hist is None and k != 1:
         raise ProblemError(f"root problem {problem.parent!r} must have exactly one child, has {k}")
-    if problem.parent_hist is not None and np.shape(problem.parent_hist) != (n,):
-        raise ProblemError(f"parent {problem.parent!r}: parent_hist has shape {np.shape(problem.parent_hist)}, "
-                           f"expected ({n},)")
-    if problem.parent_hist is not None and (np.asarray(problem.parent_hist) < 0).any():
-        raise ProblemError(f"parent {problem.parent!r}: parent_hist has negative entries")
+    if problem.parent_hist is not None:
+        if not isinstance(problem.parent_hist, SparseHist) and np.shape(problem.parent_hist) != (n,):
+            raise ProblemError(f"parent {problem.parent!r}: parent_hist has shape {np.shape(problem.parent_hist)}, "
+                               f"expected ({n},)")
+        parent = problem.parent_sparse()
+        if parent.ncells != n or (parent.counts < 0).any():
+            raise ProblemError(f"parent {problem.parent!r}: parent_hist has negative entries or {parent.ncells} "
+                               f"cells, expected {n}")
     for m in problem.measurements:
         _, q = parse_query(problem, m.query, f"measurement {m.query!r}")
-        if np.shape(m.values) != (k, q.n_answers) or np.shape(m.variance) != (k,):
+        width = q.n_answers if m.answers is None else np.size(m.answers)
+        if m.answers is not None and np.size(m.answers) and (
+                np.any(np.diff(m.answers) <= 0) or m.answers[0] < 0 or m.answers[-1] >= q.n_answers):
+            raise ProblemError(f"parent {problem.parent!r}, measurement {m.query!r}: answers must be sorted, "
+                               f"distinct and within 0..{q.n_answers - 1}")
+        if np.shape(m.values) != (k, width) or np.shape(m.variance) != (k,):
             raise ProblemError(f"parent {problem.parent!r}, measurement {m.query!r}: values {np.shape(m.values)} "
-                               f"and variance {np.shape(m.variance)}, expected ({k}, {q.n_answers}) and ({k},)")
+                               f"and variance {np.shape(m.variance)}, expected ({k}, {width}) and ({k},)")
         if (np.asarray(m.variance) <= 0).any():
             raise ProblemError(f"parent {problem.parent!r}, measurement {m.query!r}: variance must be > 0")
     for con in problem.constraints:
@@ -176,19 +200,21 @@ def _validate(problem: ParentProblem) -> None:
             raise ProblemError(f"parent {problem.parent!r}: group total has child indices outside 0..{k - 1}")
 
 
-def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: bool) -> np.ndarray:
-    """bool[n_children, ncells]: cells that get a variable (DAS-2020 `findDesiredIndices`, plus child
-    structural zeros)."""
+def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The cells in play (sorted; DAS-2020 `findDesiredIndices`) and bool[n_children, len(cells)]: which
+    child has a variable there (the child structural zeros removed)."""
     schema, k = problem.schema, problem.n_children
-    if problem.parent_hist is None:
-        base = np.ones(schema.ncells, dtype=bool)
+    parent = problem.parent_sparse()
+    if parent is None:
+        cells = np.arange(schema.ncells, dtype=np.int64)
     elif relax_parent:
         # Backup feasibility (DAS-2020): a cell is in play if the parent's marginal over the first dimension is > 0.
-        marg = np.asarray(problem.parent_hist).reshape(schema.shape).sum(axis=0, keepdims=True)
-        base = np.broadcast_to(marg > 0, schema.shape).reshape(-1)
+        rest = schema.ncells // schema.shape[0]
+        rests = np.unique(parent.cells % rest)
+        cells = (np.arange(schema.shape[0], dtype=np.int64)[:, None] * rest + rests[None, :]).reshape(-1)
     else:
-        base = np.asarray(problem.parent_hist) > 0
-    mask = np.repeat(base[None, :], k, axis=0)
+        cells = parent.cells
+    mask = np.ones((k, cells.size), dtype=bool)
     for con in problem.constraints:
         if con.sense == ">=" or (con.sense == "<=" and relax_inequalities):
             continue
@@ -196,9 +222,10 @@ def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: boo
         rhs = np.asarray(con.rhs, float)
         zero = np.isfinite(rhs) & (rhs <= 0)
         if zero.any():
-            inside = q.groups >= 0
-            mask[:, inside] &= ~zero[:, q.groups[inside]]
-    return mask
+            g = q.groups_at(cells)
+            inside = g >= 0
+            mask[:, inside] &= ~zero[:, g[inside]]
+    return cells, mask
 
 
 def root_totals(problem: ParentProblem) -> np.ndarray:
@@ -209,7 +236,7 @@ def root_totals(problem: ParentProblem) -> np.ndarray:
         if con.sense != "==":
             continue
         _, q = parse_query(problem, con.query, f"constraint {con.name!r}")
-        if (np.asarray(q.groups) < 0).any():
+        if not q.is_partition:
             continue
         rhs = np.asarray(con.rhs, float)
         fixed = np.isfinite(rhs).all(axis=1)
@@ -217,39 +244,47 @@ def root_totals(problem: ParentProblem) -> np.ndarray:
     return totals
 
 
-def _answer_caps(problem: ParentProblem, mask: np.ndarray, query: Query | str, relax_parent: bool) -> np.ndarray:
+def _answer_caps(problem: ParentProblem, cells: np.ndarray, mask: np.ndarray, query: Query | str,
+                 relax_parent: bool) -> np.ndarray:
     """float[n_children, n_answers]: the most each child's answer can be given the parent (inf at the root).
 
     An inequality beyond its cap (or a lower bound <= 0) cannot bind and is left out of the model: the
     hhgq upper bounds 99999 x units (DAS-2020 `calculateRightHandSideHhgqTotal`) are up to 1e10 against tau
     bands of 1e-3 in scaled units, a range that makes the interior-point solver report spurious infeasibility.
+    For ``detailed`` (a constraint on every cell) the caps are over all cells, 0 outside ``cells``.
     """
     k = problem.n_children
-    if problem.parent_hist is None:  # the root: a child's fixed total (an equality over every cell) caps it
+    parent = problem.parent_sparse()
+    if parent is None:  # the root: a child's fixed total (an equality over every cell) caps it
         totals = root_totals(problem)[:, None]
         cell_cap = np.where(mask, totals, 0.0)
-        return cell_cap if query == DETAILED else np.minimum(query.answer(cell_cap), totals)
-    parent = np.asarray(problem.parent_hist, float)
-    if relax_parent:  # the exact marginal over the other dimensions still fixes the total
-        cell_cap = np.where(mask, parent.sum(), 0.0)
+    elif relax_parent:  # the exact marginal over the other dimensions still fixes the total
+        cell_cap = np.where(mask, float(parent.total()), 0.0)
     else:
-        cell_cap = np.where(mask, parent[None, :], 0.0)
+        at = np.zeros(cells.size)
+        at[positions(cells, parent.cells)] = parent.counts
+        cell_cap = np.where(mask, at[None, :], 0.0)
     if query == DETAILED:
-        return cell_cap
-    return query.answer(cell_cap)
+        out = np.zeros((k, problem.schema.ncells))
+        out[:, cells] = cell_cap
+        return out
+    g = query.groups_at(cells)
+    inside = g >= 0
+    c, j = np.nonzero(np.broadcast_to(inside[None, :], cell_cap.shape))  # row-major: cell order per answer
+    caps = np.bincount(c * query.n_answers + g[j], weights=cell_cap[c, j], minlength=k * query.n_answers)
+    caps = caps.reshape(k, query.n_answers)
+    return np.minimum(caps, totals) if parent is None else caps
 
 
-def _definitions(rows: Rows, key: np.ndarray, members: np.ndarray, ncol: int, size: int) -> tuple[np.ndarray, int]:
+def _definitions(rows: Rows, key: np.ndarray, members: np.ndarray, ncol: int) -> tuple[np.ndarray, np.ndarray, int]:
     """One aux column and definition row ``a - sum(members) = 0`` per distinct ``key`` (child x answer),
-    numbered from ``ncol`` in key order, members in their given order; returns the column of every key
-    (-1 where none) and the next free column."""
+    numbered from ``ncol`` in key order, members in their given order; returns the distinct keys (sorted),
+    their columns and the next free column."""
     order = np.argsort(key, kind="stable")
     key, members = key[order], members[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, dtype=np.int64)
     n_rows = first.size
     aux = ncol + np.arange(n_rows, dtype=np.int64)
-    cols = np.full(size, -1, dtype=np.int64)
-    cols[key[first]] = aux
     lengths = np.diff(np.r_[first, key.size]) + 1
     out_cols = np.empty(key.size + n_rows, dtype=np.int64)
     out_coefs = np.full(key.size + n_rows, -1.0)
@@ -258,7 +293,7 @@ def _definitions(rows: Rows, key: np.ndarray, members: np.ndarray, ncol: int, si
     out_coefs[head] = 1.0
     out_cols[np.arange(key.size) + np.repeat(np.arange(n_rows), lengths - 1) + 1] = members
     rows.extend(lengths, out_cols, out_coefs, np.zeros(n_rows), np.zeros(n_rows))
-    return cols, ncol + n_rows
+    return key[first], aux, ncol + n_rows
 
 
 def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequalities: bool = False) -> Layout:
@@ -281,16 +316,16 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
     # Identical groupings (e.g. a query listed under two spellings) share one set of aux columns; a
     # grouping that is the identity on cells (e.g. the cross of every dimension) is ``detailed`` itself
     # and gets the count columns, no aux columns.
-    by_groups: dict[bytes, str] = {np.arange(schema.ncells, dtype=np.int64).tobytes(): DETAILED}
+    by_groups: dict[tuple, str] = {}
     alias: dict[str, str] = {}
     for n, q in queries.items():
-        alias[n] = by_groups.setdefault(q.groups.astype(np.int64).tobytes(), n)
+        alias[n] = DETAILED if q.is_identity else by_groups.setdefault(q.key, n)
     distinct = sorted({alias[n] for n in queries} - {DETAILED}, key=lambda n: (-queries[n].n_answers, n))
     # Queries the L2 passes need (theirs and the constraints'): defined only from each other or the
     # cells, so the L2 passes can leave the rounder's other queries out (standard.restrict_form).
     core = {alias[n] for n in l2_names if n != DETAILED}
 
-    mask = _in_play(problem, relax_parent, relax_inequalities)
+    cells, mask = _in_play(problem, relax_parent, relax_inequalities)
     xcol = np.full(mask.shape, -1, dtype=np.int64)
     mask_c, mask_j = np.nonzero(mask)  # the cells in play, row-major (as ``np.nonzero`` of any sub-mask)
     xcol[mask_c, mask_j] = np.arange(mask_c.size)
@@ -300,6 +335,7 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
     # Aux columns and definitions, finest query first; each defined from the coarsest finer query
     # that refines it (hierarchical aux: solver_notes pitfall 5), else from the cells.
     acol: dict[str, np.ndarray] = {}
+    answers: dict[str, np.ndarray] = {}
     sources: dict[str, str | None] = {}
     defined: list[str] = []
     for n in distinct:
@@ -312,52 +348,61 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
                 source = f
                 break
         if source is not None:
-            cc, jj = np.nonzero((acol[source] >= 0) & (mapping >= 0)[None, :])
-            parts, members = mapping[jj], acol[source][cc, jj]
+            coarse = coarse_answers(queries[source], q, mapping, answers[source])
+            cc, jj = np.nonzero((acol[source] >= 0) & (coarse >= 0)[None, :])
+            parts, members = coarse[jj], acol[source][cc, jj]
         else:
-            sel = q.groups[mask_j] >= 0
+            g = q.groups_at(cells)
+            sel = g[mask_j] >= 0
             cc, jj = mask_c[sel], mask_j[sel]
-            parts, members = q.groups[jj], xcol[cc, jj]
-        cols, ncol = _definitions(families["definitions"], cc * q.n_answers + parts, members, ncol,
-                                  k * q.n_answers)
-        cols = cols.reshape(k, q.n_answers)
+            parts, members = g[jj], xcol[cc, jj]
+        keys, aux, ncol = _definitions(families["definitions"], cc * q.n_answers + parts, members, ncol)
+        answers[n] = np.unique(keys % q.n_answers)
+        cols = np.full((k, answers[n].size), -1, dtype=np.int64)
+        cols[keys // q.n_answers, np.searchsorted(answers[n], keys % q.n_answers)] = aux
         acol[n] = cols
         sources[n] = source
         defined.append(n)
     for n in queries:
         acol[n] = xcol if alias[n] == DETAILED else acol[alias[n]]
+        answers[n] = cells if alias[n] == DETAILED else answers[alias[n]]
         sources[n] = None if alias[n] == DETAILED else sources[alias[n]]
 
-    spcol = np.full(schema.ncells, -1, dtype=np.int64)
-    sncol = np.full(schema.ncells, -1, dtype=np.int64)
+    spcol = np.full(cells.size, -1, dtype=np.int64)
+    sncol = np.full(cells.size, -1, dtype=np.int64)
     infeasible: list[tuple[str, str]] = []
-    if problem.parent_hist is not None:
-        parent = np.asarray(problem.parent_hist, dtype=np.int64)
-        cells = np.flatnonzero(mask.any(axis=0) | (parent > 0)) if relax_parent else np.flatnonzero(parent > 0)
+    parent = problem.parent_sparse()
+    if parent is not None:
+        at = np.zeros(cells.size, dtype=np.int64)
+        at[positions(cells, parent.cells)] = parent.counts
+        rows_at = np.flatnonzero(mask.any(axis=0) | (at > 0)) if relax_parent else np.flatnonzero(at > 0)
         if relax_parent:
-            spcol[cells] = ncol + np.arange(cells.size)
-            sncol[cells] = ncol + cells.size + np.arange(cells.size)
-            ncol += 2 * cells.size
-        by_cell = xcol[:, cells].T
+            spcol[rows_at] = ncol + np.arange(rows_at.size)
+            sncol[rows_at] = ncol + rows_at.size + np.arange(rows_at.size)
+            ncol += 2 * rows_at.size
+        by_cell = xcol[:, rows_at].T
         coef = np.ones(by_cell.shape)
         if relax_parent:
-            by_cell = np.column_stack([by_cell, spcol[cells], sncol[cells]])
-            coef = np.column_stack([coef, -np.ones(cells.size), np.ones(cells.size)])
+            by_cell = np.column_stack([by_cell, spcol[rows_at], sncol[rows_at]])
+            coef = np.column_stack([coef, -np.ones(rows_at.size), np.ones(rows_at.size)])
         ok = by_cell >= 0
         lengths = ok.sum(axis=1)
         some = lengths > 0
-        families["parent"].extend(lengths[some], by_cell[ok], coef[ok], parent[cells[some]], parent[cells[some]])
+        families["parent"].extend(lengths[some], by_cell[ok], coef[ok], at[rows_at[some]], at[rows_at[some]])
         infeasible += [("equality", f"parent cell {i} is positive but every child has a structural zero there")
-                       for i in cells[~some]]
+                       for i in cells[rows_at[~some]]]
         if relax_parent:
-            rest = parent.reshape(schema.shape[0], -1)
-            marg = rest.sum(axis=0)
-            xs = xcol.reshape(k, schema.shape[0], -1)
-            for m in np.flatnonzero(marg > 0):
-                members = xs[:, :, m].reshape(-1)
+            rest = schema.ncells // schema.shape[0]
+            marg_of, inverse = np.unique(parent.cells % rest, return_inverse=True)
+            marg = np.bincount(inverse.reshape(-1), weights=parent.counts, minlength=marg_of.size)
+            cell_rest = cells % rest
+            for m, total in zip(marg_of, marg):
+                if total <= 0:
+                    continue
+                members = xcol[:, cell_rest == m].reshape(-1)
                 members = np.sort(members[members >= 0])
                 if members.size:
-                    families["marginal"].add(members, np.ones(members.size), float(marg[m]), float(marg[m]))
+                    families["marginal"].add(members, np.ones(members.size), float(total), float(total))
                 else:
                     infeasible.append(("equality", f"parent marginal {m} is positive but no cell of it "
                                                    "can be positive"))
@@ -365,16 +410,20 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
     constraint_rows: list[ConstraintRow] = []
     for ci, con in enumerate(problem.constraints):
         name = canonical_name(con.query)
-        cols = xcol if name == DETAILED else acol[name]
         rhs = np.asarray(con.rhs, float)
-        most = _answer_caps(problem, mask, DETAILED if name == DETAILED else queries[name], relax_parent)
         cc, jj = np.nonzero(np.isfinite(rhs))
-        r, col = rhs[cc, jj], cols[cc, jj]
+        where = positions(answers[name] if name != DETAILED else cells, jj)
+        cols = xcol if name == DETAILED else acol[name]
+        col = np.where(where >= 0, cols[cc, np.maximum(where, 0)], -1) if cols.size else np.full(cc.size, -1)
+        r = rhs[cc, jj]
         lo = r if con.sense in ("==", ">=") else np.full(r.size, -np.inf)
         hi = r if con.sense in ("==", "<=") else np.full(r.size, np.inf)
         # cannot bind: x >= 0 and the parent already bound the answer
-        loose = ((hi >= most[cc, jj]) if con.sense == "<=" else (lo <= 0.0) if con.sense == ">="
-                 else np.zeros(r.size, dtype=bool))
+        if con.sense == "<=":
+            most = _answer_caps(problem, cells, mask, DETAILED if name == DETAILED else queries[name], relax_parent)
+            loose = hi >= most[cc, jj]
+        else:
+            loose = (lo <= 0.0) if con.sense == ">=" else np.zeros(r.size, dtype=bool)
         kind = "equality" if con.sense == "==" else "inequality"
         unmet = (col < 0) & ~((lo <= 0.0) & (0.0 <= hi))  # no variable, and 0 breaks the row
         for c, j in zip(cc[unmet], jj[unmet]):
@@ -393,5 +442,5 @@ def build_layout(problem: ParentProblem, relax_parent: bool = False, relax_inequ
                                                "but no cell is in play"))
             continue
         families["group_totals"].add(members, np.ones(members.size), float(g.total), float(g.total))
-    return Layout(problem, relax_parent, queries, xcol, acol, sources, spcol, sncol, ncol, families,
+    return Layout(problem, relax_parent, queries, cells, xcol, answers, acol, sources, spcol, sncol, ncol, families,
                   constraint_rows, infeasible)

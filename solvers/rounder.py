@@ -37,10 +37,11 @@ FLOOR_EPS = 1e-9
 
 
 def column_values(layout: Layout, hist: np.ndarray) -> np.ndarray:
-    """All column values implied by child histograms ``hist[c, cell]`` (aux = answers, slacks = excess)."""
+    """All column values implied by child histograms ``hist[c, j]`` over the layout's cells (aux = answers,
+    slacks = excess)."""
     z = layout.answers_of_x @ np.asarray(hist, float)[layout.xcol >= 0]
     if layout.relax_parent:
-        diff = hist.sum(axis=0) - np.asarray(layout.problem.parent_hist, float)
+        diff = hist.sum(axis=0) - layout.parent_at_cells().astype(float)
         cells = np.flatnonzero(layout.spcol >= 0)
         z[layout.spcol[cells]] = np.maximum(diff[cells], 0.0)
         z[layout.sncol[cells]] = np.maximum(-diff[cells], 0.0)
@@ -48,14 +49,14 @@ def column_values(layout: Layout, hist: np.ndarray) -> np.ndarray:
 
 
 def l2_histograms(layout: Layout, z: np.ndarray) -> np.ndarray:
-    """Child histograms from L2 column values: clipped at 0 and, with an exact parent equality,
-    rescaled cell by cell so the children sum to the parent exactly (removes solver tolerance)."""
+    """Child histograms over the layout's cells from L2 column values: clipped at 0 and, with an exact parent
+    equality, rescaled cell by cell so the children sum to the parent exactly (removes solver tolerance)."""
     p = layout.problem
     hist = np.zeros(layout.xcol.shape)
     have = layout.xcol >= 0
     hist[have] = np.maximum(z[layout.xcol[have]], 0.0)
     if p.parent_hist is not None and not layout.relax_parent:
-        parent = np.asarray(p.parent_hist, float)
+        parent = layout.parent_at_cells().astype(float)
         total = hist.sum(axis=0)
         pos = parent > 0
         scale = np.divide(parent, total, out=np.zeros_like(parent), where=total > 0)
@@ -149,7 +150,8 @@ def projection(layout: Layout, keep: np.ndarray, pos: np.ndarray, play: np.ndarr
 
 def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: Backend
                 ) -> tuple[np.ndarray, list[dict]]:
-    """Integer child histograms (int64[n_children, ncells]) and per-pass statistics."""
+    """Integer child histograms over the layout's cells (int64[n_children, len(layout.cells)]) and per-pass
+    statistics."""
     p = layout.problem
     passes = [[canonical_name(n) for n in names] for names in p.rounder_passes] or [[DETAILED]]
     form, keep, pos = restrict_for_passes(layout, form, passes)
@@ -167,7 +169,7 @@ def run_rounder(layout: Layout, form: StandardForm, z_l2: np.ndarray, backend: B
     if p.parent_hist is None or layout.relax_parent:
         play = have
     else:
-        deficit = np.asarray(p.parent_hist, float) - floor.sum(axis=0)
+        deficit = layout.parent_at_cells().astype(float) - floor.sum(axis=0)
         if (deficit < -FLOOR_EPS).any():
             raise SolveFailure("rounder: the floors of the L2 solution exceed the parent")
         play = have & (deficit > 0.5)[None, :]

@@ -36,7 +36,8 @@ DEFAULT_COMPILER: Compiler = compile_direct
 
 
 def check_rows(layout: Layout, form: StandardForm, hist: np.ndarray) -> None:
-    """Raise SolveFailure if the integer histograms break a row (parent, constraints, groups, bands)."""
+    """Raise SolveFailure if the integer histograms (over the layout's cells) break a row (parent, constraints,
+    groups, bands)."""
     if (hist < 0).any():
         raise SolveFailure("rounded histogram has negative cells")
     if (hist[layout.xcol < 0] != 0).any():
@@ -59,14 +60,15 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
     compiler = compiler or DEFAULT_COMPILER
     k, ncells = problem.n_children, problem.schema.ncells
     t_start = time.perf_counter()
-    if problem.parent_hist is not None:
-        parent = np.asarray(problem.parent_hist, dtype=np.int64)
-        if not parent.any():
+    parent = problem.parent_sparse()
+    if parent is not None:
+        if not parent.cells.size:
             build_layout(problem)  # validates the problem
-            return ParentSolution(np.zeros((k, ncells), dtype=np.int64), stats=SolveStats(shortcut="zero parent"))
+            return ParentSolution.zeros(k, ncells, stats=SolveStats(shortcut="zero parent"))
         if k == 1:
             build_layout(problem)
-            return ParentSolution(parent[None, :].copy(), stats=SolveStats(shortcut="single child"))
+            return ParentSolution(parent.cells.copy(), parent.counts[None, :].copy(), ncells,
+                                  stats=SolveStats(shortcut="single child"))
     if wants_split(problem):
         # map_solve reaches stage 1 too: a stage 1 still too large is split again, its groups spread alike.
         solution = solve_split(problem, lambda part: solve_parent(part, backend, compiler, map_solve), LEVELS,
@@ -86,8 +88,8 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
             stats.n_rows, stats.nnz = form.shape[0], int(form.a.nnz)
             fatal = [msg for kind, msg in layout.infeasible if kind == "equality" or not edits]
             if layout.n_x == 0 and not fatal:  # every cell is a structural zero: nothing to estimate
-                return ParentSolution(np.zeros((k, ncells), dtype=np.int64), failsafe,
-                                      stats=replace(stats, shortcut="no free cells"))
+                return ParentSolution.zeros(k, ncells, failsafe=failsafe,
+                                            stats=replace(stats, shortcut="no free cells"))
             if fatal:
                 raise SolveFailure("infeasible input: " + "; ".join(fatal[:5])
                                    + (f" (+{len(fatal) - 5} more)" if len(fatal) > 5 else ""))
@@ -103,8 +105,8 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
         except SolveFailure as err:
             failsafe.append(FailsafeStep(0, "level_failed", f"level {name} failed: {err}"))
             continue
-        if problem.parent_hist is not None:
-            stats.parent_l1_change = int(np.abs(hist.sum(axis=0) - problem.parent_hist).sum())
+        if parent is not None:  # the layout's cells hold every parent cell
+            stats.parent_l1_change = int(np.abs(hist.sum(axis=0) - layout.parent_at_cells()).sum())
         stats.total_s = round(time.perf_counter() - t_start, 6)
-        return ParentSolution(hist, failsafe=failsafe, stats=stats)
+        return ParentSolution(layout.cells, hist, ncells, failsafe=failsafe, stats=stats)
     raise FailsafeExhausted(f"parent {problem.parent!r}: every failsafe level failed: " + " | ".join(map(str, failsafe)))

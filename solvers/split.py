@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from topdown.vocab.problem import Constraint, Measurement, ParentProblem, ParentSolution, SolveStats
+from topdown.vocab.problem import Constraint, Measurement, ParentProblem, ParentSolution, SolveStats, SparseHist
 
 Solve = Callable[[ParentProblem], ParentSolution]
 #: Solves independent problems and returns their solutions in order (stage 2's groups): sequentially
@@ -40,9 +40,8 @@ def split_cost(problem: ParentProblem) -> int:
     """Children x non-zero cells of the parent: the number of count variables of the joint solve (a
     child has a variable only where its parent is non-zero), which its memory and per-iteration time
     grow with. Public: the parent's histogram is already estimated. 0 at the root (no parent)."""
-    if problem.parent_hist is None:
-        return 0
-    return problem.n_children * int(np.count_nonzero(problem.parent_hist))
+    parent = problem.parent_sparse()
+    return 0 if parent is None else problem.n_children * int(parent.cells.size)
 
 
 def wants_split(problem: ParentProblem) -> bool:
@@ -58,7 +57,8 @@ def group_size(problem: ParentProblem) -> int:
     """Children per group: ``split_group``, fewer if needed so that a group's solve (at most its size x
     the parent's non-zero cells variables) stays within ``split_cost``; at least 2."""
     size = max(1, problem.split_group)
-    nonzero = int(np.count_nonzero(problem.parent_hist)) if problem.parent_hist is not None else 0
+    parent = problem.parent_sparse()
+    nonzero = 0 if parent is None else int(parent.cells.size)
     if problem.split_cost > 0 and nonzero > 0:
         size = min(size, max(2, problem.split_cost // nonzero))
     return size
@@ -76,7 +76,7 @@ def _group_measurement(m: Measurement, groups: list[np.ndarray]) -> Measurement:
     measured = [np.isfinite(var[g]).all() for g in groups]
     return Measurement(m.query, np.array([values[g].sum(axis=0) if ok else np.zeros(values.shape[1])
                                           for g, ok in zip(groups, measured)]),
-                       np.array([var[g].sum() if ok else np.inf for g, ok in zip(groups, measured)]))
+                       np.array([var[g].sum() if ok else np.inf for g, ok in zip(groups, measured)]), m.answers)
 
 
 def _group_constraint(con: Constraint, groups: list[np.ndarray]) -> Constraint:
@@ -98,12 +98,12 @@ def group_problem(problem: ParentProblem, groups: list[np.ndarray]) -> ParentPro
                    constraints=[_group_constraint(c, groups) for c in problem.constraints])
 
 
-def member_problem(problem: ParentProblem, members: np.ndarray, name: str, group_hist: np.ndarray
+def member_problem(problem: ParentProblem, members: np.ndarray, name: str, group_hist: SparseHist
                    ) -> ParentProblem:
     """Stage 2: one group's children under the group's estimated histogram."""
     return replace(problem, parent=name, children=[problem.children[i] for i in members], parent_hist=group_hist,
-                   measurements=[Measurement(m.query, np.asarray(m.values)[members], np.asarray(m.variance)[members])
-                                 for m in problem.measurements],
+                   measurements=[Measurement(m.query, np.asarray(m.values)[members], np.asarray(m.variance)[members],
+                                             m.answers) for m in problem.measurements],
                    constraints=[Constraint(c.name, c.query, c.sense, np.asarray(c.rhs)[members])
                                 for c in problem.constraints], split_above=0, split_cost=0)
 
@@ -116,14 +116,15 @@ def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...], m
     groups = groups_of(problem)
     stage1 = group_problem(problem, groups)
     top = solve(stage1)
-    hist = np.zeros((problem.n_children, problem.schema.ncells), dtype=np.int64)
     failsafe = [step.within("groups") for step in top.failsafe]
     parts = [top.stats]
-    members_of = [member_problem(problem, members, name, group_hist)
-                  for name, members, group_hist in zip(stage1.children, groups, top.hist)]
+    members_of = [member_problem(problem, members, name, top.row(i))
+                  for i, (name, members) in enumerate(zip(stage1.children, groups))]
     solutions = map_solve(members_of) if map_solve is not None else [solve(p) for p in members_of]
+    cells = np.unique(np.concatenate([top.cells] + [sol.cells for sol in solutions]))  # a relaxed group may add some
+    counts = np.zeros((problem.n_children, cells.size), dtype=np.int64)
     for name, members, sol in zip(stage1.children, groups, solutions):
-        hist[members] = sol.hist
+        counts[np.ix_(members, np.searchsorted(cells, sol.cells))] = sol.counts
         failsafe += [step.within(name) for step in sol.failsafe]
         parts.append(sol.stats)
     rank = {name: i for i, name in enumerate(levels)}
@@ -133,4 +134,4 @@ def solve_split(problem: ParentProblem, solve: Solve, levels: tuple[str, ...], m
                        largest_n_cols=max(st.n_cols for st in parts))
     for key in ("build_s", "n_x", "n_cols", "n_rows", "nnz", "rounder_milp"):
         setattr(stats, key, sum(getattr(st, key) for st in parts))
-    return ParentSolution(hist, failsafe=failsafe, stats=stats)
+    return ParentSolution(cells, counts, problem.schema.ncells, failsafe=failsafe, stats=stats)

@@ -6,13 +6,47 @@ The pipeline builds a :class:`ParentProblem` per parent (children sorted by geoc
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
+import scipy.sparse as sp
 
 from .schema import Schema
 
 Sense = Literal["==", "<=", ">="]
+
+
+@dataclass(frozen=True)
+class SparseHist:
+    """One integer histogram as its non-zero cells: ``cells`` sorted and distinct, ``counts`` > 0."""
+
+    cells: np.ndarray  # int64[nnz]
+    counts: np.ndarray  # int64[nnz]
+    ncells: int
+
+    @classmethod
+    def of(cls, hist: "SparseHist | np.ndarray | sp.spmatrix") -> "SparseHist":
+        """From a dense int64[ncells] vector or a 1 x ncells sparse row (itself if already one)."""
+        if isinstance(hist, SparseHist):
+            return hist
+        if sp.issparse(hist):
+            row = sp.csr_matrix(hist)
+            row.sum_duplicates()
+            keep = row.data != 0
+            return cls(row.indices[keep].astype(np.int64), row.data[keep].astype(np.int64), int(row.shape[1]))
+        dense = np.asarray(hist).reshape(-1)
+        cells = np.flatnonzero(dense)
+        return cls(cells.astype(np.int64), dense[cells].astype(np.int64), dense.size)
+
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def dense(self) -> np.ndarray:
+        """int64[ncells] (a schema-sized array: small schemas and tests only)."""
+        out = np.zeros(self.ncells, dtype=np.int64)
+        out[self.cells] = self.counts
+        return out
 
 
 @dataclass
@@ -21,11 +55,14 @@ class Measurement:
 
     ``values[c, j]`` is child c's noisy answer j; ``variance[c]`` its variance (> 0, used for
     inverse-variance weights). A child that was not measured on this query has ``variance[c] = inf``.
+    ``answers`` (sorted, distinct) says which of the query's answers the columns of ``values`` are when
+    only some were measured (None: all, in order).
     """
 
     query: str
-    values: np.ndarray  # float64[n_children, n_answers]
+    values: np.ndarray  # float64[n_children, n_answers or len(answers)]
     variance: np.ndarray  # float64[n_children]
+    answers: np.ndarray | None = None  # int64[m]
 
 
 @dataclass
@@ -53,15 +90,15 @@ class GroupTotal:
 class ParentProblem:
     """All children of one parent, to be estimated jointly.
 
-    ``parent_hist`` is the parent's already-estimated integer histogram; the children must sum to it
-    cell by cell. ``parent_hist is None`` marks the root problem: one "child" (the root node itself),
-    no parent equality.
+    ``parent_hist`` is the parent's already-estimated integer histogram (a :class:`SparseHist`, or a dense
+    int64[ncells] vector); the children must sum to it cell by cell. ``parent_hist is None`` marks the root
+    problem: one "child" (the root node itself), no parent equality.
     """
 
     schema: Schema
     parent: str
     children: list[str]
-    parent_hist: np.ndarray | None  # int64[ncells]
+    parent_hist: SparseHist | np.ndarray | None
     measurements: list[Measurement]
     constraints: list[Constraint] = field(default_factory=list)
     group_totals: list[GroupTotal] = field(default_factory=list)
@@ -77,6 +114,10 @@ class ParentProblem:
     @property
     def n_children(self) -> int:
         return len(self.children)
+
+    def parent_sparse(self) -> SparseHist | None:
+        """The parent's histogram as its non-zero cells (None at the root)."""
+        return None if self.parent_hist is None else SparseHist.of(self.parent_hist)
 
 
 #: What a failsafe step did (solvers/failsafe.py): dropped the tau bands of earlier L2 passes (step 1),
@@ -129,8 +170,33 @@ class SolveStats:
 
 @dataclass
 class ParentSolution:
-    """Integer, non-negative child histograms that sum to the parent and meet every constraint."""
+    """Integer, non-negative child histograms that sum to the parent and meet every constraint, held over
+    the parent's cells in play: child c's count of cell ``cells[j]`` is ``counts[c, j]`` (0 elsewhere)."""
 
-    hist: np.ndarray  # int64[n_children, ncells]
+    cells: np.ndarray  # int64[n], sorted
+    counts: np.ndarray  # int64[n_children, n]
+    ncells: int
     failsafe: list[FailsafeStep] = field(default_factory=list)  # relaxation steps that were needed, in order
     stats: SolveStats = field(default_factory=SolveStats)
+
+    @classmethod
+    def zeros(cls, k: int, ncells: int, **kwargs) -> "ParentSolution":
+        return cls(np.zeros(0, dtype=np.int64), np.zeros((k, 0), dtype=np.int64), ncells, **kwargs)
+
+    def csr(self) -> sp.csr_matrix:
+        """int64[n_children, ncells] as CSR without explicit zeros, indices sorted."""
+        c, j = np.nonzero(self.counts)
+        return sp.csr_matrix((self.counts[c, j].astype(np.int64), (c, self.cells[j])),
+                             shape=(self.counts.shape[0], self.ncells), dtype=np.int64)
+
+    def row(self, c: int) -> SparseHist:
+        """Child c's histogram."""
+        keep = self.counts[c] != 0
+        return SparseHist(self.cells[keep], self.counts[c][keep].astype(np.int64), self.ncells)
+
+    @cached_property
+    def hist(self) -> np.ndarray:
+        """int64[n_children, ncells], dense (a schema-sized array per child: small schemas and tests only)."""
+        out = np.zeros((self.counts.shape[0], self.ncells), dtype=np.int64)
+        out[:, self.cells] = self.counts
+        return out

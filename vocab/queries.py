@@ -2,8 +2,9 @@
 
 A query name is ``total``, ``detailed``, a dimension name, a recode name, or a cross of these joined by ``" * "``
 (as DAS-2020 ``source/programs/schema/schema.py`` names them). Answers are ordered as the Kronecker product over
-the schema's axes in schema order, whatever the order in the name. Every query is represented by ``groups``: for
-each histogram cell, the index of the answer that counts it, or -1 if no answer does.
+the schema's axes in schema order, whatever the order in the name. A query is held as one factor per axis (a
+level -> group map), so a schema of any size costs only its axes; the answer of any cell is computed when asked
+(``Query.groups_at``).
 """
 from __future__ import annotations
 
@@ -24,17 +25,55 @@ class QueryError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Query:
-    """A (possibly coarsened, possibly partial) marginal query."""
+    """A (possibly coarsened, possibly partial) marginal query, held as per-axis factors: for each schema
+    axis, ``level_maps[axis][level]`` is the level's group in the query's factor on that axis (-1: excluded)
+    and ``sizes[axis]`` that factor's number of groups (1 on an axis the query does not split). An answer is
+    the row-major index over the factors; no array of the schema's cell count is held unless :attr:`groups`
+    is asked for."""
 
     name: str
     schema: Schema
-    groups: np.ndarray  # int64[ncells], answer index per cell or -1
-    n_answers: int
+    level_maps: tuple[np.ndarray, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def n_answers(self) -> int:
+        return int(np.prod(self.sizes, dtype=np.int64))
+
+    @cached_property
+    def key(self) -> tuple:
+        """What makes two groupings identical (the same answer for every cell): the per-axis factors."""
+        return tuple((lm.tobytes(), size) for lm, size in zip(self.level_maps, self.sizes))
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether every cell is its own answer (the grouping of ``detailed``)."""
+        return all(size == n and np.array_equal(lm, np.arange(n))
+                   for lm, size, n in zip(self.level_maps, self.sizes, self.schema.shape))
 
     @property
     def is_partition(self) -> bool:
         """True if every cell is counted by exactly one answer (sensitivity-1 marginal)."""
-        return bool((self.groups >= 0).all())
+        return all(bool((lm >= 0).all()) for lm in self.level_maps)
+
+    def groups_at(self, cells: np.ndarray) -> np.ndarray:
+        """int64: the answer counting each of ``cells`` (flat cell indices), -1 where none does."""
+        coords = self.schema.unravel(np.asarray(cells, dtype=np.int64))
+        idx = [lm[c] for lm, c in zip(self.level_maps, coords)]
+        excluded = np.zeros(np.shape(cells), dtype=bool)
+        for i in idx:
+            excluded |= i < 0
+        safe = tuple(np.where(i < 0, 0, i) for i in idx)
+        groups = np.ravel_multi_index(safe, self.sizes).astype(np.int64) if safe else np.zeros(0, np.int64)
+        groups[excluded] = -1
+        return groups
+
+    @cached_property
+    def groups(self) -> np.ndarray:
+        """int64[ncells]: the answer of every cell (-1: none); a schema-sized array, for small schemas only."""
+        groups = self.groups_at(np.arange(self.schema.ncells, dtype=np.int64))
+        groups.flags.writeable = False
+        return groups
 
     def matrix(self) -> sp.csr_matrix:
         """The 0/1 query matrix, n_answers x ncells."""
@@ -62,7 +101,7 @@ class Query:
         its non-zero cells only."""
         hist = sp.csr_matrix(hist)
         n = hist.shape[0]
-        g = self.groups[hist.indices]
+        g = self.groups_at(hist.indices)
         keep = g >= 0
         flat = np.zeros(n * self.n_answers, dtype=np.int64)
         row = np.repeat(np.arange(n, dtype=np.int64), np.diff(hist.indptr))
@@ -71,9 +110,43 @@ class Query:
 
     def answer_sparse(self, cells: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Answers for one sparse histogram given as (cells, counts)."""
-        g = self.groups[np.asarray(cells)]
+        g = self.groups_at(np.asarray(cells))
         keep = g >= 0
         return np.bincount(g[keep], weights=np.asarray(counts)[keep], minlength=self.n_answers)
+
+
+def refinement(fine: Query, coarse: Query) -> tuple[np.ndarray, ...] | None:
+    """Per axis, fine factor group -> coarse factor group (-1: the fine answers of that group lie in no coarse
+    answer), if every cell ``coarse`` counts is counted by ``fine`` and each fine answer lies in one coarse
+    answer or in none; else None. Works on the per-axis factors only (no schema-sized array); the same answer
+    as comparing the two queries cell by cell. :func:`coarse_answers` applies it."""
+    pairs = list(zip(fine.level_maps, coarse.level_maps, fine.sizes))
+    if any(not (lc >= 0).any() for _, lc, _ in pairs):  # the coarse query counts no cell
+        return tuple(np.full(nf, -1, dtype=np.int64) for _, _, nf in pairs)
+    if any(((lc >= 0) & (lf < 0)).any() for lf, lc, _ in pairs):  # a counted cell the fine query leaves out
+        return None
+    out = []
+    for lf, lc, nf in pairs:
+        inside = lf >= 0
+        lo = np.full(nf, np.iinfo(np.int64).max)
+        hi = np.full(nf, -2, dtype=np.int64)
+        np.minimum.at(lo, lf[inside], lc[inside])
+        np.maximum.at(hi, lf[inside], lc[inside])
+        valid = hi >= 0  # the group has a level the coarse query counts
+        if (valid & (lo != hi)).any():  # ... and one it counts elsewhere or not at all
+            return None
+        out.append(np.where(valid, hi, -1).astype(np.int64))
+    return tuple(out)
+
+
+def coarse_answers(fine: Query, coarse: Query, mapping: tuple[np.ndarray, ...], answers: np.ndarray) -> np.ndarray:
+    """The coarse answer each of the fine ``answers`` lies in (-1: none), by a :func:`refinement` mapping."""
+    idx = np.unravel_index(np.asarray(answers, dtype=np.int64), fine.sizes)
+    parts = [m[i] for m, i in zip(mapping, idx)]
+    out = np.ravel_multi_index(tuple(np.maximum(p, 0) for p in parts), coarse.sizes).astype(np.int64)
+    for p in parts:
+        out[p < 0] = -1
+    return out
 
 
 def _axis_factor(schema: Schema, term: str) -> tuple[int, list[tuple[int, ...]]]:
@@ -97,11 +170,10 @@ def canonical_name(name: str) -> str:
 def build_query(schema: Schema, name: str) -> Query:
     """Parse a query name into a :class:`Query` on ``schema``."""
     name = canonical_name(name)
-    ncells = schema.ncells
     if name == "total":
-        return Query(name, schema, np.zeros(ncells, dtype=np.int64), 1)
+        return Query(name, schema, tuple(np.zeros(n, dtype=np.int64) for n in schema.shape), (1,) * len(schema.shape))
     if name == "detailed":
-        return Query(name, schema, np.arange(ncells, dtype=np.int64), ncells)
+        return Query(name, schema, tuple(np.arange(n, dtype=np.int64) for n in schema.shape), schema.shape)
     terms = name.split(CROSS)
     per_axis: dict[int, list[tuple[int, ...]]] = {}
     for term in terms:
@@ -122,13 +194,6 @@ def build_query(schema: Schema, name: str) -> Query:
         else:
             lm[:] = 0
             sizes.append(1)
+        lm.flags.writeable = False
         level_maps.append(lm)
-    coords = schema.unravel(np.arange(ncells))
-    idx = [lm[c] for lm, c in zip(level_maps, coords)]
-    excluded = np.zeros(ncells, dtype=bool)
-    for i in idx:
-        excluded |= i < 0
-    safe = [np.where(i < 0, 0, i) for i in idx]
-    groups = np.ravel_multi_index(tuple(safe), tuple(sizes)).astype(np.int64)
-    groups[excluded] = -1
-    return Query(name, schema, groups, int(np.prod(sizes)))
+    return Query(name, schema, tuple(level_maps), tuple(sizes))

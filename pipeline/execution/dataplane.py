@@ -51,6 +51,7 @@ from topdown.pipeline.configuration.census import PERSONS
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
+from topdown.vocab.problem import SparseHist
 from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_records,
                                check_units, nesting_error, raise_block_problem)
 
@@ -540,9 +541,9 @@ def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | Non
         for task in chunk.parents:
             task.constraints = cons.take(task.child_rows)
     if parent_files is not None:
-        hists = read_rows(parent_files, [t.parent for t in chunk.parents], ncells).toarray()
-        for task, hist in zip(chunk.parents, hists):
-            task.parent_hist = hist
+        hists = read_rows(parent_files, [t.parent for t in chunk.parents], ncells)
+        for i, task in enumerate(chunk.parents):
+            task.parent_hist = SparseHist.of(hists[i])
     result = run_chunk(chunk)
     write_table(hist_table(pd.Index(result.children), result.hist), Path(hist_path))
     return dataclasses.replace(result, hist=None, nnz=np.diff(result.hist.indptr).astype(np.int32),

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from topdown.vocab.problem import GroupTotal
+from topdown.vocab.problem import GroupTotal, SparseHist
 
 from ..configuration.config import Config
 from .levels import Level, Shares, holding, node_names
@@ -138,7 +138,7 @@ def chunk_plan(
             label, hist = (children[0] if independent else ""), None
         else:
             prow = int(level.parent[order[s]])
-            hist = None if parent_hist is None else np.asarray(parent_hist[prow].todense(), dtype=np.int64).ravel()
+            hist = None if parent_hist is None else SparseHist.of(parent_hist[prow])
         cons = None if level.constraints is None else level.constraints.take(crow)  # None: the task reads them
         return ParentTask(label, hist, children, slice(s - lo, e - lo), cons, _group_totals(level, crow))
 

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.vocab.problem import Constraint, FailsafeStep, GroupTotal, Measurement, ParentProblem
+from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem, ParentSolution, SparseHist
 
 from ..configuration.config import ProductConfig
 from .memory import release_memory
@@ -32,7 +32,7 @@ class ParentTask:
     """One parent and its children (rows of ``child_hist`` in child order)."""
 
     parent: str
-    parent_hist: np.ndarray | None  # int64[ncells]; None at the root
+    parent_hist: SparseHist | np.ndarray | None  # its non-zero cells (or dense int64[ncells]); None at the root
     children: list[str]
     child_rows: slice  # rows of this parent's children in the chunk's child arrays
     constraints: list[Constraint] | None  # None until the task reads them (dataplane.run_part_chunk)
@@ -73,13 +73,18 @@ class ChunkResult:
     hist_sha256: str = ""  # of the histogram part written on the worker
 
 
-def _check(task: ParentTask, hist: np.ndarray, failsafe: list[FailsafeStep]) -> None:
+def _check(task: ParentTask, solution: ParentSolution) -> None:
     """A parent whose children the failsafe let differ from it (DESIGN.md, "The failsafe") is recorded, not summed."""
-    if hist.dtype.kind != "i" or (hist < 0).any():
+    counts = solution.counts
+    if counts.dtype.kind != "i" or (counts < 0).any():
         raise EstimationError(f"parent {task.parent!r}: estimate is not a non-negative integer histogram")
-    relaxed = any(step.relaxes_parent for step in failsafe)
-    if task.parent_hist is not None and not relaxed and not np.array_equal(hist.sum(axis=0), task.parent_hist):
-        raise EstimationError(f"parent {task.parent!r}: children do not sum to the parent")
+    relaxed = any(step.relaxes_parent for step in solution.failsafe)
+    if task.parent_hist is not None and not relaxed:
+        parent = SparseHist.of(task.parent_hist)
+        total = counts.sum(axis=0)
+        if not (np.array_equal(solution.cells[total != 0], parent.cells)
+                and np.array_equal(total[total != 0], parent.counts)):
+            raise EstimationError(f"parent {task.parent!r}: children do not sum to the parent")
 
 
 #: Dask priority of a split parent's second-stage groups: ahead of every chunk still queued, so the
@@ -137,12 +142,15 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
                            if chunk.source.draws and chunk.measurements_path is not None else "")
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
     rounder = cfg.estimation.rounder_passes.get(chunk.level, [])
-    out = np.zeros((len(chunk.children), schema.ncells), dtype=np.int64)
-    result = ChunkResult(chunk.index, chunk.children, sp.csr_matrix(out), measurements_sha256=measurements_sha256)
+    # the chunk's estimates as (row, cell, count) pieces, one per parent, in row order
+    pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    result = ChunkResult(chunk.index, chunk.children, None, measurements_sha256=measurements_sha256)
     for task in chunk.parents:
         rows = task.child_rows
-        if task.parent_hist is not None and (len(task.children) == 1 or not task.parent_hist.any()):
-            out[rows] = task.parent_hist if len(task.children) == 1 else 0
+        parent = None if task.parent_hist is None else SparseHist.of(task.parent_hist)
+        if parent is not None and (len(task.children) == 1 or not parent.cells.size):
+            if len(task.children) == 1:
+                pieces.append((np.full(parent.cells.size, rows.start, dtype=np.int64), parent.cells, parent.counts))
             result.copied += 1
             continue
         problem = ParentProblem(
@@ -158,17 +166,31 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
         spread = map_on_cluster(backend) if name in BACKENDS else None  # Gurobi: licence per process
         solution = solve_parent(problem, backend, map_solve=spread)
         result.solve_seconds.append(time.perf_counter() - t0)
-        hist = np.asarray(solution.hist, dtype=np.int64)
-        _check(task, hist, solution.failsafe)
-        out[rows] = hist
+        _check(task, solution)
+        c, j = np.nonzero(solution.counts)
+        pieces.append((rows.start + c.astype(np.int64), solution.cells[j], solution.counts[c, j].astype(np.int64)))
         result.solved += 1
         if solution.failsafe:
             result.failsafe.append({"parent": task.parent, "level": chunk.level,
                                     "steps": [step.message for step in solution.failsafe],
                                     "parent_relaxed": any(step.relaxes_parent for step in solution.failsafe)})
-    result.hist = sp.csr_matrix(out)
+    result.hist = _assemble(pieces, len(chunk.children), schema.ncells)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _assemble(pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_rows: int, ncells: int) -> sp.csr_matrix:
+    """int64[n_rows, ncells] CSR of (row, cell, count) pieces (rows in order, cells sorted within a row, no
+    zero counts): the matrix ``sp.csr_matrix`` makes of the dense estimates, without the dense array."""
+    row = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
+    cell = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
+    count = np.concatenate([p[2] for p in pieces]) if pieces else np.zeros(0, dtype=np.int64)
+    if (np.diff(row) < 0).any():
+        order = np.lexsort((cell, row))
+        row, cell, count = row[order], cell[order], count[order]
+    index_dtype = np.int32 if max(n_rows, ncells, count.size) < 2 ** 31 else np.int64
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(row, minlength=n_rows)))).astype(index_dtype)
+    return sp.csr_matrix((count, cell.astype(index_dtype), indptr), shape=(n_rows, ncells))
 
 
 #: Tasks submitted ahead per worker by :func:`windowed` (the driver and the scheduler hold the arguments
