@@ -39,7 +39,7 @@ def test_chunks_hold_whole_parents_and_the_huge_parent_costs_most(tmp_path):
     assert sorted(np.concatenate([[int(c[-5:]) for c in ch.children] for ch in chunks]).tolist()) == \
         list(range(parent_of.size))
     for ch in chunks:
-        assert ch.cost == sum(len(p.children) * int(np.count_nonzero(p.parent_hist)) for p in ch.parents)
+        assert ch.cost == sum(len(p.children) * p.parent_hist.cells.size for p in ch.parents)
         assert len(ch.parents) == 1 or len(ch.children) <= CHUNK_CHILDREN + 5
     huge = next(ch for ch in chunks if any(len(p.children) == 400 for p in ch.parents))
     assert len(huge.parents) == 1 and huge.cost == 1200

@@ -1,0 +1,143 @@
+"""The sparse core: queries as per-axis factors, and a parent's solve over its cells in play, whatever the
+declared size of the histogram (DESIGN.md, "Sparse to the core")."""
+from __future__ import annotations
+
+import itertools
+import tracemalloc
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from test_solvers import make_problem, random_truth
+from topdown.solvers import Measurement, ParentProblem, solve_parent
+from topdown.solvers.layout import build_layout
+from topdown.vocab.problem import SparseHist
+from topdown.vocab.queries import build_query, coarse_answers, refinement
+from topdown.vocab.schema import Schema
+
+
+def _dense_refinement(fine, coarse):
+    """The cell-by-cell comparison of two queries' groupings (what the per-axis refinement must equal)."""
+    gf, gc = fine.groups, coarse.groups
+    if ((gc >= 0) & (gf < 0)).any():
+        return None
+    inside = gf >= 0
+    mapping = np.full(fine.n_answers, -2, dtype=np.int64)
+    mapping[gf[inside]] = gc[inside]
+    if (mapping[gf[inside]] != gc[inside]).any():
+        return None
+    mapping[mapping == -2] = -1
+    return mapping
+
+
+@st.composite
+def schemas(draw) -> Schema:
+    """Up to three small dimensions and up to four recodes (partial groupings, any order of levels)."""
+    nd = draw(st.integers(1, 3))
+    dims = tuple((f"d{i}", draw(st.integers(1, 4))) for i in range(nd))
+    recodes = {}
+    for r in range(draw(st.integers(0, 4))):
+        i = draw(st.integers(0, nd - 1))
+        levels = draw(st.permutations(list(range(dims[i][1]))))[:draw(st.integers(1, dims[i][1]))]
+        groups = []
+        while levels:
+            cut = draw(st.integers(1, len(levels)))
+            groups.append(tuple(levels[:cut]))
+            levels = levels[cut:]
+        recodes[f"r{r}"] = (f"d{i}", tuple(groups))
+    return Schema("s", dims, recodes)
+
+
+def _names(schema: Schema) -> list[str]:
+    terms = list(schema.dim_names) + list(schema.recodes)
+    axis = {t: schema.axis(t if t in schema.dim_names else schema.recodes[t][0]) for t in terms}
+    names = ["total", "detailed"]
+    for k in (1, 2):
+        names += [" * ".join(c) for c in itertools.combinations(terms, k) if len({axis[t] for t in c}) == k]
+    return names
+
+
+@settings(max_examples=150, deadline=None)
+@given(schemas(), st.data())
+def test_per_axis_refinement_equals_the_cell_by_cell_comparison(schema, data):
+    names = _names(schema)
+    fine = build_query(schema, data.draw(st.sampled_from(names)))
+    coarse = build_query(schema, data.draw(st.sampled_from(names)))
+    expected = _dense_refinement(fine, coarse)
+    got = refinement(fine, coarse)
+    assert (got is None) == (expected is None)
+    if got is not None:
+        present = np.unique(fine.groups[fine.groups >= 0])
+        np.testing.assert_array_equal(coarse_answers(fine, coarse, got, present), expected[present])
+    # identical groupings <=> identical per-axis factors (the layout's and the budget check's key)
+    assert (fine.key == coarse.key) == np.array_equal(fine.groups, coarse.groups)
+    assert fine.is_identity == np.array_equal(fine.groups, np.arange(schema.ncells))
+    cells = data.draw(st.lists(st.integers(0, schema.ncells - 1), max_size=8))
+    np.testing.assert_array_equal(fine.groups_at(np.array(cells, dtype=np.int64)), fine.groups[cells])
+
+
+#: 500 x 500 x 512 = 128,000,000 declared cells.
+HUGE = Schema("huge", (("a", 500), ("b", 500), ("c", 512)),
+              {"a_half": ("a", (tuple(range(250)), tuple(range(250, 500))))})
+
+
+def _huge_problem(rng: np.random.Generator, k: int = 4, cells: int = 40, people: int = 60) -> ParentProblem:
+    """k children of a parent on ``cells`` random cells of HUGE; the detailed measurement holds only the
+    parent's non-zero cells (``Measurement.answers``), the marginals all their answers."""
+    support = np.sort(rng.choice(HUGE.ncells, cells, replace=False))
+    truth = np.zeros((k, cells), dtype=np.int64)
+    for c in range(k):
+        np.add.at(truth[c], rng.integers(0, cells, people), 1)
+    parent = truth.sum(axis=0)
+    support, truth = support[parent > 0], truth[:, parent > 0]
+    meas = [Measurement("detailed", truth + rng.normal(0, 2, truth.shape), np.full(k, 4.0), answers=support)]
+    for name in ("total", "a_half", "c"):
+        q = build_query(HUGE, name)
+        true = np.stack([q.answer_sparse(support, truth[c]) for c in range(k)])
+        meas.append(Measurement(name, true + rng.normal(0, 1, true.shape), np.full(k, 2.0)))
+    return ParentProblem(HUGE, "p", [f"c{i}" for i in range(k)], SparseHist(support, truth.sum(axis=0), HUGE.ncells),
+                         meas, l2_passes=[["total"], ["a_half", "c", "detailed"]],
+                         rounder_passes=[["total", "a_half"], ["c", "detailed"]])
+
+
+def test_a_parent_of_a_128_million_cell_histogram_solves_in_its_cells_in_play():
+    """A dense array of the declared cells would take 1 GB (int64) per child; the whole solve stays far below."""
+    problem = _huge_problem(np.random.default_rng(3))
+    tracemalloc.start()
+    solution = solve_parent(problem)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    parent = problem.parent_sparse()
+    assert np.isin(solution.cells, parent.cells).all() and solution.counts.min() >= 0
+    hist = solution.csr()
+    assert hist.shape == (4, HUGE.ncells)
+    total = np.asarray(hist.sum(axis=0)).ravel()
+    assert np.array_equal(np.flatnonzero(total), parent.cells) and np.array_equal(total[parent.cells], parent.counts)
+    assert solution.stats.n_x <= problem.n_children * parent.cells.size
+
+
+def test_a_measurement_of_the_cells_in_play_estimates_as_the_full_one():
+    """A detailed measurement held on the parent's non-zero cells only gives the same estimate, byte for
+    byte, as the same measurement given on every declared cell (the layout reads only the cells in play)."""
+    rng = np.random.default_rng(11)
+    problem = make_problem(random_truth(rng, k=5, n_cells=12, people=30), rng, noise=2.0)
+    support = np.flatnonzero(problem.parent_hist)
+    sparse = replace(problem, parent_hist=SparseHist.of(problem.parent_hist), measurements=[
+        replace(m, values=m.values[:, support], answers=support) if m.query == "detailed" else m
+        for m in problem.measurements])
+    assert build_layout(sparse).cells.tolist() == support.tolist()
+    full, held = solve_parent(problem), solve_parent(sparse)
+    assert full.hist.tobytes() == held.hist.tobytes()
+    assert (full.csr() != held.csr()).nnz == 0
+
+
+def test_measurement_answers_are_checked():
+    rng = np.random.default_rng(1)
+    problem = _huge_problem(rng)
+    bad = replace(problem.measurements[0], answers=problem.measurements[0].answers[::-1])
+    with pytest.raises(ValueError, match="answers must be sorted"):
+        build_layout(replace(problem, measurements=[bad] + problem.measurements[1:]))
