@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topdown.vocab.problem import FailsafeStep
-from topdown.vocab.queries import canonical_name
+from topdown.vocab.queries import canonical_name, positions
 
 from .backends import Backend
-from .layout import DETAILED, Layout, positions
+from .layout import DETAILED, Layout
 from .standard import StandardForm, restrict_for_passes
 from .tau import tau_lp
 

@@ -17,7 +17,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 import scipy.sparse as sp
 
-from topdown.vocab.queries import Query, QueryError, build_query, canonical_name, coarse_answers, refinement
+from topdown.vocab.queries import (Query, QueryError, build_query, canonical_name, coarse_answers, positions,
+                                   refinement)
 
 from topdown.vocab.problem import ParentProblem, SparseHist
 
@@ -143,15 +144,6 @@ def parse_query(problem: ParentProblem, name: str, where: str) -> tuple[str, Que
     except QueryError as err:
         raise ProblemError(f"parent {problem.parent!r}, {where}: {err}") from None
     return q.name, q
-
-
-def positions(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """int64: the position of each of ``ids`` in the sorted, distinct ``sorted_ids`` (-1: not there)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    pos = np.searchsorted(sorted_ids, ids)
-    ok = pos < sorted_ids.size
-    ok[ok] = sorted_ids[pos[ok]] == ids[ok]
-    return np.where(ok, pos, -1).astype(np.int64)
 
 
 @lru_cache(maxsize=4096)

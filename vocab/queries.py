@@ -96,17 +96,25 @@ class Query:
         out = np.asarray(self._summing @ flat.T, dtype=dtype).T
         return np.ascontiguousarray(out).reshape(*lead, self.n_answers)
 
-    def answer_rows(self, hist: sp.csr_matrix) -> np.ndarray:
+    def answer_rows(self, hist: sp.csr_matrix, answers: np.ndarray | None = None) -> np.ndarray:
         """int64[rows, answers]: the answers of each row of an integer sparse histogram matrix, added up from
-        its non-zero cells only."""
+        its non-zero cells only; only the (sorted, distinct) ``answers`` when given, in their order."""
         hist = sp.csr_matrix(hist)
         n = hist.shape[0]
         g = self.groups_at(hist.indices)
+        width = self.n_answers
+        if answers is not None:
+            g, width = positions(answers, g), np.size(answers)
         keep = g >= 0
-        flat = np.zeros(n * self.n_answers, dtype=np.int64)
+        flat = np.zeros(n * width, dtype=np.int64)
         row = np.repeat(np.arange(n, dtype=np.int64), np.diff(hist.indptr))
-        np.add.at(flat, row[keep] * self.n_answers + g[keep], hist.data[keep].astype(np.int64))
-        return flat.reshape(n, self.n_answers)
+        np.add.at(flat, row[keep] * width + g[keep], hist.data[keep].astype(np.int64))
+        return flat.reshape(n, width)
+
+    def answers_of(self, cells: np.ndarray) -> np.ndarray:
+        """The answers (sorted, distinct) that count at least one of ``cells``."""
+        g = self.groups_at(cells)
+        return np.unique(g[g >= 0])
 
     def answer_sparse(self, cells: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Answers for one sparse histogram given as (cells, counts)."""
@@ -147,6 +155,15 @@ def coarse_answers(fine: Query, coarse: Query, mapping: tuple[np.ndarray, ...], 
     for p in parts:
         out[p < 0] = -1
     return out
+
+
+def positions(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """int64: the position of each of ``ids`` in the sorted, distinct ``sorted_ids`` (-1: not there)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    pos = np.searchsorted(sorted_ids, ids)
+    ok = pos < np.size(sorted_ids)
+    ok[ok] = np.asarray(sorted_ids)[pos[ok]] == ids[ok]
+    return np.where(ok, pos, -1).astype(np.int64)
 
 
 def _axis_factor(schema: Schema, term: str) -> tuple[int, list[tuple[int, ...]]]:

@@ -4,7 +4,7 @@ Layout of a configuration file (see ``conf/demo.toml``)::
 
     [run]                      name, census, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
     [census.*]                 the census inline, instead of [run] census (README, "Declaring a census")
-    [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta
+    [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta, measure
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
     [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack,
@@ -101,6 +101,18 @@ class BudgetConfig(_Strict):
     levels: dict[str, FractionField]
     queries: dict[str, dict[str, FractionField]]
     infinite: bool = False
+    measure: Literal["declared", "in_play"] = Field(default="declared", description=(
+        "declared: every answer of every measured query; in_play: below the root, only the answers that count "
+        "a cell of the parent's published estimate (the same noise and budget per answer; DESIGN.md item 30)"))
+
+    @model_serializer(mode="wrap")
+    def _omit_declared(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No ``measure`` key when every answer is measured (config.json and the config hash stay those of a
+        configuration written before the key existed)."""
+        data = handler(self)
+        if data.get("measure") == "declared":
+            data.pop("measure")
+        return data
 
     @property
     def total(self) -> Budget:

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ..inputs.validate import InputError
-from ..privacy.measure import MEASUREMENT_PARQUET, NodeMeasurements, from_table, measure
+from ..privacy.measure import MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeasurements, from_table, measure
 from ..execution.rundir import write_table
+from topdown.vocab.problem import SparseHist
 
 
 class Chunk(Protocol):
@@ -37,6 +39,7 @@ class Chunk(Protocol):
     mode: str
     seed: int | None
     measurements_path: str | None
+    parents: list[Any]  # ParentTask: child_rows and parent_hist
 
 
 class MeasurementSource:
@@ -50,6 +53,17 @@ class MeasurementSource:
         return self
 
     def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
+        raise NotImplementedError
+
+    def by_parent(self, chunk: "Chunk") -> list[list[NodeMeasurements]]:
+        """Per parent of the chunk (``chunk.parents``), the noisy answers of its children."""
+        if chunk.cfg.budget.measure == "in_play" and chunk.parents and chunk.parents[0].parent_hist is not None:
+            return self.held(chunk)
+        measured = self.noisy(chunk)
+        return [[m.rows(task.child_rows) for m in measured] for task in chunk.parents]
+
+    def held(self, chunk: "Chunk") -> list[list[NodeMeasurements]]:
+        """:meth:`by_parent` when each parent's children are measured on the answers in play only."""
         raise NotImplementedError
 
     def staged(self, chunk: "Chunk") -> bool:
@@ -66,9 +80,27 @@ class Draw(MeasurementSource):
     def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
         measured, table = measure(chunk.product.name, chunk.product.schema, chunk.cfg.budget, chunk.level,
                                   chunk.children, chunk.child_plb, chunk.child_hist, chunk.mode, chunk.seed)
+        self._stage(chunk, table)
+        return measured
+
+    def held(self, chunk: "Chunk") -> list[list[NodeMeasurements]]:
+        """Each parent's children measured on the answers that count a cell of the parent's published estimate
+        (its non-zero cells: a choice from published output only); the tables end to end, parent by parent."""
+        out, tables = [], []
+        for task in chunk.parents:
+            rows = task.child_rows
+            measured, table = measure(chunk.product.name, chunk.product.schema, chunk.cfg.budget, chunk.level,
+                                      chunk.children[rows], chunk.child_plb[rows], chunk.child_hist[rows],
+                                      chunk.mode, chunk.seed, held=SparseHist.of(task.parent_hist).cells)
+            out.append(measured)
+            tables.append(table.cast(MEASUREMENT_SCHEMA) if table.num_rows else table)
+        self._stage(chunk, pa.concat_tables(tables).unify_dictionaries() if tables else MEASUREMENT_SCHEMA.empty_table())
+        return out
+
+    @staticmethod
+    def _stage(chunk: "Chunk", table: pa.Table) -> None:
         if chunk.measurements_path is not None:  # None: kept in memory (the audit's repeated runs)
             write_table(table, Path(chunk.measurements_path), **MEASUREMENT_PARQUET)
-        return measured
 
     def staged(self, chunk: "Chunk") -> bool:
         return Path(chunk.measurements_path).exists()
@@ -96,15 +128,28 @@ class Published(MeasurementSource):
         return Published(tuple(p for p in self.parts if p[1] is None or (p[1] <= hi and p[2] >= lo)))
 
     def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
+        table, where = self._read(chunk)
+        return from_table(chunk.product.schema, list(chunk.cfg.budget.queries.get(chunk.level, {})), chunk.children,
+                          table, where=where)
+
+    def held(self, chunk: "Chunk") -> list[list[NodeMeasurements]]:
+        table, where = self._read(chunk)
         queries = list(chunk.cfg.budget.queries.get(chunk.level, {}))
+        out = []
+        for task in chunk.parents:
+            children = chunk.children[task.child_rows]
+            mine = table[table["geocode"].isin(children)]
+            out.append(from_table(chunk.product.schema, queries, children, mine, where=where, held=True))
+        return out
+
+    def _read(self, chunk: "Chunk") -> tuple[pd.DataFrame, str]:
         files = [p[0] for p in self.parts]
         if files:
             table = ds.dataset(files, format="parquet").to_table(filter=ds.field("geocode").isin(chunk.children))
             table = table.to_pandas()
         else:
             table = pd.DataFrame(columns=["geocode", "query", "answer", "value", "variance"])
-        where = f"{Path(files[0]).parent}" if files else f"published measurements of {chunk.level}"
-        return from_table(chunk.product.schema, queries, chunk.children, table, where=where)
+        return table, (f"{Path(files[0]).parent}" if files else f"published measurements of {chunk.level}")
 
 
 def _geocode_range(path: Path) -> tuple[str | None, str | None]:

@@ -137,7 +137,7 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
     start = time.perf_counter()
     schema = chunk.product.schema
     cfg = chunk.cfg
-    measured = chunk.source.noisy(chunk)
+    measured = chunk.source.by_parent(chunk)
     measurements_sha256 = (sha256_file(Path(chunk.measurements_path))
                            if chunk.source.draws and chunk.measurements_path is not None else "")
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
@@ -145,7 +145,7 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
     # the chunk's estimates as (row, cell, count) pieces, one per parent, in row order
     pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     result = ChunkResult(chunk.index, chunk.children, None, measurements_sha256=measurements_sha256)
-    for task in chunk.parents:
+    for task, noisy in zip(chunk.parents, measured):
         rows = task.child_rows
         parent = None if task.parent_hist is None else SparseHist.of(task.parent_hist)
         if parent is not None and (len(task.children) == 1 or not parent.cells.size):
@@ -155,8 +155,8 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
             continue
         problem = ParentProblem(
             schema=schema, parent=task.parent, children=task.children, parent_hist=task.parent_hist,
-            measurements=[Measurement(m.query, m.values[rows],
-                                      np.where(m.variance[rows] == 0, 1.0, m.variance[rows])) for m in measured],
+            measurements=[Measurement(m.query, m.values, np.where(m.variance == 0, 1.0, m.variance), m.answers)
+                          for m in noisy],
             constraints=task.constraints, group_totals=task.group_totals,
             l2_passes=l2, rounder_passes=rounder, tau_slack=cfg.estimation.tau_slack,
             split_above=cfg.estimation.split_above, split_cost=cfg.estimation.split_cost,

@@ -24,22 +24,31 @@ from topdown.vocab.schema import Schema
 
 @dataclass
 class NodeMeasurements:
-    """Noisy answers of one query for a block of nodes: values[n, answers], variance[n] (inf: unmeasured)."""
+    """Noisy answers of one query for a block of nodes: values[n, answers], variance[n] (inf: unmeasured);
+    ``answers`` (sorted) the query's answers the columns hold when only some were measured (None: all)."""
 
     query: str
     values: np.ndarray
     variance: np.ndarray
+    answers: np.ndarray | None = None
+
+    def rows(self, rows: slice | np.ndarray) -> "NodeMeasurements":
+        """The same measurements of some of the nodes."""
+        return NodeMeasurements(self.query, self.values[rows], self.variance[rows], self.answers)
 
 
 def measure(
     product: str, schema: Schema, budget: BudgetConfig, level: str, geocodes: pd.Index | list[str],
-    plb: list[Fraction], hist: sp.csr_matrix, mode: str, seed: int | None,
+    plb: list[Fraction], hist: sp.csr_matrix, mode: str, seed: int | None, held: np.ndarray | None = None,
 ) -> tuple[list[NodeMeasurements], pa.Table]:
     """Measure every query configured for ``level`` at the given nodes.
 
     Returns per-query noisy answers (for the solver) and the long noisy-measurement table to publish
     (geocode, query, answer, value, variance: an Arrow table of :data:`MEASUREMENT_SCHEMA`). Nodes with a
-    zero budget share are not measured (variance inf, no rows).
+    zero budget share are not measured (variance inf, no rows). With ``held`` (sorted cells: the non-zero
+    cells of the nodes' parent's published estimate), each query is measured only on its answers that count
+    one of those cells (a sub-query of the declared one, each answer with the declared query's noise; DESIGN.md
+    item 30), and the table has a row for exactly those answers.
     """
     geocodes = list(geocodes)
     n = len(geocodes)
@@ -51,10 +60,12 @@ def measure(
             by_plb.setdefault(node_plb, []).append(i)
     for query, share in budget.queries.get(level, {}).items():
         q = build_query(schema, query)
-        true = q.answer_rows(hist)
-        values = np.full((n, q.n_answers), np.nan)
+        answers = None if held is None else q.answers_of(held)
+        true = q.answer_rows(hist, answers)
+        width = true.shape[1]
+        values = np.full((n, width), np.nan)
         variance = np.full(n, np.inf)
-        for node_plb, nodes in (by_plb.items() if share != 0 else ()):
+        for node_plb, nodes in (by_plb.items() if share != 0 and width else ()):  # width 0: nothing held
             alloc = allocate(budget, level, query, plb=node_plb)
             idx = np.asarray(nodes, dtype=np.int64)
             if budget.infinite:
@@ -62,12 +73,13 @@ def measure(
                 variance[idx] = 0.0
             else:
                 sources = noise_sources(mode, seed, product, level, [geocodes[i] for i in nodes], query)
-                values[idx] = true[idx] + alloc.noise(sources, q.n_answers)  # same draws as one stream at a time
+                values[idx] = true[idx] + alloc.noise(sources, width)  # same draws as one stream at a time
                 variance[idx] = alloc.variance
-        out.append(NodeMeasurements(query, values, variance))
+        out.append(NodeMeasurements(query, values, variance, answers))
         measured = np.flatnonzero(np.isfinite(variance))
         if measured.size:
-            frames.append((query, measured, q.n_answers, values[measured], variance[measured]))
+            ids = np.arange(width, dtype=np.int32) if answers is None else answers.astype(np.int32)
+            frames.append((query, measured, ids, values[measured], variance[measured]))
     return out, _long_table(geocodes, frames)
 
 
@@ -87,25 +99,28 @@ MEASUREMENT_PARQUET = {"use_dictionary": ["geocode", "query", "variance"], "stor
 
 def _long_table(geocodes: list[str], frames: list[tuple]) -> pa.Table:
     """The published long table (geocode, query, answer, value, variance) of the measured nodes, one
-    ``(query, measured node rows, answers, values, variances)`` per query, in that order. Geocode and query
+    ``(query, measured node rows, answer ids, values, variances)`` per query, in that order. Geocode and query
     are dictionary arrays over the distinct names (a string per row was most of the cost of the table)."""
     if not frames:
         return MEASUREMENT_SCHEMA.empty_table()
-    node = np.concatenate([np.repeat(measured, k) for _, measured, k, _, _ in frames]).astype(np.int32)
-    which = np.concatenate([np.full(measured.size * k, i, dtype=np.int32) for i, (_, measured, k, _, _) in enumerate(frames)])
+    node = np.concatenate([np.repeat(measured, ids.size) for _, measured, ids, _, _ in frames]).astype(np.int32)
+    which = np.concatenate([np.full(measured.size * ids.size, i, dtype=np.int32)
+                            for i, (_, measured, ids, _, _) in enumerate(frames)])
     return pa.table([
         pa.DictionaryArray.from_arrays(node, pa.array(geocodes, type=pa.string())),
         pa.DictionaryArray.from_arrays(which, pa.array([f[0] for f in frames], type=pa.string())),
-        np.concatenate([np.tile(np.arange(k, dtype=np.int32), measured.size) for _, measured, k, _, _ in frames]),
+        np.concatenate([np.tile(ids, measured.size) for _, measured, ids, _, _ in frames]),
         np.concatenate([vals.ravel().astype(np.int64) for *_, vals, _ in frames]),
-        np.concatenate([np.repeat(var, k) for _, _, k, _, var in frames]),
+        np.concatenate([np.repeat(var, ids.size) for _, _, ids, _, var in frames]),
     ], schema=MEASUREMENT_SCHEMA)
 
 
 def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str], table: pd.DataFrame,
-               where: str = "noisy measurements") -> list[NodeMeasurements]:
+               where: str = "noisy measurements", held: bool = False) -> list[NodeMeasurements]:
     """The inverse of :func:`measure`'s published table: per query (in ``queries`` order), the noisy answers
-    of the nodes ``geocodes``. A node without rows for a query is unmeasured (variance inf), as when drawn."""
+    of the nodes ``geocodes``. A node without rows for a query is unmeasured (variance inf), as when drawn.
+    ``held``: the nodes (one parent's children) were measured on the answers in play only; every measured
+    node must then have the same answers, which the result holds."""
     index = pd.Index(geocodes)
     n = len(index)
     out = []
@@ -117,13 +132,15 @@ def from_table(schema: Schema, queries: list[str], geocodes: pd.Index | list[str
         if (rows < 0).any() or (answer < 0).any() or (answer >= q.n_answers).any():
             raise InputError(f"{where}: query {query!r} has rows for another node or an answer outside "
                              f"0..{q.n_answers - 1}")
-        values = np.full((n, q.n_answers), np.nan)
+        answers = np.unique(answer) if held else None
+        width = q.n_answers if answers is None else answers.size
+        values = np.full((n, width), np.nan)
         variance = np.full(n, np.inf)
-        values[rows, answer] = sub["value"].to_numpy(np.int64)
+        values[rows, answer if answers is None else np.searchsorted(answers, answer)] = sub["value"].to_numpy(np.int64)
         variance[rows] = sub["variance"].to_numpy(float)
         measured = np.isfinite(variance)
         if np.isnan(values[measured]).any():
             bad = index[np.flatnonzero(np.isnan(values).any(axis=1) & measured)[0]]
-            raise InputError(f"{where}: query {query!r} at node {bad!r} lacks some of its {q.n_answers} answers")
-        out.append(NodeMeasurements(query, values, variance))
+            raise InputError(f"{where}: query {query!r} at node {bad!r} lacks some of its {width} answers")
+        out.append(NodeMeasurements(query, values, variance, answers))
     return out
