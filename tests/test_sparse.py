@@ -141,3 +141,93 @@ def test_measurement_answers_are_checked():
     bad = replace(problem.measurements[0], answers=problem.measurements[0].answers[::-1])
     with pytest.raises(ValueError, match="answers must be sorted"):
         build_layout(replace(problem, measurements=[bad] + problem.measurements[1:]))
+
+
+def _in_play_config(config):
+    from topdown.pipeline.configuration.config import config_from_dict
+
+    data = config.model_dump(mode="json")
+    for product in config.run.products:
+        data[product]["budget"]["measure"] = "in_play"
+    return config_from_dict(data, source=config.source)
+
+
+def test_in_play_leaves_the_certificate_and_the_configuration_of_declared_runs_as_they_were():
+    """The certificate depends on the budget only, not on which answers are held; a declared run's
+    configuration serialises as before the key existed (its hash in the pinned outputs)."""
+    from topdown.pipeline import load_config
+    from topdown.pipeline.privacy.certificate import certificate
+
+    config = load_config("demo")
+    held = _in_play_config(config)
+    assert held.products["persons"].budget.measure == "in_play"
+    differs = {k for k in certificate(held) if certificate(held)[k] != certificate(config)[k]}
+    assert differs == {"config_sha256"}
+    assert "measure" not in config.model_dump(mode="json")["persons"]["budget"]
+    assert held.digest() != config.digest()
+
+
+@pytest.mark.slow
+def test_in_play_run_measures_the_parents_published_cells_with_the_declared_noise(tmp_path, demo_input, dask_client):
+    """The privacy argument's conditions (DESIGN.md item 30), checked on a whole run: below the root, every
+    child's rows of a query are exactly the answers that count a cell of its parent's *published* histogram
+    (a choice from released output), each an answer of the declared query with the declared query's variance;
+    the root is measured on every answer; and the run verifies."""
+    import pyarrow.parquet as pq
+
+    from topdown.pipeline import load_config, run
+    from topdown.pipeline.outputs.verify import verify_run
+    from topdown.pipeline.privacy.accounting import allocate
+
+    config = _in_play_config(load_config("demo"))
+    out = tmp_path / "run"
+    run(config, out, input_dir=demo_input, client=dask_client)
+    assert verify_run(out).ok
+    spine = pq.read_table(out / "spine.parquet").to_pandas()
+    product = config.census.product("persons")
+    budget = config.products["persons"].budget
+    levels = list(budget.levels)
+    for above, level in zip(levels, levels[1:]):
+        hist = pq.read_table(out / "histograms" / "persons" / f"level={above}").to_pandas()
+        noisy = pq.read_table(out / "noisy_measurements" / "persons" / f"level={level}").to_pandas()
+        parent_of = spine.drop_duplicates(level).set_index(level)[above]
+        cells = hist.groupby("geocode")["cell"].apply(lambda c: np.sort(c.to_numpy()))
+        for (child, query), rows in noisy.groupby(["geocode", "query"]):
+            q = build_query(product.schema, query)
+            parent_cells = cells.get(parent_of[child], np.zeros(0, dtype=np.int64))
+            assert np.array_equal(np.sort(rows["answer"].to_numpy()), q.answers_of(parent_cells)), (level, child, query)
+            assert (rows["variance"] == allocate(budget, level, query).variance).all(), (level, child, query)
+    root = pq.read_table(out / "noisy_measurements" / "persons" / f"level={levels[0]}").to_pandas()
+    for query, rows in root.groupby("query"):
+        assert len(rows) == build_query(product.schema, query).n_answers
+
+
+def test_the_answers_held_depend_on_the_parents_estimate_only():
+    """Two neighbouring inputs (one person moved to another cell) under the same published parent estimate
+    hold the same answers with the same variances: which answers are released is not a function of the
+    children's data; and each is an answer of the declared query, measured with the declared noise."""
+    import scipy.sparse as sp
+
+    from topdown.pipeline import load_config
+    from topdown.pipeline.privacy.measure import measure
+    from topdown.pipeline.configuration.census import PERSONS
+
+    budget = load_config("demo").products["persons"].budget
+    level = list(budget.levels)[-1]
+    rng = np.random.default_rng(7)
+    hist = sp.csr_matrix(rng.poisson(0.02, (6, PERSONS.ncells)).astype(np.int64))
+    moved = hist.toarray()
+    src = int(np.flatnonzero(moved[2])[0])
+    moved[2, src] -= 1
+    moved[2, (src + 700) % PERSONS.ncells] += 1  # a cell the parent's estimate may not hold
+    held = np.sort(rng.choice(PERSONS.ncells, 150, replace=False))
+    nodes, plb = [f"n{i}" for i in range(6)], [budget.levels[level]] * 6
+    tables = [measure("persons", PERSONS, budget, level, nodes, plb, h, "test", 3, held=held)
+              for h in (hist, sp.csr_matrix(moved))]
+    keys = [t.select(["geocode", "query", "answer", "variance"]).to_pandas() for _, t in tables]
+    assert keys[0].equals(keys[1])
+    declared, _ = measure("persons", PERSONS, budget, level, nodes, plb, hist, "test", 3)
+    for m, full in zip(tables[0][0], declared):
+        q = build_query(PERSONS, m.query)
+        assert np.array_equal(m.answers, q.answers_of(held)) and m.values.shape == (6, m.answers.size)
+        assert np.array_equal(m.variance, full.variance)

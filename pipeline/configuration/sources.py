@@ -87,10 +87,11 @@ class Draw(MeasurementSource):
         """Each parent's children measured on the answers that count a cell of the parent's published estimate
         (its non-zero cells: a choice from published output only); the tables end to end, parent by parent."""
         out, tables = [], []
+        plb = list(chunk.child_plb)
         for task in chunk.parents:
             rows = task.child_rows
             measured, table = measure(chunk.product.name, chunk.product.schema, chunk.cfg.budget, chunk.level,
-                                      chunk.children[rows], chunk.child_plb[rows], chunk.child_hist[rows],
+                                      chunk.children[rows], plb[rows], chunk.child_hist[rows],
                                       chunk.mode, chunk.seed, held=SparseHist.of(task.parent_hist).cells)
             out.append(measured)
             tables.append(table.cast(MEASUREMENT_SCHEMA) if table.num_rows else table)
