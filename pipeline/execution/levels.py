@@ -256,9 +256,9 @@ def build_levels(
 
 
 def node_answers(product: Product, hist: sp.csr_matrix) -> dict[str, np.ndarray]:
-    """Per node (rows of ``hist``) the answers of the queries the feasibility checks and total invariants need."""
-    return {q: np.asarray((build_query(product.schema, q).matrix() @ hist.T).T.todense())
-            for q in product.feasibility_queries}
+    """Per node (rows of ``hist``) the answers of the queries the feasibility checks and total invariants need
+    (float64, summed from the non-zero cells only)."""
+    return {q: build_query(product.schema, q).answer_rows(hist).astype(float) for q in product.feasibility_queries}
 
 
 def levels_from_answers(product: Product, cfg: ProductConfig, spine: Spine, geography: tuple, block_units: pd.DataFrame,
