@@ -39,6 +39,15 @@ class SparseHist:
         cells = np.flatnonzero(dense)
         return cls(cells.astype(np.int64), dense[cells].astype(np.int64), dense.size)
 
+    @classmethod
+    def rows_of(cls, hist: sp.spmatrix) -> list["SparseHist"]:
+        """Each row of an integer sparse matrix, from its CSR arrays."""
+        csr = sp.csr_matrix(hist)
+        csr.sum_duplicates()
+        csr.eliminate_zeros()
+        cells, counts, ip = csr.indices.astype(np.int64), csr.data.astype(np.int64), csr.indptr
+        return [cls(cells[ip[i]:ip[i + 1]], counts[ip[i]:ip[i + 1]], int(csr.shape[1])) for i in range(csr.shape[0])]
+
     def total(self) -> int:
         return int(self.counts.sum())
 

@@ -541,9 +541,9 @@ def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | Non
         for task in chunk.parents:
             task.constraints = cons.take(task.child_rows)
     if parent_files is not None:
-        hists = read_rows(parent_files, [t.parent for t in chunk.parents], ncells)
-        for i, task in enumerate(chunk.parents):
-            task.parent_hist = SparseHist.of(hists[i])
+        hists = SparseHist.rows_of(read_rows(parent_files, [t.parent for t in chunk.parents], ncells))
+        for task, hist in zip(chunk.parents, hists):
+            task.parent_hist = hist
     result = run_chunk(chunk)
     write_table(hist_table(pd.Index(result.children), result.hist), Path(hist_path))
     return dataclasses.replace(result, hist=None, nnz=np.diff(result.hist.indptr).astype(np.int32),
