@@ -137,6 +137,9 @@ def _chunk_runner(tmp: str):
     def one(path: Path) -> dict:
         chunk = _MovedModules(io.BytesIO(path.read_bytes())).load()
         chunk.measurements_path = f"{tmp}/{path.stem}.parquet"
+        # the configuration validated again by the tree that runs it (fields added since the capture get their
+        # defaults; a pickled pydantic model keeps only the fields of the tree that pickled it)
+        chunk.cfg = type(chunk.cfg).model_validate(chunk.cfg.model_dump())
         c0 = time.process_time()
         res = run_chunk(chunk)
         cpu = time.process_time() - c0

@@ -2,12 +2,13 @@
 
 Everything is indexed by the parent's cells in play (``Layout.cells``: the parent's non-zero cells, every
 cell at the root), never by the declared cells. Columns: one ``x`` per (child, cell) in play, one auxiliary
-``a`` per (query, child, answer) that covers at least one ``x`` of that child (none for a query whose grouping is the identity on cells: it
-uses the ``x`` columns, as ``detailed``), and, when the parent equality is relaxed (failsafe steps 2-3,
-DAS-2020 ``sequential_optimizers.py``), a surplus ``sp`` and deficit ``sn`` per parent cell. Row families,
-all linear with 0/+-1 coefficients: ``definitions`` (a = sum of a finer query's aux columns when one
-refines it, else the sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent), ``marginal`` (steps 2-3 only), the
-problem's ``constraints`` and ``group_totals``. Both model builders (Pyomo, direct) read this.
+``a`` per (query, child, answer) that covers at least one ``x`` of that child (none for a query whose grouping
+is the identity on cells: it uses the ``x`` columns, as ``detailed``), and, when the parent equality is
+relaxed (failsafe steps 2-3, DAS-2020 ``sequential_optimizers.py``), a surplus ``sp`` and deficit ``sn`` per
+parent cell. Row families, all linear with 0/+-1 coefficients: ``definitions`` (a = sum of a finer query's
+aux columns when one refines it, else the sum of cells), ``parent`` (eq. 7.2's [I I ... I] x = parent),
+``marginal`` (steps 2-3 only), the problem's ``constraints`` and ``group_totals``. Both model builders
+(Pyomo, direct) read this.
 """
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ def check_budget(budget: BudgetConfig, levels: list[str], schema: Schema, where:
 
 
 def _check_level_queries(props: dict[str, Fraction], schema: Schema, where: str) -> None:
-    seen: dict[bytes, str] = {}
+    seen: dict[tuple, str] = {}
     for name, prop in props.items():
         entry = f"{where}.\"{name}\""
         if prop < 0:
@@ -67,7 +67,7 @@ def _check_level_queries(props: dict[str, Fraction], schema: Schema, where: str)
         if not query.is_partition:
             raise ConfigError(f"{entry}: query does not count every cell exactly once (not a partition of the "
                               f"{schema.name} cells), so its sensitivity is not that of a marginal")
-        key = query.groups.tobytes()
+        key = query.key  # the per-axis factors: identical groupings have identical keys
         if key in seen:
             raise ConfigError(f"{entry}: the same query as \"{seen[key]}\" is measured twice at this level")
         seen[key] = name
