@@ -94,9 +94,10 @@ BUREAU_1940_SHARES = {"hhgq": Fraction(1, 5), "age * hispanic * race * citizen":
                       "detailed": Fraction(1, 10)}
 BUREAU_1940_L2 = [["hhgq", "ageGroups64 * sex"], ["ageGroups16 * sex"], ["ageGroups4 * sex"], ["age * sex"],
                   ["age * hispanic * race * citizen"], ["detailed"]]
-#: Its level shares: the first five of the file's seven (0.2, 0.2, 0.12 x 5) paired from the top, scaled to one.
-BUREAU_1940_LEVELS = {"National": Fraction(5, 19), "State": Fraction(5, 19), "County": Fraction(3, 19),
-                      "Supdist": Fraction(3, 19), "Enumdist": Fraction(3, 19)}
+#: Its level shares of epsilon 4 as the Bureau's code spent them: the first five of the file's seven (0.2, 0.2,
+#: 0.12 x 5) from the top level down; the last two reach no level.
+BUREAU_1940_LEVEL_SHARES_OF_4 = {"National": Fraction(1, 5), "State": Fraction(1, 5), "County": Fraction(3, 25),
+                                 "Supdist": Fraction(3, 25), "Enumdist": Fraction(3, 25)}
 
 
 def test_dhc_1940_age_bands_are_the_bureaus():
@@ -118,8 +119,9 @@ def test_dhc_1940_is_the_bureaus_configuration():
     assert census.hierarchy.names == ("National", "State", "County", "Supdist", "Enumdist")
     cfg = config.product("persons")
     b = cfg.budget
-    assert b.mechanism == "geometric" and b.epsilon == 4
-    assert dict(b.levels) == BUREAU_1940_LEVELS
+    assert b.mechanism == "geometric" and b.epsilon == Fraction(76, 25)          # 4 x (0.2 + 0.2 + 3 x 0.12)
+    assert {lv: b.epsilon * share for lv, share in b.levels.items()} == {
+        lv: 4 * share for lv, share in BUREAU_1940_LEVEL_SHARES_OF_4.items()}
     for level in census.hierarchy.names:
         assert dict(b.queries[level]) == BUREAU_1940_SHARES, level
         assert [list(q) for q in cfg.estimation.l2_passes[level]] == BUREAU_1940_L2, level
@@ -130,8 +132,8 @@ def test_dhc_1940_is_the_bureaus_configuration():
 
 
 def test_dhc_1940_censusdp_is_censusdps_reconstruction():
-    """The variant: 1/5 per level, the single-pass file's shares (.2 / .5 / .05 x 4 / .1), one L2 pass over the
-    seven queries; everything else the Bureau preset's."""
+    """The variant: epsilon 4, 1/5 per level, the single-pass file's shares (.2 / .5 / .05 x 4 / .1), one L2 pass
+    over the seven queries; everything else the Bureau preset's."""
     bureau, variant = load_config("dhc_1940"), load_config("dhc_1940_censusdp")
     assert variant.run.name == "dhc_1940_censusdp" and variant.run.census == "dhc_1940"
     assert variant.run.mode == "production" and variant.run.seed is None
@@ -149,21 +151,22 @@ def test_dhc_1940_censusdp_is_censusdps_reconstruction():
 
 
 def test_dhc_1940_certificate_shows_the_bureaus_queries_and_shares(capsys):
-    """`topdown privacy dhc_1940`: the age bands x sex, no age grouping of ours, and every query's epsilon is
-    4 x its level share x its query share."""
+    """`topdown privacy dhc_1940`: the age bands x sex, no age grouping of ours, total epsilon 76/25, and every
+    query's epsilon is 4 x its level's share in the Bureau's file x its query share."""
     from topdown.pipeline.cli import main
 
     assert main(["privacy", "dhc_1940", "--json"]) == 0
     cert = json.loads(capsys.readouterr().out)["persons"]
-    assert {row["level"]: Fraction(row["share"]) for row in cert["levels"]} == BUREAU_1940_LEVELS
+    assert {row["level"]: Fraction(row["epsilon"]) for row in cert["levels"]} == {
+        lv: 4 * share for lv, share in BUREAU_1940_LEVEL_SHARES_OF_4.items()}
     rows = {(row["level"], row["query"]): row for row in cert["queries"]}
     assert {q for _, q in rows} == set(BUREAU_1940_SHARES)
     for (level, query), row in rows.items():
-        assert Fraction(row["epsilon"]) == 4 * BUREAU_1940_LEVELS[level] * BUREAU_1940_SHARES[query]
+        assert Fraction(row["epsilon"]) == 4 * BUREAU_1940_LEVEL_SHARES_OF_4[level] * BUREAU_1940_SHARES[query]
         assert row["sensitivity"] == 2
     assert main(["privacy", "dhc_1940"]) == 0
     text = capsys.readouterr().out
-    assert "ageGroups64 * sex" in text and "5/19" in text and "agecat" not in text
+    assert "total epsilon = 76/25" in text and "ageGroups64 * sex" in text and "agecat" not in text
 
 
 def test_chile_2017_is_a_column_hierarchy_without_units():
