@@ -17,7 +17,7 @@ from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geom
 from topdown.pipeline.configuration.census import PERSONS, UNITS
 
 PRODUCTION_RHO = Fraction(293764, 114921)
-PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940", "dhc_1940", "chile_2017")
+PRESETS = ("pl94_production_2021", "pl94_april2021", "e2e_1940", "dhc_1940", "dhc_1940_censusdp", "chile_2017")
 
 
 def budget(**overrides) -> BudgetConfig:

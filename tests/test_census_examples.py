@@ -14,6 +14,7 @@ import pytest
 
 from cli_subprocess import assert_clean_failure, topdown
 from topdown.pipeline.configuration.census import load_census as load
+from topdown.pipeline.configuration.config import load_config
 from topdown.pipeline.inputs import synth
 from topdown.pipeline.inputs.synth import level_counts, synth_hints, synth_shape, synthetic_tree, write_census
 from topdown.vocab.queries import build_query
@@ -86,23 +87,86 @@ def test_e2e_1940_is_the_end_to_end_test():
     assert census.units is not None and census.units.types == 8
 
 
-def test_dhc_1940_is_the_benchmark_configuration():
-    """44,544 cells; five levels; epsilon 4, 1/5 per level; CensusDP's matched per-query shares."""
-    census, run = load("dhc_1940"), _preset("dhc_1940")
+#: The Bureau's 1940 multi-pass file (ipums_1940_multipass.ini): query shares within a level and the L2 order.
+BUREAU_1940_SHARES = {"hhgq": Fraction(1, 5), "age * hispanic * race * citizen": Fraction(1, 10),
+                      "age * sex": Fraction(1, 5), "ageGroups4 * sex": Fraction(1, 10),
+                      "ageGroups16 * sex": Fraction(1, 10), "ageGroups64 * sex": Fraction(1, 5),
+                      "detailed": Fraction(1, 10)}
+BUREAU_1940_L2 = [["hhgq", "ageGroups64 * sex"], ["ageGroups16 * sex"], ["ageGroups4 * sex"], ["age * sex"],
+                  ["age * hispanic * race * citizen"], ["detailed"]]
+#: Its level shares of epsilon 4 as the Bureau's code spent them: the first five of the file's seven (0.2, 0.2,
+#: 0.12 x 5) from the top level down; the last two reach no level.
+BUREAU_1940_LEVEL_SHARES_OF_4 = {"National": Fraction(1, 5), "State": Fraction(1, 5), "County": Fraction(3, 25),
+                                 "Supdist": Fraction(3, 25), "Enumdist": Fraction(3, 25)}
+
+
+def test_dhc_1940_age_bands_are_the_bureaus():
+    """ageGroupsN: consecutive bands of N years from age 0, the last one what is left of 0..115 (29, 8, 2 bands)."""
+    p = load("dhc_1940").product("persons")
+    for width, n in ((4, 29), (16, 8), (64, 2)):
+        attribute, groups = p.schema.recodes[f"ageGroups{width}"]
+        assert attribute == "age" and len(groups) == n
+        assert [list(g) for g in groups] == [list(range(a, min(a + width, 116))) for a in range(0, 116, width)]
+        assert build_query(p.schema, f"ageGroups{width} * sex").groups.max() + 1 == 2 * n
+
+
+def test_dhc_1940_is_the_bureaus_configuration():
+    """44,544 cells; five levels; epsilon 4, geometric; the multi-pass file's queries, shares and L2 order; its
+    level shares as the header states; one rounding pass; the file's invariants and constraints."""
+    census, config = load("dhc_1940"), load_config("dhc_1940")
     p = census.product("persons")
     assert p.schema.shape == (8, 2, 116, 2, 6, 2) and p.schema.ncells == 44_544
     assert census.hierarchy.names == ("National", "State", "County", "Supdist", "Enumdist")
-    b = run["persons"]["budget"]
-    assert b["mechanism"] == "geometric" and _frac(b["epsilon"]) == 4
-    assert {_frac(v) for v in b["levels"].values()} == {Fraction(1, 5)}
-    shares = {q: _frac(v) for q, v in b["queries"]["Enumdist"].items()}
-    assert shares.pop("hhgq") == Fraction(1, 5) and shares.pop("age * hispanic * race * citizen") == Fraction(1, 2)
-    assert shares.pop("detailed") == Fraction(1, 10) and shares.pop("age * sex") == Fraction(1, 20)
-    assert len(shares) == 3 and set(shares.values()) == {Fraction(1, 20)}   # three age groupings x sex
-    for q in shares:
-        grouping = q.split(" * ")[0]
-        _, groups = p.schema.recodes[grouping]
-        assert sorted(a for g in groups for a in g) == list(range(116))    # each a partition of the ages
+    cfg = config.product("persons")
+    b = cfg.budget
+    assert b.mechanism == "geometric" and b.epsilon == Fraction(76, 25)          # 4 x (0.2 + 0.2 + 3 x 0.12)
+    assert {lv: b.epsilon * share for lv, share in b.levels.items()} == {
+        lv: 4 * share for lv, share in BUREAU_1940_LEVEL_SHARES_OF_4.items()}
+    for level in census.hierarchy.names:
+        assert dict(b.queries[level]) == BUREAU_1940_SHARES, level
+        assert [list(q) for q in cfg.estimation.l2_passes[level]] == BUREAU_1940_L2, level
+        assert [list(q) for q in cfg.estimation.rounder_passes[level]] == [["detailed"]], level
+    assert cfg.invariants == {"State": ["tot"], "Enumdist": ["gqhh_vect", "gqhh_tot"]}
+    assert cfg.constraints["State"] == ["total", "hhgq_total_lb", "hhgq_total_ub"]
+    assert cfg.constraints["Enumdist"] == ["hhgq_total_lb", "hhgq_total_ub"]
+
+
+def test_dhc_1940_censusdp_is_censusdps_reconstruction():
+    """The variant: epsilon 4, 1/5 per level, the single-pass file's shares (.2 / .5 / .05 x 4 / .1), one L2 pass
+    over the seven queries; everything else the Bureau preset's."""
+    bureau, variant = load_config("dhc_1940"), load_config("dhc_1940_censusdp")
+    assert variant.run.name == "dhc_1940_censusdp" and variant.run.census == "dhc_1940"
+    assert variant.run.mode == "production" and variant.run.seed is None
+    b, v = bureau.product("persons"), variant.product("persons")
+    assert v.budget.mechanism == "geometric" and v.budget.epsilon == 4
+    assert set(v.budget.levels.values()) == {Fraction(1, 5)} and list(v.budget.levels) == list(b.budget.levels)
+    shares = {"hhgq": Fraction(1, 5), "age * hispanic * race * citizen": Fraction(1, 2), "detailed": Fraction(1, 10),
+              **{q: Fraction(1, 20) for q in ("age * sex", "ageGroups4 * sex", "ageGroups16 * sex",
+                                               "ageGroups64 * sex")}}
+    for level in v.budget.levels:
+        assert dict(v.budget.queries[level]) == shares
+        assert [set(q) for q in v.estimation.l2_passes[level]] == [set(shares)]
+    assert (v.invariants, v.constraints) == (b.invariants, b.constraints)
+    assert v.estimation.rounder_passes == b.estimation.rounder_passes
+
+
+def test_dhc_1940_certificate_shows_the_bureaus_queries_and_shares(capsys):
+    """`topdown privacy dhc_1940`: the age bands x sex, no age grouping of ours, total epsilon 76/25, and every
+    query's epsilon is 4 x its level's share in the Bureau's file x its query share."""
+    from topdown.pipeline.cli import main
+
+    assert main(["privacy", "dhc_1940", "--json"]) == 0
+    cert = json.loads(capsys.readouterr().out)["persons"]
+    assert {row["level"]: Fraction(row["epsilon"]) for row in cert["levels"]} == {
+        lv: 4 * share for lv, share in BUREAU_1940_LEVEL_SHARES_OF_4.items()}
+    rows = {(row["level"], row["query"]): row for row in cert["queries"]}
+    assert {q for _, q in rows} == set(BUREAU_1940_SHARES)
+    for (level, query), row in rows.items():
+        assert Fraction(row["epsilon"]) == 4 * BUREAU_1940_LEVEL_SHARES_OF_4[level] * BUREAU_1940_SHARES[query]
+        assert row["sensitivity"] == 2
+    assert main(["privacy", "dhc_1940"]) == 0
+    text = capsys.readouterr().out
+    assert "total epsilon = 76/25" in text and "ageGroups64 * sex" in text and "agecat" not in text
 
 
 def test_chile_2017_is_a_column_hierarchy_without_units():
@@ -331,7 +395,9 @@ def _example_config(tmp_path: Path, name: str, input_dir: Path) -> Path:
     return config
 
 
-@pytest.mark.parametrize("name", CENSUSES)
+#: dhc_1940's 44,544 cells in six L2 passes take minutes through every command: slow; its fast check is
+#: test_dhc_1940_runs_the_bureaus_passes_and_verifies.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "dhc_1940" else n for n in CENSUSES])
 def test_example_census_end_to_end(tmp_path, name):
     """synth --census, then run (test mode), verify, uncertainty, evaluate (with the intervals), nmf, reprocess,
     replicates and uncertainty with them, each exit 0."""
@@ -366,6 +432,41 @@ def test_example_census_end_to_end(tmp_path, name):
     assert manifest["levels"] == list(load(name).hierarchy.names) and manifest["status"] == "complete"
     leaf = load(name).hierarchy.leaf
     assert (run / "histograms" / "persons" / f"level={leaf}").is_dir()
+
+
+def _synth_run_verify(tmp_path: Path, preset: str, persons: int) -> Path:
+    """`topdown synth --census dhc_1940`, `topdown run PRESET` (test mode) and `topdown verify`, each exit 0."""
+    from topdown.pipeline.cli import main
+
+    data = tmp_path / "input"
+    assert main(["synth", "--census", "dhc_1940", "--persons", str(persons), "--seed", "3", str(data)]) == 0
+    run = tmp_path / "run"
+    config = _example_config(tmp_path, preset, data)
+    assert main(["run", str(config), "--out", str(run), "--workers", "1", "--quiet"]) == 0
+    assert main(["verify", str(run)]) == 0
+    return run
+
+
+def test_dhc_1940_runs_the_bureaus_passes_and_verifies(tmp_path):
+    """A small run of the Bureau's preset: verified, its noisy measurements hold the seven queries at every
+    level, and the run's configuration records the six L2 passes."""
+    run = _synth_run_verify(tmp_path, "dhc_1940", 3_000)
+    nm = pq.read_table(run / "noisy_measurements" / "persons").to_pandas()
+    levels = load("dhc_1940").hierarchy.names
+    assert set(nm["level"].astype(str)) == set(levels)
+    for level, queries in nm.groupby(nm["level"].astype(str))["query"]:
+        assert set(queries.astype(str)) == set(BUREAU_1940_SHARES), level
+    passes = json.loads((run / "config.json").read_text())["persons"]["estimation"]["l2_passes"]
+    assert passes == {level: BUREAU_1940_L2 for level in levels}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["dhc_1940", "dhc_1940_censusdp"])
+def test_dhc_1940_presets_run_20000_persons(tmp_path, preset):
+    """Both 1940 DHC presets on 20,000 synthetic persons (several parents at every level), verified."""
+    run = _synth_run_verify(tmp_path, preset, 20_000)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["name"] == preset
 
 
 @pytest.mark.parametrize("name", CENSUSES)
