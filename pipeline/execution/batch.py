@@ -94,7 +94,7 @@ def load_jobs(path: Path) -> JobsFile:
     try:
         jobs = JobsFile.model_validate(read_toml(path))
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(path, exc)) from None
+        raise ConfigError(_format_validation_error(path, exc, JobsFile)) from None
     names = [j.name for j in jobs.job]
     outs = [str((path.parent / j.out).resolve()) for j in jobs.job]
     for values, what in ((names, "name"), (outs, "out")):
