@@ -58,19 +58,35 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = configure_run(args.config, args.input, args.seed)
     security = _security(args)
-    if config.run.mode == "test":
-        from .privacy.certificate import NOT_PRIVATE_WARNING
-
-        print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
-    if config.run.weaken_privacy:
-        from .privacy.certificate import waived_warning
-
-        print(f"topdown: WARNING: {waived_warning(config.run.weaken_privacy)}", file=sys.stderr)
     start = time.perf_counter()
-    out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-              force=args.force, security=security, redraw=args.redraw)
+    with _privacy_warnings_as_lines():
+        out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
+                  force=args.force, security=security, redraw=args.redraw)
     _print_summary("run", out, start)
     return EXIT_OK
+
+
+@contextmanager
+def _privacy_warnings_as_lines() -> Iterator[None]:
+    """A run's :class:`~topdown.pipeline.privacy.certificate.NotPrivateWarning` printed as one line on stderr,
+    ``topdown: WARNING: ...`` (Python shows a warning with its source file and line)."""
+    import warnings
+
+    from .privacy.certificate import NotPrivateWarning
+
+    show = warnings.showwarning
+
+    def shown(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, NotPrivateWarning):
+            print(f"topdown: WARNING: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = shown
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:

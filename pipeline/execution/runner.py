@@ -26,7 +26,7 @@ from distributed import Security
 
 from topdown.geo.spine import Spine, build_spine
 
-from ..privacy.certificate import certificate, with_draws
+from ..privacy.certificate import certificate, warn_not_private, with_draws
 from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_DASHBOARD, QuietTaskErrors, check_scheduler,
                       embedded_security, quiet_closing, workers_ignore_stop_signals)
 from ..privacy.accounting import check_budget
@@ -224,6 +224,7 @@ def run(
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, workers)
+    warn_not_private(config)
     bafs = [read_baf(config)]  # checked before anything is written; the spine's build takes it (_tabulate)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
