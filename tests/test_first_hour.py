@@ -65,6 +65,15 @@ def test_a_misspelling_names_the_key_as_written_and_what_was_meant(tmp_path, tom
         assert fragment in message, message
 
 
+def test_a_misspelt_query_term_in_a_budget_gets_a_suggestion(tmp_path):
+    from topdown.pipeline.privacy.certificate import certificate
+
+    (tmp_path / "bad.toml").write_text('include = "demo"\n[persons.budget.queries.US]\n"totl" = "1"\n')
+    with pytest.raises(ConfigError, match=r"bad.toml: persons.budget.queries.US.\"totl\": unknown query term .*"
+                                          r"; did you mean 'total'\?$"):
+        certificate(load_config(tmp_path / "bad.toml"))
+
+
 def test_a_misspelt_required_key_is_reported_once_not_as_missing(tmp_path):
     """``l2_pass`` for ``l2_passes``: one line, the misspelling and its fix, not also "l2_passes: Field required"."""
     text = (REPO / "conf" / "pl94_production_2021.toml").read_text()

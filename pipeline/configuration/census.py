@@ -21,7 +21,7 @@ from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MA
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
 
-from .errors import ConfigError, did_you_mean, toml_files_beside
+from .errors import ConfigError, did_you_mean, query_hint, toml_files_beside
 
 #: The census a run uses when its configuration names none (P.L. 94-171, ``conf/census/pl94.toml``).
 DEFAULT_CENSUS = "pl94"
@@ -99,10 +99,10 @@ class _Reader:
     def __init__(self, source: str):
         self.source = source
 
-    def fail(self, key: str, problem: str, value: Any = _UNSET, known: Any = ()) -> ConfigError:
-        """The error at ``key``; a misspelt ``value`` gets the closest of the ``known`` names."""
+    def fail(self, key: str, problem: str, value: Any = _UNSET, hint: str = "") -> ConfigError:
+        """The error at ``key``, the offending ``value`` shown, then the ``hint`` (:func:`did_you_mean`)."""
         shown = "" if value is _UNSET else f" (got {_short(value)})"
-        return ConfigError(f"{self.source}: {key}: {problem}{shown}{did_you_mean(value, known) if known else ''}")
+        return ConfigError(f"{self.source}: {key}: {problem}{shown}{hint}")
 
     def table(self, data: Any, key: str, allowed: tuple[str, ...] | None = None) -> dict:
         if not isinstance(data, dict):
@@ -295,7 +295,8 @@ def _recode(r: _Reader, data: Any, key: str, sizes: dict[str, int]) -> tuple[str
     data = r.table(data, key, ("attribute", "groups"))
     attr = data.get("attribute")
     if attr not in sizes:
-        raise r.fail(f"{key}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr, sizes)
+        raise r.fail(f"{key}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr,
+                     did_you_mean(attr, sizes))
     groups, seen = [], set()
     for i, group in enumerate(r.items(data.get("groups"), f"{key}.groups")):
         levels = _levels(r, group, f"{key}.groups[{i}]", attr, sizes[attr])
@@ -315,7 +316,7 @@ def _query(r: _Reader, schema: Schema, query: Any, key: str):
     try:
         return build_query(schema, text)
     except QueryError as exc:
-        raise r.fail(key, str(exc), text) from None
+        raise r.fail(key, str(exc), text, query_hint(exc)) from None
 
 
 def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
@@ -357,7 +358,7 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
             for attr, levels in where.items():
                 if attr not in sizes:
                     raise r.fail(f"{ckey}.zero_where.{attr}", f"unknown attribute (attributes: {', '.join(sizes)})",
-                                 attr, sizes)
+                                 attr, did_you_mean(attr, sizes))
                 term = f"{cname}.{attr}"
                 recodes[term] = (attr, (_levels(r, levels, f"{ckey}.zero_where.{attr}", attr, sizes[attr]),))
                 terms.append(term)
@@ -381,7 +382,8 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
             raise r.fail(bkey, "unit bounds need unit records: declare [census.units]")
         attr = bdata.get("attribute")
         if attr not in sizes:
-            raise r.fail(f"{bkey}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr, sizes)
+            raise r.fail(f"{bkey}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr,
+                         did_you_mean(attr, sizes))
         lists = {}
         for field in ("min_per_unit", "cap"):
             values = r.items(bdata.get(field), f"{bkey}.{field}")

@@ -5,6 +5,8 @@ import difflib
 from collections.abc import Iterable
 from pathlib import Path
 
+from topdown.vocab.queries import QueryError
+
 
 class ConfigError(ValueError):
     """A configuration file is invalid; the message names the file and the key."""
@@ -27,3 +29,8 @@ def toml_files_beside(path: str | Path) -> list[str]:
     """The ``.toml`` files in the folder of ``path`` (what a misspelt file name may have meant)."""
     folder = Path(path).parent
     return sorted(str(f) for f in folder.glob("*.toml")) if folder.is_dir() else []
+
+
+def query_hint(exc: QueryError) -> str:
+    """:func:`did_you_mean` for a query error's unknown term (``""`` for another query error)."""
+    return did_you_mean(exc.term, exc.known) if exc.term is not None else ""

@@ -182,7 +182,7 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
 def _level_names(config: Config, spec: Product, spine_levels: list[str]) -> None:
     product = spec.name
     cfg = config.product(product)
-    check_budget(cfg.budget, spine_levels, spec.schema, where=f"{product}.budget")
+    check_budget(cfg.budget, spine_levels, spec.schema, where=f"{config.source}: {product}.budget")
     for table in ("l2_passes", "rounder_passes"):
         passes = getattr(cfg.estimation, table)
         for level in spine_levels:

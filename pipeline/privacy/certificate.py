@@ -56,10 +56,11 @@ def check_path_condition(path_shares: PathShares, levels: list[str] | None = Non
             "min_share": {k: str(v) for k, v in lo.items()}, "max_share": {k: str(v) for k, v in hi.items()}}
 
 
-def _product_certificate(spec: Product, product: ProductConfig, path_shares: PathShares | None) -> dict[str, Any]:
+def _product_certificate(spec: Product, product: ProductConfig, path_shares: PathShares | None,
+                         source: str) -> dict[str, Any]:
     name, budget = spec.name, product.budget
     levels = list(budget.levels)
-    check_budget(budget, levels, spec.schema, where=f"{name}.budget")
+    check_budget(budget, levels, spec.schema, where=f"{source}: {name}.budget")
     total = budget.total
     level_rows, query_rows = [], []
     for level in levels:
@@ -134,7 +135,7 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     """
     spine_budget = spine_budget or {}
     check_noise(config)
-    entries = {p.name: _product_certificate(p, config.product(p.name), spine_budget.get(p.name))
+    entries = {p.name: _product_certificate(p, config.product(p.name), spine_budget.get(p.name), config.source)
                for p in config.run_products}
     if spine_budget:  # the nodes that hold a bypassed level's share get less noise than their level's
         check_noise(config, {name: {level: Fraction(v) for level, v in p["path_condition"]["max_share"].items()}
