@@ -62,7 +62,7 @@ log = logging.getLogger("topdown")
 
 EXIT_OK, EXIT_RUNDIR, EXIT_INTERRUPTED = 0, 4, 130
 #: Seconds between refreshes of the batch's bar (the running jobs' times).
-TICK = 5.0
+TICK = 10.0
 #: The CPU of a job that ran nothing (skipped or refused).
 _NO_CPU = {"cpu_seconds": 0.0, "driver_cpu_seconds": 0.0, "workers_cpu_seconds": 0.0}
 
