@@ -8,7 +8,8 @@ writable, already complete without --force, a second production draw without --r
 chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place, an
 --out holding files that are not an earlier output of the command, a source run's file that fails its recorded
 SHA-256); 5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
-traceback); 130 interrupted by SIGINT, 143 by SIGTERM.
+traceback); 130 interrupted by SIGINT, 143 by SIGTERM; 141 (quietly) when the reader of standard output closed it
+(``topdown ... | head``).
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, EXIT_ESTIMATION, EXI
     0, 1, 2, 3, 4, 5, 6, 130)
 #: Exit status of a command stopped by SIGTERM (SIGINT: :data:`EXIT_INTERRUPTED`), 128 + the signal's number.
 EXIT_TERMINATED = 143
+#: Exit status of a command whose standard output was closed by its reader (``topdown ... | head``): 128 + SIGPIPE,
+#: as the shell reports a Unix tool that SIGPIPE stopped.
+EXIT_CLOSED_PIPE = 141
 
 log = logging.getLogger("topdown")
 
@@ -54,19 +58,35 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = configure_run(args.config, args.input, args.seed)
     security = _security(args)
-    if config.run.mode == "test":
-        from .privacy.certificate import NOT_PRIVATE_WARNING
-
-        print(f"topdown: WARNING: seed {config.run.seed}, {NOT_PRIVATE_WARNING}", file=sys.stderr)
-    if config.run.weaken_privacy:
-        from .privacy.certificate import waived_warning
-
-        print(f"topdown: WARNING: {waived_warning(config.run.weaken_privacy)}", file=sys.stderr)
     start = time.perf_counter()
-    out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-              force=args.force, security=security, redraw=args.redraw)
+    with _privacy_warnings_as_lines():
+        out = run(config, args.out, client=None, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
+                  force=args.force, security=security, redraw=args.redraw)
     _print_summary("run", out, start)
     return EXIT_OK
+
+
+@contextmanager
+def _privacy_warnings_as_lines() -> Iterator[None]:
+    """A run's :class:`~topdown.pipeline.privacy.certificate.NotPrivateWarning` printed as one line on stderr,
+    ``topdown: WARNING: ...`` (Python shows a warning with its source file and line)."""
+    import warnings
+
+    from .privacy.certificate import NotPrivateWarning
+
+    show = warnings.showwarning
+
+    def shown(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, NotPrivateWarning):
+            print(f"topdown: WARNING: {message}", file=sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = shown
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
 
 
 def cmd_reprocess(args: argparse.Namespace) -> int:
@@ -178,7 +198,7 @@ def _synth_shape(args: argparse.Namespace) -> int:
 
 def _synth_census(args: argparse.Namespace) -> int:
     """``synth --census NAME --persons N``: an input of a declared census's shape."""
-    from .configuration.config import ConfigError, preset_dir
+    from .configuration.config import ConfigError
 
     if args.blocks is not None or args.states is not None:
         raise ConfigError("--census takes --persons N, not --blocks or --states (those shape P.L. 94-171 input)")
@@ -186,14 +206,10 @@ def _synth_census(args: argparse.Namespace) -> int:
         raise ConfigError("--census takes --persons N, not --shape or --scale")
     if args.persons is None:
         raise ConfigError(f"--census {args.census} needs --persons N (about how many persons to write)")
-    shipped = sorted(p.stem for p in (preset_dir() / "census").glob("*.toml"))
-    if not Path(args.census).is_file() and args.census not in shipped:
-        raise ConfigError(f"--census {args.census}: no such declaration file or shipped census (censuses: "
-                          f"{', '.join(shipped)})")
-    from .configuration.census import load_census  # the declaration loader (issue 29)
+    from .configuration.census import load_census
     from .inputs.synth import write_census
 
-    census = load_census(args.census)
+    census = load_census(args.census, "--census")
     written = write_census(Path(args.out), census, persons=args.persons, seed=args.seed)
     files = ", ".join(f"{n} {kind} records in {args.out}/{kind}/" for kind, n in written.items())
     print(f"synthetic input of census {census.name} (seed {args.seed}): {files}")
@@ -338,7 +354,8 @@ def _tls_config(args: argparse.Namespace) -> Iterator[None]:
 #: Every command's help ends with these (README "exit code" table).
 EXIT_CODES_HELP = ("exit codes: 0 success; 1 verify found a failed check; 2 configuration or usage error; 3 input "
                    "error; 4 run directory unusable; 5 estimation failed; 6 internal error (a bug: please report "
-                   "it); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM")
+                   "it); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM; 141 standard output closed by its "
+                   "reader (piped into head)")
 
 #: One example a command's help shows (every one runs on the bundled data, from a clone's root).
 EXAMPLES = {
@@ -555,6 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _command_setup(args), _no_new_empty_out(args), signals_interrupt(), command_reporting(quiet):
             return args.fn(args)
+    except BrokenPipeError:
+        if not _stdout_closed():
+            return _failed(BrokenPipeError(), args)
+        # the reader of stdout left (`topdown ... | head`): stop quietly, as a Unix tool killed by SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit writes nothing
+        return EXIT_CLOSED_PIPE
     except KeyboardInterrupt as exc:  # Interrupted, or a KeyboardInterrupt raised elsewhere
         signum = getattr(exc, "signum", signal.SIGINT)
         name = signal.Signals(signum).name
@@ -564,6 +587,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
     except Exception as exc:
         return _failed(exc, args)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has closed it."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout
+        return False
 
 
 @contextmanager

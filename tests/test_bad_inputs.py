@@ -243,7 +243,7 @@ CASES = [
          toml=DEMO + '[persons.constraints]\nBlock = ["hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0", "hh_lb_occupied"]\n'),
     # ---- configuration (exit 2) ----------------------------------------------------------------
     Case("malformed_toml", EXIT_CONFIG, ("bad.toml", "not valid TOML"), toml=DEMO + "[run\nname = 'x'\n"),
-    Case("unknown_key", EXIT_CONFIG, ("run.nmae", "Extra inputs are not permitted"), toml=DEMO + '[run]\nnmae = "x"\n'),
+    Case("unknown_key", EXIT_CONFIG, ("run.nmae", "unknown key", "did you mean 'name'"), toml=DEMO + '[run]\nnmae = "x"\n'),
     Case("unknown_preset", EXIT_CONFIG, ("no_such_preset", "no such configuration file or shipped preset"),
          extra={"config": "no_such_preset"}),
     Case("float_budget", EXIT_CONFIG, ("persons.budget.levels.US", "exact fractions"),

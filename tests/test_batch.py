@@ -5,14 +5,18 @@ The batch connects to the session's cluster (``scheduler`` in the jobs file) ins
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from rel_inputs import leaked_secrets
+from topdown.pipeline.execution import batch
 from topdown.pipeline.execution.batch import Batch, Job, expected, load_jobs, plan
 from topdown.pipeline.execution.cluster import credential_flags
+from topdown.pipeline.execution.progress import Reporter, reporting
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.execution.rundir import RunDir, RunDirError, sha256_file
@@ -56,7 +60,11 @@ verify = false
 
 
 def _first_batch(tmp_path: Path, jobs: Path) -> dict:
-    assert Batch(jobs).run() == EXIT_CONFIG  # the first failed job's exit code
+    bars, n = io.StringIO(), len(load_jobs(jobs).job)
+    with reporting(Reporter(file=bars)), mock.patch.object(batch, "TICK", 0.5):
+        assert Batch(jobs).run() == EXIT_CONFIG  # the first failed job's exit code
+    # a bar of the jobs finished, naming the running ones with their time so far
+    assert "batch: 100%" in bars.getvalue() and f"{n}/{n} jobs" in bars.getvalue() and "again 0m0" in bars.getvalue()
     summary = json.loads((tmp_path / "jobs.summary.json").read_text())
     by_name = {r["name"]: r for r in summary["jobs"]}
     assert summary["status"] == "failed" and summary["exit_code"] == EXIT_CONFIG
@@ -66,6 +74,11 @@ def _first_batch(tmp_path: Path, jobs: Path) -> dict:
     assert "verify: OK" in (tmp_path / "jobs.logs" / "again.log").read_text()
     for r in summary["jobs"]:
         assert r["wall_seconds"] >= 0 and r["cpu_seconds"] >= 0 and r["action"] == "run"
+    # a job's CPU: its processes' and the cluster workers' while it ran (a reprocessing's solves run there)
+    again = by_name["again"]
+    assert again["driver_cpu_seconds"] > 0 and again["workers_cpu_seconds"] > 0
+    assert again["cpu_seconds"] == pytest.approx(again["driver_cpu_seconds"] + again["workers_cpu_seconds"], abs=0.01)
+    assert summary["cluster"]["workers"] == 2 and summary["cluster"]["cpu_seconds"] >= again["workers_cpu_seconds"] > 0
     return by_name
 
 

@@ -9,6 +9,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -238,9 +239,11 @@ def test_synth_writes_the_declared_columns_and_ranges(inputs, name):
     top = h.levels[1]
     parts = {f.parent.name for f in files}
     codes = persons[h.geocode].str[:top.width] if h.by_prefix else persons[top.column]
-    assert parts == {f"{top.column or top.name.lower()}={c}" for c in codes.unique()}   # hive-partitioned by the first level
+    hive = f"{top.name.lower()}=" if h.by_prefix else ""       # a column hierarchy's records hold the level's column
+    assert parts == {f"{hive}{c}" for c in codes.unique()}                    # partitioned by the first level
+    assert len(pd.read_parquet(inputs[name] / "persons")) == SMALL[name]     # pandas reads the folder as one table
     for f in files:                                                          # each file holds its partition only
-        value = f.parent.name.split("=", 1)[1]
+        value = f.parent.name.split("=", 1)[-1]
         t = pq.read_table(f, columns=[h.geocode if h.by_prefix else top.column]).column(0).to_pylist()
         assert {c[:top.width] if h.by_prefix else c for c in t} == {value}
     assert (inputs[name] / "units").is_dir() == (census.units is not None)

@@ -1,6 +1,7 @@
 """evaluate() on a hand-made run directory of four blocks (pipeline/evaluation/evaluate.py)."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from conftest import DATA
 from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, entities_on_spine, evaluate,
                                                   load_entities)
+from topdown.pipeline.execution.progress import Reporter, reporting
 from topdown.pipeline.execution.rundir import RunDirError, write_table
 from topdown.pipeline.configuration.census import PERSONS
 
@@ -151,6 +153,20 @@ def test_evaluate_default_out_and_figures(setup):
     body = (out / "report.html").read_text()
     assert "data:image/png;base64" in body and "trade-off figure is left out" in body
     assert pd.read_parquet(out / "replicates.parquet").empty  # one run: no spread
+
+
+def test_evaluate_shows_progress_until_it_ends(setup, tmp_path: Path):
+    """After the groups' tasks the driver merges every level's tables (errors, empirical privacy loss) and writes
+    the tables, figures and report: each phase has a bar, so the command is never silent for long."""
+    truth, run_a, run_b, _ = setup
+    bars = io.StringIO()
+    with reporting(Reporter(file=bars)):
+        evaluate([run_a, run_b], truth, out=tmp_path / "eval", options=EvalOptions(sampling_rates=(0.5,)))
+    text = bars.getvalue()
+    merged = 2 * len(LEVELS) + len(LEVELS)  # two runs' levels and one sampling replicate's
+    assert "merge the groups' tables: 100%" in text and f"{merged}/{merged} levels" in text, text
+    assert "write the evaluation: 100%" in text and "3/3 steps" in text
+    assert all(step in text for step in ("tables]", "figures]", "report]"))
 
 
 def test_evaluate_is_confidential_and_suppresses_small_statistics(setup, tmp_path: Path):

@@ -201,7 +201,7 @@ SLOW = pytest.mark.slow
      "ingest pl94", "steps"),
     (["uncertainty", "{run}", "--out", "{tmp}/u.parquet", "--levels", "Tract"], "uncertainty persons Block (pass 2)",
      "tasks"),
-    pytest.param(["evaluate", "{run}", "--truth", "{truth}", "--out", "{tmp}/ev"], "evaluate runs and samples", "tasks",
+    pytest.param(["evaluate", "{run}", "--truth", "{truth}", "--out", "{tmp}/ev"], "write the evaluation", "steps",
                  marks=SLOW),
     pytest.param(["replicates", "{run}", "--n", "1", "--out", "{tmp}/rep"], "replicates", "replicates", marks=SLOW),
     pytest.param(["audit", "demo", "--input", "{truth}", "--move", "440070001023003:440070001011006", "--runs", "2",

@@ -20,7 +20,11 @@ CROSS = " * "
 
 
 class QueryError(ValueError):
-    """An unknown or malformed query name."""
+    """An unknown or malformed query name; for an unknown term, the ``term`` and the ``known`` ones."""
+
+    def __init__(self, message: str, term: str | None = None, known: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.term, self.known = term, known
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,7 +179,8 @@ def _axis_factor(schema: Schema, term: str) -> tuple[int, list[tuple[int, ...]]]
         dim, groups = schema.recodes[term]
         return schema.axis(dim), [tuple(g) for g in groups]
     known = sorted(set(schema.dim_names) | set(schema.recodes) | {"total", "detailed"})
-    raise QueryError(f"unknown query term {term!r} for schema {schema.name!r}; known terms: {', '.join(known)}")
+    raise QueryError(f"unknown query term {term!r} for schema {schema.name!r}; known terms: {', '.join(known)}",
+                     term, tuple(known))
 
 
 def canonical_name(name: str) -> str:

@@ -21,7 +21,7 @@ from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MA
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean, query_hint, toml_files_beside
 
 #: The census a run uses when its configuration names none (P.L. 94-171, ``conf/census/pl94.toml``).
 DEFAULT_CENSUS = "pl94"
@@ -41,21 +41,24 @@ def census_presets() -> list[str]:
     return sorted(p.stem for p in census_dir().glob("*.toml"))
 
 
-def census_path(path_or_preset: str | Path) -> Path:
-    """A declaration file as given, or the shipped preset of that name."""
+def census_path(path_or_preset: str | Path, where: str | None = None) -> Path:
+    """A declaration file as given, or the shipped preset of that name; ``where`` (``"FILE: run.census"``,
+    ``"--census"``) starts the error's message."""
     p = Path(path_or_preset)
     if p.is_file():
         return p
     candidate = census_dir() / (p.name if p.suffix == ".toml" else p.name + ".toml")
     if candidate.is_file():
         return candidate
-    raise ConfigError(f"{path_or_preset}: no such census declaration file or preset (presets: "
-                      f"{', '.join(census_presets())})")
+    shown = f"{where} {str(path_or_preset)!r}" if where else str(path_or_preset)
+    raise ConfigError(f"{shown}: no such census declaration file or preset (presets: {', '.join(census_presets())})"
+                      + did_you_mean(path_or_preset, [*census_presets(), *toml_files_beside(p)]))
 
 
-def load_census(path_or_preset: str | Path) -> Census:
-    """Read and check a census declaration: a TOML file with a ``[census]`` table, or a preset name."""
-    p = census_path(path_or_preset)
+def load_census(path_or_preset: str | Path, where: str | None = None) -> Census:
+    """Read and check a census declaration: a TOML file with a ``[census]`` table, or a preset name (``where``:
+    see :func:`census_path`)."""
+    p = census_path(path_or_preset, where)
     return _load_file(str(p.resolve()))
 
 
@@ -96,9 +99,10 @@ class _Reader:
     def __init__(self, source: str):
         self.source = source
 
-    def fail(self, key: str, problem: str, value: Any = _UNSET) -> ConfigError:
+    def fail(self, key: str, problem: str, value: Any = _UNSET, hint: str = "") -> ConfigError:
+        """The error at ``key``, the offending ``value`` shown, then the ``hint`` (:func:`did_you_mean`)."""
         shown = "" if value is _UNSET else f" (got {_short(value)})"
-        return ConfigError(f"{self.source}: {key}: {problem}{shown}")
+        return ConfigError(f"{self.source}: {key}: {problem}{shown}{hint}")
 
     def table(self, data: Any, key: str, allowed: tuple[str, ...] | None = None) -> dict:
         if not isinstance(data, dict):
@@ -106,7 +110,7 @@ class _Reader:
         if allowed is not None:
             for k in data:
                 if k not in allowed:
-                    raise self.fail(f"{key}.{k}", f"unknown key (known: {', '.join(allowed)})")
+                    raise self.fail(f"{key}.{k}", f"unknown key (known: {', '.join(allowed)}){did_you_mean(k, allowed)}")
         return data
 
     def string(self, data: Any, key: str) -> str:
@@ -291,7 +295,8 @@ def _recode(r: _Reader, data: Any, key: str, sizes: dict[str, int]) -> tuple[str
     data = r.table(data, key, ("attribute", "groups"))
     attr = data.get("attribute")
     if attr not in sizes:
-        raise r.fail(f"{key}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr)
+        raise r.fail(f"{key}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr,
+                     did_you_mean(attr, sizes))
     groups, seen = [], set()
     for i, group in enumerate(r.items(data.get("groups"), f"{key}.groups")):
         levels = _levels(r, group, f"{key}.groups[{i}]", attr, sizes[attr])
@@ -311,7 +316,7 @@ def _query(r: _Reader, schema: Schema, query: Any, key: str):
     try:
         return build_query(schema, text)
     except QueryError as exc:
-        raise r.fail(key, str(exc), text) from None
+        raise r.fail(key, str(exc), text, query_hint(exc)) from None
 
 
 def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
@@ -353,7 +358,7 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
             for attr, levels in where.items():
                 if attr not in sizes:
                     raise r.fail(f"{ckey}.zero_where.{attr}", f"unknown attribute (attributes: {', '.join(sizes)})",
-                                 attr)
+                                 attr, did_you_mean(attr, sizes))
                 term = f"{cname}.{attr}"
                 recodes[term] = (attr, (_levels(r, levels, f"{ckey}.zero_where.{attr}", attr, sizes[attr]),))
                 terms.append(term)
@@ -377,7 +382,8 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
             raise r.fail(bkey, "unit bounds need unit records: declare [census.units]")
         attr = bdata.get("attribute")
         if attr not in sizes:
-            raise r.fail(f"{bkey}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr)
+            raise r.fail(f"{bkey}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr,
+                         did_you_mean(attr, sizes))
         lists = {}
         for field in ("min_per_unit", "cap"):
             values = r.items(bdata.get(field), f"{bkey}.{field}")

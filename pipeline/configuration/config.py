@@ -23,7 +23,8 @@ import json
 import sys
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, SerializerFunctionWrapHandler,
                       SkipValidation, Strict, ValidationError, model_serializer, model_validator)
@@ -37,7 +38,7 @@ from topdown.pipeline.privacy.budget import INFINITE, KINDS, Budget, Rho
 from topdown.vocab.census import Census, Hierarchy, Product
 
 from .census import DEFAULT_CENSUS, census_from_dict, load_census, read_as_declared
-from .errors import ConfigError
+from .errors import ConfigError, closest, did_you_mean, toml_files_beside
 
 
 def parse_fraction(value: Any) -> Fraction:
@@ -277,7 +278,7 @@ class Config(_Strict):
                 raise ConfigError(f"{source}: [run] census and a [census] table: declare the census one way")
             census = census_from_dict(table if isinstance(table, dict) else {}, source=source)
         else:
-            census = load_census(_census_location(run.get("census", DEFAULT_CENSUS), source))
+            census = load_census(_census_location(run.get("census", DEFAULT_CENSUS), source), f"{source}: run.census")
         names = [p.name for p in census.products]
         run.setdefault("products", names[:1])
         products = dict(data.pop("products", {}) or {})
@@ -288,7 +289,7 @@ class Config(_Strict):
         for key in data:
             if key not in ("run", "source", "census_table"):
                 raise ConfigError(f"{source}: [{key}]: not a product of census {census.name!r} (products: "
-                                  f"{', '.join(names)})")
+                                  f"{', '.join(names)}){did_you_mean(key, [*names, 'run', 'census'])}")
         return {**data, "run": run, "products": products, "census": census, "census_table": table}
 
     @model_validator(mode="after")
@@ -298,7 +299,7 @@ class Config(_Strict):
         for product in self.run.products:
             if product not in names:
                 raise ConfigError(f"{self.source}: run.products: {product!r} is not a product of census "
-                                  f"{self.census.name!r} (products: {', '.join(names)})")
+                                  f"{self.census.name!r} (products: {', '.join(names)}){did_you_mean(product, names)}")
             if product not in self.products:
                 raise ValueError(f"run.products lists {product!r} but there is no [{product}] table")
         levels = self.census.hierarchy.names
@@ -310,16 +311,16 @@ class Config(_Strict):
                 for level in by_level:
                     if level not in levels:
                         raise ConfigError(f"{self.source}: {product}.{key}.{level}: unknown level (levels of census "
-                                          f"{self.census.name!r}: {', '.join(levels)})")
+                                          f"{self.census.name!r}: {', '.join(levels)}){did_you_mean(level, levels)}")
             for table, known in (("constraints", spec.constraints), ("invariants", spec.invariants)):
                 for level, listed in getattr(cfg, table).items():
                     if level not in levels:
                         raise ConfigError(f"{self.source}: [{product}.{table}] names level {level!r}; levels are "
-                                          f"{', '.join(levels)}")
+                                          f"{', '.join(levels)}{did_you_mean(level, levels)}")
                     for name in listed:
                         if name not in known:
                             raise ConfigError(f"{self.source}: [{product}.{table}].{level}: unknown {table[:-1]} "
-                                              f"{name!r}; known: {', '.join(known)}")
+                                              f"{name!r}; known: {', '.join(known)}{did_you_mean(name, known)}")
         if self.run.spine != "standard" and not self.census.hierarchy.us:
             raise ConfigError(f"{self.source}: run.spine = {self.run.spine!r} is a U.S. spine (AIAN areas, block "
                               f"assignment files); census {self.census.name!r}'s hierarchy is not the U.S. one "
@@ -412,6 +413,11 @@ def preset_dir() -> Path:
     return Path(__import__("topdown.conf", fromlist=["__file__"]).__file__).parent
 
 
+def preset_names() -> list[str]:
+    """The shipped presets' names (``demo``, ``pl94_production_2021``...)."""
+    return sorted(q.stem for q in preset_dir().glob("*.toml"))
+
+
 def resolve_config_path(path: str | Path) -> Path:
     """A config path as given, or the name of a shipped preset (``demo``, ``pl94_production_2021``...)."""
     p = Path(path)
@@ -422,14 +428,15 @@ def resolve_config_path(path: str | Path) -> Path:
         return candidate
     if p.exists():
         raise ConfigError(f"{path}: cannot read the configuration: not a file (a TOML file or a preset name)")
-    raise ConfigError(f"{path}: no such configuration file or shipped preset (presets: "
-                      f"{', '.join(sorted(q.stem for q in preset_dir().glob('*.toml')))})")
+    presets = preset_names()
+    raise ConfigError(f"{path}: no such configuration file or shipped preset (presets: {', '.join(presets)})"
+                      + did_you_mean(path, [*presets, *toml_files_beside(p)]))
 
 
 def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
     """A TOML file with ``include`` resolved (relative to the file, then the shipped presets).
 
-    ``include`` must name one ``.toml`` file; an include cycle is refused."""
+    ``include`` names one ``.toml`` file or a shipped preset (``"demo"``); an include cycle is refused."""
     chain = (*_chain, path.resolve())
     try:
         data = tomllib.loads(path.read_text())
@@ -439,9 +446,11 @@ def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: cannot read the configuration ({exc})") from None
     include = data.pop("include", None)
     if include is not None:
-        if not isinstance(include, str) or not include.endswith(".toml"):
-            raise ConfigError(f"{path}: key 'include' must name a .toml file, such as \"demo.toml\" (got {include!r})")
-        inc = path.parent / include
+        presets = preset_names()
+        if not isinstance(include, str) or not (include.endswith(".toml") or include in presets):
+            raise ConfigError(f"{path}: key 'include' must name a .toml file or a shipped preset, such as \"demo\" "
+                              f"(got {include!r}){did_you_mean(include, presets)}")
+        inc = path.parent / include if include.endswith(".toml") else preset_dir() / f"{include}.toml"
         if not inc.exists():
             inc = resolve_config_path(include)
         if inc.resolve() in chain:
@@ -455,12 +464,46 @@ def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
     return data
 
 
-def _format_validation_error(path: Path | str, exc: ValidationError) -> str:
-    """One line for one error, else a header and one indented line per error."""
+def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys the table at ``loc`` (a pydantic error's location in ``model``) takes; [] where it takes any."""
+    annotation: Any = model
+    for part in (*loc, None):
+        while get_origin(annotation) in (Annotated, Union, UnionType):  # X | None, Annotated[X, ...]: X
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            annotation = args[0] if get_origin(annotation) is Annotated or len(args) == 1 else None
+        if part is None:
+            break
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            annotation = field.annotation if field is not None else None
+        elif get_origin(annotation) in (dict, list):  # part is a key or an index
+            annotation = get_args(annotation)[-1]
+        else:
+            return []
+    return list(annotation.model_fields) if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+
+
+def _format_validation_error(path: Path | str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line for one error, else a header and one indented line per error. Keys are named as written in the
+    file (a product's table is ``[persons]``, not ``products.persons``); a misspelt key gets the closest key of its
+    table (``model``'s, default :class:`Config`), and the required key it was meant for is not reported missing."""
+    model = model or Config
+    errors = exc.errors()
+    meant = set()
+    for err in errors:
+        if err["type"] == "extra_forbidden":
+            meant.add((*err["loc"][:-1], closest(err["loc"][-1], _keys_at(model, err["loc"][:-1]))))
     lines = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    for err in errors:
+        where = err["loc"][1:] if model is Config and err["loc"][:1] == ("products",) else err["loc"]
+        loc = ".".join(str(x) for x in where) or "(top level)"
         got = err.get("input")
+        if err["type"] == "extra_forbidden":
+            known = _keys_at(model, err["loc"][:-1])
+            lines.append(f"{loc}: unknown key (known: {', '.join(known)}){did_you_mean(err['loc'][-1], known)}")
+            continue
+        if err["type"] == "missing" and tuple(err["loc"]) in meant:
+            continue
         shown = f" (got {got!r})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
         lines.append(f"{loc}: {err['msg']}{shown}")
     if len(lines) == 1:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .config import Config, ConfigError, waiver_hint
+from .errors import query_hint
 from ..privacy.accounting import check_noise
 from topdown.vocab.queries import QueryError, build_query
 from ..inputs.ingest import derived_units
@@ -53,7 +54,7 @@ def check_pass_queries(config: Config) -> None:
                             build_query(spec.schema, name)
                         except QueryError as exc:
                             raise ConfigError(f"{config.source}: [{product}.estimation.{table}].{level}, pass {i}: "
-                                              f"{exc}") from None
+                                              f"{exc}{query_hint(exc)}") from None
 
 
 def check_backend(config: Config) -> None:

@@ -11,6 +11,7 @@ import base64
 import html
 import io
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -424,9 +425,11 @@ def _figure_html(name: str, png: bytes, caption: str) -> str:
 
 
 def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], figures: bool = True,
-                 suppressed: bool = True, extra: tuple[dict[str, tuple[bytes, str]], str] | None = None) -> Path:
+                 suppressed: bool = True, extra: tuple[dict[str, tuple[bytes, str]], str] | None = None,
+                 step: Callable[[str], None] = lambda name: None) -> Path:
     """Write the PNG figures and report.html (figures embedded as data URIs, each with its caption) into
-    ``out``; ``extra``: more figures (name -> PNG, caption) and HTML (the uncertainty intervals)."""
+    ``out``; ``extra``: more figures (name -> PNG, caption) and HTML (the uncertainty intervals). ``step`` is
+    called with "report" once the figures are drawn (a progress bar's next step)."""
     imgs: dict[str, tuple[bytes, str]] = {}
     notes: list[str] = []
     if figures:
@@ -440,6 +443,8 @@ def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], 
             (out / f"{name}.png").unlink(missing_ok=True)
     for name, (png, _) in imgs.items():
         (out / f"{name}.png").write_bytes(png)
+    if figures:
+        step("report")
     small = (f"Statistics over fewer than {MIN_NODES} geounits are suppressed: their cells say '{SUPPRESSED}'."
              if suppressed else f"Statistics over fewer than {MIN_NODES} geounits are NOT suppressed "
              "(--no-suppress): they can pin down true counts.")

@@ -62,7 +62,7 @@ from topdown.geo.spine import PREFIX, STATE
 from topdown.vocab.queries import build_query
 from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
-from ..execution.progress import compute
+from ..execution.progress import Steps, compute, reporter
 from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
 from ..outputs.verify import _Groups, _records
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
@@ -644,6 +644,9 @@ def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict]
     """The tables from the groups' parts; the root level from the groups' root rows and the root estimates."""
     out: dict[str, list] = {k: [] for k in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl")}
     run_results = []
+    progress = reporter()  # a bar over the levels merged (their errors and empirical privacy loss take a while)
+    bar = progress.bar("merge the groups' tables", sum(len(p.products) * len(p.levels) for p in plans)
+                  + (len(sampling.draws) * len(plans[0].levels) if sampling is not None else 0), "levels")
     for i, (head, plan) in enumerate(zip(heads, plans)):
         replicates: dict[tuple[str, str, str], pd.Series] = {}
         top = plan.levels[0]
@@ -660,6 +663,8 @@ def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict]
                     part = _merge_levels([p["runs"][(i, product, level)] for p in parts])
                 _level_rows(plan.label, plan.seed, spec, level, part, edges, eps, opts, out)
                 replicates.update({(product, level, name): s for name, s in part.replicates.items()})
+                progress.check()
+                bar.update(1)
             if person_metrics and kinds:
                 out["entities"] += _entity_tables(plan.label, plan.seed, [p["entities"][i] for p in parts], kinds, opts)
         run_results.append({"replicates": replicates, "label": plan.label})
@@ -683,6 +688,9 @@ def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict]
                                  "median_abs_error": s["median_abs_error"],
                                  "mean_abs_cell_error": s["mean_abs_cell_error"], "status": e["status"],
                                  "epl": e["epl"], "epl_lo": e["epl_lo"], "epl_hi": e["epl_hi"]})
+                progress.check()
+                bar.update(1)
+    progress.close(bar)
     tables["sampling"] = _frame([pd.DataFrame(rows)] if rows else [])
     return tables, run_results
 
@@ -774,6 +782,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
             tables, run_results = _evaluate_grouped(heads, Path(truth), ent, private_dir(tmp), client, opts)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        steps = Steps("write the evaluation", 2 + bool(opts.figures) + (opts.uncertainty is not None))
+        steps.start("tables")
         tables["replicates"] = replicate_spread(run_results)  # protected estimates only: nothing to suppress
         if opts.suppress:
             for name in ("summary", "errors_by_bin", "blau", "homogeneity", "entities", "epl", "sampling"):
@@ -782,8 +792,14 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
             tables["audit"] = load_audit(Path(audit))
         for name, frame in tables.items():
             write_table(frame, out / f"{name}.parquet")
-        extra = _intervals(runs[0], truth, entities, opts, out) if opts.uncertainty is not None else None
-        write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra)
+        extra = None
+        if opts.uncertainty is not None:
+            steps.start("intervals")
+            extra = _intervals(runs[0], truth, entities, opts, out)
+        steps.start("figures" if opts.figures else "report")
+        write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra,
+                     step=steps.start)
+        steps.close()
     return seal(out)
 
 

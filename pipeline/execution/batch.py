@@ -27,6 +27,12 @@ Each job is its own process, so a failing job does not stop the others. One batc
 file: a second one exits with code 4 (or waits, ``--wait SECONDS``). The summary (JSON, rewritten
 atomically as jobs finish) gives per job its status, action, exit code, wall and CPU seconds and log.
 The batch's exit code is 0 when every job succeeded or was skipped, else the first failed job's code.
+
+A job's CPU seconds are its own processes' (``driver_cpu_seconds``: the ``topdown run``/``reprocess`` and
+``verify`` processes) plus the cluster workers' while it ran (``workers_cpu_seconds``: each worker asked for its
+process's CPU time as the job starts and ends; with ``concurrent`` above 1 this includes the jobs that ran beside
+it, which the summary's ``cluster.cpu_seconds`` counts once). While jobs run, a bar counts the finished ones and
+names the running ones with their time so far.
 """
 from __future__ import annotations
 
@@ -39,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -49,11 +55,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..configuration.config import ConfigError, _format_validation_error, read_toml
 from .cluster import credential_flags, tls_security
 from .rundir import RunDir, RunDirError, write_json_atomic
+from .progress import reporter
 from .signals import Interrupted, signals_interrupt
 
 log = logging.getLogger("topdown")
 
 EXIT_OK, EXIT_RUNDIR, EXIT_INTERRUPTED = 0, 4, 130
+#: Seconds between refreshes of the batch's bar (the running jobs' times).
+TICK = 10.0
+#: The CPU of a job that ran nothing (skipped or refused).
+_NO_CPU = {"cpu_seconds": 0.0, "driver_cpu_seconds": 0.0, "workers_cpu_seconds": 0.0}
 
 
 class _Strict(BaseModel):
@@ -94,7 +105,7 @@ def load_jobs(path: Path) -> JobsFile:
     try:
         jobs = JobsFile.model_validate(read_toml(path))
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(path, exc)) from None
+        raise ConfigError(_format_validation_error(path, exc, JobsFile)) from None
     names = [j.name for j in jobs.job]
     outs = [str((path.parent / j.out).resolve()) for j in jobs.job]
     for values, what in ((names, "name"), (outs, "out")):
@@ -214,6 +225,7 @@ class Batch:
         self.tls_flags: list[str] = []  # the --tls-* flags that let a job join the batch's cluster
         self.lock = threading.Lock()
         self.summary: dict = {}
+        self.running: dict[str, float] = {}  # the running jobs' names and start times (perf_counter)
 
     def _write(self) -> None:
         with self.lock:
@@ -227,7 +239,7 @@ class Batch:
         target = (self.base / job.input).resolve()
         return [d for d, j in enumerate(self.jobs.job[:i]) if (self.base / j.out).resolve() == target]
 
-    def _job(self, i: int, scheduler: str | None, workers: int | None) -> None:
+    def _job(self, i: int, client, scheduler: str | None, workers: int | None) -> None:
         job, rec = self.jobs.job[i], self.records[i]
         try:
             for d in self._dependencies(i):
@@ -239,11 +251,11 @@ class Batch:
             action, flags = plan(job, self.base)
             rec.update(action=action, started=_now())
             if action == "skip":
-                rec.update(status="skipped", exit_code=EXIT_OK, wall_seconds=0.0, cpu_seconds=0.0,
+                rec.update(status="skipped", exit_code=EXIT_OK, wall_seconds=0.0, **_NO_CPU,
                            message="output complete with the same configuration and input hashes")
                 return
             if action == "refuse":
-                rec.update(status="failed", exit_code=EXIT_RUNDIR, wall_seconds=0.0, cpu_seconds=0.0,
+                rec.update(status="failed", exit_code=EXIT_RUNDIR, wall_seconds=0.0, **_NO_CPU,
                            message=f"{rec['out']} holds a complete run of another configuration or input; a new run "
                                    "draws new noise (a new release): set force = true in the job to recompute it")
                 return
@@ -252,21 +264,28 @@ class Batch:
             self.logs.mkdir(parents=True, exist_ok=True)
             logfile = self.logs / f"{job.name}.log"
             rec["log"] = str(logfile)
-            t = time.perf_counter()
+            log.info("batch: job %s started (%s)", job.name, action)
+            t, workers0 = time.perf_counter(), _workers_cpu(client)
+            self.running[job.name] = t
             code, cpu = _run_process(command(job, self.base, scheduler, workers, flags + self.tls_flags), logfile,
                                      self.procs, self.lock)
             if code == 0 and job.verify:
                 code, vcpu = _run_process([sys.executable, "-m", "topdown.pipeline.cli", "verify", rec["out"]],
                                           logfile, self.procs, self.lock)
                 cpu += vcpu
+            worker_cpu = _cpu_since(client, workers0)
             rec.update(status="complete" if code == 0 else "failed", exit_code=code,
-                       wall_seconds=round(time.perf_counter() - t, 3), cpu_seconds=round(cpu, 3))
+                       wall_seconds=round(time.perf_counter() - t, 3), cpu_seconds=round(cpu + (worker_cpu or 0), 3),
+                       driver_cpu_seconds=round(cpu, 3),
+                       workers_cpu_seconds=None if worker_cpu is None else round(worker_cpu, 3))
+            log.info("batch: job %s %s in %.0fs (exit code %d)", job.name, rec["status"], rec["wall_seconds"], code)
             if code != 0:
                 rec["message"] = _last_error(logfile)
         except Exception as exc:  # noqa: BLE001  a bug here must not stop the other jobs
             rec.update(status="failed", exit_code=6, message=f"batch: {type(exc).__name__}: {exc}")
         finally:
             rec["finished"] = _now()
+            self.running.pop(job.name, None)
             self.done[job.name].set()
             self._write()
 
@@ -321,13 +340,20 @@ class Batch:
         """Every job on the cluster of ``client``, ``cfg.concurrent`` at a time; when a signal stopped the batch,
         its exit code (130 SIGINT, 143 SIGTERM), else None."""
         address = client.scheduler.address
-        pids = _worker_pids(client)
-        cpu0 = _cpu(pids)
-        self.summary["cluster"] = {"scheduler": address, "workers": len(pids)}
+        cpu0 = _workers_cpu(client)
+        self.summary["cluster"] = {"scheduler": address, "workers": len(cpu0)}
         pool = ThreadPoolExecutor(max_workers=cfg.concurrent)
-        futures = [pool.submit(self._job, i, address, None) for i in range(len(self.records))]
+        futures = [pool.submit(self._job, i, client, address, None) for i in range(len(self.records))]
         stopped = None
+        progress = reporter()
+        bar = progress.bar("batch", len(futures), "jobs")
         try:
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=TICK)
+                bar.update(len(finished))
+                now = time.perf_counter()
+                bar.set_postfix_str(", ".join(f"{name} {_clock(now - t)}" for name, t in list(self.running.items())))
             for f in futures:
                 f.result()
         except KeyboardInterrupt as exc:  # Interrupted (signals_interrupt), or a KeyboardInterrupt raised elsewhere
@@ -340,7 +366,9 @@ class Batch:
             for event in self.done.values():
                 event.set()
         pool.shutdown(wait=True)
-        self.summary["cluster"]["cpu_seconds"] = round(_cpu(pids) - cpu0, 3)
+        progress.close(bar)
+        cpu = _cpu_since(client, cpu0)
+        self.summary["cluster"]["cpu_seconds"] = None if cpu is None else round(cpu, 3)
         return stopped
 
 
@@ -348,31 +376,36 @@ def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _worker_pids(client) -> list[int]:
+def _clock(seconds: float) -> str:
+    """``12m04s``."""
+    return f"{int(seconds) // 60}m{int(seconds) % 60:02d}s"
+
+
+def _process_cpu() -> float:
+    """This process's CPU seconds, user and system (run on each worker)."""
+    return time.process_time()
+
+
+def _workers_cpu(client) -> dict[str, float]:
+    """The CPU seconds each worker process of ``client``'s cluster has used, by worker address ({} when the
+    workers cannot be asked)."""
     try:
-        return list(client.run(os.getpid).values())
-    except Exception:  # noqa: BLE001  a remote cluster: its CPU is not measured here
-        return []
+        return client.run(_process_cpu)
+    except Exception:  # noqa: BLE001  a cluster closing or unreachable: its CPU is not measured
+        return {}
 
 
-def _cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) the worker processes have used, where they run on this machine."""
-    import psutil
-
-    total = 0.0
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-        except (psutil.Error, OSError):
-            pass
-    return total
+def _cpu_since(client, before: dict[str, float]) -> float | None:
+    """The workers' CPU seconds since ``before`` (:func:`_workers_cpu`); a worker started since counts whole, the
+    CPU of one that has gone is lost; None when the workers cannot be asked."""
+    now = _workers_cpu(client)
+    return sum(cpu - before.get(address, 0.0) for address, cpu in now.items()) if now else None
 
 
 def render(summary: dict) -> str:
     """A short text table of a batch summary."""
     lines = [f"batch {summary.get('status')}: exit code {summary.get('exit_code')}, "
-             f"{summary.get('wall_seconds', 0):.1f}s, cluster CPU {summary.get('cluster', {}).get('cpu_seconds', 0):.1f}s"]
+             f"{summary.get('wall_seconds', 0):.1f}s, cluster CPU {summary.get('cluster', {}).get('cpu_seconds') or 0:.1f}s"]
     for r in summary["jobs"]:
         lines.append(f"  {r['name']:20s} {r['kind']:9s} {r.get('action', '-'):7s} {r['status']:9s} "
                      f"exit {r.get('exit_code', '-')!s:4s} {r.get('wall_seconds', 0):8.1f}s"

@@ -10,8 +10,10 @@ certificate and key (``--tls-ca-file``, ``--tls-cert``, ``--tls-key``, or the Da
 """
 from __future__ import annotations
 
+import ast
 import logging
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +99,50 @@ def workers_ignore_stop_signals() -> Iterator[None]:
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def _is_main_guard(node: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` (either side first)."""
+    if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+        return False
+    sides = [node.test.left, *node.test.comparators]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+def _guarded(tree: ast.Module, line: int) -> bool:
+    """Whether ``line`` of the module lies in the body of an ``if __name__ == "__main__":``."""
+    return any(_is_main_guard(node) and any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in node.body)
+               for node in ast.walk(tree))
+
+
+def check_main_guarded() -> None:
+    """Refuse (:class:`ConfigError`, before anything starts) an embedded cluster started by a script's top-level
+    code outside ``if __name__ == "__main__":``. Dask starts the cluster's workers with multiprocessing's
+    ``spawn``, which imports the script again in every worker: unguarded, each worker would run the script's
+    calls too (start a run, wait for it, find the run directory locked) and never start. A notebook, ``python
+    -c`` and an interactive session have no script to import; guarded code and code in imported modules are
+    not run again."""
+    import dask
+
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None) is None or dask.config.get(
+            "distributed.worker.multiprocessing-method", "spawn") not in ("spawn", "forkserver"):
+        return
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:  # the script's top level has finished (a thread it left running)
+        return
+    script = frame.f_code.co_filename
+    try:
+        tree = ast.parse(Path(script).read_text(), script)
+    except (OSError, SyntaxError, ValueError):
+        return
+    if not _guarded(tree, frame.f_lineno):
+        raise ConfigError(f"{script}, line {frame.f_lineno}: the embedded Dask cluster's worker processes import "
+                          f"this script again, so its top-level code would run in each of them: put the script's "
+                          f"calls under `if __name__ == \"__main__\":`")
 
 
 def tls_security(ca_file: str | None = None, cert: str | None = None, key: str | None = None) -> Security | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..evaluation.replicates import replicates
 from ..evaluation.uncertainty import uncertainty
+from .cluster import check_main_guarded
 from .progress import Cancelled, Reporter, chain, reporting
 from .reprocess import reprocess
 from .runner import run
@@ -63,6 +64,8 @@ class Job:
     """One job in a background thread: ``done()``, ``cancel()``, ``result()``, ``status``, ``log``."""
 
     def __init__(self, name: str, fn: Callable[..., Any], kwargs: dict, progress: bool = True) -> None:
+        if kwargs.get("client") is None and not kwargs.get("scheduler"):  # an embedded cluster: refused at once
+            check_main_guarded()
         self.name = name
         self.log: list[str] = []  # the job's log lines (topdown logger, this job's thread)
         self._cancel = threading.Event()

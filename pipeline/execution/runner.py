@@ -26,9 +26,9 @@ from distributed import Security
 
 from topdown.geo.spine import Spine, build_spine
 
-from ..privacy.certificate import certificate, with_draws
-from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_DASHBOARD, QuietTaskErrors, check_scheduler,
-                      embedded_security, quiet_closing, workers_ignore_stop_signals)
+from ..privacy.certificate import certificate, warn_not_private, with_draws
+from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_DASHBOARD, QuietTaskErrors, check_main_guarded,
+                      check_scheduler, embedded_security, quiet_closing, workers_ignore_stop_signals)
 from ..privacy.accounting import check_budget
 from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict, declared_census,
                                     differing_keys, leaves, load_config)
@@ -147,6 +147,7 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
             yield c
         return
     check_workers(workers)
+    check_main_guarded()
     os.environ.update(SINGLE_THREAD_ENV)
     n = workers or max(1, os.cpu_count() or 1)
     dashboard = bool(dask.config.get(DASHBOARD_KEY, False))
@@ -181,7 +182,7 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
 def _level_names(config: Config, spec: Product, spine_levels: list[str]) -> None:
     product = spec.name
     cfg = config.product(product)
-    check_budget(cfg.budget, spine_levels, spec.schema, where=f"{product}.budget")
+    check_budget(cfg.budget, spine_levels, spec.schema, where=f"{config.source}: {product}.budget")
     for table in ("l2_passes", "rounder_passes"):
         passes = getattr(cfg.estimation, table)
         for level in spine_levels:
@@ -224,9 +225,12 @@ def run(
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, workers)
+    warn_not_private(config)
     bafs = [read_baf(config)]  # checked before anything is written; the spine's build takes it (_tabulate)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
         security = check_scheduler(scheduler, security)
+    if client is None and not scheduler:
+        check_main_guarded()
     out = check_out(out if out is not None else Path("runs") / config.run.name, "the run directory", is_run_dir)
     inp = _input_dir(config, input_dir)
     check_derived_units(config, find_input(inp, declared_census(config)).units)

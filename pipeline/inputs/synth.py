@@ -744,10 +744,10 @@ def _products(census: Census) -> tuple[list[Product], list[Product]]:
 
 def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str, int]:
     """Write a synthetic input of ``census``'s shape, about ``persons_per_leaf`` persons per leaf and exactly
-    ``persons`` persons: <records>/<level>=<code>/part-00000.parquet hive-partitioned by the first level below
-    the root, and the unit records alike when the census declares them; one row group per batch of leaves of
-    at most :data:`CHUNK_PERSONS` persons, so memory stays bounded whatever ``persons``. Deterministic in
-    ``seed``. ``out`` must be absent or empty; the files appear together at the end. Returns rows per file kind."""
+    ``persons`` persons: <records>/<partition>/part-00000.parquet, a partition per node of the first level below
+    the root (:func:`partition_folder`), and the unit records alike when the census declares them; one row group
+    per batch of leaves of at most :data:`CHUNK_PERSONS` persons, so memory stays bounded whatever ``persons``.
+    Deterministic in ``seed``. ``out`` must be absent or empty; the files appear together at the end. Returns rows per file kind."""
     if persons < 1:
         raise ConfigError(f"--persons must be at least 1 (got {persons})")
     out = check_out(Path(out), "the synthetic input", lambda _: False)
@@ -771,7 +771,6 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     try:
         for i, code in enumerate(tree.code[0]):
             in_part = np.flatnonzero(first == i)
-            paths = {k: staging / k / f"{top}={code}" / "part-00000.parquet" for k in kinds}
             writers: dict[str, pq.ParquetWriter] = {}
             batch_of = (np.cumsum(leaf_persons[in_part]) - 1) // CHUNK_PERSONS
             for batch in np.unique(batch_of):
@@ -780,8 +779,9 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
                 for kind, table in _batch_tables(census, people, unit_products, shapes, pop, tree, leaf, unit_attr,
                                                  rng).items():
                     if kind not in writers:
-                        paths[kind].parent.mkdir(parents=True, exist_ok=True)
-                        writers[kind] = pq.ParquetWriter(paths[kind], table.schema)
+                        folder = staging / kind / partition_folder(top, code, table.schema.names)
+                        folder.mkdir(parents=True, exist_ok=True)
+                        writers[kind] = pq.ParquetWriter(folder / "part-00000.parquet", table.schema)
                     writers[kind].write_table(table, row_group_size=max(1, table.num_rows))
                     written[kind] += table.num_rows
             for writer in writers.values():
@@ -791,6 +791,14 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def partition_folder(key: str, code: str, columns: list[str]) -> str:
+    """The folder of one partition's records: hive-style ``key=code`` (pandas and pyarrow read the folders as one
+    table with a column ``key``), or ``code`` alone when the records hold a column ``key`` already (a column
+    hierarchy's): a hive key that is also a column of the files makes pandas and pyarrow refuse the dataset
+    (the folder's value is typed as a dictionary, the files' column as a string)."""
+    return code if key in columns else f"{key}={code}"
 
 
 def _batch_tables(census: Census, people: list[Product], unit_products: list[Product], shapes: dict[str, SynthShape],

@@ -24,6 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from ..configuration.config import BudgetConfig, Config, ConfigError, shown, waiver_hint
+from ..configuration.errors import query_hint
 from .budget import MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT, PRODUCTION_MAX_RHO, Budget
 from .rng import RandomSource
 from topdown.vocab.queries import QueryError, build_query
@@ -63,7 +64,7 @@ def _check_level_queries(props: dict[str, Fraction], schema: Schema, where: str)
         try:
             query = build_query(schema, name)
         except QueryError as exc:
-            raise ConfigError(f"{entry}: {exc}") from None
+            raise ConfigError(f"{entry}: {exc}{query_hint(exc)}") from None
         if not query.is_partition:
             raise ConfigError(f"{entry}: query does not count every cell exactly once (not a partition of the "
                               f"{schema.name} cells), so its sensitivity is not that of a marginal")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import warnings
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,10 +56,11 @@ def check_path_condition(path_shares: PathShares, levels: list[str] | None = Non
             "min_share": {k: str(v) for k, v in lo.items()}, "max_share": {k: str(v) for k, v in hi.items()}}
 
 
-def _product_certificate(spec: Product, product: ProductConfig, path_shares: PathShares | None) -> dict[str, Any]:
+def _product_certificate(spec: Product, product: ProductConfig, path_shares: PathShares | None,
+                         source: str) -> dict[str, Any]:
     name, budget = spec.name, product.budget
     levels = list(budget.levels)
-    check_budget(budget, levels, spec.schema, where=f"{name}.budget")
+    check_budget(budget, levels, spec.schema, where=f"{source}: {name}.budget")
     total = budget.total
     level_rows, query_rows = [], []
     for level in levels:
@@ -132,7 +135,7 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     """
     spine_budget = spine_budget or {}
     check_noise(config)
-    entries = {p.name: _product_certificate(p, config.product(p.name), spine_budget.get(p.name))
+    entries = {p.name: _product_certificate(p, config.product(p.name), spine_budget.get(p.name), config.source)
                for p in config.run_products}
     if spine_budget:  # the nodes that hold a bypassed level's share get less noise than their level's
         check_noise(config, {name: {level: Fraction(v) for level, v in p["path_condition"]["max_share"].items()}
@@ -190,15 +193,32 @@ def write_certificate(path: Path, cert: dict[str, Any]) -> None:
     write_json_atomic(path, cert)
 
 
-#: What a test-mode run is (the CLI prints it, the certificate records it).
+#: What a test-mode run is (the run warns of it, the certificate records it).
 NOT_PRIVATE_WARNING = ("test mode: the noise is reproducible from the seed, so these outputs give NO privacy "
                        "(use mode = \"production\" for a release)")
 
 
 def waived_warning(waivers: list[str]) -> str:
-    """What a run that waives production checks is (the CLI prints it, the certificate records it)."""
+    """What a run that waives production checks is (the run warns of it, the certificate records it)."""
     return (f"[run] weaken_privacy = {waivers!r} waives production privacy checks: these outputs are NOT "
             "certified private (README, \"Test and production mode\")")
+
+
+class NotPrivateWarning(UserWarning):
+    """A run whose outputs are not certified private: test mode, or production checks waived."""
+
+
+def warn_not_private(config: Config, stacklevel: int = 2) -> None:
+    """Warn (:class:`NotPrivateWarning`) that a run of ``config`` is in test mode or waives production checks,
+    every time it is called: each run warns once, also a second one from the same line (``warnings.warn`` shows
+    a message once per place). The warning points at the caller's caller (``stacklevel``); the command line
+    prints it as one line, ``topdown: WARNING: ...``."""
+    texts = ([f"seed {config.run.seed}, {NOT_PRIVATE_WARNING}"] if config.run.mode == "test" else []) + (
+        [waived_warning(config.run.weaken_privacy)] if config.run.weaken_privacy else [])
+    frame = sys._getframe(stacklevel)
+    for text in texts:
+        warnings.warn_explicit(text, NotPrivateWarning, frame.f_code.co_filename, frame.f_lineno,
+                               module=frame.f_globals.get("__name__"), registry={})
 
 
 def draw_summary(cert: dict[str, Any]) -> dict[str, Any]:
