@@ -7,9 +7,10 @@ reads a parsed ``[census]`` table (a run configuration's inline one). Every erro
 """
 from __future__ import annotations
 
+import copy
 import math
+import os
 import re
-import tomllib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
 
 from .errors import ConfigError, did_you_mean, query_hint, toml_files_beside
+from .limits import read_toml_file
 
 #: The census a run uses when its configuration names none (P.L. 94-171, ``conf/census/pl94.toml``).
 DEFAULT_CENSUS = "pl94"
@@ -45,7 +47,7 @@ def census_path(path_or_preset: str | Path, where: str | None = None) -> Path:
     """A declaration file as given, or the shipped preset of that name; ``where`` (``"FILE: run.census"``,
     ``"--census"``) starts the error's message."""
     p = Path(path_or_preset)
-    if p.is_file():
+    if p.is_file() or (p.suffix == ".toml" and os.path.lexists(p)):  # not a regular file: refused when read
         return p
     candidate = census_dir() / (p.name if p.suffix == ".toml" else p.name + ".toml")
     if candidate.is_file():
@@ -58,21 +60,22 @@ def census_path(path_or_preset: str | Path, where: str | None = None) -> Path:
 def load_census(path_or_preset: str | Path, where: str | None = None) -> Census:
     """Read and check a census declaration: a TOML file with a ``[census]`` table, or a preset name (``where``:
     see :func:`census_path`)."""
-    p = census_path(path_or_preset, where)
-    return _load_file(str(p.resolve()))
+    return read_declaration(path_or_preset, where)[1]
+
+
+def read_declaration(path_or_preset: str | Path, where: str | None = None) -> tuple[dict, Census]:
+    """A census declaration file or preset (``where``: see :func:`census_path`): its ``[census]`` table as
+    written (a copy) and the census it declares."""
+    table, census = _load_file(str(census_path(path_or_preset, where).resolve()))
+    return copy.deepcopy(table), census
 
 
 @lru_cache(maxsize=16)
-def _load_file(path: str) -> Census:
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the census declaration ({exc})") from None
+def _load_file(path: str) -> tuple[dict, Census]:
+    data = read_toml_file(path, "the census declaration")
     if not isinstance(data.get("census"), dict):
         raise ConfigError(f"{path}: a census declaration needs a [census] table")
-    return census_from_dict(data["census"], source=path)
+    return data["census"], census_from_dict(data["census"], source=path)
 
 
 def default_census() -> Census:
@@ -264,13 +267,19 @@ def _attribute(r: _Reader, data: Any, key: str) -> Attribute:
             raise r.fail(f"{key}.labels", f"{len(labels)} labels for an attribute of size {size}")
     values = data.get("values")
     if values is not None:
-        pairs = []
+        pairs, seen = [], {}
         for i, pair in enumerate(r.items(values, f"{key}.values")):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise r.fail(f"{key}.values[{i}]", "expected [input value, level]", pair)
+            if not isinstance(pair[0], (str, int, float)):  # bool is an int
+                raise r.fail(f"{key}.values[{i}]", "an input value is a string, a number or true/false", pair[0])
             level = r.integer(pair[1], f"{key}.values[{i}]", 0)
             if level >= size:
                 raise r.fail(f"{key}.values[{i}]", f"level out of range 0..{size - 1}", level)
+            if pair[0] in seen:
+                raise r.fail(f"{key}.values[{i}]", f"input value {pair[0]!r} is already mapped, by "
+                                                   f"{key}.values[{seen[pair[0]]}] (one level per input value)", pair)
+            seen[pair[0]] = i
             pairs.append((pair[0], level))
         values = tuple(pairs)
     return Attribute(name, size, r.string(data.get("column", name), f"{key}.column"), labels, values)
@@ -391,6 +400,10 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
                 raise r.fail(f"{bkey}.{field}", f"{len(values)} values for attribute {attr!r} of size {sizes[attr]}",
                              values)
             lists[field] = tuple(r.integer(v, f"{bkey}.{field}[{i}]") for i, v in enumerate(values))
+        for i, (low, cap) in enumerate(zip(lists["min_per_unit"], lists["cap"])):
+            if low > cap:
+                raise r.fail(f"{bkey}.min_per_unit[{i}]", f"above cap[{i}] = {cap} (no unit could hold its records)",
+                             low)
         bounds = UnitBounds(attr, lists["min_per_unit"], lists["cap"])
 
     constraints = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -37,8 +38,10 @@ else:  # pragma: no cover
 from topdown.pipeline.privacy.budget import INFINITE, KINDS, Budget, Rho
 from topdown.vocab.census import Census, Hierarchy, Product
 
-from .census import DEFAULT_CENSUS, census_from_dict, load_census, read_as_declared
+from .census import (DEFAULT_CENSUS, census_from_dict, census_path, default_census, read_as_declared,
+                     read_declaration)
 from .errors import ConfigError, closest, did_you_mean, toml_files_beside
+from .limits import MAX_INCLUDES, MAX_SEED, check_number_text, read_toml_file
 
 
 def parse_fraction(value: Any) -> Fraction:
@@ -52,6 +55,7 @@ def parse_fraction(value: Any) -> Fraction:
     if isinstance(value, float):
         raise ValueError(f"write budgets as exact fractions in quotes (e.g. \"1/10\"), not the float {value!r}")
     if isinstance(value, str):
+        check_number_text(value.strip())
         try:
             return Fraction(value.strip())
         except (ValueError, ZeroDivisionError) as exc:
@@ -242,6 +246,8 @@ class RunSection(_Strict):
                              "gives no privacy")
         if self.mode == "test" and self.seed is None:
             raise ValueError("mode = \"test\" needs an integer 'seed'")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed {self.seed} is outside 0..{MAX_SEED}")
         return self
 
 
@@ -258,7 +264,10 @@ class Config(_Strict):
     run: RunSection
     products: dict[str, ProductConfig] = Field(default_factory=dict)
     census: SkipValidation[Census] = Field(exclude=True)  # resolved once, from run.census or census_table
-    census_table: dict | None = Field(default=None, exclude=True)  # an inline [census] table, as written
+    # the [census] table as written: inline, or read from the preset or file [run] census names (config.json
+    # carries it, so that a run directory stands alone); None for the default census
+    census_table: dict | None = Field(default=None, exclude=True)
+    census_named: str | None = Field(default=None, exclude=True)  # [run] census as written, when it named one
     source: str = Field(default="<memory>", exclude=True)
 
     @model_validator(mode="before")
@@ -272,13 +281,16 @@ class Config(_Strict):
         source = data.get("source", "<memory>")
         run = data.get("run", {})
         run = dict(run) if isinstance(run, dict) else run.model_dump()
-        table = data.pop("census", None)
+        table, named = data.pop("census", None), data.pop("census_named", None)
         if table is not None:
             if "census" in run:
                 raise ConfigError(f"{source}: [run] census and a [census] table: declare the census one way")
             census = census_from_dict(table if isinstance(table, dict) else {}, source=source)
-        else:
-            census = load_census(_census_location(run.get("census", DEFAULT_CENSUS), source), f"{source}: run.census")
+        elif run.get("census", DEFAULT_CENSUS) == DEFAULT_CENSUS:
+            table, census = None, default_census()
+        else:  # a preset or a file: carried as its table, so that config.json names no path
+            named = run.pop("census")
+            table, census = read_declaration(_census_location(named, source), f"{source}: run.census")
         names = [p.name for p in census.products]
         run.setdefault("products", names[:1])
         products = dict(data.pop("products", {}) or {})
@@ -287,10 +299,11 @@ class Config(_Strict):
             if value is not None:
                 products[name] = value
         for key in data:
-            if key not in ("run", "source", "census_table"):
+            if key not in ("run", "source", "census_table", "census_named"):
                 raise ConfigError(f"{source}: [{key}]: not a product of census {census.name!r} (products: "
                                   f"{', '.join(names)}){did_you_mean(key, [*names, 'run', 'census'])}")
-        return {**data, "run": run, "products": products, "census": census, "census_table": table}
+        return {**data, "run": run, "products": products, "census": census, "census_table": table,
+                "census_named": named}
 
     @model_validator(mode="after")
     def _check_products(self) -> "Config":
@@ -321,11 +334,49 @@ class Config(_Strict):
                         if name not in known:
                             raise ConfigError(f"{self.source}: [{product}.{table}].{level}: unknown {table[:-1]} "
                                               f"{name!r}; known: {', '.join(known)}{did_you_mean(name, known)}")
+            self._check_total_bound(product, spec, cfg)
         if self.run.spine != "standard" and not self.census.hierarchy.us:
             raise ConfigError(f"{self.source}: run.spine = {self.run.spine!r} is a U.S. spine (AIAN areas, block "
                               f"assignment files); census {self.census.name!r}'s hierarchy is not the U.S. one "
                               "(us = false): use spine = \"standard\"")
         return self
+
+    def _check_total_bound(self, product: str, spec: Product, cfg: ProductConfig) -> None:
+        """A total invariant declared at a level makes the total invariant there and at every level above it; each
+        of those levels needs a constraint of right-hand side ``total`` (else the children's invariant totals need
+        not add up to their parent's estimate), except the hierarchy's state level, whose whole states bind their
+        parts as a group, below which no total is invariant."""
+        hierarchy, names = self.census.hierarchy, list(self.census.hierarchy.names)
+        totals = {n for n, inv in spec.invariants.items() if inv.kind == "total"}
+        declared = [lv for lv in names if totals & set(cfg.invariants.get(lv, []))]
+        binding = [c for c, con in spec.constraints.items() if con.rhs == "total"]
+        bound = [lv for lv in names if set(binding) & set(cfg.constraints.get(lv, []))]
+        below = [lv for lv in bound if not declared or names.index(lv) > names.index(declared[-1])]
+        if below:
+            known = f" ({', '.join(sorted(totals))})" if totals else " (none is declared)"
+            raise ConfigError(f"{self.source}: [{product}.constraints] {below[0]}: a constraint with rhs = \"total\" "
+                              f"needs the total invariant at {below[0]}: declare a total invariant{known} at "
+                              f"{below[0]} or below in [{product}.invariants]")
+        if self.run.spine != "standard" and hierarchy.state in bound:
+            raise ConfigError(f"{self.source}: [{product}.constraints] {hierarchy.state}: a constraint with rhs = "
+                              f"\"total\" cannot bind the {self.run.spine} spine's {hierarchy.state} nodes, parts of "
+                              f"a {hierarchy.state} without an invariant total (the whole {hierarchy.state}'s total "
+                              "binds its parts as a group)")
+        if not declared:
+            return
+        lowest = declared[-1]
+        where = f"{self.source}: [{product}.invariants] {lowest}"
+        if hierarchy.state is not None and names.index(lowest) > names.index(hierarchy.state):
+            raise ConfigError(f"{where}: a total is invariant down to {hierarchy.state} at most on this hierarchy "
+                              f"(a {hierarchy.state} split into parts by a spine has no invariant part totals)")
+        missing = [lv for lv in names[:names.index(lowest) + 1] if lv != hierarchy.state
+                   and not set(binding) & set(cfg.constraints.get(lv, []))]
+        if missing:
+            hint = f"{binding[0]!r}" if binding else "a constraint with rhs = \"total\" (none is declared)"
+            raise ConfigError(f"{where}: the total is invariant at {', '.join(names[:names.index(lowest) + 1])}, "
+                              f"but {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no constraint "
+                              f"that binds it: add {hint} to "
+                              f"[{product}.constraints] {missing[0]}")
 
     @model_serializer(mode="wrap")
     def _products_by_name(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -357,26 +408,45 @@ class Config(_Strict):
         """A copy with some ``[run]`` fields replaced (validated again)."""
         data = self.model_dump(mode="json")
         data["run"].update({k: v for k, v in run_fields.items()})
-        return config_from_dict(data, source=self.source)
+        return config_from_dict({**data, "census_named": self.census_named}, source=self.source)
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of the configuration (the manifest's config hash), without the
         :data:`LOCATIONS` of its input: where the input lies and how its path is spelled (relative, absolute,
         through a link) do not change the configuration; its files are identified by their SHA-256 sums
         (the manifest's input hashes)."""
+        return _digest(self.model_dump(mode="json"))
+
+    def matches(self, config_hash: Any) -> bool:
+        """Whether a manifest's config hash is this configuration's: its :meth:`digest`, or, for a census named by
+        ``[run] census``, the hash a run of an older version recorded (the name where config.json now carries the
+        declaration)."""
+        if config_hash == self.digest():
+            return True
+        if self.census_named is None:
+            return False
         data = self.model_dump(mode="json")
-        for key in LOCATIONS:
-            data["run"].pop(key, None)
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        data.pop("census")
+        data["run"]["census"] = self.census_named
+        return config_hash == _digest(data)
+
+
+def _digest(data: dict) -> str:
+    """:meth:`Config.digest` of a configuration's JSON form."""
+    data = {**data, "run": {k: v for k, v in data["run"].items() if k not in LOCATIONS}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _census_location(value: Any, source: str) -> str | Path:
     """``[run] census``: a preset name, or a file (relative to the working directory, else to the configuration
-    file's folder)."""
+    file's folder). Read once, when the configuration is loaded: the configuration then carries the declaration
+    itself (:attr:`Config.census_table`), not its path."""
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{source}: run.census: expected a census preset name or a file path (got {value!r})")
-    beside = Path(source).parent / value
-    return beside if not Path(value).is_file() and beside.is_file() else value
+    for candidate in (Path(value), Path(source).parent / value):
+        if os.path.lexists(candidate):
+            return candidate
+    return value  # a preset, or census_path's error
 
 
 def _deep_merge(base: dict, top: dict) -> dict:
@@ -436,14 +506,10 @@ def resolve_config_path(path: str | Path) -> Path:
 def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
     """A TOML file with ``include`` resolved (relative to the file, then the shipped presets).
 
-    ``include`` names one ``.toml`` file or a shipped preset (``"demo"``); an include cycle is refused."""
+    ``include`` names one ``.toml`` file or a shipped preset (``"demo"``); an include cycle, or a chain of more
+    than :data:`~.limits.MAX_INCLUDES` files, is refused."""
     chain = (*_chain, path.resolve())
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the configuration ({exc})") from None
+    data = read_toml_file(path, "the configuration")
     include = data.pop("include", None)
     if include is not None:
         presets = preset_names()
@@ -456,10 +522,13 @@ def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
         if inc.resolve() in chain:
             cycle = " -> ".join(str(p) for p in (*chain, inc.resolve()))
             raise ConfigError(f"{path}: key 'include' makes an include cycle ({cycle})")
+        if len(chain) >= MAX_INCLUDES:
+            raise ConfigError(f"{path}: key 'include' makes a chain of more than {MAX_INCLUDES} files (from "
+                              f"{chain[0]})")
         base = read_toml(inc, chain)
-        run = data.get("run", {})
-        if run.get("mode") == "production" and "seed" not in run:
-            base.get("run", {}).pop("seed", None)  # a preset's test seed does not carry into production
+        run, base_run = data.get("run"), base.get("run")
+        if isinstance(run, dict) and run.get("mode") == "production" and "seed" not in run and isinstance(base_run, dict):
+            base_run.pop("seed", None)  # a preset's test seed does not carry into production
         data = _deep_merge(base, data)
     return data
 
