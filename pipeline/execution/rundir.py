@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..configuration.limits import read_text
+
 log = logging.getLogger("topdown")
 
 STAGING = ".staging"
@@ -228,7 +230,7 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
     """Read and shape-check a manifest.json; raises :class:`RunDirError` naming the file and the key."""
     try:
         manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RunDirError(f"{path}: not a readable manifest ({type(exc).__name__}: {exc}); remove the run "
                           "directory or choose another --out") from None
     if not isinstance(manifest, dict):
@@ -546,7 +548,7 @@ class Certificate:
     def read(cls, path: Path) -> "Certificate":
         try:
             data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise RunDirError(f"{path}: not a readable certificate ({type(exc).__name__}: {exc})") from None
         if not isinstance(data, dict):
             raise RunDirError(f"{path}: a certificate is a JSON object, found {type(data).__name__}")
@@ -554,6 +556,15 @@ class Certificate:
                    bool(data.get("private", False)),
                    {n: e for n, e in data.items() if isinstance(e, dict) and e.get("product") == n},
                    data)
+
+
+def _older(config: Any) -> str:
+    """A hint for a config.json that names its census by a path (a run of an older version): where it reads."""
+    census = config.get("run", {}).get("census") if isinstance(config, dict) and isinstance(config.get("run"), dict) else None
+    if not isinstance(census, str) or "census" in config:
+        return ""
+    return (f"; a run of an older version names its census by the path {census!r}: run the command from the folder "
+            "that path is relative to (runs of this version carry their census)")
 
 
 class RunReader(RunDir):
@@ -626,8 +637,10 @@ class RunReader(RunDir):
             raise RunDirError(f"{exc}{older}") from None
 
     def config(self):
-        """The configuration a complete run used: its ``config.json``, else the manifest's source file if its
-        digest still matches the manifest's config hash."""
+        """The configuration a complete run used: its ``config.json`` (which carries the census declaration
+        itself), else the manifest's source file if its digest still matches the manifest's config hash. Raises
+        :class:`RunDirError` when it cannot be read, does not match the config hash, or declares other levels than
+        the manifest's."""
         from ..configuration.config import ConfigError, config_from_dict, load_config
 
         manifest = self.manifest() if self.manifest_path.exists() else None
@@ -635,28 +648,42 @@ class RunReader(RunDir):
             raise RunDirError(f"{self.root}: not a complete run directory (manifest status "
                               f"{manifest.status if manifest else 'missing'!r})")
         if self.config_path.exists():
-            config = config_from_dict(json.loads(self.config_path.read_text()), source=str(self.config_path))
+            data = None
+            try:
+                data = json.loads(read_text(self.config_path, "the run's configuration"))
+                config = config_from_dict(data if isinstance(data, dict) else {}, source=str(self.config_path))
+            except (OSError, ValueError, RecursionError) as exc:  # ConfigError, JSON or UTF-8 errors included
+                raise RunDirError(f"{self.config_path}: the run's configuration cannot be read ({exc}){_older(data)}"
+                                  ) from None
         else:
             source = manifest.data.get("config_source", "")
             try:
                 config = load_config(source)
             except (ConfigError, FileNotFoundError, OSError):
                 raise RunDirError(f"{self.root}: no config.json and the configuration {source!r} cannot be read") from None
-        if config.digest() != manifest.data.get("config_hash"):
+        if not config.matches(manifest.data.get("config_hash")):
             raise RunDirError(f"{self.root}: configuration {config.source} does not match the run's config hash "
                               f"{manifest.data.get('config_hash', '?')[:12]}")
+        names = list(config.census.hierarchy.names)
+        if manifest.levels != names:
+            raise RunDirError(f"{manifest.path}: levels {manifest.levels} are not the levels of census "
+                              f"{config.census.name!r} ({', '.join(names)})")
         return config
 
     def census(self):
-        """The run's census (``vocab.census.Census``), as its configuration declares it; a run without a
-        readable configuration is read as one of the default census (P.L. 94-171)."""
+        """The run's census (``vocab.census.Census``), as its configuration declares it. A run without a readable
+        configuration whose manifest has the default census's levels is read as one of the default census
+        (P.L. 94-171: a run of an older version, or one whose config.json was lost, which verify reports); any
+        other raises :class:`RunDirError` saying why."""
         from ..configuration.census import default_census
-        from ..configuration.config import ConfigError
 
         try:
             return self.config().census
-        except (RunDirError, ConfigError):
-            return default_census()
+        except RunDirError:
+            census = default_census()
+            if self.manifest().levels != list(census.hierarchy.names):
+                raise
+            return census
 
     def products(self) -> list:
         """The run's products (``vocab.census.Product``) in the manifest's order (:meth:`census`)."""

@@ -268,7 +268,7 @@ def opened(rundir: RunDir, config: Config, hashes: dict[str, str], resume: bool,
 
 def check_resumable(rundir: RunDir, manifest: dict, config: Config, resume: bool) -> None:
     """--resume continues only a run of the same configuration."""
-    if manifest and resume and manifest.get("config_hash") != config.digest():
+    if manifest and resume and not config.matches(manifest.get("config_hash")):
         raise RunDirError(f"{rundir.root} holds a run of a different configuration; cannot resume it"
                           f"{_differences(rundir, config)}")
 

@@ -39,7 +39,7 @@ from topdown.vocab.queries import build_query
 
 from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
-from ..execution.rundir import Manifest, RunReader, changed_files
+from ..execution.rundir import Manifest, RunDirError, RunReader, changed_files
 
 
 @dataclass
@@ -216,8 +216,8 @@ def verify_run(root: str | Path) -> VerifyReport:
         _verify(reader, manifest, rep)
     except (OSError, pa.ArrowException) as exc:  # a deleted or damaged output of a complete run
         rep.check(False, f"missing or unreadable output: {exc}")
-    except (KeyError, ValueError, TypeError, IndexError) as exc:
-        if not changed:  # the files are as the run wrote them: a bug
+    except (KeyError, ValueError, TypeError, IndexError, RunDirError) as exc:
+        if not changed:  # the files are as the run wrote them: a bug, or (RunDirError) an unreadable run
             raise
         rep.check(False, f"the checks of the contents stopped on the changed files ({type(exc).__name__}: {exc})")
     return rep
@@ -255,6 +255,12 @@ def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> No
     problems = changed_files(recorded, found)
     for path in sorted(recorded.keys() | found.keys()):
         rep.check(path not in problems, f"{path} ({_output_kind(path)}): {problems.get(path)}")
+    if manifest.data.get("output_sha256") is not None or found:  # a run that records its levels' sums
+        for product, levels in manifest.completed.items():
+            for level in levels:
+                rep.check(manifest.level_sha256(product, level) is not None,
+                          f"{product} {level}: a completed level whose SHA-256 sums the manifest does not record "
+                          "(removed from it)")
     rep.notes.append(f"SHA-256: {len(recorded.keys() | found.keys())} files checked against the manifest")
     uncovered: dict[str, int] = {}
     for f in sorted(reader.root.rglob("*")):
