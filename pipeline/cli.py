@@ -14,6 +14,7 @@ traceback); 130 interrupted by SIGINT, 143 by SIGTERM; 141 (quietly) when the re
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -175,7 +176,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print(f"synthetic input ({args.blocks} blocks, seed {args.seed}) written to {args.out}")
         return EXIT_OK
     persons, units = write_partitioned(Path(args.out), blocks=args.blocks, seed=args.seed, persons=args.persons,
-                                       states=args.states or 1)
+                                       states=1 if args.states is None else args.states)
     print(f"synthetic input ({args.blocks} blocks in {args.states or 1} state(s), {persons} persons, {units} units, "
           f"seed {args.seed}) written to {args.out}/persons/ and {args.out}/units/ (hive-partitioned by state)")
     return EXIT_OK
@@ -315,6 +316,28 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
 def _quiet_arg(p: argparse.ArgumentParser) -> None:
     """--quiet: no progress bars (a long command shows them on stderr; execution/progress.py)."""
     p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+#: The arguments that name files or folders (checked against the file system's name limits before a command runs).
+PATH_ARGUMENTS = ("config", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty", "source", "baf",
+                  "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file", "tls_cert", "tls_key")
+
+
+def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every path argument within the file system's name limits and every seed within its range
+    (configuration/limits.py), refused by name (exit 2) before the command starts."""
+    from .configuration.limits import check_path, check_seed
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    for action in sub._actions:
+        value = getattr(args, action.dest, None)
+        name = action.option_strings[-1] if action.option_strings else action.dest.upper()
+        if action.dest == "seed":
+            check_seed(value, name)
+        elif action.dest in PATH_ARGUMENTS:
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, str):
+                    check_path(item, name)
 
 
 @contextmanager
@@ -560,7 +583,8 @@ def input_errors() -> tuple[type[ValueError], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     quiet = getattr(args, "quiet", False)
     # --quiet: no bars and no INFO lines, so that stderr holds warnings and errors only
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
@@ -570,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     from .execution.progress import command_reporting
 
     try:
+        _check_limits(parser, args)
         with _command_setup(args), _no_new_empty_out(args), signals_interrupt(), command_reporting(quiet):
             return args.fn(args)
     except BrokenPipeError:
@@ -644,6 +669,7 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
     from topdown.solvers.failsafe import FailsafeExhausted
 
     from .configuration.config import ConfigError
+    from .configuration.limits import NAME_MAX
     from .execution.rundir import RunDirError, unwritable
     from .execution.tasks import EstimationError
 
@@ -659,6 +685,10 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
     if isinstance(exc, (*input_errors(), FileNotFoundError)):  # declared input errors only: not a bare ValueError
         print(f"topdown: input error: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # a name from a file, not an argument
+        print(f"topdown: configuration error: {exc.filename}: a name too long for the file system (at most "
+              f"{NAME_MAX} bytes per name)", file=sys.stderr)
+        return EXIT_CONFIG
     out = getattr(args, "out", None)
     refused = unwritable(exc, getattr(exc, "filename", None) or out, out)
     if refused is not None:  # a full disk, a read-only or forbidden place: the output's problem, not a bug

@@ -256,7 +256,7 @@ def _rolled_up(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, n: int
     """Block histograms (geocode = block GEOID) rolled up to the nodes ``codes`` gives each spine row."""
     rows = geoids.get_indexer(blocks["geocode"])
     if (rows < 0).any():
-        raise EvaluationError(f"{root / 'spine.parquet'}: truth block {blocks['geocode'].iloc[np.flatnonzero(rows < 0)[0]]} "
+        raise EvaluationError(f"{root / 'spine.parquet'}: truth geocode {blocks['geocode'].iloc[np.flatnonzero(rows < 0)[0]]} "
                               "is not in the run's spine (truth and run do not match)")
     return M.SparseHist(codes[rows], blocks["cell"].to_numpy(np.int64), blocks["count"].to_numpy(np.int64), n)
 
@@ -765,6 +765,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
         raise EvaluationError("evaluate needs at least one run directory")
     labels = _labels(runs)
     heads = [RunHead(r, lab) for r, lab in zip(runs, labels)]  # fail fast, naming the offending directory
+    if opts.uncertainty is not None:
+        _check_uncertainty_file(opts.uncertainty)
     out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
                     lambda p: (p / "summary.parquet").is_file())
     ent = None
@@ -803,6 +805,24 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     return seal(out)
 
 
+#: The columns of a ``topdown uncertainty`` file that ``evaluate --uncertainty`` reads.
+UNCERTAINTY_COLUMNS = ("product", "level", "geocode", "query", "cell", "method", "published", "estimate", "ci90_low",
+                       "ci90_high")
+
+
+def _check_uncertainty_file(path: Path) -> None:
+    """``evaluate --uncertainty``: a Parquet file with the columns of a ``topdown uncertainty`` file, checked
+    before the evaluation starts (:class:`EvaluationError` naming the file)."""
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException) as exc:
+        raise EvaluationError(f"{path}: --uncertainty is not a readable Parquet file ({one_line(exc)})") from None
+    missing = [c for c in UNCERTAINTY_COLUMNS if c not in names]
+    if missing:
+        raise EvaluationError(f"{path}: --uncertainty is not a `topdown uncertainty` file (no column "
+                              f"{missing[0]!r})")
+
+
 def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions, out: Path) -> tuple[dict, str]:
     """The interval figure (no true count: the report shows summaries only) and the coverage of the truth by
     each method's 90 % intervals (gls, amc) per level (written as intervals_coverage.parquet)."""
@@ -838,6 +858,8 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
     """CLI helper for ``topdown evaluate RUN [RUN...] --truth INPUT [--entities TABLE] [--out DIR]``: evaluates
     (on a Dask scheduler if given, else threads), prints where the report is and the headline errors."""
     opts = EvalOptions(uncertainty=Path(uncertainty) if uncertainty else None, suppress=suppress)
+    if opts.uncertainty is not None:  # before the cluster starts
+        _check_uncertainty_file(opts.uncertainty)
     audit_dir = Path(audit) if audit else None
     if scheduler or workers:
         from ..execution.runner import dask_client

@@ -99,16 +99,18 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     into ``.rep-XXX.partial`` renamed to ``rep-XXX`` when complete (the same files as a run of its seed
     alone). Resumable: a replicate recorded complete is kept, a partial one is redone."""
     from ..configuration.config import ConfigError
+    from ..configuration.limits import MAX_REPLICATES, check_count
     from ..execution.runner import dask_client, prepare
 
     run, out = Path(run), Path(out)
-    config = RunReader(run).config()
+    check_count(n, "--n", 1, MAX_REPLICATES)
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
-    if n < 1 or len(seeds) != n:
-        raise ConfigError(f"--n {n}: " + ("at least one replicate" if n < 1 else f"but {len(seeds)} seeds"))
+    if len(seeds) != n:
+        raise ConfigError(f"--n {n}: but {len(seeds)} seeds")
     parallel = PARALLEL if parallel is None else parallel
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: at least one replicate at a time")
+    config = RunReader(run).config()
     check_out(out, "the replicates", lambda p: (p / "replicates.json").is_file())
     out.mkdir(parents=True, exist_ok=True)
     record_path = out / "replicates.json"

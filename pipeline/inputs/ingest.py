@@ -339,6 +339,10 @@ def _segment(src: Path | Traversable, number: int, blocks: pd.DataFrame) -> tupl
 
 
 def _find_pl94(directory: Path) -> dict[str, Path]:
+    if not Path(directory).is_dir():
+        what = "no such directory" if not Path(directory).exists() else "not a directory"
+        raise IngestError(f"{directory}: column -, row -: {what} (the P.L. 94-171 source is a directory of "
+                          "xxgeoYYYY.pl and xx0000[1-3]YYYY.pl files)")
     found: dict[str, Path] = {}
     for path in sorted(Path(directory).iterdir()):
         name = path.name.lower()
@@ -653,6 +657,8 @@ def ingest_blocks(csv: Path, out: Path, races: str = "spread") -> Summary:
     missing = [c for c in need if c not in frame.columns]
     if missing:
         raise IngestError(f"{csv}: column {missing[0]}, row -: required column missing")
+    if frame.empty:
+        raise IngestError(f"{csv}: column -, row 0: no blocks (a header without rows)")
     geoids = frame[geoid_col].to_numpy(dtype=object)
     rows = np.arange(len(frame))
     _check_geoids(csv, geoid_col, frame[geoid_col], rows)

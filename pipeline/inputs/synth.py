@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +45,9 @@ import pyarrow.parquet as pq
 from topdown.geo.states import STATE_FIPS
 from topdown.geo.us2020 import US2020, StateCounts
 
+from ..configuration.census import read_declaration
 from ..configuration.config import ConfigError
+from ..configuration.limits import MAX_BLOCKS, MAX_PERSONS, check_count
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
 from ..execution.rundir import check_out, writable_dir
 from .validate import PERSON_RECORDS, UNIT_RECORDS
@@ -127,9 +128,9 @@ def _races(rng: np.random.Generator, group: np.ndarray) -> tuple[np.ndarray, np.
 
 def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> None:
     """Write out/persons.parquet and out/units.parquet: ``blocks`` synthetic blocks, deterministic in ``seed``."""
-    if blocks < 1 or not (len(state) == 2 and state.isdigit()):
-        raise ConfigError(f"write_synthetic: need blocks >= 1 and a 2-digit state code (blocks={blocks}, "
-                          f"state={state!r})")
+    check_count(blocks, "--blocks", 1, MAX_BLOCKS)
+    if not (len(state) == 2 and state.isdigit()):
+        raise ConfigError(f"write_synthetic: need a 2-digit state code (state={state!r})")
     write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0])
 
 
@@ -218,9 +219,12 @@ def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = N
     ``persons``, the block population median is set so that about that many persons are drawn. Each file
     appears whole (written under a temporary name, then renamed). Returns (persons, units) written."""
     codes = sorted(set(STATE_FIPS.values()))
-    if blocks < states or not 1 <= states <= len(codes):
-        raise ConfigError(f"write_partitioned: need 1 <= states <= {len(codes)} and at least one block per state "
-                          f"(blocks={blocks}, states={states})")
+    check_count(blocks, "--blocks", 1, MAX_BLOCKS)
+    if persons is not None:
+        check_count(persons, "--persons", 1, MAX_PERSONS)
+    check_count(states, "--states", 1, len(codes))
+    if blocks < states:
+        raise ConfigError(f"--blocks {blocks}: at least one block per state (--states {states})")
     out = Path(out)
     writable_dir(out, "the output directory")
     rng = np.random.default_rng(seed)
@@ -442,10 +446,10 @@ def synth_hints(census: Census) -> dict[str, dict]:
     none when the census was built in memory). The typed :class:`Census` carries no synthesis hints: they
     describe test data, not the census."""
     try:
-        data = tomllib.loads(Path(census.source).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        table = read_declaration(census.source)[0]
+    except ConfigError:
         return {}
-    products = data.get("census", {}).get("products", {})
+    products = table.get("products", {})
     return {name: table.get("synth", {}) for name, table in products.items() if isinstance(table, dict)}
 
 
@@ -748,8 +752,7 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     the root (:func:`partition_folder`), and the unit records alike when the census declares them; one row group
     per batch of leaves of at most :data:`CHUNK_PERSONS` persons, so memory stays bounded whatever ``persons``.
     Deterministic in ``seed``. ``out`` must be absent or empty; the files appear together at the end. Returns rows per file kind."""
-    if persons < 1:
-        raise ConfigError(f"--persons must be at least 1 (got {persons})")
+    check_count(persons, "--persons", 1, MAX_PERSONS)
     out = check_out(Path(out), "the synthetic input", lambda _: False)
     people, unit_products = _products(census)
     hints = synth_hints(census)

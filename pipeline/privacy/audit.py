@@ -397,6 +397,8 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
                        lambda p: (p / "audit.json").is_file())
     src_dst = parse_move(move)
     names = tuple(q.strip() for q in queries.split(",") if q.strip())
+    if not names:
+        raise AuditError(f"--queries {queries!r}: name at least one query (default: total,detailed)")
     for name in names:
         build_query(PERSONS, name)
     with dask_client(None, scheduler, workers) as client:
