@@ -76,12 +76,12 @@ class Spine:
         if missing:
             raise GeographyError(f"spine table lacks columns {missing}")
         if _has_duplicates(self.table["geoid"]):
-            raise GeographyError(f"spine table: block {self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} "
-                                 f"appears twice")
+            raise GeographyError(f"spine table: {self.levels[-1]} "
+                                 f"{self.table['geoid'][self.table['geoid'].duplicated()].iloc[0]} appears twice")
         if self.table[self.levels[0]].nunique() != 1:
             raise GeographyError(f"spine table: the root level {self.levels[0]} must hold one node")
         if _has_duplicates(self.table[self.levels[-1]]):
-            raise GeographyError(f"spine table: the {self.levels[-1]} column must be unique per block")
+            raise GeographyError(f"spine table: the {self.levels[-1]} column must be unique per geoid")
         self._check_moves()
         self.check_nesting()
 
@@ -236,7 +236,7 @@ def check_path_condition(spine: Spine) -> None:
     if len(bad):
         row = bad[0]
         wrong = {level: int(uses[row, j]) for j, level in enumerate(spine.levels) if uses[row, j] != 1}
-        raise ValueError(f"block {spine.table['geoid'].iloc[row]}: the budgets of levels {wrong} "
+        raise ValueError(f"{spine.levels[-1]} {spine.table['geoid'].iloc[row]}: the budgets of levels {wrong} "
                          f"(level: times used) break the path condition (each level exactly once)")
 
 

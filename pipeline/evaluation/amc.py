@@ -230,7 +230,7 @@ class Tabulator:
         rows_of = self.block_rows(run_dir)
         parts = self.parts(run_dir, name)
         if not parts:
-            raise RunDirError(f"{run_dir}: no block histograms of product {name!r} "
+            raise RunDirError(f"{run_dir}: no {self.leaf} histograms of product {name!r} "
                               f"(histograms/{name}/level={self.leaf})")
         out = self.zeros(name)
         for part in self._needed(parts, rows_of):
@@ -238,7 +238,7 @@ class Tabulator:
             rows = rows_of.reindex(table["geocode"].astype(str)).to_numpy()
             bad = np.isnan(rows) | (rows < 0)
             if bad.any():
-                raise RunDirError(f"{part}: block {table['geocode'].iloc[np.flatnonzero(bad)[0]]} is not in the "
+                raise RunDirError(f"{part}: {self.leaf} {table['geocode'].iloc[np.flatnonzero(bad)[0]]} is not in the "
                                   "original run's spine")
             self.add(out, rows.astype(np.int64), table["cell"].to_numpy(), table["count"].to_numpy(np.float64))
         return out

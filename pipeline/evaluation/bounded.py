@@ -76,15 +76,29 @@ def fc_bounds(x: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(lower, 0.0), upper
 
 
+#: A standard deviation at most this is that of an exact count (an invariant, or a count the invariants fix): its
+#: variance is 0 up to float rounding, and so is its estimate's distance to the count.
+EXACT_SD = 1e-6
+
+
+def exact_count(est: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """Where ``sd`` is at most :data:`EXACT_SD`: the count the estimate is, up to float rounding (``rint``, >= 0);
+    elsewhere NaN."""
+    est = np.asarray(est, dtype=float)
+    return np.where(np.asarray(sd, dtype=float) <= EXACT_SD, np.maximum(np.rint(est), 0.0), np.nan)
+
+
 def count_interval(est: np.ndarray, sd: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     """The integer interval of a non-negative count with unbiased Gaussian estimate ``est`` and standard
     deviation ``sd``: the Feldman-Cousins bounds in counts, rounded inward (``ceil``, ``floor``), which holds an
-    integer count exactly when the real interval does. Where ``sd`` is 0, ``[ceil(est), floor(est)]`` at >= 0."""
+    integer count exactly when the real interval does. An exact count (:func:`exact_count`) gets ``[v, v]``."""
     est = np.asarray(est, dtype=float)
     sd = np.asarray(sd, dtype=float)
     pos = sd > 0
     x = np.divide(est, sd, out=np.zeros_like(est), where=pos)
     lo, hi = fc_bounds(x, level)
-    lo = np.where(pos, lo * sd, est)
-    hi = np.where(pos, hi * sd, est)
-    return np.maximum(np.ceil(lo), 0.0), np.maximum(np.floor(hi), 0.0)
+    lo = np.maximum(np.ceil(np.where(pos, lo * sd, est)), 0.0)
+    hi = np.maximum(np.floor(np.where(pos, hi * sd, est)), 0.0)
+    exact = exact_count(est, sd)
+    known = ~np.isnan(exact)
+    return np.where(known, exact, lo), np.where(known, exact, hi)

@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .bounded import count_interval, z_value
+from .bounded import count_interval, exact_count, z_value
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
                   leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward, with_zeros)
 from topdown.geo.spine import Spine
@@ -263,6 +263,9 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
         v = alg.cell_variance(cov, q)[idx]
         v = np.maximum(v, 0.0)
         sd = np.sqrt(v)
+        exact = exact_count(e, sd)
+        e = np.where(np.isnan(exact), e, exact)  # an exact count: its value and variance 0, without float rounding
+        v = np.where(np.isnan(exact), v, 0.0)
         lo90, hi90 = count_interval(e, sd, 0.90)
         lo95, hi95 = count_interval(e, sd, 0.95)
         k = query.n_answers

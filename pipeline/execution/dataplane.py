@@ -44,7 +44,8 @@ from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_f
 from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
 from topdown.vocab.queries import build_query
 
-from .levels import Level, LevelPart, LevelParts, _geography, _plb, holding, levels_from_units, node_answers
+from .levels import (Level, LevelPart, LevelParts, _geography, _plb, holding, levels_from_units, node_answers,
+                     total_is_invariant)
 from .memory import release_memory
 from .rundir import sha256_file, write_frames, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
@@ -254,8 +255,9 @@ class BlockMeta:
     with their original types."""
 
     def __init__(self, lo: int, geoids: pd.Index, units: pd.DataFrame,
-                 rhs: Callable[[pd.DataFrame], LevelConstraints] | None):
+                 rhs: Callable[[pd.DataFrame], LevelConstraints] | None, totals: np.ndarray | None = None):
         self.lo, self.n, self.rhs = lo, len(units), rhs
+        self.totals = totals  # the product's block totals where they are invariant (the leaf level's), else None
         self._geoids = _strings(geoids)
         self._names = None if units.index is geoids or units.index.equals(geoids) else _strings(units.index)
         self._dtypes = {"geoids": geoids.dtype, "names": units.index.dtype}
@@ -289,11 +291,18 @@ class BlockMeta:
     def units(self) -> pd.DataFrame:
         return self.units_rows()
 
-    def sharing(self, rhs: Callable[[pd.DataFrame], LevelConstraints] | None) -> BlockMeta:
-        """The same blocks' metadata with the rule ``rhs`` (another product's), sharing these arrays."""
+    def sharing(self, rhs: Callable[[pd.DataFrame], LevelConstraints] | None,
+                totals: np.ndarray | None = None) -> BlockMeta:
+        """The same blocks' metadata with the rule ``rhs`` and invariant ``totals`` (another product's), sharing
+        these arrays."""
         other = copy.copy(self)
-        other.rhs = rhs
+        other.rhs, other.totals = rhs, totals
         return other
+
+    def rhs_frame(self, rows: np.ndarray | slice = slice(None)) -> pd.DataFrame:
+        """What the rule takes: the unit counts of local ``rows``, with ``tot`` where the totals are invariant."""
+        units = self.units_rows(rows)
+        return units if self.totals is None else units.assign(tot=self.totals[rows])
 
     @property
     def has_constraints(self) -> bool:
@@ -301,7 +310,7 @@ class BlockMeta:
 
     @property
     def constraints(self) -> LevelConstraints | None:
-        return None if self.rhs is None else self.rhs(self.units)
+        return None if self.rhs is None else self.rhs(self.rhs_frame())
 
 
 def block_rhs(product: Product, cfg, levels: list[str], units: pd.DataFrame) -> LevelConstraints:
@@ -321,17 +330,19 @@ def _locate(metas: list[BlockMeta], rows: np.ndarray) -> tuple[list[np.ndarray],
     return local, np.argsort(np.concatenate(picked), kind="stable")
 
 
-def _units_of(metas: list[BlockMeta], rows: np.ndarray) -> tuple[pd.DataFrame, list[np.ndarray], np.ndarray]:
-    """The unit counts of block ``rows`` (in that order) from the parts holding them, with :func:`_locate`'s
-    local rows and order."""
+def _units_of(metas: list[BlockMeta], rows: np.ndarray, rule: bool = False
+              ) -> tuple[pd.DataFrame, list[np.ndarray], np.ndarray]:
+    """The unit counts of block ``rows`` (in that order; ``rule``: with the invariant totals, as the rule takes
+    them) from the parts holding them, with :func:`_locate`'s local rows and order."""
     local, back = _locate(metas, rows)
-    return pd.concat([m.units_rows(i) for m, i in zip(metas, local)]).iloc[back], local, back
+    frames = [m.rhs_frame(i) if rule else m.units_rows(i) for m, i in zip(metas, local)]
+    return pd.concat(frames).iloc[back], local, back
 
 
 def meta_constraints(metas: list[BlockMeta], rows: np.ndarray) -> LevelConstraints:
     """The constraints of block ``rows`` (in that order) from the parts holding them (a Block chunk's: no
     unit frames gathered, no GEOIDs taken)."""
-    return metas[0].rhs(_units_of(metas, rows)[0])
+    return metas[0].rhs(_units_of(metas, rows, rule=True)[0])
 
 
 def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
@@ -402,14 +413,16 @@ def unit_bounded(spec: Product) -> str | None:
 
 def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray | None,
                    names: pd.Index | None, parts: list[BlockPart] | None, units: list[pd.DataFrame] | BlockMeta,
-                   runs: list[tuple[np.ndarray, np.ndarray]], width: int = GEOID_DIGITS) -> Shard:
+                   runs: list[tuple[np.ndarray, np.ndarray]], width: int = GEOID_DIGITS,
+                   leaf_total: bool = False) -> Shard:
     """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers` of
     ``width`` digits) and geocodes ``names`` (None: the GEOIDs), unit counts summed from the unit read tasks'
     frames, or ``units`` the same rows' metadata of a product tabulated before (whose GEOIDs, geocodes and unit
     counts this shard's metadata shares; ``blocks`` and ``names`` are then None); histograms from the person
     read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks
     (``runs[i]``: the blocks' node rows at level i, as :func:`_runs`); the blocks' constraints, checked
-    against their true answers and summed per node of the level above."""
+    against their true answers and summed per node of the level above. ``leaf_total``: the blocks' totals are
+    invariant (levels.total_is_invariant), so their constraints bind them."""
     schema, spec = product.schema, product
     known = units if isinstance(units, BlockMeta) else None
     if known is not None:
@@ -430,7 +443,8 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
     else:
         hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
     rule = functools.partial(block_rhs, product, cfg, levels)
-    cons = rule(frame)
+    totals = np.asarray(hist.sum(axis=1), dtype=float).ravel() if leaf_total else None
+    cons = rule(frame if totals is None else frame.assign(tot=totals))
     bad = infeasible(cons, node_answers(product, hist))
     partials, answers, sums, below = [], [], [], {}
     for i, inverse in enumerate(inverses):
@@ -446,7 +460,7 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
                 np.add.at(below[name], local, c.rhs)
     partials.append(_compact_partial(lo + np.arange(len(blocks)), hist))
     return Shard(partials, answers, sums, below, {name: (str(names[row]), n) for name, (row, n) in bad.items()},
-                 problem, BlockMeta(lo, blocks, frame, rule) if known is None else known.sharing(rule))
+                 problem, BlockMeta(lo, blocks, frame, rule, totals) if known is None else known.sharing(rule, totals))
 
 
 def _compact_partial(rows: np.ndarray, hist: sp.csr_matrix) -> tuple[np.ndarray, sp.csr_matrix]:
@@ -708,6 +722,7 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     # shards can be computed again): each shard gets its GEOIDs (as numbers where they are: 8 bytes a block
     # instead of 23), its geocodes only where they differ, and its blocks' node rows as runs.
     same_names = bool(pc.all(pc.equal(pa.array(names.array), pa.array(tab_geoid.array))).as_py())
+    leaf_total = total_is_invariant(product, cfg, spine, len(spine.levels) - 1)
     shards = []
     for s, lo in enumerate(starts):
         hi = min(lo + SHARD_BLOCKS, n)
@@ -715,7 +730,7 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
         shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, None if known else geoids,
                                     None if same_names or known else names[lo:hi],
                                     shard_parts[s] if persons else None, known[s] if known else unit_parts[s],
-                                    [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, pure=False))
+                                    [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, leaf_total, pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     del sources, shard_parts, unit_parts
@@ -941,6 +956,7 @@ def write_invariants_table(frames: list[pd.DataFrame], metas: list[BlockMeta], l
     """Write a product's invariants file on a worker: the rows of the levels above the blocks (``frames``)
     then the blocks' rows from the shards' metadata (invariants.invariant_rows), a shard at a time (a national
     block level's rows in one frame took 1.4 GB of the worker)."""
-    blocks = (invariant_rows(m.units, level, np.nan if with_tot else None) for m in metas)
+    blocks = (invariant_rows(m.units, level, (np.nan if m.totals is None else m.totals) if with_tot else None)
+              for m in metas)
     first = pd.concat(frames + [next(blocks)], ignore_index=True)  # the columns' types of the whole table
     write_frames(itertools.chain([first], blocks), Path(path))

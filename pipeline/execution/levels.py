@@ -284,10 +284,8 @@ def levels_from_units(product: Product, cfg: ProductConfig, spine: Spine, geo: l
     first."""
     totals = [a["total"][:, 0] for a in answers]
     state_level = spine.state_index
-    lowest = len(geo) - 1 if state_level is None else state_level  # a U.S. spine: totals invariant down to State
     for i, g in enumerate(geo[:len(units)]):
-        if (i <= lowest  # only a declared total
-                and set(total_invariants(product)) & configured_below(cfg.invariants, spine.levels, g.name)):
+        if total_is_invariant(product, cfg, spine, i):
             units[i] = units[i].assign(tot=_invariant_totals(totals[i].astype(float), g.state if i == state_level else None))
     cons = level_constraints(product, cfg, spine.levels, units, parents, below)
     for g, ans, c in reversed(list(zip(geo, answers, cons))):  # the lowest infeasible level is reported
@@ -299,6 +297,14 @@ def levels_from_units(product: Product, cfg: ProductConfig, spine: Spine, geo: l
     return [Level(g.name, g.nodes, parents[i], None, units[i], cons[i], _plb(cfg, spine, g.name, g.nodes), g.state,
                   state_total if i == state_level else None)
             for i, g in enumerate(geo[:len(units)])]
+
+
+def total_is_invariant(product: Product, cfg: ProductConfig, spine: Spine, i: int) -> bool:
+    """Whether the node totals of ``spine``'s level ``i`` are invariant: a total invariant is declared there or
+    below, and (a U.S. spine) the level is not below State (a state's parts are not)."""
+    lowest = len(spine.levels) - 1 if spine.state_index is None else spine.state_index
+    return i <= lowest and bool(set(total_invariants(product))
+                                & configured_below(cfg.invariants, spine.levels, spine.levels[i]))
 
 
 def _invariant_totals(node_totals: np.ndarray, state: np.ndarray | None) -> np.ndarray:

@@ -40,18 +40,19 @@ def check_path_condition(path_shares: PathShares, levels: list[str] | None = Non
     lo: dict[str, Fraction] = {}
     hi: dict[str, Fraction] = {}
     distinct = getattr(path_shares, "distinct", None)  # each distinct path once, at its first block
+    leaf = levels[-1] if levels else "leaf"
     for block, shares in (distinct() if distinct is not None else path_shares).items():
         if levels is not None and set(shares) != set(levels):
-            raise ConfigError(f"path condition: block {block} has shares for levels {sorted(shares)}, expected {levels}")
+            raise ConfigError(f"path condition: {leaf} {block} has shares for levels {sorted(shares)}, expected {levels}")
         for level, share in shares.items():
             share = Fraction(share)
             if share < 0:
-                raise ConfigError(f"path condition: block {block}, level {level}: negative share {share}")
+                raise ConfigError(f"path condition: {leaf} {block}, level {level}: negative share {share}")
             lo[level] = min(lo.get(level, share), share)
             hi[level] = max(hi.get(level, share), share)
         total = sum((Fraction(s) for s in shares.values()), Fraction(0))
         if total != 1:
-            raise ConfigError(f"path condition: the shares on block {block}'s path sum to {total}, not 1")
+            raise ConfigError(f"path condition: the shares on {leaf} {block}'s path sum to {total}, not 1")
     return {"blocks": len(path_shares), "holds": True,
             "min_share": {k: str(v) for k, v in lo.items()}, "max_share": {k: str(v) for k, v in hi.items()}}
 
