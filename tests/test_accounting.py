@@ -230,7 +230,7 @@ def test_path_condition() -> None:
     summary = check_path_condition(ok, ["US", "State"])
     assert summary["blocks"] == 2 and summary["min_share"]["US"] == "1/4" and summary["max_share"]["State"] == "3/4"
     bad = {**ok, "440070001001002": {"US": Fraction(1, 4), "State": Fraction(1, 2)}}
-    with pytest.raises(ConfigError, match="block 440070001001002's path sum to 3/4"):
+    with pytest.raises(ConfigError, match="440070001001002's path sum to 3/4"):
         check_path_condition(bad)
     with pytest.raises(ConfigError, match="negative share"):
         check_path_condition({"b": {"US": Fraction(-1), "State": Fraction(2)}})

@@ -400,7 +400,7 @@ CASES = [
          argv=_spine(f"{B1}|0001|\n", units=b"not a Parquet file")),
     Case("entities_not_parquet", EXIT_INPUT, ("entities.parquet", "not a readable entities table", "ArrowInvalid"),
          argv=_uncertainty_entities(b"not a Parquet file")),
-    Case("synth_zero_blocks", EXIT_CONFIG, ("write_synthetic", "blocks >= 1", "blocks=0"),
+    Case("synth_zero_blocks", EXIT_CONFIG, ("--blocks 0", "from 1 to 10,000,000"),
          argv=lambda tmp, _inp: (["synth", "--blocks", "0", str(tmp / "synth")], tmp / "synth")),
     Case("delta_outside_0_1", EXIT_CONFIG, ("persons.budget", "delta must be in (0, 1)", "got 2"),
          toml=DEMO + '[persons.budget]\ndelta = "2"\n'),
