@@ -209,7 +209,9 @@ def waiver_hint(check: str) -> str:
 class RunSection(_Strict):
     name: str = "topdown"
     census: str = Field(default=DEFAULT_CENSUS, description=(
-        "the census declaration: a preset under conf/census/ or a TOML file (README, \"Declaring a census\")"))
+        "the census declaration: a preset under conf/census/ or a TOML file (README, \"Declaring a census\"); "
+        "read when the configuration loads, which then carries the declaration itself (Config.census, "
+        "Config.census_table) and leaves this the default"))
     products: list[str] = Field(min_length=1, description="products to run (default: the census's first)")
     spine: Literal["standard", "aian", "optimized"] = "standard"
     mode: Literal["test", "production"] = Field(default="production", description=(
@@ -527,7 +529,8 @@ def read_toml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
                               f"{chain[0]})")
         base = read_toml(inc, chain)
         run, base_run = data.get("run"), base.get("run")
-        if isinstance(run, dict) and run.get("mode") == "production" and "seed" not in run and isinstance(base_run, dict):
+        production = isinstance(run, dict) and run.get("mode") == "production" and "seed" not in run
+        if production and isinstance(base_run, dict):
             base_run.pop("seed", None)  # a preset's test seed does not carry into production
         data = _deep_merge(base, data)
     return data

@@ -560,7 +560,8 @@ class Certificate:
 
 def _older(config: Any) -> str:
     """A hint for a config.json that names its census by a path (a run of an older version): where it reads."""
-    census = config.get("run", {}).get("census") if isinstance(config, dict) and isinstance(config.get("run"), dict) else None
+    run = config.get("run") if isinstance(config, dict) else None
+    census = run.get("census") if isinstance(run, dict) else None
     if not isinstance(census, str) or "census" in config:
         return ""
     return (f"; a run of an older version names its census by the path {census!r}: run the command from the folder "
@@ -653,7 +654,8 @@ class RunReader(RunDir):
                 data = json.loads(read_text(self.config_path, "the run's configuration"))
                 config = config_from_dict(data if isinstance(data, dict) else {}, source=str(self.config_path))
             except (OSError, ValueError, RecursionError) as exc:  # ConfigError, JSON or UTF-8 errors included
-                raise RunDirError(f"{self.config_path}: the run's configuration cannot be read ({exc}){_older(data)}"
+                why = str(exc).removeprefix(f"{self.config_path}: ")
+                raise RunDirError(f"{self.config_path}: the run's configuration cannot be read ({why}){_older(data)}"
                                   ) from None
         else:
             source = manifest.data.get("config_source", "")
