@@ -202,8 +202,7 @@ class PyomoBackend:
             cond = results.solver.termination_condition
         except Exception as exc:  # noqa: BLE001 - the failsafe decides what a failed solve means
             self.clock["solve"] += time.thread_time() - c1
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            return Result(False, f"{type(exc).__name__}: {first}", None, np.nan, time.perf_counter() - t0)
+            return Result(False, _failure(exc), None, np.nan, time.perf_counter() - t0)
         c2 = time.thread_time()
         self.clock["solve"] += c2 - c1
         if cond != TerminationCondition.optimal:
@@ -211,6 +210,16 @@ class PyomoBackend:
         x = values(z)
         self.clock["read"] += time.thread_time() - c2
         return Result(True, "Optimal", x, float(objective(x)), time.perf_counter() - t0)
+
+
+def _failure(exc: Exception) -> str:
+    """A solve's exception as a short status: the persistent interfaces raise one when they find no feasible
+    solution to load."""
+    text = str(exc)
+    if "feasible solution was not found" in text:
+        return "no feasible solution"
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:200]}"
 
 
 def _is_persistent_v2(opt) -> bool:

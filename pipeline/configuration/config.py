@@ -217,11 +217,13 @@ class EstimationConfig(_Strict):
     @model_serializer(mode="wrap")
     def _omit_direct_defaults(self, handler: SerializerFunctionWrapHandler) -> dict:
         """No Pyomo-path keys on the direct path (config.json and the config hash stay those of a configuration
-        written before the keys existed)."""
+        written before the keys existed), no ``backend`` on the Pyomo path (it chooses no solver there)."""
         data = handler(self)
         if data.get("compiler") == "direct":
             for key in ("compiler", "solver", "qp_solver", "solver_options"):
                 data.pop(key, None)
+        else:
+            data.pop("backend", None)
         return data
 
 
