@@ -6,7 +6,8 @@ parent problem it solves to ``DIR/problems.pkl`` with each problem's level. The 
 measurements and the true parent histograms of the level above (confidential input): keep DIR private;
 nothing of them is printed.
 
-``compare DIR [--solver highs] [--qp-solver NAME] [--every N]``: solves each captured problem (every N-th
+``compare DIR [--solver highs] [--qp-solver NAME] [--every N] [--levels L,..] [--without X,..] [--no-check]``:
+solves each captured problem (every N-th
 Block-level one with ``--every``) on both paths in this process and prints one JSON object per level and
 one for the whole: parents and children solved, CPU seconds of each path and per child (per block at the
 Block level), the Pyomo path's CPU by where it goes (``parent_model``: the parent's Pyomo model built and
@@ -16,7 +17,8 @@ loading the solution back; ``solver``: HiGHS's own run; ``read``: values read ba
 difference of an L2 pass's objective, and, with both paths' rounders given the direct path's L2 estimate,
 how many parents round identically, how many differently at the same objective (an optimum that is not
 unique), and how many at a different objective (must be 0). Only solves at the exact failsafe level are
-compared pass by pass.
+compared pass by pass. ``--without pause_gc,bulk_columns,reuse`` switches off the Pyomo path's speed-ups
+(:func:`switch_off`) to measure each.
 
 Usage (Rhode Island, persons):
   topdown ingest blocks data/ri2010/ri_2010_block_demographics.csv.gz --out ri2010-input
@@ -146,12 +148,38 @@ class HighsClock:
         highspy.Highs.run = timed
 
 
-def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check: bool) -> None:
+#: What ``--without`` can switch off in solvers/pyomo_path.py, to measure what each is worth.
+WITHOUT = ("pause_gc", "bulk_columns", "reuse")
+
+
+def switch_off(names: list[str]) -> None:
+    """Undo the Pyomo path's speed-ups named (:data:`WITHOUT`) in this process: collections during model
+    building (``pause_gc``), columns handed to a persistent solver row by row by its own ``set_instance``
+    (``bulk_columns``), a fresh model for every L2 pass (``reuse``)."""
+    import contextlib
+
+    from topdown.solvers import pyomo_path
+
+    for name in names:
+        if name == "pause_gc":
+            pyomo_path.PauseGC = contextlib.nullcontext
+        elif name == "bulk_columns":
+            pyomo_path.hand_over = lambda opt, m, z: opt.set_instance(m)
+        elif name == "reuse":
+            pyomo_path._same_rows = lambda a, b: False
+        else:
+            raise SystemExit(f"--without: unknown {name!r} (known: {', '.join(WITHOUT)})")
+
+
+def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check: bool,
+            levels: set[str] | None = None) -> None:
     from topdown.solvers import solve_parent
     from topdown.solvers import model as model_module
     from topdown.solvers.pyomo_path import PyomoBackend
 
     items = pickle.loads((folder / "problems.pkl").read_bytes())
+    if levels:
+        items = [(level, p) for level, p in items if level in levels]
     lowest = {level for level, problem in items if len(problem.children[0]) == max(len(p.children[0]) for _, p in items)}
     highs = HighsClock()
     compile_clock = [0.0]
@@ -227,12 +255,16 @@ def main() -> None:
     m.add_argument("--qp-solver", default=None)
     m.add_argument("--every", type=int, default=1, help="every N-th parent of the lowest level only")
     m.add_argument("--no-check", dest="check", action="store_false", help="times only, no pass-by-pass comparison")
+    m.add_argument("--levels", default=None, help="comma-separated product.Level names (default: every level)")
+    m.add_argument("--without", default="", help=f"comma-separated speed-ups to switch off: {', '.join(WITHOUT)}")
     args = ap.parse_args()
     if args.cmd == "capture":
         n = capture(args.config, args.input, args.out, args.products.split(",") if args.products else None)
         print(json.dumps({"captured": n, "dir": str(args.out)}))
     else:
-        compare(args.folder, args.solver, args.qp_solver, args.every, args.check)
+        switch_off([n for n in args.without.split(",") if n])
+        compare(args.folder, args.solver, args.qp_solver, args.every, args.check,
+                set(args.levels.split(",")) if args.levels else None)
 
 
 if __name__ == "__main__":

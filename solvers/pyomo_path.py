@@ -62,7 +62,8 @@ class SolverUnusable(ValueError):
 
 @contextmanager
 def _quiet_pyomo() -> Iterator[None]:
-    """Pyomo's warnings (an unknown solver name, a solver not found) raised to errors we word ourselves."""
+    """Pyomo's warnings while a solver is looked up (an unknown name, a solver not found): the caller words
+    the error."""
     log = logging.getLogger("pyomo")
     level = log.level
     log.setLevel(logging.ERROR + 1)
@@ -189,16 +190,15 @@ class PyomoBackend:
         options = self._options(name, kind, presolve)
         c1 = time.thread_time()
         try:
-            with _quiet_pyomo():
-                if _is_persistent_v1(opt):
-                    opt.set_instance(m)  # it would not see changed bounds on a reused model
-                    results = opt.solve(options=options, load_solutions=False)
-                    if results.solver.termination_condition == TerminationCondition.optimal:
-                        opt.load_vars()
-                else:
-                    if _is_persistent_v2(opt) and getattr(opt, "_model", None) is not m:
-                        hand_over(opt, m, z)
-                    results = opt.solve(m, options=options)  # loads the solution where there is one
+            if _is_persistent_v1(opt):
+                opt.set_instance(m)  # it would not see changed bounds on a reused model
+                results = opt.solve(options=options, load_solutions=False)
+                if results.solver.termination_condition == TerminationCondition.optimal:
+                    opt.load_vars()
+            else:
+                if _is_persistent_v2(opt) and getattr(opt, "_model", None) is not m:
+                    hand_over(opt, m, z)
+                results = opt.solve(m, options=options)  # loads the solution where there is one
             cond = results.solver.termination_condition
         except Exception as exc:  # noqa: BLE001 - the failsafe decides what a failed solve means
             self.clock["solve"] += time.thread_time() - c1
