@@ -4,8 +4,8 @@ The passes are the same code on both paths (l2.py, tau.py, rounder.py, failsafe.
 problem in the box form of backends.py (rows ``lo <= A z <= hi`` over the parent's columns, column bounds
 ``lb <= z <= ub``, a diagonal quadratic or a linear objective). On this path the parent's rows come from
 its Pyomo model (``model.compile_pyomo``), and :class:`PyomoBackend` takes the place of the direct
-solvers: it writes each pass's problem as a Pyomo ``ConcreteModel`` (one variable per column, the rows as
-one ``MatrixConstraint``, the objective as one expression) and solves it with a solver that
+solvers: it writes each pass's problem as a Pyomo ``ConcreteModel`` (one variable per column, one
+constraint per row, the objective as one expression) and solves it with a solver that
 ``pyomo.environ.SolverFactory`` names (its own solvers, ``appsi_*``, and ``pyomo.contrib.solver``'s as
 registered there: ``highs``, ``ipopt_v2``, ``gurobi_persistent_v2`` ...). The L2 passes of a parent share
 their rows, so a QP on the same rows as the one before reuses that model: only bounds and objective
@@ -26,8 +26,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pyomo.environ as pyo
-from pyomo.common.gc_manager import PauseGC
 import scipy.sparse as sp
+from pyomo.common.gc_manager import PauseGC
 from pyomo.core.expr.numeric_expr import LinearExpression, MonomialTermExpression
 from pyomo.core.expr.relational_expr import EqualityExpression, InequalityExpression, RangedExpression
 from pyomo.opt import TerminationCondition
@@ -51,8 +51,8 @@ FAMILY_OPTIONS = {"highs": {"threads": 1, "random_seed": 0, "output_flag": False
 HIGHS_LP = {"solver": "simplex", "simplex_strategy": 1}
 #: HiGHS option for a MILP: an optimum proven to a zero gap.
 HIGHS_MILP = {"mip_rel_gap": 0.0}
-#: HiGHS options of a QP: no regularization of its Hessian (HiGHS's default 1e-7 moved the L2 estimates by up
-#: to 1e-3 from the direct path's on Rhode Island's Block_Group parents; without it, by 4e-6).
+#: HiGHS options of a QP: no regularization of its Hessian (HiGHS's default 1e-7 moved the L2 estimates of a
+#: demo Block_Group parent by up to 1e-3 persons from the direct path's; without it, by 4e-6).
 HIGHS_QP = {"qp_regularization_value": 0.0}
 
 
@@ -120,17 +120,20 @@ class PyomoBackend:
         self.qp_solver = qp_solver or solver
         self.options = dict(options or {})
         self.clock: Counter = Counter()
-        self._opts: dict[str, Any] = {}
+        self._opts: dict[tuple[str, bool], Any] = {}
         self._last: tuple | None = None  # (rows, model, columns) of the last QP: the next may reuse them
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_opts": {}, "_last": None, "clock": Counter()}
 
-    def _opt(self, name: str):
-        if name not in self._opts:
-            self._opts[name] = make_solver(name)
-            _only_bounds_and_objective_change(self._opts[name])
-        return self._opts[name]
+    def _opt(self, name: str, kind: str):
+        """The solver object of ``name`` for the QPs or for the LPs: one each, so that a persistent one keeps
+        the L2 passes' model while the tau LPs between them are solved."""
+        key = (name, kind == "qp")
+        if key not in self._opts:
+            self._opts[key] = make_solver(name)
+            _only_bounds_and_objective_change(self._opts[key])
+        return self._opts[key]
 
     def _options(self, name: str, kind: str, presolve: bool) -> dict:
         out: dict[str, Any] = {}
@@ -186,7 +189,7 @@ class PyomoBackend:
                objective) -> Result:
         """Solve ``m`` with solver ``name``; a solver error or a status other than optimal is a failed
         Result (the failsafe's signal), with the solver's words as its status."""
-        opt = self._opt(name)
+        opt = self._opt(name, kind)
         options = self._options(name, kind, presolve)
         c1 = time.thread_time()
         try:
@@ -202,6 +205,8 @@ class PyomoBackend:
             cond = results.solver.termination_condition
         except Exception as exc:  # noqa: BLE001 - the failsafe decides what a failed solve means
             self.clock["solve"] += time.thread_time() - c1
+            self._opts.pop((name, kind == "qp"), None)  # a fresh solver object, and no model reused, next time
+            self._last = None
             return Result(False, _failure(exc), None, np.nan, time.perf_counter() - t0)
         c2 = time.thread_time()
         self.clock["solve"] += c2 - c1
@@ -369,7 +374,6 @@ def check_solvers(solver: str, qp_solver: str | None = None, options: Mapping[st
     tried: dict[tuple[str, str], str | None] = {}
     for what, (kind, words) in PASS_CLASSES.items():
         name = backend.qp_solver if kind == "qp" else backend.solver
-        make_solver(name)
         if (name, kind) not in tried:
             tried[(name, kind)] = _probe(backend, kind)
         if tried[(name, kind)] is not None:
