@@ -23,15 +23,20 @@ from topdown.pipeline import load_config, run
 from topdown.pipeline.configuration.config import ConfigError, EstimationConfig
 from topdown.solvers import solve_parent
 from topdown.solvers.backends import DEFAULT_BACKEND
+from topdown.solvers.l2 import SCALE_TARGET, problem_scale
+from topdown.solvers.layout import build_layout
 from topdown.solvers.model import compile_pyomo
 from topdown.solvers.pyomo_path import PyomoBackend, SolverUnusable, check_solvers
 
 #: HiGHS through Pyomo: appsi's interface for the LPs, pyomo.contrib.solver's for the QPs (appsi's takes none).
 HIGHS = {"compiler": "pyomo", "solver": "appsi_highs", "qp_solver": "highs"}
-#: How far an L2 estimate may be from the direct path's, in persons, per person of the parent (PIQP and
-#: HiGHS's active-set QP both stop within 1e-9 relative of the scaled problem; Clarabel, the direct path's
-#: other QP solver, is as far from PIQP).
-L2_TOLERANCE = 1e-6
+#: How far an L2 estimate may be from the direct path's, in persons: a hundredth of a person plus 1e-6 of the
+#: parent's magnitude. The solvers stop at tolerances on the scaled problem's residuals and gradient, and a
+#: cell whose measurement has a large variance moves by the gradient's tolerance times that variance; the
+#: direct path's own two QP solvers (PIQP, Clarabel) differ by up to 0.017 persons on the demo's County ->
+#: Tract parent, HiGHS through Pyomo from PIQP by at most 0.0055 on every parent compared
+#: (benchmarks/RESULTS_pyomo.md).
+L2_ABSOLUTE, L2_RELATIVE = 0.01, 1e-6
 
 
 def _bench():
@@ -45,8 +50,8 @@ def assert_equal_paths(problem, backend) -> str:
     """The problem's L2 estimates and rounding agree on both paths; returns how the rounding agreed."""
     cmp = _bench().compare_parent(problem, backend)
     assert cmp, f"parent {problem.parent!r}: the exact level failed"
-    scale = max(1.0, float(np.sum(problem.parent_hist)) if problem.parent_hist is not None else 1.0)
-    assert cmp["l2_max_abs"] <= L2_TOLERANCE * scale + 1e-6, (problem.parent, cmp)
+    magnitude = problem_scale(build_layout(problem)) * SCALE_TARGET
+    assert cmp["l2_max_abs"] <= L2_ABSOLUTE + L2_RELATIVE * magnitude, (problem.parent, cmp)
     assert cmp["l2_objective_rel"] <= 1e-6, (problem.parent, cmp)
     assert cmp["rounding"] in ("identical", "tie"), (problem.parent, cmp)
     return cmp["rounding"]
