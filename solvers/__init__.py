@@ -1,4 +1,6 @@
-"""Solving one parent: Pyomo models for the multi-pass L2 estimation and the rounder, solver back ends.
+"""Solving one parent: the multi-pass L2 estimation and the rounder over the parent's rows (built directly
+with numpy, or compiled from its Pyomo model), handed to solver back ends (PIQP/Clarabel + HiGHS, Gurobi, or
+any Pyomo solver on the Pyomo path, pyomo_path.py).
 
 ``solve_parent(problem) -> ParentSolution`` is the entry point (solve.py); the contract is problem.py.
 """

@@ -1,5 +1,5 @@
-"""Direct numpy/scipy build of the same StandardForm as the Pyomo model: the floor that the Pyomo path
-is benchmarked against (benchmarks/parents.py) and a cross-check in the tests."""
+"""Direct numpy/scipy build of the same StandardForm as the Pyomo model: what production runs compile
+(``solve.DEFAULT_COMPILER``), checked equal to the Pyomo model's compilation in the tests."""
 from __future__ import annotations
 
 from .layout import Layout

@@ -1,4 +1,6 @@
-"""The parent's Pyomo model and its compilation to a StandardForm.
+"""The parent's Pyomo model and its compilation to a StandardForm: the definition of a parent's problem,
+compiled on the Pyomo path (``compiler = "pyomo"``, pyomo_path.py); production runs build the same rows
+directly (direct.py), equal entry for entry.
 
 One ConcreteModel per parent (per failsafe level): ``x[i]`` counts (>= 0), ``a[i]`` auxiliary query
 answers (free; eq. 7.5's Q x, defined hierarchically), ``sp``/``sn`` parent slacks (failsafe step 3),

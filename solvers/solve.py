@@ -1,7 +1,7 @@
 """``solve_parent``: one parent's children, from noisy measurements to integer histograms.
 
-Sequence per failsafe level (failsafe.py): layout (layout.py) -> Pyomo model compiled once (model.py)
--> multi-pass L2 with tau bands (l2.py, eqs. 7.5-7.6) -> multi-pass rounder (rounder.py, eq. 7.7) ->
+Sequence per failsafe level (failsafe.py): layout (layout.py) -> rows compiled once (direct.py; or the
+Pyomo model, model.py, on the Pyomo path) -> multi-pass L2 with tau bands (l2.py, eqs. 7.5-7.6) -> multi-pass rounder (rounder.py, eq. 7.7) ->
 check of every row on the integer result. Shortcuts (as DAS-2020 `topdown_engine.py`): an all-zero parent gives zeros, a
 single child (not at the root) gets the parent's histogram. A parent with more than
 ``problem.split_above`` children, or children x non-zero parent cells above ``problem.split_cost``, is
@@ -29,9 +29,9 @@ CHECK_TOL = 1e-6
 
 Compiler = Callable[[Layout], StandardForm]
 
-#: The compiler of the pipeline's solves: the direct numpy/scipy build of the Pyomo model's rows, equal to
-#: ``model.compile_pyomo`` entry for entry (tests/test_solvers.py, random instances) at a fraction of the
-#: cost (a Pyomo ConcreteModel per parent was about a fifth of a block-level task's CPU; DESIGN.md).
+#: The compiler of the pipeline's solves unless ``compiler = "pyomo"``: the direct numpy/scipy build of the Pyomo
+#: model's rows, equal to ``model.compile_pyomo`` entry for entry (tests/test_solvers.py, random instances) at a
+#: fraction of the cost (a Pyomo ConcreteModel per parent was about a fifth of a block-level task's CPU; DESIGN.md).
 DEFAULT_COMPILER: Compiler = compile_direct
 
 
@@ -54,7 +54,8 @@ def solve_parent(problem: ParentProblem, backend: Backend = DEFAULT_BACKEND,
     """Estimate the children of one parent (see the ParentProblem contract in problem.py).
 
     ``compiler`` turns a Layout into a StandardForm: ``DEFAULT_COMPILER`` (the direct build) or
-    ``model.compile_pyomo`` (the Pyomo model, the problem's definition). ``map_solve`` solves the
+    ``model.compile_pyomo`` (the Pyomo model, the problem's definition; the Pyomo path pairs it with
+    ``pyomo_path.PyomoBackend``). ``map_solve`` solves the
     independent second-stage groups of a split parent (split.py), e.g. on other workers: same result.
     """
     compiler = compiler or DEFAULT_COMPILER

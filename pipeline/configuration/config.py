@@ -8,7 +8,8 @@ Layout of a configuration file (see ``conf/demo.toml``)::
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
     [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack,
-                               split_above, split_cost, split_group, backend
+                               split_above, split_cost, split_group, backend; compiler = "pyomo" with solver,
+                               qp_solver, solver_options (the Pyomo path)
     [persons.invariants]       <Level> = [invariant names]
     [persons.constraints]      <Level> = [constraint names]
     [units.*]                  the same for the housing-unit product (one table per product of the census)
@@ -28,7 +29,8 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, SerializerFunctionWrapHandler,
-                      SkipValidation, Strict, ValidationError, model_serializer, model_validator)
+                      SkipValidation, Strict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      model_serializer, model_validator)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -163,6 +165,10 @@ class BudgetConfig(_Strict):
 #: us88) joint, as in production, at about 1.3 GB, and splits a state of 100+ counties.
 SPLIT_COST = 160_000
 
+#: The Pyomo path's solver when ``solver`` is not given: pyomo.contrib.solver's HiGHS interface, which takes the
+#: L2 passes' QPs as well as the LPs and MILPs (``appsi_highs`` takes linear objectives only).
+PYOMO_SOLVER = "highs"
+
 
 class EstimationConfig(_Strict):
     """Query orderings of the multi-pass L2 estimation and rounder, per child level."""
@@ -180,8 +186,49 @@ class EstimationConfig(_Strict):
     split_group: int = Field(default=25, ge=2, description="children per group of a two-stage solve")
     backend: Literal["piqp-highs", "clarabel-highs", "gurobi"] = Field(
         default="piqp-highs", description=(
-            "solvers: PIQP (QP) + HiGHS (LP); Clarabel (QP) + HiGHS (LP), the default before PIQP (to "
-            "reproduce an older run); or Gurobi where licensed"))
+            "solvers of the direct path: PIQP (QP) + HiGHS (LP); Clarabel (QP) + HiGHS (LP), the default before "
+            "PIQP (to reproduce an older run); or Gurobi where licensed"))
+    compiler: Literal["direct", "pyomo"] = Field(default="direct", description=(
+        "direct (the default): each parent's rows built with numpy and the passes handed to the back end's "
+        "solvers; pyomo: the parent's Pyomo model, each pass a Pyomo model solved through Pyomo by `solver`"))
+    solver: str | None = Field(default=None, description=(
+        "compiler = \"pyomo\": the solver of every pass, a name pyomo.environ.SolverFactory knows (appsi_highs, "
+        "highs, gurobi_persistent, cplex_direct...; default highs)"))
+    qp_solver: str | None = Field(default=None, description=(
+        "compiler = \"pyomo\": the solver of the L2 passes' QPs, where `solver` takes no QP (default: solver)"))
+    solver_options: dict[str, StrictStr | StrictInt | StrictFloat | StrictBool] = Field(
+        default_factory=dict, description="compiler = \"pyomo\": options given to every solve (e.g. Threads = 1)")
+
+    @model_validator(mode="after")
+    def _check_compiler(self) -> "EstimationConfig":
+        pyomo_only = [k for k in ("solver", "qp_solver", "solver_options") if k in self.model_fields_set]
+        if self.compiler == "direct" and pyomo_only:
+            raise ValueError(f"{pyomo_only[0]} chooses a solver of the Pyomo path: set compiler = \"pyomo\" (the "
+                             "direct path's solvers are `backend`)")
+        if self.compiler == "pyomo" and "backend" in self.model_fields_set:
+            raise ValueError("backend chooses the direct path's solvers; compiler = \"pyomo\" takes `solver` (and "
+                             "`qp_solver`) instead")
+        for key in ("solver", "qp_solver"):
+            if getattr(self, key) is not None and not getattr(self, key).strip():
+                raise ValueError(f"{key} is empty: name a solver that pyomo.environ.SolverFactory knows")
+        return self
+
+    @property
+    def pyomo_solver(self) -> str:
+        """The Pyomo path's solver of every pass."""
+        return self.solver or PYOMO_SOLVER
+
+    @model_serializer(mode="wrap")
+    def _omit_direct_defaults(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """No Pyomo-path keys on the direct path (config.json and the config hash stay those of a configuration
+        written before the keys existed), no ``backend`` on the Pyomo path (it chooses no solver there)."""
+        data = handler(self)
+        if data.get("compiler") == "direct":
+            for key in ("compiler", "solver", "qp_solver", "solver_options"):
+                data.pop(key, None)
+        else:
+            data.pop("backend", None)
+        return data
 
 
 class ProductConfig(_Strict):

@@ -58,11 +58,21 @@ def check_pass_queries(config: Config) -> None:
 
 
 def check_backend(config: Config) -> None:
-    """A product that asks for ``backend = "gurobi"`` needs gurobipy and a licence on this machine."""
+    """A product that asks for ``backend = "gurobi"`` needs gurobipy and a licence on this machine; one on the
+    Pyomo path (``compiler = "pyomo"``) needs solvers that Pyomo knows, that are available here and that solve
+    a small problem of each pass's class (``solvers/pyomo_path.py``)."""
     from topdown.solvers.gurobi import Gurobi, GurobiUnavailable
 
     for product in config.run.products:
-        if config.product(product).estimation.backend == "gurobi":
+        est = config.product(product).estimation
+        if est.compiler == "pyomo":
+            from topdown.solvers.pyomo_path import SolverUnusable, check_solvers
+
+            try:
+                check_solvers(est.pyomo_solver, est.qp_solver, est.solver_options)
+            except SolverUnusable as exc:
+                raise ConfigError(f"{config.source}: [{product}.estimation] {exc}") from None
+        elif est.backend == "gurobi":
             try:
                 Gurobi()
             except GurobiUnavailable as exc:

@@ -92,7 +92,7 @@ def _check(task: ParentTask, solution: ParentSolution) -> None:
 GROUP_PRIORITY = 1 << 40
 
 
-def map_on_cluster(backend) -> Callable | None:
+def map_on_cluster(backend, compiler=None) -> Callable | None:
     """Inside a Dask task: a ``map_solve`` for ``solve_parent`` that runs a split parent's second-stage
     groups as tasks of the same cluster (the waiting task secedes from its worker's thread), so a huge
     parent is spread over the workers instead of running alone (issue 20). None outside a worker."""
@@ -109,10 +109,29 @@ def map_on_cluster(backend) -> Callable | None:
         from topdown.solvers import solve_parent
 
         with worker_client() as client:
-            futures = client.map(solve_parent, problems, backend=backend, pure=False, priority=GROUP_PRIORITY)
+            futures = client.map(solve_parent, problems, backend=backend, compiler=compiler, pure=False,
+                                 priority=GROUP_PRIORITY)
             return client.gather(futures)
 
     return map_solve
+
+
+def estimation_solvers(est) -> tuple[object, Callable | None, bool]:
+    """The back end and compiler ``[<product>.estimation]`` asks for (``compiler = "pyomo"``: the parent's Pyomo
+    model and every pass solved through Pyomo; else the direct build and ``backend``), and whether a split
+    parent's groups may be solved on other workers with them (not with Gurobi's licence, held per process)."""
+    if est.compiler == "pyomo":
+        from topdown.solvers.model import compile_pyomo
+        from topdown.solvers.pyomo_path import PyomoBackend
+
+        return PyomoBackend(est.pyomo_solver, est.qp_solver, est.solver_options), compile_pyomo, True
+    if est.backend == "gurobi":
+        from topdown.solvers.gurobi import Gurobi
+
+        return Gurobi(), None, False
+    from topdown.solvers.backends import BACKENDS
+
+    return BACKENDS[est.backend], None, True
 
 
 def run_chunk(chunk: Chunk) -> ChunkResult:
@@ -125,15 +144,8 @@ def run_chunk(chunk: Chunk) -> ChunkResult:
 
 def _run_chunk(chunk: Chunk) -> ChunkResult:
     from topdown.solvers import solve_parent
-    from topdown.solvers.backends import BACKENDS
 
-    name = chunk.cfg.estimation.backend
-    if name == "gurobi":
-        from topdown.solvers.gurobi import Gurobi
-
-        backend = Gurobi()
-    else:
-        backend = BACKENDS[name]
+    backend, compiler, spreads = estimation_solvers(chunk.cfg.estimation)
     start = time.perf_counter()
     schema = chunk.product.schema
     cfg = chunk.cfg
@@ -163,8 +175,8 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
             split_group=cfg.estimation.split_group,
         )
         t0 = time.perf_counter()
-        spread = map_on_cluster(backend) if name in BACKENDS else None  # Gurobi: licence per process
-        solution = solve_parent(problem, backend, map_solve=spread)
+        spread = map_on_cluster(backend, compiler) if spreads else None
+        solution = solve_parent(problem, backend, compiler, map_solve=spread)
         result.solve_seconds.append(time.perf_counter() - t0)
         _check(task, solution)
         c, j = np.nonzero(solution.counts)

@@ -1,0 +1,271 @@
+"""The Pyomo path (``compiler = "pyomo"``) beside the direct path, parent by parent: CPU, where the Pyomo
+path's time goes, and how far its estimates are from the direct path's.
+
+``capture CONFIG --input DIR --out DIR``: runs CONFIG in this process (one Dask thread) and pickles every
+parent problem it solves to ``DIR/problems.pkl`` with each problem's level. The problems hold noisy
+measurements and the true parent histograms of the level above (confidential input): keep DIR private;
+nothing of them is printed.
+
+``compare DIR [--solver highs] [--qp-solver NAME] [--every N] [--levels L,..] [--without X,..] [--no-check]``:
+solves each captured problem (every N-th
+Block-level one with ``--every``) on both paths in this process and prints one JSON object per level and
+one for the whole: parents and children solved, CPU seconds of each path and per child (per block at the
+Block level), the Pyomo path's CPU by where it goes (``parent_model``: the parent's Pyomo model built and
+compiled; ``pass_models``: each pass's model built; ``transfer``: Pyomo handing the model to the solver and
+loading the solution back; ``solver``: HiGHS's own run; ``read``: values read back), and the comparisons
+(:func:`compare_parent`): the largest difference of the L2 estimates in persons, the largest relative
+difference of an L2 pass's objective, and, with both paths' rounders given the direct path's L2 estimate,
+how many parents round identically, how many differently at the same objective (an optimum that is not
+unique), and how many at a different objective (must be 0). Only solves at the exact failsafe level are
+compared pass by pass. ``--without pause_gc,bulk_columns,reuse`` switches off the Pyomo path's speed-ups
+(:func:`switch_off`) to measure each.
+
+Usage (Rhode Island, persons):
+  topdown ingest blocks data/ri2010/ri_2010_block_demographics.csv.gz --out ri2010-input
+  OPENBLAS_NUM_THREADS=1 python benchmarks/pyomo_path.py capture conf/ri2010.toml --input ri2010-input --out /tmp/ri
+  OPENBLAS_NUM_THREADS=1 python benchmarks/pyomo_path.py compare /tmp/ri --solver appsi_highs --qp-solver highs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+def capture(config: str, input_dir: Path, out: Path, products: list[str] | None = None) -> int:
+    """Run ``config`` in this process and pickle every parent problem it solves (with its level)."""
+    from distributed import Client
+
+    import topdown.solvers as solvers
+    from topdown.pipeline import load_config, run
+    from topdown.pipeline.execution import tasks
+
+    out.mkdir(parents=True, exist_ok=True)
+    seen: list = []
+    level = [""]
+    solve, run_chunk = solvers.solve_parent, tasks._run_chunk
+
+    def recording(problem, *args, **kwargs):
+        seen.append((level[0], problem))
+        return solve(problem, *args, **kwargs)
+
+    def chunk_level(chunk):
+        level[0] = f"{chunk.product.name}.{chunk.level}"
+        return run_chunk(chunk)
+
+    solvers.solve_parent, tasks._run_chunk = recording, chunk_level  # one thread: the level of the chunk running
+    cfg = load_config(config)
+    if products:
+        cfg = cfg.with_overrides(products=products)
+    try:
+        with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client:
+            run(cfg, out / "run", input_dir=input_dir, client=client)
+    finally:
+        solvers.solve_parent, tasks._run_chunk = solve, run_chunk
+    (out / "problems.pkl").write_bytes(pickle.dumps(seen))
+    return len(seen)
+
+
+class Recording:
+    """A back end that passes every call on and keeps each result (for pass-by-pass comparisons)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.results = inner, []
+
+    def qp(self, *args):
+        res = self.inner.qp(*args)
+        self.results.append(("qp", res))
+        return res
+
+    def lp(self, *args, **kwargs):
+        res = self.inner.lp(*args, **kwargs)
+        self.results.append(("lp", res))
+        return res
+
+
+def _objectives(rec: Recording, kind: str) -> list[float]:
+    return [r.objective for k, r in rec.results if k == kind]
+
+
+def compare_parent(problem, pyomo_backend) -> dict:
+    """One parent on both paths at the exact failsafe level: the L2 estimates' largest difference (persons),
+    the L2 passes' objectives' largest relative difference, and the rounders on the same L2 estimate (the
+    direct path's): ``rounding`` is "identical", "tie" (different integers, every pass's objective equal
+    within 1e-6) or "different". None when the exact level fails on either path."""
+    from topdown.solvers.backends import DEFAULT_BACKEND
+    from topdown.solvers.direct import compile_direct
+    from topdown.solvers.l2 import SolveFailure, run_l2
+    from topdown.solvers.layout import build_layout
+    from topdown.solvers.model import compile_pyomo
+    from topdown.solvers.rounder import run_rounder
+
+    layout = build_layout(problem)
+    if layout.infeasible or layout.n_x == 0:
+        return {}
+    form_d, form_p = compile_direct(layout), compile_pyomo(layout)
+    d, p = Recording(DEFAULT_BACKEND), Recording(pyomo_backend)
+    try:
+        l2_d, l2_p = run_l2(layout, form_d, d), run_l2(layout, form_p, p)
+        rd, rp = Recording(DEFAULT_BACKEND), Recording(pyomo_backend)
+        hist_d, _ = run_rounder(layout, form_d, l2_d.z, rd)
+        hist_p, _ = run_rounder(layout, form_p, l2_d.z, rp)
+    except SolveFailure:
+        return {}
+    x = layout.xcol >= 0
+    obj_d, obj_p = np.array(_objectives(d, "qp")), np.array(_objectives(p, "qp"))
+    l2_rel = float(np.max(np.abs(obj_p - obj_d) / np.maximum(1.0, np.abs(obj_d)))) if obj_d.size else 0.0
+    if np.array_equal(hist_d, hist_p):
+        rounding = "identical"
+    else:
+        lp_d, lp_p = np.array(_objectives(rd, "lp")), np.array(_objectives(rp, "lp"))
+        same = lp_d.size == lp_p.size and np.allclose(lp_p, lp_d, rtol=1e-9, atol=1e-6)
+        rounding = "tie" if same else "different"
+    return {"l2_max_abs": float(np.abs(l2_p.z[layout.xcol[x]] - l2_d.z[layout.xcol[x]]).max()),
+            "l2_objective_rel": l2_rel, "rounding": rounding}
+
+
+class HighsClock:
+    """CPU seconds inside ``highspy.Highs.run`` (the solver's own share of a Pyomo solve)."""
+
+    def __init__(self) -> None:
+        import highspy
+
+        self.seconds = 0.0
+        run = highspy.Highs.run
+
+        def timed(h, *a, **k):
+            c0 = time.thread_time()
+            try:
+                return run(h, *a, **k)
+            finally:
+                self.seconds += time.thread_time() - c0
+
+        highspy.Highs.run = timed
+
+
+#: What ``--without`` can switch off in solvers/pyomo_path.py, to measure what each is worth.
+WITHOUT = ("pause_gc", "bulk_columns", "reuse")
+
+
+def switch_off(names: list[str]) -> None:
+    """Undo the Pyomo path's speed-ups named (:data:`WITHOUT`) in this process: collections during model
+    building (``pause_gc``), columns handed to a persistent solver row by row by its own ``set_instance``
+    (``bulk_columns``), a fresh model for every L2 pass (``reuse``)."""
+    import contextlib
+
+    from topdown.solvers import pyomo_path
+
+    for name in names:
+        if name == "pause_gc":
+            pyomo_path.PauseGC = contextlib.nullcontext
+        elif name == "bulk_columns":
+            pyomo_path.hand_over = lambda opt, m, z: opt.set_instance(m)
+        elif name == "reuse":
+            pyomo_path._same_rows = lambda a, b: False
+        else:
+            raise SystemExit(f"--without: unknown {name!r} (known: {', '.join(WITHOUT)})")
+
+
+def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check: bool,
+            levels: set[str] | None = None) -> None:
+    from topdown.solvers import solve_parent
+    from topdown.solvers import model as model_module
+    from topdown.solvers.pyomo_path import PyomoBackend
+
+    items = pickle.loads((folder / "problems.pkl").read_bytes())
+    if levels:
+        items = [(level, p) for level, p in items if level in levels]
+    lowest = {level for level, problem in items if len(problem.children[0]) == max(len(p.children[0]) for _, p in items)}
+    highs = HighsClock()
+    compile_clock = [0.0]
+    compile_pyomo = model_module.compile_pyomo
+
+    def timed_compile(layout):
+        c0 = time.thread_time()
+        try:
+            return compile_pyomo(layout)
+        finally:
+            compile_clock[0] += time.thread_time() - c0
+
+    rows: dict[str, dict] = defaultdict(lambda: defaultdict(float))
+    backend = PyomoBackend(solver, qp_solver)
+    solve_parent(items[-1][1], backend, timed_compile)  # imports and first solver calls off the clock
+    for i, (level, problem) in enumerate(items):
+        if every > 1 and level in lowest and i % every:
+            continue
+        row = rows[level]
+        c0 = time.thread_time()
+        direct = solve_parent(problem)
+        c1 = time.thread_time()
+        backend.clock.clear()
+        highs.seconds, compile_clock[0] = 0.0, 0.0
+        c2 = time.thread_time()
+        pyomo = solve_parent(problem, backend, timed_compile)
+        c3 = time.thread_time()
+        row["parents"] += 1
+        row["children"] += problem.n_children
+        row["direct_cpu_s"] += c1 - c0
+        row["pyomo_cpu_s"] += c3 - c2
+        row["parent_model"] += compile_clock[0]
+        row["pass_models"] += backend.clock["build"]
+        row["solver"] += highs.seconds
+        row["transfer"] += backend.clock["solve"] - highs.seconds
+        row["read"] += backend.clock["read"]
+        row["identical_outputs"] += bool(np.array_equal(direct.hist, pyomo.hist))
+        if check and not direct.stats.shortcut and direct.stats.level == pyomo.stats.level == "exact":
+            cmp = compare_parent(problem, backend)
+            if cmp:
+                row["compared"] += 1
+                row["l2_max_abs"] = max(row["l2_max_abs"], cmp["l2_max_abs"])
+                row["l2_objective_rel"] = max(row["l2_objective_rel"], cmp["l2_objective_rel"])
+                row[f"rounding_{cmp['rounding']}"] += 1
+    total: dict[str, float] = defaultdict(float)
+    for level, row in sorted(rows.items()):
+        print(json.dumps(_shown(level, row)), flush=True)
+        for key, val in row.items():
+            total[key] = max(total[key], val) if key in ("l2_max_abs", "l2_objective_rel") else total[key] + val
+    print(json.dumps(_shown("all", total)), flush=True)
+
+
+def _shown(level: str, row: dict) -> dict:
+    out = {"level": level, **{k: (round(v, 9) if isinstance(v, float) and k.startswith("l2") else
+                                  round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}}
+    for path in ("direct", "pyomo"):
+        out[f"{path}_ms_per_child"] = round(1000 * row[f"{path}_cpu_s"] / max(row["children"], 1), 3)
+    out["ratio"] = round(row["pyomo_cpu_s"] / max(row["direct_cpu_s"], 1e-9), 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture")
+    c.add_argument("config")
+    c.add_argument("--input", required=True, type=Path)
+    c.add_argument("--out", required=True, type=Path)
+    c.add_argument("--products", default=None, help="comma-separated (default: the configuration's)")
+    m = sub.add_parser("compare")
+    m.add_argument("folder", type=Path)
+    m.add_argument("--solver", default="highs")
+    m.add_argument("--qp-solver", default=None)
+    m.add_argument("--every", type=int, default=1, help="every N-th parent of the lowest level only")
+    m.add_argument("--no-check", dest="check", action="store_false", help="times only, no pass-by-pass comparison")
+    m.add_argument("--levels", default=None, help="comma-separated product.Level names (default: every level)")
+    m.add_argument("--without", default="", help=f"comma-separated speed-ups to switch off: {', '.join(WITHOUT)}")
+    args = ap.parse_args()
+    if args.cmd == "capture":
+        n = capture(args.config, args.input, args.out, args.products.split(",") if args.products else None)
+        print(json.dumps({"captured": n, "dir": str(args.out)}))
+    else:
+        switch_off([n for n in args.without.split(",") if n])
+        compare(args.folder, args.solver, args.qp_solver, args.every, args.check,
+                set(args.levels.split(",")) if args.levels else None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The Pyomo path (``[<product>.estimation] compiler = "pyomo"``, solvers/pyomo_path.py): chosen in the
+configuration, its solvers checked before a run, and equal to the direct path within solver tolerance.
+
+Equality is judged as benchmarks/pyomo_path.py judges it (``compare_parent``): L2 estimates within solver
+tolerance, and the rounders given the same L2 estimate either identical or tied (every pass's objective
+equal). The heavier comparisons (every parent of Rhode Island's levels, the 1940 censuses' small runs) are
+marked slow.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyomo.environ as pyo
+import pytest
+from conftest import REPO
+from test_solvers import make_problem, random_truth
+
+from topdown.pipeline import load_config, run
+from topdown.pipeline.configuration.config import ConfigError, EstimationConfig
+from topdown.solvers import solve_parent
+from topdown.solvers.backends import DEFAULT_BACKEND
+from topdown.solvers.l2 import SCALE_TARGET, problem_scale
+from topdown.solvers.layout import build_layout
+from topdown.solvers.model import compile_pyomo
+from topdown.solvers.pyomo_path import PyomoBackend, SolverUnusable, check_solvers
+
+#: HiGHS through Pyomo: appsi's interface for the LPs, pyomo.contrib.solver's for the QPs (appsi's takes none).
+HIGHS = {"compiler": "pyomo", "solver": "appsi_highs", "qp_solver": "highs"}
+#: How far an L2 estimate may be from the direct path's, in persons: a hundredth of a person plus 1e-6 of the
+#: parent's magnitude. The solvers stop at tolerances on the scaled problem's residuals and gradient, and a
+#: cell whose measurement has a large variance moves by the gradient's tolerance times that variance; the
+#: direct path's own two QP solvers (PIQP, Clarabel) differ by up to 0.017 persons on the demo's County ->
+#: Tract parent, HiGHS through Pyomo from PIQP by at most 0.0055 on every parent compared
+#: (benchmarks/RESULTS_pyomo.md).
+L2_ABSOLUTE, L2_RELATIVE = 0.01, 1e-6
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_pyomo_path", REPO / "benchmarks" / "pyomo_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_equal_paths(problem, backend) -> str:
+    """The problem's L2 estimates and rounding agree on both paths; returns how the rounding agreed."""
+    cmp = _bench().compare_parent(problem, backend)
+    assert cmp, f"parent {problem.parent!r}: the exact level failed"
+    magnitude = problem_scale(build_layout(problem)) * SCALE_TARGET
+    assert cmp["l2_max_abs"] <= L2_ABSOLUTE + L2_RELATIVE * magnitude, (problem.parent, cmp)
+    assert cmp["l2_objective_rel"] <= 1e-6, (problem.parent, cmp)
+    assert cmp["rounding"] in ("identical", "tie"), (problem.parent, cmp)
+    return cmp["rounding"]
+
+
+# ------------------------------------------------------------------------------------------ solver checks
+
+def test_check_solvers_accepts_highs_through_pyomo():
+    check_solvers("highs")
+    check_solvers("appsi_highs", "highs")
+
+
+def test_an_lp_only_solver_is_refused_for_the_qps():
+    with pytest.raises(SolverUnusable, match=r"solver 'appsi_highs' cannot solve the L2 \(NNLS\) passes \(QPs\)"):
+        check_solvers("appsi_highs")
+    with pytest.raises(SolverUnusable, match="'appsi_highs' cannot solve the L2"):
+        check_solvers("highs", "appsi_highs")
+
+
+class RelaxingHighs(type(pyo.SolverFactory("highs"))):
+    """HiGHS through Pyomo that ignores integrality, as an interior-point solver does."""
+
+    def solve(self, model, **kwargs):
+        for v in model.component_data_objects(pyo.Var):
+            if v.is_integer():
+                v.domain = pyo.Reals
+        return super().solve(model, **kwargs)
+
+
+def test_a_solver_without_integers_is_refused_for_the_rounder():
+    pyo.SolverFactory.register("test_relaxing_highs", doc="HiGHS without integrality")(RelaxingHighs)
+    try:
+        with pytest.raises(SolverUnusable, match=r"'test_relaxing_highs' cannot solve the rounder passes .*not an "
+                                                 r"integer optimum"):
+            check_solvers("test_relaxing_highs")
+    finally:
+        pyo.SolverFactory.unregister("test_relaxing_highs")
+
+
+def test_unknown_and_unavailable_solvers_are_refused():
+    with pytest.raises(SolverUnusable, match="Pyomo knows no solver 'no_such_solver'"):
+        check_solvers("no_such_solver")
+    if pyo.SolverFactory("cplex_direct").available(exception_flag=False):
+        pytest.skip("CPLEX is installed here")
+    with pytest.raises(SolverUnusable, match="solver 'cplex_direct' is not available on this machine"):
+        check_solvers("appsi_highs", "cplex_direct")
+
+
+# ---------------------------------------------------------------------------------------- configuration
+
+def test_pyomo_keys_need_the_pyomo_compiler_and_stay_out_of_a_direct_config():
+    est = EstimationConfig(l2_passes={}, rounder_passes={})
+    assert est.compiler == "direct" and set(est.model_dump()) & {"compiler", "solver", "qp_solver"} == set()
+    est = EstimationConfig(l2_passes={}, rounder_passes={}, compiler="pyomo")
+    assert est.pyomo_solver == "highs" and est.model_dump()["compiler"] == "pyomo"
+    with pytest.raises(ValueError, match="set compiler = \"pyomo\""):
+        EstimationConfig(l2_passes={}, rounder_passes={}, solver="highs")
+    with pytest.raises(ValueError, match="backend chooses the direct path's solvers"):
+        EstimationConfig(l2_passes={}, rounder_passes={}, compiler="pyomo", backend="clarabel-highs")
+    assert load_config("demo").digest() == load_config("demo").digest()
+
+
+def test_cli_refuses_a_solver_that_cannot_solve_a_pass_before_the_run(tmp_path):
+    from cli_subprocess import assert_clean_failure, topdown
+
+    conf = tmp_path / "c.toml"
+    conf.write_text('include = "demo.toml"\n[persons.estimation]\ncompiler = "pyomo"\nsolver = "appsi_highs"\n')
+    out = tmp_path / "out"
+    outcome = topdown("run", conf, "--out", out, "--input", tmp_path / "no-input")
+    assert_clean_failure(outcome, 2, "[persons.estimation]", "solver 'appsi_highs'", "L2 (NNLS) passes")
+    assert not out.exists()
+
+
+def test_a_config_error_of_the_pyomo_keys_is_one_line(tmp_path):
+    conf = tmp_path / "c.toml"
+    conf.write_text('include = "demo.toml"\n[persons.estimation]\nsolver = "highs"\n')
+    with pytest.raises(ConfigError, match="solver chooses a solver of the Pyomo path"):
+        load_config(conf)
+
+
+# --------------------------------------------------------------------------------------------- equality
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_parents_equal_on_both_paths(seed):
+    rng = np.random.default_rng(seed)
+    truth = random_truth(rng, k=int(rng.integers(2, 6)), n_cells=12, people=40)
+    problem = make_problem(truth, rng, noise=1.0)
+    assert_equal_paths(problem, PyomoBackend(HIGHS["solver"], HIGHS["qp_solver"]))
+    sol = solve_parent(problem, PyomoBackend("highs"), compile_pyomo)
+    assert sol.stats.level == "exact" and sol.stats.rounder_milp == 0
+
+
+def test_failsafe_is_the_same_on_both_paths():
+    """A parent that needs its equality relaxed takes the same failsafe steps on both paths."""
+    rng = np.random.default_rng(3)
+    truth = random_truth(rng, k=3, n_cells=12, people=20)
+    problem = make_problem(truth, rng, noise=1.0)
+    lb = next(c for c in problem.constraints if c.name == "hhgq_total_lb").rhs
+    gq_type = next(t for t in range(1, 8) if lb[:, t].sum() > 0)
+    parent = problem.parent_hist.reshape(problem.schema.shape).copy()
+    parent[0] += parent[gq_type]
+    parent[gq_type] = 0
+    problem = replace(problem, parent_hist=parent.reshape(-1))
+    direct = solve_parent(problem, DEFAULT_BACKEND)
+    pyomo = solve_parent(problem, PyomoBackend("highs"), compile_pyomo)
+    assert direct.stats.level == pyomo.stats.level == "relax_parent"
+    assert [(s.step, s.action) for s in pyomo.failsafe] == [(s.step, s.action) for s in direct.failsafe]
+    assert pyomo.stats.parent_l1_change == direct.stats.parent_l1_change
+
+
+def test_an_infeasible_pass_is_a_failed_result_not_an_error():
+    backend = PyomoBackend("appsi_highs", "highs")
+    import scipy.sparse as sp
+
+    a = sp.csr_matrix(np.ones((1, 2)))
+    res = backend.lp(np.ones(2), a, np.array([-1.0]), np.array([-1.0]), np.zeros(2), np.full(2, np.inf))
+    assert not res.ok and res.x is None and "feasible" in res.status
+    res = backend.qp(np.ones(2), np.zeros(2), a, np.array([-1.0]), np.array([-1.0]), np.zeros(2), np.full(2, np.inf))
+    assert not res.ok and res.x is None
+
+
+def _pyomo_on_worker(problem):
+    from topdown.pipeline.execution.tasks import map_on_cluster
+
+    backend = PyomoBackend("highs")
+    spread = map_on_cluster(backend, compile_pyomo)
+    return spread is not None, solve_parent(problem, backend, compile_pyomo, map_solve=spread).hist
+
+
+def test_a_split_parent_on_the_pyomo_path_spreads_its_groups_over_the_workers(dask_client):
+    """The Pyomo back end travels to the workers without its solver objects, with the Pyomo compiler: the same
+    estimate as solved in one process."""
+    rng = np.random.default_rng(11)
+    problem = replace(make_problem(random_truth(rng, 7, n_cells=12, people=25), rng), split_above=4, split_group=3)
+    spread, hist = dask_client.submit(_pyomo_on_worker, problem, pure=False).result()
+    assert spread
+    assert hist.tobytes() == solve_parent(problem, PyomoBackend("highs"), compile_pyomo).hist.tobytes()
+
+
+def test_demo_end_to_end_on_the_pyomo_path(tmp_path, demo_input, demo_run, dask_client):
+    """The demo configuration on the Pyomo path (HiGHS through Pyomo): a complete run that `verify` accepts,
+    with the direct run's noisy measurements (the same seed) and the same invariant totals."""
+    from topdown.pipeline.outputs.verify import verify_run
+
+    base = load_config("demo")
+    data = base.model_dump(mode="json")
+    for product in base.run.products:
+        data[product]["estimation"].pop("backend")
+        data[product]["estimation"].update(HIGHS)
+    config = type(base).model_validate({**data, "source": "demo+pyomo"})
+    out = tmp_path / "pyomo"
+    run(config, out, input_dir=demo_input, client=dask_client)
+    assert verify_run(out).ok
+    def measured(root: Path) -> dict[str, str]:
+        sums = json.loads((root / "manifest.json").read_text())["sha256"]
+        return {f: h for levels in sums.values() for files in levels.values() for f, h in files.items()
+                if f.startswith("noisy_measurements/")}
+
+    assert len(measured(out)) >= 10 and measured(out) == measured(demo_run)
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["persons"]["estimation"]["compiler"] == "pyomo"
+
+
+# ------------------------------------------------------------------------------------- slow comparisons
+
+def _captured(tmp_path: Path, config: str, input_dir: Path, products: str | None = None) -> list:
+    import pickle
+
+    _bench().capture(config, input_dir, tmp_path, products.split(",") if products else None)
+    return pickle.loads((tmp_path / "problems.pkl").read_bytes())
+
+
+def _compare_all(items: list, every: int = 1) -> dict[str, int]:
+    backend = PyomoBackend(HIGHS["solver"], HIGHS["qp_solver"])
+    lowest = max(len(p.children[0]) for _, p in items)
+    counts: dict[str, int] = {}
+    levels = set()
+    for i, (level, problem) in enumerate(items):
+        if len(problem.children[0]) == lowest and i % every:
+            continue
+        if problem.parent_hist is not None and (problem.n_children == 1 or not problem.parent_hist.any()):
+            continue
+        outcome = assert_equal_paths(problem, backend)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        levels.add(level)
+    counts["levels"] = len(levels)
+    return counts
+
+
+@pytest.mark.slow
+def test_rhode_island_parents_equal_on_both_paths(tmp_path):
+    """Rhode Island 2010 (persons and units): every parent above the Block level and every 8th Block_Group
+    parent, on both paths (benchmarks/RESULTS_pyomo.md has every parent)."""
+    from topdown.pipeline.inputs.ingest import ingest_blocks
+
+    inp = tmp_path / "ri-input"
+    ingest_blocks(REPO / "data" / "ri2010" / "ri_2010_block_demographics.csv.gz", inp)
+    counts = _compare_all(_captured(tmp_path / "cap", str(REPO / "conf" / "ri2010.toml"), inp), every=8)
+    assert counts["levels"] >= 8 and counts.get("identical", 0) > 10 * counts.get("tie", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("census", ["e2e_1940", "dhc_1940"])
+def test_1940_small_runs_equal_on_both_paths(tmp_path, census):
+    from topdown.pipeline.configuration.census import load_census
+    from topdown.pipeline.inputs.synth import write_census
+
+    write_census(tmp_path / "in", load_census(census), 12_000, seed=7)
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'include = "{census}.toml"\n[run]\nmode = "test"\nseed = 7\n')
+    counts = _compare_all(_captured(tmp_path / "cap", str(conf), tmp_path / "in"))
+    assert counts["levels"] >= 3 and counts.get("identical", 0) >= counts.get("tie", 0)
