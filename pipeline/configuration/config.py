@@ -14,8 +14,8 @@ Layout of a configuration file (see ``conf/demo.toml``)::
     [persons.constraints]      <Level> = [constraint names]
     [units.*]                  the same for the housing-unit product (one table per product of the census)
 
-A preset may be included with ``include = "pl94_production_2021.toml"`` at the top level; tables of
-the including file override the preset's key by key.
+A preset may be included with ``include = "pl94_production_2021"`` (or a ``.toml`` file) at the top level;
+tables of the including file override the preset's key by key.
 """
 from __future__ import annotations
 
