@@ -157,8 +157,9 @@ BAD = {
         {"products__people__unit_bounds__cap": [99, 99]},
         ("census.products.people.unit_bounds.cap", "2 values", "size 3", "[99, 99]")),
     "histogram above the cell limit": (
-        {"products__people__attributes": [{"name": "a", "size": 1000}, {"name": "b", "size": 1001}]},
-        ("census.products.people.attributes", "1,001,000 cells", f"limit of {MAX_CELLS:,} cells", "1000 x 1001")),
+        {"products__people__attributes": [{"name": "a", "size": 65536}, {"name": "b", "size": 32769}]},
+        ("census.products.people.attributes", "2,147,549,184 cells", f"limit of {MAX_CELLS:,} cells",
+         "65536 x 32769")),
     "unknown key": (
         {"products__people__recode": {}},
         ("census.products.people.recode", "unknown key")),
