@@ -395,8 +395,8 @@ def test_configurations_are_checked_against_their_census(tmp_path, toml, fragmen
               PL94_TEXT.replace('query = "gqNursingTotal * nonvoting"', 'query = "gqNursingTotal * nonvotign"')),
      ("decl.toml", "census.products.persons.constraints.nurse_nva_0.query", "'nonvotign'")),
     # inline [census] tables
-    (lambda: (PL94_TEXT + '[[census.products.persons.attributes]]\nname = "age"\nsize = 500\n', None),
-     ("bad.toml", "census.products.persons.attributes", "1,008,000 cells", "limit of 1,000,000 cells")),
+    (lambda: (PL94_TEXT + '[[census.products.persons.attributes]]\nname = "age"\nsize = 1065221\n', None),
+     ("bad.toml", "census.products.persons.attributes", "2,147,485,536 cells", "limit of 2,147,483,648 cells")),
     (lambda: (PL94_TEXT.replace('{ name = "Tract", width = 11 }', '{ name = "Tract", width = 11, column = "t" }'),
               None),
      ("bad.toml", "census.hierarchy.levels[3]", "exactly one of width", "'t'")),
