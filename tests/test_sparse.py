@@ -7,6 +7,7 @@ import tracemalloc
 from dataclasses import replace
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -304,3 +305,25 @@ def test_a_root_of_a_128_million_cell_histogram_solves_over_its_support():
     for bad in (problem.support[::-1], np.array([HUGE.ncells])):
         with pytest.raises(ValueError, match="support must be sorted"):
             build_layout(replace(problem, support=bad))
+
+
+def test_aggregate_is_the_sparse_product_without_its_column_sized_work_arrays():
+    from topdown.pipeline.execution.levels import aggregate
+
+    rng = np.random.default_rng(2)
+    for t in range(50):
+        nb, nn, nc = int(rng.integers(1, 30)), int(rng.integers(1, 6)), int(rng.integers(1, 50))
+        hist = sp.random(nb, nc, density=rng.uniform(0, 0.5), random_state=t, format="csr")
+        hist.data = rng.integers(1, 9, hist.data.size).astype(np.int64)
+        agg = sp.csr_matrix((np.ones(nb, np.int64), (rng.integers(0, nn, nb), np.arange(nb))), shape=(nn, nb))
+        got, want = aggregate(agg, hist), (agg @ hist).tocsr()
+        want.sort_indices()
+        assert got.dtype == want.dtype and got.has_sorted_indices
+        for a in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(got, a), getattr(want, a))
+    huge = sp.csr_matrix((np.ones(3, np.int64), ([0, 1, 2], [5, HUGE.ncells - 1, 5])), shape=(3, HUGE.ncells))
+    tracemalloc.start()
+    out = aggregate(sp.csr_matrix(np.ones((1, 3), np.int64)), huge)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2**20 and out.indices.tolist() == [5, HUGE.ncells - 1] and out.data.tolist() == [2, 1]

@@ -4,6 +4,8 @@ marginals (``[<product>.budget] root_support``), every level below from its pare
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +105,17 @@ Nation = ["total"]
 """
 
 
+#: ``topdown run CONFIG --out RUN`` in this process, then the peak resident memory (KiB) of the process and of
+#: its largest reaped child (the cluster's workers).
+PEAK = """
+import resource, sys
+from topdown.pipeline.cli import main
+code = main(["run", sys.argv[1], "--out", sys.argv[2], "--workers", "1", "--quiet"])
+assert code == 0, code
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
+
+
 def _weights(size: int, used: list[int]) -> str:
     w = np.zeros(size)
     w[used] = 1
@@ -124,15 +137,21 @@ def write_vast(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_a_run_of_128_million_declared_cells_holds_its_cells_in_play(tmp_path):
-    """Every level's estimate lies in the root's support, which is a function of the root's published noisy
+    """The run's peak memory is that of a small histogram's (about 200 MB a process), not of the declared cells;
+    every level's estimate lies in the root's support, which is a function of the root's published noisy
     marginals alone; the root's detailed answers held are exactly the support's cells."""
     from topdown.pipeline.configuration.census import load_census
-    from topdown.pipeline.configuration.config import load_config
+    from topdown.pipeline.configuration.config import ConfigError, load_config
     from topdown.pipeline.privacy.measure import NodeMeasurements, root_cells
 
     census_path, config = write_vast(tmp_path)
     run = tmp_path / "run"
-    assert main(["run", str(config), "--out", str(run), "--workers", "1", "--quiet"]) == 0
+    # in its own process, to read the peak memory of the driver and of its (reaped) workers
+    peak = subprocess.run([sys.executable, "-c", PEAK, str(config), str(run)], capture_output=True, text=True,
+                          timeout=600)
+    assert peak.returncode == 0, peak.stderr[-2000:]
+    driver_kib, workers_kib = map(int, peak.stdout.split()[-2:])
+    assert max(driver_kib, workers_kib) < 600 * 1024, (driver_kib, workers_kib)  # an int64[128M] is 1 GB
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "complete"
     schema = load_census(census_path).product("persons").schema
@@ -148,3 +167,22 @@ def test_a_run_of_128_million_declared_cells_holds_its_cells_in_play(tmp_path):
         hist = pq.read_table(run / "histograms" / "persons" / f"level={level}").to_pandas()
         assert np.isin(hist["cell"].to_numpy(np.int64), support).all()
         assert hist["count"].sum() == 300
+
+
+@pytest.mark.parametrize("change, fragments", [
+    (("measure = \"in_play\"\n", ""), ("persons.budget", "root_support needs measure = \"in_play\"")),
+    (('root_support = ["a", "b", "c"]', 'root_support = ["a", "total"]'),
+     ("persons.budget.root_support", "'total'", "root level 'Nation'")),
+])
+def test_root_support_is_checked(tmp_path, change, fragments):
+    from topdown.pipeline.configuration.config import ConfigError, load_config
+
+    census = tmp_path / "vast.toml"
+    census.write_text(CENSUS.replace("{a}", _weights(500, [1])).replace("{b}", _weights(500, [1]))
+                      .replace("{c}", _weights(512, [1])))
+    config = tmp_path / "bad.toml"
+    config.write_text(CONFIG.replace("{census}", str(census)).replace("{input}", str(tmp_path)).replace(*change))
+    with pytest.raises(ConfigError) as err:
+        load_config(config)
+    for fragment in fragments:
+        assert fragment in str(err.value)
