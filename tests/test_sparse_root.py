@@ -167,6 +167,8 @@ def test_a_run_of_128_million_declared_cells_holds_its_cells_in_play(tmp_path):
         hist = pq.read_table(run / "histograms" / "persons" / f"level={level}").to_pandas()
         assert np.isin(hist["cell"].to_numpy(np.int64), support).all()
         assert hist["count"].sum() == 300
+    assert main(["verify", str(run)]) == 0
+    assert main(["nmf", str(run), "--out", str(tmp_path / "nmf")]) == 0
 
 
 @pytest.mark.parametrize("change, fragments", [
