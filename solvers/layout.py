@@ -168,6 +168,13 @@ def _validate(problem: ParentProblem) -> None:
         if parent.ncells != n or (parent.counts < 0).any():
             raise ProblemError(f"parent {problem.parent!r}: parent_hist has negative entries or {parent.ncells} "
                                f"cells, expected {n}")
+    if problem.support is not None:
+        cells = np.asarray(problem.support)
+        if problem.parent_hist is not None:
+            raise ProblemError(f"parent {problem.parent!r}: a support is for the root problem only")
+        if cells.ndim != 1 or (cells.size and (np.any(np.diff(cells) <= 0) or cells[0] < 0 or cells[-1] >= n)):
+            raise ProblemError(f"root problem {problem.parent!r}: support must be sorted, distinct cells within "
+                               f"0..{n - 1}")
     for m in problem.measurements:
         _, q = parse_query(problem, m.query, f"measurement {m.query!r}")
         width = q.n_answers if m.answers is None else np.size(m.answers)
@@ -199,7 +206,7 @@ def _in_play(problem: ParentProblem, relax_parent: bool, relax_inequalities: boo
     schema, k = problem.schema, problem.n_children
     parent = problem.parent_sparse()
     if parent is None:
-        cells = np.arange(schema.ncells, dtype=np.int64)
+        cells = np.arange(schema.ncells, dtype=np.int64) if problem.support is None else np.asarray(problem.support)
     elif relax_parent:
         # Backup feasibility (DAS-2020): a cell is in play if the parent's marginal over the first dimension is > 0.
         rest = schema.ncells // schema.shape[0]

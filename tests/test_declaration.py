@@ -157,8 +157,9 @@ BAD = {
         {"products__people__unit_bounds__cap": [99, 99]},
         ("census.products.people.unit_bounds.cap", "2 values", "size 3", "[99, 99]")),
     "histogram above the cell limit": (
-        {"products__people__attributes": [{"name": "a", "size": 1000}, {"name": "b", "size": 1001}]},
-        ("census.products.people.attributes", "1,001,000 cells", f"limit of {MAX_CELLS:,} cells", "1000 x 1001")),
+        {"products__people__attributes": [{"name": "a", "size": 65536}, {"name": "b", "size": 32769}]},
+        ("census.products.people.attributes", "2,147,549,184 cells", f"limit of {MAX_CELLS:,} cells",
+         "65536 x 32769")),
     "unknown key": (
         {"products__people__recode": {}},
         ("census.products.people.recode", "unknown key")),
@@ -395,8 +396,8 @@ def test_configurations_are_checked_against_their_census(tmp_path, toml, fragmen
               PL94_TEXT.replace('query = "gqNursingTotal * nonvoting"', 'query = "gqNursingTotal * nonvotign"')),
      ("decl.toml", "census.products.persons.constraints.nurse_nva_0.query", "'nonvotign'")),
     # inline [census] tables
-    (lambda: (PL94_TEXT + '[[census.products.persons.attributes]]\nname = "age"\nsize = 500\n', None),
-     ("bad.toml", "census.products.persons.attributes", "1,008,000 cells", "limit of 1,000,000 cells")),
+    (lambda: (PL94_TEXT + '[[census.products.persons.attributes]]\nname = "age"\nsize = 1065221\n', None),
+     ("bad.toml", "census.products.persons.attributes", "2,147,485,536 cells", "limit of 2,147,483,648 cells")),
     (lambda: (PL94_TEXT.replace('{ name = "Tract", width = 11 }', '{ name = "Tract", width = 11, column = "t" }'),
               None),
      ("bad.toml", "census.hierarchy.levels[3]", "exactly one of width", "'t'")),

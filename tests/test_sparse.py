@@ -7,6 +7,7 @@ import tracemalloc
 from dataclasses import replace
 
 import numpy as np
+import scipy.sparse as sp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +18,7 @@ from topdown.solvers.layout import build_layout
 from topdown.vocab.problem import SparseHist
 from topdown.vocab.queries import build_query, coarse_answers, refinement
 from topdown.vocab.schema import Schema
+from topdown.vocab.support import SupportError, answers_above, support
 
 
 def _dense_refinement(fine, coarse):
@@ -231,3 +233,97 @@ def test_the_answers_held_depend_on_the_parents_estimate_only():
         q = build_query(PERSONS, m.query)
         assert np.array_equal(m.answers, q.answers_of(held)) and m.values.shape == (6, m.answers.size)
         assert np.array_equal(m.variance, full.variance)
+
+
+@settings(max_examples=150, deadline=None)
+@given(schemas(), st.data())
+def test_a_support_is_the_cells_whose_every_counting_answer_is_allowed(schema, data):
+    """``vocab.support`` (axis by axis) equals the cell-by-cell rule on the schema's every cell."""
+    names = _names(schema)
+    chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=3))
+    given_ = []
+    keep = np.ones(schema.ncells, dtype=bool)
+    for name in chosen:
+        q = build_query(schema, name)
+        allowed = np.array(sorted(data.draw(st.sets(st.integers(0, q.n_answers - 1)))), dtype=np.int64)
+        given_.append((q, allowed))
+        keep &= (q.groups < 0) | np.isin(q.groups, allowed)
+    np.testing.assert_array_equal(support(given_, limit=10**6), np.flatnonzero(keep))
+
+
+#: 2,048 x 1,024 x 1,024 = 2^31 declared cells.
+VAST = Schema("vast", (("a", 2048), ("b", 1024), ("c", 1024)), {})
+
+
+def test_a_support_of_a_2_to_the_31_cell_histogram_is_found_from_its_marginals():
+    """Axis by axis: no array of the declared cells; the limit is a clear error, not an allocation."""
+    rng = np.random.default_rng(5)
+    picks = {d: np.sort(rng.choice(n, 6, replace=False)) for d, n in VAST.dims}
+    qs = [(build_query(VAST, d), picks[d]) for d in ("a", "b", "c")]
+    tracemalloc.start()
+    cells = support(qs, limit=10**5)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 16 * 2**20 and cells.size == 6 ** 3
+    a, b, c = VAST.unravel(cells)
+    assert set(a) == set(picks["a"]) and set(b) == set(picks["b"]) and set(c) == set(picks["c"])
+    assert (np.diff(cells) > 0).all()
+    with pytest.raises(SupportError, match="above the limit of 100"):
+        support([(build_query(VAST, "c"), picks["c"])], limit=100)
+    assert support([(build_query(VAST, "total"), np.zeros(0, np.int64))] + qs, limit=10).size == 0
+    np.testing.assert_array_equal(answers_above(np.array([0.4, 3.0, -2.0, 1.5]), 1.0), [1, 3])
+
+
+def _root_problem(rng: np.random.Generator, cells: int = 40, people: int = 200) -> ParentProblem:
+    """The root of HUGE with its cells in play given (``support``): the detailed measurement holds those
+    cells only, the marginals all their answers."""
+    cells_in_play = np.sort(rng.choice(HUGE.ncells, cells, replace=False))
+    truth = np.zeros(cells, dtype=np.int64)
+    np.add.at(truth, rng.integers(0, cells, people), 1)
+    meas = [Measurement("detailed", (truth + rng.normal(0, 2, cells))[None, :], np.full(1, 4.0),
+                        answers=cells_in_play)]
+    for name in ("total", "a_half", "c"):
+        q = build_query(HUGE, name)
+        true = q.answer_sparse(cells_in_play, truth)[None, :]
+        meas.append(Measurement(name, true + rng.normal(0, 1, true.shape), np.full(1, 2.0)))
+    return ParentProblem(HUGE, "US", ["US"], None, meas, l2_passes=[["total"], ["a_half", "c", "detailed"]],
+                         rounder_passes=[["total", "a_half"], ["c", "detailed"]], support=cells_in_play)
+
+
+def test_a_root_of_a_128_million_cell_histogram_solves_over_its_support():
+    """Without a support the root's layout alone holds the declared cells (1 GB per int64 array)."""
+    problem = _root_problem(np.random.default_rng(8))
+    tracemalloc.start()
+    solution = solve_parent(problem)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+    assert np.isin(solution.cells, problem.support).all() and solution.counts.min() >= 0
+    assert build_layout(problem).cells.tolist() == problem.support.tolist()
+    total = solution.counts.sum()
+    assert abs(total - problem.measurements[1].values[0, 0]) < 10
+    for bad in (problem.support[::-1], np.array([HUGE.ncells])):
+        with pytest.raises(ValueError, match="support must be sorted"):
+            build_layout(replace(problem, support=bad))
+
+
+def test_aggregate_is_the_sparse_product_without_its_column_sized_work_arrays():
+    from topdown.pipeline.execution.levels import aggregate
+
+    rng = np.random.default_rng(2)
+    for t in range(50):
+        nb, nn, nc = int(rng.integers(1, 30)), int(rng.integers(1, 6)), int(rng.integers(1, 50))
+        hist = sp.random(nb, nc, density=rng.uniform(0, 0.5), random_state=t, format="csr")
+        hist.data = rng.integers(1, 9, hist.data.size).astype(np.int64)
+        agg = sp.csr_matrix((np.ones(nb, np.int64), (rng.integers(0, nn, nb), np.arange(nb))), shape=(nn, nb))
+        got, want = aggregate(agg, hist), (agg @ hist).tocsr()
+        want.sort_indices()
+        assert got.dtype == want.dtype and got.has_sorted_indices
+        for a in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(got, a), getattr(want, a))
+    huge = sp.csr_matrix((np.ones(3, np.int64), ([0, 1, 2], [5, HUGE.ncells - 1, 5])), shape=(3, HUGE.ncells))
+    tracemalloc.start()
+    out = aggregate(sp.csr_matrix(np.ones((1, 3), np.int64)), huge)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2**20 and out.indices.tolist() == [5, HUGE.ncells - 1] and out.data.tolist() == [2, 1]

@@ -199,8 +199,9 @@ class Census:
 GENERIC_MDF = "generic"
 MDF_LAYOUTS: tuple[str, ...] = (GENERIC_MDF, "pl94_persons", "pl94_units")
 
-#: The largest histogram a product may declare (cells). The solvers hold dense per-node answers of every
-#: measured query; the DHC 1940 persons histogram has 44,544 cells, the P.L. 94-171 one 2,016.
-MAX_CELLS = 1_000_000
+#: The largest histogram a product may declare (cells): 2^31, so that a cell index fits the files' int32. A
+#: parent's problem holds its cells in play only; a histogram far above 10^6 cells needs
+#: ``[<product>.budget] measure = "in_play"`` and ``root_support`` (DESIGN.md items 30 and 31) to run.
+MAX_CELLS = 2**31
 #: The most unit types a census may declare (``[census.units] types``): the invariants' unit columns u0..u7.
 MAX_UNIT_TYPES = 8

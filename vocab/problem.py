@@ -101,7 +101,10 @@ class ParentProblem:
 
     ``parent_hist`` is the parent's already-estimated integer histogram (a :class:`SparseHist`, or a dense
     int64[ncells] vector); the children must sum to it cell by cell. ``parent_hist is None`` marks the root
-    problem: one "child" (the root node itself), no parent equality.
+    problem: one "child" (the root node itself), no parent equality. ``support`` (the root only; sorted,
+    distinct cells) limits the root's cells in play to those cells, every other cell being 0; it must be chosen
+    from published or differentially private output only (``vocab.support``; DESIGN.md item 31). None: every
+    cell is in play.
     """
 
     schema: Schema
@@ -119,6 +122,7 @@ class ParentProblem:
     #: Children x non-zero parent cells above this (0: never) -> two-stage solve too (split.py).
     split_cost: int = 0
     split_group: int = 25
+    support: np.ndarray | None = None
 
     @property
     def n_children(self) -> int:

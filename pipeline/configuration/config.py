@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 from fractions import Fraction
@@ -111,6 +112,12 @@ class BudgetConfig(_Strict):
     measure: Literal["declared", "in_play"] = Field(default="declared", description=(
         "declared: every answer of every measured query; in_play: below the root, only the answers that count "
         "a cell of the parent's published estimate (the same noise and budget per answer; DESIGN.md item 30)"))
+    root_support: list[str] = Field(default_factory=list, description=(
+        "with measure = in_play: root queries measured first on every answer; the root's other queries are then "
+        "measured, and its histogram estimated, only on the cells whose every answer in these is above "
+        "root_threshold (a choice from noisy output: DESIGN.md item 31). Empty: every cell is in play at the root"))
+    root_threshold: float = Field(default=0.5, description=(
+        "a cell stays in play at the root when each root_support query's noisy answer counting it is above this"))
 
     @model_serializer(mode="wrap")
     def _omit_declared(self, handler: SerializerFunctionWrapHandler) -> dict:
@@ -119,6 +126,10 @@ class BudgetConfig(_Strict):
         data = handler(self)
         if data.get("measure") == "declared":
             data.pop("measure")
+        if not data.get("root_support"):
+            data.pop("root_support", None)
+            if data.get("root_threshold") == 0.5:
+                data.pop("root_threshold")
         return data
 
     @property
@@ -137,6 +148,14 @@ class BudgetConfig(_Strict):
             if isinstance(total, str) and total.strip().lower() in ("inf", "infinity"):
                 data = {**data, "infinite": True}
         return data
+
+    @model_validator(mode="after")
+    def _check_root_support(self) -> "BudgetConfig":
+        if self.root_support and self.measure != "in_play":
+            raise ValueError("root_support needs measure = \"in_play\"")
+        if self.root_support and not math.isfinite(self.root_threshold):
+            raise ValueError(f"root_threshold = {self.root_threshold} must be a finite number")
+        return self
 
     @model_validator(mode="after")
     def _check_total(self) -> "BudgetConfig":
@@ -374,6 +393,11 @@ class Config(_Strict):
                     if level not in levels:
                         raise ConfigError(f"{self.source}: {product}.{key}.{level}: unknown level (levels of census "
                                           f"{self.census.name!r}: {', '.join(levels)}){did_you_mean(level, levels)}")
+            root = cfg.budget.queries.get(levels[0], {})
+            for query in cfg.budget.root_support:
+                if query not in root:
+                    raise ConfigError(f"{self.source}: {product}.budget.root_support: {query!r} is not measured at "
+                                      f"the root level {levels[0]!r} (its queries: {', '.join(root) or 'none'})")
             for table, known in (("constraints", spec.constraints), ("invariants", spec.invariants)):
                 for level, listed in getattr(cfg, table).items():
                     if level not in levels:

@@ -22,7 +22,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ..inputs.validate import InputError
-from ..privacy.measure import MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeasurements, from_table, measure
+from ..privacy.measure import (MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeasurements, from_table, measure,
+                               root_cells)
 from ..execution.rundir import write_table
 from topdown.vocab.problem import SparseHist
 
@@ -57,13 +58,16 @@ class MeasurementSource:
 
     def by_parent(self, chunk: "Chunk") -> list[list[NodeMeasurements]]:
         """Per parent of the chunk (``chunk.parents``), the noisy answers of its children."""
-        if chunk.cfg.budget.measure == "in_play" and chunk.parents and chunk.parents[0].parent_hist is not None:
+        budget = chunk.cfg.budget
+        if budget.measure == "in_play" and chunk.parents and (chunk.parents[0].parent_hist is not None
+                                                              or budget.root_support):
             return self.held(chunk)
         measured = self.noisy(chunk)
         return [[m.rows(task.child_rows) for m in measured] for task in chunk.parents]
 
     def held(self, chunk: "Chunk") -> list[list[NodeMeasurements]]:
-        """:meth:`by_parent` when each parent's children are measured on the answers in play only."""
+        """:meth:`by_parent` when each parent's children are measured on the answers in play only (at the root:
+        those of :func:`measure.root_cells`)."""
         raise NotImplementedError
 
     def staged(self, chunk: "Chunk") -> bool:
@@ -88,13 +92,22 @@ class Draw(MeasurementSource):
         (its non-zero cells: a choice from published output only); the tables end to end, parent by parent."""
         out, tables = [], []
         plb = list(chunk.child_plb)
+        schema, budget = chunk.product.schema, chunk.cfg.budget
         for task in chunk.parents:
             rows = task.child_rows
-            measured, table = measure(chunk.product.name, chunk.product.schema, chunk.cfg.budget, chunk.level,
-                                      chunk.children[rows], plb[rows], chunk.child_hist[rows],
-                                      chunk.mode, chunk.seed, held=SparseHist.of(task.parent_hist).cells)
+            args = (chunk.product.name, schema, budget, chunk.level, chunk.children[rows], plb[rows],
+                    chunk.child_hist[rows], chunk.mode, chunk.seed)
+            if task.parent_hist is not None:
+                measured, table = measure(*args, held=SparseHist.of(task.parent_hist).cells)
+                parts = [table]
+            else:  # a root: its support queries first, then the others on the cells those leave in play
+                first, table = measure(*args, only=budget.root_support)
+                rest = [q for q in budget.queries.get(chunk.level, {}) if q not in budget.root_support]
+                second, more = measure(*args, held=root_cells(schema, budget, first, 0), only=rest)
+                by_name = {m.query: m for m in first + second}
+                measured, parts = [by_name[q] for q in budget.queries.get(chunk.level, {})], [table, more]
             out.append(measured)
-            tables.append(table.cast(MEASUREMENT_SCHEMA) if table.num_rows else table)
+            tables += [t.cast(MEASUREMENT_SCHEMA) if t.num_rows else t for t in parts]
         self._stage(chunk, pa.concat_tables(tables).unify_dictionaries() if tables else MEASUREMENT_SCHEMA.empty_table())
         return out
 

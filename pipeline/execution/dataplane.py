@@ -44,8 +44,8 @@ from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_f
 from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
 from topdown.vocab.queries import build_query
 
-from .levels import (Level, LevelPart, LevelParts, _geography, _plb, holding, levels_from_units, node_answers,
-                     total_is_invariant)
+from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, holding, levels_from_units,
+                     node_answers, total_is_invariant)
 from .memory import release_memory
 from .rundir import sha256_file, write_frames, write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS
@@ -450,7 +450,7 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
     for i, inverse in enumerate(inverses):
         rows, local = np.unique(inverse, return_inverse=True)
         agg = sp.csr_matrix((np.ones(len(local), np.int64), (local, np.arange(len(local)))), shape=(len(rows), len(local)))
-        partial = (agg @ hist).tocsr()
+        partial = aggregate(agg, hist)
         partials.append(_compact_partial(rows, partial))
         answers.append(node_answers(product, partial))
         sums.append(agg @ units)

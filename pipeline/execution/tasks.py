@@ -21,6 +21,7 @@ from .memory import release_memory
 from .rundir import sha256_file
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
+from ..privacy.measure import root_cells
 
 
 class EstimationError(RuntimeError):
@@ -173,6 +174,8 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
             l2_passes=l2, rounder_passes=rounder, tau_slack=cfg.estimation.tau_slack,
             split_above=cfg.estimation.split_above, split_cost=cfg.estimation.split_cost,
             split_group=cfg.estimation.split_group,
+            support=(root_cells(schema, cfg.budget, noisy, 0)
+                     if task.parent_hist is None and cfg.budget.measure == "in_play" else None),
         )
         t0 = time.perf_counter()
         spread = map_on_cluster(backend, compiler) if spreads else None

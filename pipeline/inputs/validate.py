@@ -175,7 +175,7 @@ def _codes(path: Path, table: pa.Table, name: str, lo: int, hi: int) -> np.ndarr
     if bad.any():
         row = _first(bad)
         raise _fail(path, name, _block_of(table, row), f"code out of range {lo}..{hi}", int(values[row]))
-    return values.astype(np.int8)
+    return values.astype(np.int8 if hi <= np.iinfo(np.int8).max else np.int64)
 
 
 def _flags(path: Path, table: pa.Table, name: str) -> np.ndarray:

@@ -6,6 +6,7 @@ workers, and no two streams of a run share a key.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -20,6 +21,7 @@ from ..inputs.validate import InputError
 from topdown.vocab.queries import build_query
 from .rng import noise_sources
 from topdown.vocab.schema import Schema
+from topdown.vocab.support import SupportError, answers_above, support
 
 
 @dataclass
@@ -40,6 +42,7 @@ class NodeMeasurements:
 def measure(
     product: str, schema: Schema, budget: BudgetConfig, level: str, geocodes: pd.Index | list[str],
     plb: list[Fraction], hist: sp.csr_matrix, mode: str, seed: int | None, held: np.ndarray | None = None,
+    only: Collection[str] | None = None,
 ) -> tuple[list[NodeMeasurements], pa.Table]:
     """Measure every query configured for ``level`` at the given nodes.
 
@@ -48,7 +51,8 @@ def measure(
     zero budget share are not measured (variance inf, no rows). With ``held`` (sorted cells: the non-zero
     cells of the nodes' parent's published estimate), each query is measured only on its answers that count
     one of those cells (a sub-query of the declared one, each answer with the declared query's noise; DESIGN.md
-    item 30), and the table has a row for exactly those answers.
+    item 30), and the table has a row for exactly those answers. ``only``: measure these of the level's queries
+    (in budget order), not all.
     """
     geocodes = list(geocodes)
     n = len(geocodes)
@@ -59,6 +63,8 @@ def measure(
         if node_plb != 0:
             by_plb.setdefault(node_plb, []).append(i)
     for query, share in budget.queries.get(level, {}).items():
+        if only is not None and query not in only:
+            continue
         q = build_query(schema, query)
         answers = None if held is None else q.answers_of(held)
         true = q.answer_rows(hist, answers)
@@ -81,6 +87,29 @@ def measure(
             ids = np.arange(width, dtype=np.int32) if answers is None else answers.astype(np.int32)
             frames.append((query, measured, ids, values[measured], variance[measured]))
     return out, _long_table(geocodes, frames)
+
+
+def root_cells(schema: Schema, budget: BudgetConfig, measured: list[NodeMeasurements], row: int) -> np.ndarray | None:
+    """The root node's cells in play (sorted), a function of its noisy answers only (post-processing: DESIGN.md
+    item 31): the cells whose every answer in each measured ``budget.root_support`` query is above
+    ``budget.root_threshold``. None (every cell) when none of those queries was measured at the node."""
+    chosen = [(build_query(schema, m.query), _ids(m, answers_above(m.values[row], budget.root_threshold)))
+              for m in measured if m.query in budget.root_support and np.isfinite(m.variance[row])]
+    if not chosen:
+        return None
+    try:
+        return support(chosen, limit=ROOT_SUPPORT_LIMIT)
+    except SupportError as exc:
+        raise InputError(f"root_support: {exc}; raise root_threshold or add finer queries to root_support") from None
+
+
+def _ids(m: NodeMeasurements, columns: np.ndarray) -> np.ndarray:
+    """The query's answer ids of some of ``m``'s columns."""
+    return columns if m.answers is None else np.asarray(m.answers, dtype=np.int64)[columns]
+
+
+#: The most candidate cells :func:`root_cells` holds (at 16 bytes each per held coordinate and axis).
+ROOT_SUPPORT_LIMIT = 50_000_000
 
 
 #: Arrow types of the published table (geocode and query dictionary-encoded in memory and in the file).
