@@ -136,7 +136,7 @@ def test_dhc_1940_censusdp_is_censusdps_reconstruction():
     """The variant: epsilon 4, 1/5 per level, the single-pass file's shares (.2 / .5 / .05 x 4 / .1), one L2 pass
     over the seven queries; everything else the Bureau preset's."""
     bureau, variant = load_config("dhc_1940"), load_config("dhc_1940_censusdp")
-    assert variant.run.name == "dhc_1940_censusdp" and variant.run.census == "dhc_1940"
+    assert variant.run.name == "dhc_1940_censusdp" and variant.census.name == bureau.census.name == "dhc_1940"
     assert variant.run.mode == "production" and variant.run.seed is None
     b, v = bureau.product("persons"), variant.product("persons")
     assert v.budget.mechanism == "geometric" and v.budget.epsilon == 4
