@@ -220,13 +220,13 @@ def cmd_spine(args: argparse.Namespace) -> int:
     from topdown.geo.report import spine_command
 
     from .configuration.config import ConfigError
-    from .execution.rundir import check_out
+    from .execution.outdir import claimed
 
     if not Path(args.baf).is_dir():
         raise ConfigError(f"--baf {args.baf}: no such directory (a directory of BlockAssign_*.txt[.gz] files)")
 
-    check_out(args.out, "the spine report", lambda p: (p / "report.json").is_file())
-    report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
+    with claimed(args.out, "spine"):
+        report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
     print((Path(args.out) / "report.txt").read_text() if (Path(args.out) / "report.txt").exists() else json.dumps(report, indent=2))
     return EXIT_OK
 

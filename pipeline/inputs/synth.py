@@ -48,7 +48,7 @@ from topdown.geo.us2020 import US2020, StateCounts
 
 from ..configuration.config import ConfigError
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
-from ..execution.rundir import check_out, writable_dir
+from ..execution.outdir import writes
 from .validate import PERSON_RECORDS, UNIT_RECORDS
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.inputs.ingest import CENRACE_COMBOS
@@ -130,7 +130,7 @@ def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> Non
     if blocks < 1 or not (len(state) == 2 and state.isdigit()):
         raise ConfigError(f"write_synthetic: need blocks >= 1 and a 2-digit state code (blocks={blocks}, "
                           f"state={state!r})")
-    write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0])
+    write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0], command="synth")
 
 
 def _synthetic_state(rng: np.random.Generator, blocks: int, state: str, first_county: int = 0,
@@ -210,6 +210,7 @@ def household_median(persons_per_block: float, empty_share: float = EMPTY_SHARE)
     return max(persons_per_block - gq, 1.0) / household
 
 
+@writes("synth")
 def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = None, states: int = 1) -> tuple[int, int]:
     """Write ``blocks`` synthetic blocks over ``states`` states (the first FIPS codes, block shares drawn
     from the seed) as out/persons/state=SS/part-00000.parquet and out/units/state=SS/part-00000.parquet,
@@ -221,8 +222,6 @@ def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = N
     if blocks < states or not 1 <= states <= len(codes):
         raise ConfigError(f"write_partitioned: need 1 <= states <= {len(codes)} and at least one block per state "
                           f"(blocks={blocks}, states={states})")
-    out = Path(out)
-    writable_dir(out, "the output directory")
     rng = np.random.default_rng(seed)
     shares = rng.dirichlet(np.full(states, 4.0)) if states > 1 else np.ones(1)
     per_state = 1 + np.floor(shares * (blocks - states)).astype(np.int64)
@@ -359,6 +358,7 @@ def _baf_rows(rng: np.random.Generator, state: StateCounts, layout: _Layout) -> 
             "MCD": ("COUNTYFP|COUSUBFP", np.char.add(np.char.add(county, "|"), mcd).astype(object))}
 
 
+@writes("synth")
 def write_us2020(out: Path, seed: int, scale: float = 1.0) -> dict[str, int]:
     """Write the national shape (:data:`topdown.geo.us2020.US2020`) at ``scale``: out/persons/state=SS/ and
     out/units/state=SS/ (:func:`write_partitioned`'s layout) and out/baf/ (AIANNH, INCPLACE_CDP and MCD block
@@ -368,8 +368,6 @@ def write_us2020(out: Path, seed: int, scale: float = 1.0) -> dict[str, int]:
     scaled population. Deterministic in ``seed``. Returns the rows written per kind and the block count."""
     if not 0 < scale <= 1:
         raise ConfigError(f"--scale must be in (0, 1] (got {scale})")
-    out = Path(out)
-    writable_dir(out, "the output directory")
     (out / "baf").mkdir(parents=True, exist_ok=True)
     totals = dict.fromkeys((PERSON_RECORDS, UNIT_RECORDS, "blocks"), 0)
     for i, full in enumerate(US2020):
@@ -742,6 +740,7 @@ def _products(census: Census) -> tuple[list[Product], list[Product]]:
     return people, [p for p in census.products if p.records.name == units]
 
 
+@writes("synth")
 def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str, int]:
     """Write a synthetic input of ``census``'s shape, about ``persons_per_leaf`` persons per leaf and exactly
     ``persons`` persons: <records>/<level>=<code>/part-00000.parquet hive-partitioned by the first level below
@@ -750,7 +749,6 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     ``seed``. ``out`` must be absent or empty; the files appear together at the end. Returns rows per file kind."""
     if persons < 1:
         raise ConfigError(f"--persons must be at least 1 (got {persons})")
-    out = check_out(Path(out), "the synthetic input", lambda _: False)
     people, unit_products = _products(census)
     hints = synth_hints(census)
     shapes = {p.name: synth_shape(census, p, hints.get(p.name, {})) for p in census.products}
@@ -764,7 +762,6 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     first = tree.ancestor(0)
     leaf_persons = pop.bulk + np.bincount(pop.fac_leaf, pop.fac_residents, minlength=leaves).astype(np.int64)
     top = census.hierarchy.levels[1].column or census.hierarchy.levels[1].name.lower()  # the hive key
-    writable_dir(out, "the synthetic input")
     staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
     kinds = [people[0].records.name] + ([census.units.name] if census.units else [])
     written = dict.fromkeys(kinds, 0)
