@@ -20,8 +20,8 @@ reads it (validate.check_records); estimates are read a batch at a time (evaluat
 as numpy arrays of (node, cell, count), never as a frame. Runs are grouped by their certified epsilon.
 
 The output (``--out``, default ``RUN-petti_flaxman-CONFIDENTIAL.json`` beside the first run, a private file,
-never inside a published output: ``outdir.claimed_file``) holds error statistics only, no true count. ``--describe-input`` also prints, to the terminal only, the
-input's median and 95th-percentile TC and median non-zero SC answer per level: statistics of TRUE counts, for a
+never inside a published output: ``outdir.claimed_file``) holds error statistics only, no true count.
+``--describe-input`` also prints, to the terminal only, the input's median and 95th-percentile TC and median non-zero SC answer per level: statistics of TRUE counts, for a
 synthetic input (to compare its shape with the 1940 file's), never for confidential data.
 
 Usage: python benchmarks/petti_flaxman.py --truth INPUT [--out FILE] [--describe-input] RUN [RUN ...]

@@ -6,7 +6,8 @@ scheme, or tls:// without credentials); 3 bad input data (one of the declared er
 :func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
 chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place, an
---out holding files that are not an earlier output of the command, a source run's file that fails its recorded
+--out holding files that are not an earlier output of the command, an output inside a run directory or a
+confidential one inside a published output (execution/outdir.py), a source run's file that fails its recorded
 SHA-256); 5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
 traceback); 130 interrupted by SIGINT, 143 by SIGTERM.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import textwrap
@@ -461,8 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (several: replicates with different seeds)")
     p.add_argument("--truth", required=True, help="the input directory the runs protected")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
-    p.add_argument("--out", help="output directory (default RUN/evaluation-CONFIDENTIAL); the output is computed from "
-                                 "the truth and is confidential")
+    p.add_argument("--out", help="output directory (default RUN-evaluation-CONFIDENTIAL beside RUN); the output is "
+                                 "computed from the truth and is confidential")
     p.add_argument("--no-suppress", action="store_true",
                    help="keep statistics over fewer than 3 geounits (they pin down true counts; default: suppressed)")
     p.add_argument("--audit", help="output directory of `topdown audit`: its bounds are shown beside the EPL")
@@ -571,20 +571,13 @@ def _no_new_empty_out(args: argparse.Namespace) -> Iterator[None]:
     """A command that fails (refused before it started: bad configuration or input, over budget, locked)
     leaves no empty --out folder, nor folder above it, that it created."""
     out = getattr(args, "out", None)
-    created = [] if not out else [p for p in (Path(out), *Path(out).parents) if not os.path.lexists(p)]
-    try:
+    if not out:
         yield
-    except BaseException:
-        for path in created:  # the deepest first; a folder that holds anything stays, and those above it
-            if path.is_symlink() or not path.is_dir():
-                if os.path.lexists(path):
-                    break
-                continue  # never made (--out FILE, or a folder the command did not get to)
-            try:
-                path.rmdir()
-            except OSError:
-                break
-        raise
+        return
+    from .execution.outdir import made_then_removed_on_failure
+
+    with made_then_removed_on_failure(Path(out)):
+        yield
 
 
 def _quiet_cluster_logs(verbose: bool) -> None:

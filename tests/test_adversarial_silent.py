@@ -199,8 +199,8 @@ def test_ingest_out_must_be_absent_empty_or_an_earlier_ingest(tmp_path):
 
 
 def test_which_folders_a_run_may_write_into(tmp_path):
-    """Absent, empty, a lock alone, or a run directory by its own marker (its manifest's format, command and id);
-    never a folder that only looks like a run (a manifest with a status, a staging folder)."""
+    """Absent, empty, or a run directory by its own marker (its manifest's format, command and id); never a folder
+    that only looks like a run (a manifest with a status, a staging folder), nor one another host's run holds."""
     from topdown.pipeline.execution.outdir import check, new_marker
 
     def accepted(path: Path) -> bool:
@@ -227,4 +227,4 @@ def test_which_folders_a_run_may_write_into(tmp_path):
     made["file"] = accepted(tmp_path / "file")
     made["absent"] = accepted(tmp_path / "absent")
     assert made == {"empty": True, "manifest": False, "marked": True, "other-command": False, "stopped": False,
-                    "locked": True, "mine": False, "other-manifest": False, "file": False, "absent": True}
+                    "locked": False, "mine": False, "other-manifest": False, "file": False, "absent": True}

@@ -22,14 +22,16 @@ import json
 import os
 import re
 import uuid
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+import pyarrow.parquet as pq
+
 from .private_files import FILE_MODE, private_dir
-from .rundir import (LOCK, RunDir, RunDirError, held, read_manifest_file, replace_dir, writable_dir,
-                     write_json_atomic, writing)
+from .rundir import (LOCK, RunDir, RunDirError, held, read_manifest_file, refuse_if_held, replace_dir,
+                     writable_dir, write_json_atomic, writing)
 
 #: The project's format name in every marker.
 FORMAT = "census-topdown"
@@ -38,6 +40,7 @@ MARKER = ".topdown-output.json"
 #: The key of the marker inside a file output (a JSON object's key, a Parquet file's metadata key).
 MARKER_KEY = "topdown_output"
 _ID = re.compile(r"[0-9a-f]{32}")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,6 @@ def read_marker(path: Path) -> dict[str, str] | None:
         with open(path, "rb") as fh:
             head = fh.read(4)
         if head == b"PAR1":
-            import pyarrow.parquet as pq
-
             meta = (pq.read_schema(path).metadata or {}).get(MARKER_KEY.encode())
             return _valid(json.loads(meta), folder=False) if meta else None
     except (OSError, ValueError, RuntimeError):  # pyarrow's errors are OSError/ValueError subclasses
@@ -165,7 +166,7 @@ def _refuse_published(path: Path, command: str) -> None:
                               "(name a path outside it)")
     if writer.confidential and path.is_dir():
         for found in path.rglob("*"):
-            if found.name in (MARKER, "manifest.json") and _published(found.parent) is not None:
+            if found.name in (MARKER, "manifest.json") and found.parent != path and _published(found.parent):
                 raise RunDirError(f"{path}: cannot write {writer.what}: the folder holds {_published(found.parent)} "
                                   f"{found.parent}, and {writer.what} holds confidential counts; nothing was touched "
                                   "(name an absent or empty folder)")
@@ -180,14 +181,18 @@ def bookkeeping(name: str) -> bool:
     return name == MARKER or _is_lock(name)
 
 
-def check(path: str | Path, command: str, *, file: bool = False) -> tuple[Path, dict[str, str] | None]:
+def check(path: str | Path, command: str, *, file: bool = False, holding: bool = False
+          ) -> tuple[Path, dict[str, str] | None]:
     """The rule, without writing: ``path`` (a folder, or a ``file``) is absent, empty, or an earlier output of
-    ``command``; no output inside a run directory, nothing confidential around a published one. Returns the
-    path and the earlier output's marker (None: nothing there); raises :class:`RunDirError` otherwise."""
+    ``command`` that no other writer holds (``holding``: the caller holds its lock); no output inside a run
+    directory, nothing confidential around a published one. Returns the path and the earlier output's marker
+    (None: nothing there); raises :class:`RunDirError` otherwise."""
     path, writer = Path(path), WRITERS[command]
     _refuse_published(path, command)
     if not path.exists() and not path.is_symlink():
         return path, None
+    if not holding:  # another writer's output in the making
+        refuse_if_held(_lock_path(path, file), path, _owner(command))
     if file:
         marker = None if path.is_dir() else read_marker(path)
         if marker is None or marker["command"] != command:
@@ -207,6 +212,11 @@ def check(path: str | Path, command: str, *, file: bool = False) -> tuple[Path, 
         raise RunDirError(f"{path}: cannot write {writer.what}: the folder holds an earlier one, which is not "
                           "replaced; nothing was touched (name an absent or empty folder)")
     return path, marker
+
+
+def _lock_path(path: Path, file: bool) -> Path:
+    """The lock file of the output ``path``: ``.lock`` in a folder, ``.<name>.lock`` beside a file."""
+    return path.parent / f".{path.name}{LOCK}" if file else path / LOCK
 
 
 def _owner(command: str) -> str:
@@ -254,19 +264,36 @@ def _only_marker(folder: Path, command: str) -> bool:
 
 
 @contextmanager
+def made_then_removed_on_failure(path: Path) -> Iterator[None]:
+    """The folders of ``path`` and above it that the block makes are removed again, deepest first, if it fails
+    and they are empty."""
+    made = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    try:
+        yield
+    except BaseException:
+        for folder in made:  # one that holds anything stays, and those above it
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break
+        raise
+
+
+@contextmanager
 def claimed(path: str | Path, command: str) -> Iterator[Claim]:
     """Hold the folder ``path`` for ``command`` while the block writes it: checked by the rule (:func:`check`),
     made (private for a confidential output), locked, checked again under the lock, and marked. A block that
     fails leaves no marker in a folder it found absent or empty, nor a folder it made that stayed empty."""
     path, _ = check(path, command)
-    made = [p for p in (path, *path.parents) if not os.path.lexists(p)]
-    if WRITERS[command].confidential:
-        with writing(path):
-            private_dir(path)
-    writable_dir(path, WRITERS[command].what)
-    try:
-        with held(path / LOCK, path, _owner(command)):
-            path, earlier = check(path, command)  # another writer may have finished meanwhile
+    with made_then_removed_on_failure(path):
+        if WRITERS[command].confidential:
+            with writing(path):
+                private_dir(path)
+        writable_dir(path, WRITERS[command].what)
+        with held(_lock_path(path, False), path, _owner(command)):
+            path, earlier = check(path, command, holding=True)  # another writer may have finished meanwhile
             claim = Claim(path, earlier or new_marker(command), earlier is not None)
             if not claim.earlier:
                 _write_marker(path, claim.marker)
@@ -276,13 +303,6 @@ def claimed(path: str | Path, command: str) -> Iterator[Claim]:
                 if not claim.earlier and path.is_dir() and _only_marker(path, command):
                     (path / ("manifest.json" if command in RUN_COMMANDS else MARKER)).unlink(missing_ok=True)
                 raise
-    except BaseException:
-        for folder in made:  # the deepest first; one that holds anything stays, and those above it
-            with suppress(OSError):
-                folder.rmdir()
-                continue
-            break
-        raise
 
 
 @contextmanager
@@ -290,14 +310,12 @@ def claimed_file(path: str | Path, command: str) -> Iterator[dict[str, str]]:
     """Hold the file ``path`` for ``command`` while the block writes it (checked by the rule, its folder made,
     locked beside it, checked again); yields the marker the file must carry under :data:`MARKER_KEY`."""
     path, _ = check(path, command, file=True)
-    with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-    with held(path.parent / f".{path.name}{LOCK}", path, _owner(command)):
-        check(path, command, file=True)
-        yield file_marker(command)
-
-
-F = TypeVar("F", bound=Callable[..., Any])
+    with made_then_removed_on_failure(path.parent):
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with held(_lock_path(path, True), path, _owner(command)):
+            check(path, command, file=True, holding=True)
+            yield file_marker(command)
 
 
 def writes(command: str) -> Callable[[F], F]:

@@ -180,7 +180,8 @@ class RunDir:
 
 #: Manifest keys and the JSON types they must have (those the code reads back).
 MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
-    "format": str, "command": str, "output_id": str, "status": str, "config_hash": str, "name": str, "algorithm": str, "spine": str, "levels": list, "products": list,
+    "format": str, "command": str, "output_id": str,
+    "status": str, "config_hash": str, "name": str, "algorithm": str, "spine": str, "levels": list, "products": list,
     "completed": dict, "parents_solved": dict, "failsafe": list, "timings": dict, "sha256": dict, "output_sha256": dict,
 }
 
@@ -204,7 +205,7 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
     for product, levels in manifest.get("completed", {}).items():
         if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
             raise RunDirError(f"{path}: key 'completed.{product}' should list level names")
-    names = [("levels", v) for v in manifest.get("levels", [])] + [("products", v) for v in manifest.get("products", [])]
+    names = [(key, v) for key in ("levels", "products") for v in manifest.get(key, [])]
     for product, levels in manifest.get("completed", {}).items():
         names += [("completed", product)] + [(f"completed.{product}", v) for v in levels]
     for key, name in names:  # each becomes a folder's name (histograms/<product>/level=<level>)
@@ -263,13 +264,22 @@ def held(path: Path, output: Path, owner: str) -> Iterator[None]:
         if holder is not None and _is_stale(holder):
             _take_over(path, holder, output)
         if not _try_create(path, text):
-            holder = _read_lock(path) or "holder unknown"
-            raise Locked(f"{output} is locked by another {owner} ({holder}). If none is active, delete {path}.", path,
-                         holder)
+            raise _locked(path, output, owner, _read_lock(path) or "holder unknown")
     try:
         yield
     finally:
         path.unlink(missing_ok=True)
+
+
+def refuse_if_held(path: Path, output: Path, owner: str) -> None:
+    """Raise :class:`Locked` (as :func:`held` would) when the lock file ``path`` is held by a live writer."""
+    holder = _read_lock(path)
+    if holder is not None and not _is_stale(holder):
+        raise _locked(path, output, owner, holder)
+
+
+def _locked(path: Path, output: Path, owner: str, holder: str) -> Locked:
+    return Locked(f"{output} is locked by another {owner} ({holder}). If none is active, delete {path}.", path, holder)
 
 
 def _try_create(path: Path, text: str) -> bool:
@@ -305,9 +315,10 @@ _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")
 
 
 def _read_lock(path: Path) -> str | None:
+    """The text of the lock file ``path`` (None: none there, or not a readable file)."""
     try:
         return path.read_text(errors="replace").strip()
-    except FileNotFoundError:
+    except OSError:
         return None
 
 
