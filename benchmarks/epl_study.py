@@ -24,7 +24,7 @@ from topdown.pipeline.privacy import audit as A
 from topdown.pipeline.privacy.budget import rho_for_epsilon, zcdp_to_epsilon
 from topdown.pipeline.configuration.config import config_from_dict, load_config
 from topdown.pipeline.evaluation.eval_report import _fmt_epl
-from topdown.pipeline.evaluation.evaluate import EvalOptions, evaluate
+from topdown.pipeline.evaluation.evaluate import EvalOptions, default_out, evaluate
 from topdown.pipeline.execution.runner import dask_client, run
 
 QUERIES = ("total", "detailed")
@@ -87,7 +87,7 @@ def main() -> None:
             if not (rdir / "manifest.json").exists():
                 run(config, rdir, input_dir=inp, client=client, force=True)
             runs[name] = rdir
-            ev = evaluate([rdir], inp, out=rdir / "evaluation-CONFIDENTIAL", client=client,
+            ev = evaluate([rdir], inp, out=default_out(rdir), client=client,
                           options=EvalOptions(queries={"persons": QUERIES}, sampling_rates=(), sampling_queries=(),
                                               figures=False))
             epl = pd.read_parquet(ev / "epl.parquet")

@@ -19,9 +19,9 @@ Levels: Enumdist (ED), County, State. The truth is the run's input, read one row
 reads it (validate.check_records); estimates are read a batch at a time (evaluate.RunView); a level is held
 as numpy arrays of (node, cell, count), never as a frame. Runs are grouped by their certified epsilon.
 
-The output (``--out``, default ``RUN/evaluation-CONFIDENTIAL/petti_flaxman.json`` of the first run, a private
-file) holds error statistics only, no true count. ``--describe-input`` also prints, to the terminal only, the
-input's median and 95th-percentile TC and median non-zero SC answer per level: statistics of TRUE counts, for a
+The output (``--out``, default ``RUN-petti_flaxman-CONFIDENTIAL.json`` beside the first run, a private file,
+never inside a published output: ``outdir.claimed_file``) holds error statistics only, no true count.
+``--describe-input`` also prints, to the terminal only, the input's median and 95th-percentile TC and median non-zero SC answer per level: statistics of TRUE counts, for a
 synthetic input (to compare its shape with the 1940 file's), never for confidential data.
 
 Usage: python benchmarks/petti_flaxman.py --truth INPUT [--out FILE] [--describe-input] RUN [RUN ...]
@@ -29,6 +29,8 @@ Usage: python benchmarks/petti_flaxman.py --truth INPUT [--out FILE] [--describe
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,10 +40,11 @@ import pyarrow.parquet as pq
 
 from topdown.pipeline.cli import EXIT_INPUT, EXIT_RUNDIR, input_errors
 from topdown.pipeline.evaluation import metrics as M
-from topdown.pipeline.evaluation.evaluate import CONFIDENTIAL_DIR, EvaluationError, RunView
+from topdown.pipeline.evaluation.evaluate import EvaluationError, RunView
 from topdown.pipeline.execution.dataplane import find_input
-from topdown.pipeline.execution.private_files import private_dir, seal
-from topdown.pipeline.execution.rundir import RunDirError, write_json_atomic
+from topdown.pipeline.execution.outdir import MARKER_KEY, claimed_file
+from topdown.pipeline.execution.private_files import private_file
+from topdown.pipeline.execution.rundir import RunDirError
 from topdown.pipeline.inputs.tabulate import sparse_counts
 from topdown.pipeline.inputs.validate import check_records
 from topdown.pipeline.privacy.budget import of_entry
@@ -226,19 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="run directories of e2e_1940 runs (any epsilons)")
     ap.add_argument("--truth", type=Path, required=True, help="the runs' input directory")
-    ap.add_argument("--out", type=Path, help="evaluation file (default RUN/evaluation-CONFIDENTIAL/petti_flaxman.json)")
+    ap.add_argument("--out", type=Path, help="evaluation file (default RUN-petti_flaxman-CONFIDENTIAL.json beside RUN)")
     ap.add_argument("--describe-input", action="store_true",
                     help="also print the input's median TC and SC per level (TRUE counts: synthetic inputs only)")
     args = ap.parse_args(argv)
     try:
         pools, described = evaluate_runs(args.runs, args.truth)
         rows = table(pools)
-        out = args.out or args.runs[0] / CONFIDENTIAL_DIR / "petti_flaxman.json"
-        private_dir(out.parent)
-        write_json_atomic(out, {"source": "benchmarks/petti_flaxman.py; anchors: Petti & Flaxman, Gates Open "
-                                          "Research 3:1722, via GitHub aflaxman/dp_2020_census",
-                                "truth": str(args.truth), "rows": rows})
-        seal(out)
+        run = Path(os.path.abspath(args.runs[0]))
+        out = args.out or run.with_name(f"{run.name}-petti_flaxman-CONFIDENTIAL.json")
+        with claimed_file(out, "evaluate") as marker:
+            tmp = private_file(out.with_name(f".{out.name}.tmp"))  # private from its first byte
+            tmp.write_text(json.dumps({MARKER_KEY: marker, "source": "benchmarks/petti_flaxman.py; anchors: Petti "
+                                       "& Flaxman, Gates Open Research 3:1722, via GitHub aflaxman/dp_2020_census",
+                                       "truth": str(args.truth), "rows": rows}, indent=2, default=str) + "\n")
+            os.replace(tmp, out)
     except RunDirError as exc:
         print(f"topdown: {exc}", file=sys.stderr)
         return EXIT_RUNDIR

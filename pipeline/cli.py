@@ -6,7 +6,8 @@ scheme, or tls:// without credentials); 3 bad input data (one of the declared er
 :func:`input_errors`, or a missing input file); 4 run directory unusable (locked, not
 writable, already complete without --force, a second production draw without --redraw, a staged
 chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place, an
---out holding files that are not an earlier output of the command, a source run's file that fails its recorded
+--out holding files that are not an earlier output of the command, an output inside a run directory or a
+confidential one inside a published output (execution/outdir.py), a source run's file that fails its recorded
 SHA-256); 5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
 traceback); 130 interrupted by SIGINT, 143 by SIGTERM; 141 (quietly) when the reader of standard output closed it
 (``topdown ... | head``).
@@ -237,13 +238,13 @@ def cmd_spine(args: argparse.Namespace) -> int:
     from topdown.geo.report import spine_command
 
     from .configuration.config import ConfigError
-    from .execution.rundir import check_out
+    from .execution.outdir import claimed
 
     if not Path(args.baf).is_dir():
         raise ConfigError(f"--baf {args.baf}: no such directory (a directory of BlockAssign_*.txt[.gz] files)")
 
-    check_out(args.out, "the spine report", lambda p: (p / "report.json").is_file())
-    report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
+    with claimed(args.out, "spine"):
+        report = spine_command(Path(args.baf), Path(args.units) if args.units else None, Path(args.out))
     print((Path(args.out) / "report.txt").read_text() if (Path(args.out) / "report.txt").exists() else json.dumps(report, indent=2))
     return EXIT_OK
 
@@ -501,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run directories (several: replicates with different seeds)")
     p.add_argument("--truth", required=True, help="the input directory the runs protected")
     p.add_argument("--entities", help="block-to-entity table (CSV/Parquet geoid,entity_type,entity) or a BAF directory")
-    p.add_argument("--out", help="output directory (default RUN/evaluation-CONFIDENTIAL); the output is computed from "
-                                 "the truth and is confidential")
+    p.add_argument("--out", help="output directory (default RUN-evaluation-CONFIDENTIAL beside RUN); the output is "
+                                 "computed from the truth and is confidential")
     p.add_argument("--no-suppress", action="store_true",
                    help="keep statistics over fewer than 3 geounits (they pin down true counts; default: suppressed)")
     p.add_argument("--audit", help="output directory of `topdown audit`: its bounds are shown beside the EPL")
@@ -633,20 +634,13 @@ def _no_new_empty_out(args: argparse.Namespace) -> Iterator[None]:
     """A command that fails (refused before it started: bad configuration or input, over budget, locked)
     leaves no empty --out folder, nor folder above it, that it created."""
     out = getattr(args, "out", None)
-    created = [] if not out else [p for p in (Path(out), *Path(out).parents) if not os.path.lexists(p)]
-    try:
+    if not out:
         yield
-    except BaseException:
-        for path in created:  # the deepest first; a folder that holds anything stays, and those above it
-            if path.is_symlink() or not path.is_dir():
-                if os.path.lexists(path):
-                    break
-                continue  # never made (--out FILE, or a folder the command did not get to)
-            try:
-                path.rmdir()
-            except OSError:
-                break
-        raise
+        return
+    from .execution.outdir import made_then_removed_on_failure
+
+    with made_then_removed_on_failure(Path(out)):
+        yield
 
 
 def _quiet_cluster_logs(verbose: bool) -> None:

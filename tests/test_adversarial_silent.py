@@ -16,6 +16,7 @@ import pytest
 from cli_subprocess import assert_clean_failure, snapshot, topdown
 from test_bad_inputs import PL_GEO, _block_row, _ingest_pl94
 
+from topdown.pipeline.execution.outdir import MARKER
 from topdown.pipeline.execution.rundir import RunDirError, RunReader
 from topdown.pipeline.inputs.ingest import IngestError, ingest_blocks
 from topdown.pipeline.privacy.measure import MEASUREMENT_PARQUET
@@ -177,8 +178,8 @@ def test_ingest_replaces_its_output_as_one_set(tmp_path, monkeypatch):
     monkeypatch.setattr(pq, "write_table", write)
     ingest_blocks(new_csv, out)
     new = snapshot(out)
-    assert sorted(new) == sorted(old) == ["persons.parquet", "units.parquet"]
-    assert all(new[name] != old[name] for name in new)
+    assert sorted(new) == sorted(old) == [MARKER, "persons.parquet", "units.parquet"]
+    assert all(new[name] != old[name] for name in ("persons.parquet", "units.parquet")) and new[MARKER] == old[MARKER]
     assert pq.read_metadata(out / "persons.parquet").num_rows == 14
 
 
@@ -198,18 +199,21 @@ def test_ingest_out_must_be_absent_empty_or_an_earlier_ingest(tmp_path):
 
 
 def test_which_folders_a_run_may_write_into(tmp_path):
-    """Absent, empty, a run directory (its manifest, or the staging of a run stopped before it), a lock alone."""
-    from topdown.pipeline.execution.rundir import check_out, is_run_dir
+    """Absent, empty, or a run directory by its own marker (its manifest's format, command and id); never a folder
+    that only looks like a run (a manifest with a status, a staging folder), nor one another host's run holds."""
+    from topdown.pipeline.execution.outdir import check, new_marker
 
     def accepted(path: Path) -> bool:
         try:
-            check_out(path, "the run directory", is_run_dir)
+            check(path, "run")
             return True
         except RunDirError:
             return False
 
     made = {}
     for name, entries in {"empty": {}, "manifest": {"manifest.json": '{"status": "running"}'},
+                          "marked": {"manifest.json": json.dumps({**new_marker("run"), "status": "running"})},
+                          "other-command": {"manifest.json": json.dumps(new_marker("evaluate"))},
                           "stopped": {".staging/chunks": None}, "locked": {".lock": "pid 1 on h"},
                           "mine": {"config.json": "{}", "histograms/important.txt": "x"},
                           "other-manifest": {"manifest.json": '{"name": "not ours"}'}}.items():
@@ -222,5 +226,5 @@ def test_which_folders_a_run_may_write_into(tmp_path):
     (tmp_path / "file").write_text("x")
     made["file"] = accepted(tmp_path / "file")
     made["absent"] = accepted(tmp_path / "absent")
-    assert made == {"empty": True, "manifest": True, "stopped": True, "locked": True, "mine": False,
-                    "other-manifest": False, "file": False, "absent": True}
+    assert made == {"empty": True, "manifest": False, "marked": True, "other-command": False, "stopped": False,
+                    "locked": False, "mine": False, "other-manifest": False, "file": False, "absent": True}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ from cli_subprocess import PROGRESS, topdown
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
+from topdown.pipeline.execution.outdir import new_marker
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, EXIT_VERIFY, input_errors, main
 from topdown.pipeline.inputs.validate import InputError
 from topdown.pipeline.inputs.ingest import BLOCK_GROUPS
@@ -90,7 +92,8 @@ def _write(path: Path, text: str) -> Callable[[Path], None]:
 
 
 #: The manifest of a run that stopped early (an earlier run directory: --out may name it).
-RUNNING = '{"status": "running"}'
+#: A run directory's manifest (by its marker: outdir.read_marker) of a run in progress.
+RUNNING = json.dumps({**new_marker("run"), "status": "running"})
 
 
 def _planted_run_dir(**files: str) -> Callable[[Path], Path]:
@@ -338,12 +341,12 @@ CASES = [
          out=_planted_run_dir(**{"manifest.json": '{"status": "running", "completed": [1]}'}), args=("--resume",)),
     Case("manifest_wrong_status_type", EXIT_RUNDIR, ("manifest.json", "'status'", "string"),
          out=_planted_run_dir(**{"manifest.json": '{"status": 1}'})),
-    Case("manifest_is_a_folder", EXIT_RUNDIR, ("manifest.json", "a folder where the run directory needs a file"),
+    Case("manifest_is_a_folder", EXIT_RUNDIR, ("not an earlier output of this command",),
          out=_planted_run_dir(**{"manifest.json": None})),
     Case("histograms_is_a_file", EXIT_RUNDIR, ("histograms", "a file where the run directory needs a folder"),
          out=_planted_run_dir(histograms="x", **{"manifest.json": RUNNING})),
     Case("staging_is_a_file", EXIT_RUNDIR, (".staging", "a file where the run directory needs a folder"),
-         out=_planted_run_dir(**{".staging": "x"})),
+         out=_planted_run_dir(**{".staging": "x", "manifest.json": RUNNING})),
     Case("mdf_product_is_a_file", EXIT_RUNDIR, ("mdf/units", "a file where the run directory needs a folder"),
          out=_planted_run_dir(mdf__units="x", **{"manifest.json": RUNNING})),
     Case("verify_missing_directory", EXIT_RUNDIR, ("no-such-run", "no such run directory"), argv=_verify(None)),

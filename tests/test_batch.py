@@ -19,6 +19,7 @@ from topdown.pipeline.execution.cluster import credential_flags
 from topdown.pipeline.execution.progress import Reporter, reporting
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.configuration.config import ConfigError
+from topdown.pipeline.execution.outdir import claimed, new_marker
 from topdown.pipeline.execution.rundir import RunDir, RunDirError, sha256_file
 from topdown.pipeline.execution.runner import configure_run, run
 
@@ -104,7 +105,7 @@ def test_batch_runs_skips_isolates_a_failure_and_refuses_a_second_batch(tmp_path
 
     # A second batch over the same jobs while one holds its lock: exit code 4 at once, nothing touched.
     before = (tmp_path / "jobs.summary.json").read_bytes()
-    with RunDir(tmp_path / ".jobs.batch").lock():
+    with claimed(tmp_path / "jobs.logs", "batch"):  # the batch's logs, held as every command holds its output
         assert main(["batch", str(jobs)]) == EXIT_RUNDIR
     assert "another batch over these jobs is running" in capsys.readouterr().err
     assert (tmp_path / "jobs.summary.json").read_bytes() == before
@@ -155,7 +156,7 @@ def test_every_run_records_its_input_hashes_and_resume_checks_them(tmp_path, dem
     config = configure_run("demo", demo_input)
     rd = RunDir(tmp_path / "interrupted")
     rd.prepare()
-    rd.write_manifest({"status": "running", "config_hash": config.digest(),
+    rd.write_manifest({**new_marker("run"), "status": "running", "config_hash": config.digest(),
                        "input_sha256": {**manifest["input_sha256"], "persons.parquet": "0" * 64}})
     with pytest.raises(RunDirError, match=r"different input files \(persons.parquet changed\)"):
         run(config, rd.root, resume=True)
@@ -175,9 +176,7 @@ def test_jobs_file_errors_name_the_file_and_key(tmp_path, capsys):
 def test_a_second_batch_waits_for_the_lock_then_gives_up(tmp_path):
     path = tmp_path / "jobs.toml"
     path.write_text('[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "x"\n')
-    guard = RunDir(tmp_path / ".jobs.batch")
-    guard.prepare()
-    with guard.lock():
+    with claimed(tmp_path / "jobs.logs", "batch"):
         with pytest.raises(RunDirError, match="another batch over these jobs is running"):
             Batch(path).run(wait=0.3)
     assert not (tmp_path / "jobs.summary.json").exists() and not (tmp_path / "x").exists()

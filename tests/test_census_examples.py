@@ -347,7 +347,7 @@ def test_synth_writes_in_bounded_batches(tmp_path, monkeypatch):
               for g in range(pq.ParquetFile(f).metadata.num_row_groups)]
     assert len(groups) > len(files) and sum(groups) == 20_000
     assert max(groups) < 2_000 + 3 * 870 * 3                                  # a batch of leaves: about the chunk
-    assert sorted(p.name for p in (tmp_path / "in").iterdir()) == ["persons", "units"]
+    assert sorted(p.name for p in (tmp_path / "in").iterdir()) == [".topdown-output.json", "persons", "units"]
 
 
 def test_synth_refuses_a_used_folder_and_bad_hints(tmp_path):

@@ -152,7 +152,7 @@ def test_sigterm_stops_a_batch_and_its_job_cleanly(tmp_path, demo_input):
     assert summary["status"] == "interrupted" and summary["exit_code"] == EXIT_TERMINATED, summary
     assert summary["jobs"][0]["status"] == "failed" and summary["jobs"][0]["exit_code"] == 130, summary
     assert not lock.exists()  # the job released its run directory: it resumes
-    assert not (tmp_path / ".jobs.batch" / LOCK).exists()  # and the batch its own lock
+    assert not (tmp_path / "jobs.logs" / LOCK).exists()  # and the batch the lock of its logs
 
 
 def test_signals_interrupt_off_the_main_thread_changes_nothing():

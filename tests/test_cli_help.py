@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from topdown.pipeline.cli import EXAMPLES, EXIT_OK, build_parser, main
+from topdown.pipeline.execution.outdir import MARKER_KEY
 
 PARSER = build_parser()
 COMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -46,7 +47,8 @@ def test_privacy_prints_and_writes_a_file_only_when_asked(tmp_path, monkeypatch,
     printed = json.loads(capsys.readouterr().out)
     assert list(tmp_path.iterdir()) == []
     assert main(["privacy", "demo", "--out", "cert.json"]) == EXIT_OK
-    assert json.loads((tmp_path / "cert.json").read_text()) == printed
+    written = json.loads((tmp_path / "cert.json").read_text())
+    assert written.pop(MARKER_KEY) == {"format": "census-topdown", "command": "privacy"} and written == printed
     assert [p.name for p in tmp_path.iterdir()] == ["cert.json"]
 
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import DATA
-from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, entities_on_spine, evaluate,
-                                                  load_entities)
+from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, default_out, entities_on_spine,
+                                                  evaluate, load_entities)
 from topdown.pipeline.execution.progress import Reporter, reporting
 from topdown.pipeline.execution.rundir import RunDirError, write_table
 from topdown.pipeline.configuration.census import PERSONS
@@ -146,7 +146,7 @@ def test_evaluate_default_out_and_figures(setup):
     pytest.importorskip("matplotlib")
     truth, run_a, _, _ = setup
     out = evaluate([run_a], truth, options=EvalOptions(sampling_rates=(0.5,)))
-    assert out == run_a / "evaluation-CONFIDENTIAL"
+    assert out == default_out(run_a) == run_a.with_name(run_a.name + "-evaluation-CONFIDENTIAL")
     assert (out / "mae_by_level.png").exists()
     # four blocks give no estimated EPL: the trade-off figure would be empty axes, so it is left out, saying why
     assert not (out / "epl_tradeoff.png").exists()
@@ -206,7 +206,7 @@ def test_evaluate_cli_no_suppress(setup, tmp_path: Path, capsys):
     truth, run_a, _, _ = setup
     assert main(["evaluate", str(run_a), "--truth", str(truth)]) == 0
     assert "CONFIDENTIAL" in capsys.readouterr().out
-    summary = pd.read_parquet(run_a / "evaluation-CONFIDENTIAL" / "summary.parquet")
+    summary = pd.read_parquet(default_out(run_a) / "summary.parquet")
     assert summary.loc[summary["level"] == "US", "mean_abs_error"].isna().all()
     assert main(["evaluate", str(run_a), "--truth", str(truth), "--out", str(tmp_path / "ns"), "--no-suppress"]) == 0
     summary = pd.read_parquet(tmp_path / "ns" / "summary.parquet")

@@ -1,8 +1,9 @@
 """The demo run's outputs, pinned byte for byte (issue 15, item 7): a refactoring must not change one byte.
 
 Every file of the run directory is pinned by SHA-256. ``manifest.json`` is the one file with fields that
-differ between identical runs: wall-clock timings (``timings``, ``*_seconds``) and the absolute path of the
-configuration file (``config_source``); it is pinned in a canonical form without them (keys sorted, compact).
+differ between identical runs: wall-clock timings (``timings``, ``*_seconds``), the absolute path of the
+configuration file (``config_source``) and the run directory's id (``output_id``, of its marker: outdir.py); it is
+pinned in a canonical form without them (keys sorted, compact).
 ``manifest.json`` and ``certificate.json`` carry ``schema_version`` (added by issue 15 with the typed run
 reader, after these pins were taken): it is checked to be the current version and then removed, and the
 certificate re-serialised exactly as the run writes JSON, so every other byte is still compared with the
@@ -38,7 +39,7 @@ PINNED = {
     'histograms/units/level=US/part-00000.parquet': '77278fca9381ce840b02be3bb6551f238055f60112c7fc461deda327d4159f96',
     'invariants/persons.parquet': 'dd05ff564c7faf721f09325c29672e266def3784f771eefec72ef28e085bcd36',
     'invariants/units.parquet': '98e087cc352ee9a912b5ef452ca1432b4abfe4637755b9a1e74635c6a1c1ab45',
-    'manifest.json': '67d42c38f749e0825eceaeef5d82325f26d7ddc3bec417bc31e648a1fbce925e',
+    'manifest.json': 'e686a1d9c7f2af1bf6c17bee44074c3e666122798e35d93a7ccf095ffe056b2a',
     'mdf/persons/county=44007/part-00000.parquet': 'aaeb06ffadafc3090323e674ed370ae36bdb0c848502e4efe994539d3316e839',
     'mdf/units/county=44007/part-00000.parquet': '9cbb9c12f2ddd3d294786decc7a079fc5dc4d6c3a364644566bf661bdde67c0e',
     'noisy_measurements/persons/level=Block/part-00000.parquet': '800fb4070b45c6f7064c52a51c86a9ae37221bd5dfeb76515aa804d2dbef027b',
@@ -58,7 +59,7 @@ PINNED = {
     'spine.parquet': 'cd2814f2b6a3fef04d31e520d17731f770164b64b607d43ed00dc12835d2ba4c',
 }
 
-VOLATILE_KEYS = {"timings", "config_source"}
+VOLATILE_KEYS = {"timings", "config_source", "output_id"}
 
 
 def _without_version(data: bytes) -> dict:

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from test_evaluate import OPTS, _write_run, _write_truth, RUN_A
 
+from topdown.pipeline.execution.outdir import MARKER
 from topdown.pipeline.execution.private_files import is_private, private_dir, private_file, seal
 
 
@@ -59,7 +60,7 @@ def test_an_ingest_is_private(tmp_path):
     out = tmp_path / "cef"
     ingest_blocks(block_csv(tmp_path / "blocks.csv"), out)
     assert_private(out)
-    assert sorted(p.name for p in out.iterdir()) == ["persons.parquet", "units.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "persons.parquet", "units.parquet"]
 
 
 def test_an_evaluation_is_private(tmp_path):
@@ -68,7 +69,7 @@ def test_an_evaluation_is_private(tmp_path):
     truth = _write_truth(tmp_path / "input")
     run = _write_run(tmp_path / "run", RUN_A, 1)
     default = evaluate([run], truth, options=OPTS)
-    assert default == run / "evaluation-CONFIDENTIAL"
+    assert default == run.with_name("run-evaluation-CONFIDENTIAL")
     assert_private(default)
     assert_private(evaluate([run], truth, out=tmp_path / "eval", options=OPTS))
     assert stat.S_IMODE((run / "histograms").stat().st_mode) == 0o755  # the run's published outputs: unchanged

@@ -17,6 +17,7 @@ from topdown.pipeline.privacy.certificate import _composed_loss, render_certific
 from topdown.pipeline.cli import EXIT_RUNDIR, main
 from topdown.pipeline.privacy.release import SecondRelease
 from topdown.pipeline.outputs.verify import verify_run
+from topdown.pipeline.execution.outdir import new_marker
 
 PRODUCTION_TOML = 'include = "demo.toml"\n\n[run]\nname = "release"\nmode = "production"\n'
 
@@ -96,7 +97,8 @@ def test_interrupted_production_run_resumes_but_a_fresh_draw_is_refused(tmp_path
 def test_redraw_needs_the_earlier_certificate(tmp_path, planted, production, dask_client):
     out = tmp_path / "run"
     (out / "noisy_measurements" / "persons" / "level=US").mkdir(parents=True)
-    (out / "manifest.json").write_text('{"status": "running"}')  # a run directory (--out refuses other folders)
+    # a run directory by its marker (--out refuses other folders)
+    (out / "manifest.json").write_text(json.dumps({**new_marker("run"), "status": "running"}))
     with pytest.raises(SecondRelease, match="certificate.json: missing or unreadable"):
         run(load_config(production), out, input_dir=planted, client=dask_client, redraw=True)
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "noisy_measurements"]
@@ -107,17 +109,18 @@ def test_force_in_test_mode_removes_every_output_of_the_earlier_configuration(tm
     out = tmp_path / "run"
     shutil.copytree(planted_run, out)
     (out / "evaluation").mkdir()
-    (out / "evaluation" / "summary.parquet").write_bytes(b"stale")
+    (out / "evaluation" / "summary.parquet").write_bytes(b"the user's")
     (out / "notes.txt").write_text("the user's own file")
     persons_only = load_config("demo").with_overrides(products=["persons"])
     run(persons_only, out, input_dir=planted, client=dask_client, force=True)
-    for stale in ("noisy_measurements/units", "histograms/units", "mdf/units", "invariants/units.parquet",
-                  "evaluation"):
+    for stale in ("noisy_measurements/units", "histograms/units", "mdf/units", "invariants/units.parquet"):
         assert not (out / stale).exists(), stale
-    assert (out / "notes.txt").read_text() == "the user's own file"
+    assert (out / "notes.txt").read_text() == "the user's own file"  # not the run's: left alone
+    assert (out / "evaluation" / "summary.parquet").read_bytes() == b"the user's"
     assert json.loads((out / "manifest.json").read_text())["products"] == ["persons"]
     assert "units" not in _cert(out)
-    assert verify_run(out).ok
+    assert verify_run(out).failures == [f"{name}: not listed in the manifest (not an output of the run)"
+                                        for name in ("evaluation/summary.parquet", "notes.txt")]
 
 
 def test_composition_of_pure_and_zcdp_draws():

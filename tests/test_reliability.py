@@ -30,6 +30,7 @@ from conftest import end_process_groups
 from rel_inputs import differing_outputs, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
+from topdown.pipeline.execution.outdir import new_marker
 from topdown.pipeline.execution.rundir import RunDir, RunDirError
 
 TOPDOWN = [sys.executable, "-m", "topdown.pipeline.cli"]
@@ -102,7 +103,8 @@ def test_concurrent_cli_runs_one_writer(tmp_path, planted):
 def test_complete_run_is_refused_without_force(tmp_path, planted, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "manifest.json").write_text(json.dumps({"status": "complete", "config_hash": "ab" * 32}))
+    (out / "manifest.json").write_text(json.dumps({**new_marker("run"), "status": "complete",
+                                                   "config_hash": "ab" * 32}))
     for flags in ([], ["--resume"]):
         assert main(["run", "demo", "--out", str(out), "--input", str(planted), "--quiet", *flags]) == EXIT_RUNDIR
         err = capsys.readouterr().err
@@ -123,7 +125,7 @@ def test_force_recomputes_a_complete_run(tmp_path, planted, planted_run, dask_cl
 def test_resume_refuses_another_configuration(tmp_path, planted, dask_client):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "manifest.json").write_text(json.dumps({"status": "running", "config_hash": "0" * 64}))
+    (out / "manifest.json").write_text(json.dumps({**new_marker("run"), "status": "running", "config_hash": "0" * 64}))
     with pytest.raises(RunDirError, match="different configuration"):
         run(load_config("demo"), out, input_dir=planted, client=dask_client, resume=True)
     # A run started before a default changed (the QP back end) is told which key differs and how it was set.

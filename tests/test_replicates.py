@@ -11,6 +11,7 @@ import pytest
 from cli_subprocess import assert_clean_failure, snapshot, topdown
 from topdown.pipeline import load_config, run
 from topdown.pipeline.execution import runner
+from topdown.pipeline.execution.outdir import MARKER, new_marker
 from topdown.pipeline.execution.rundir import RunReader
 from topdown.pipeline.evaluation.replicates import SEED_BASE, replicates
 
@@ -33,7 +34,8 @@ def test_side_by_side_replicates_are_those_run_alone_and_read_published_data_onl
     record = replicates(demo_run, 2, tmp_path / "reps", client=dask_client, parallel=2)
     assert [(r["dir"], r["seed"]) for r in record["replicates"]] == [("rep-000", SEED_BASE), ("rep-001", SEED_BASE + 1)]
     assert json.loads((tmp_path / "reps" / "replicates.json").read_text()) == record
-    assert sorted(p.name for p in (tmp_path / "reps").iterdir()) == ["input", "rep-000", "rep-001", "replicates.json"]
+    assert sorted(p.name for p in (tmp_path / "reps").iterdir()) == [MARKER, "input", "rep-000", "rep-001",
+                                                                      "replicates.json"]
 
     config = RunReader(demo_run).config()
     alone = config.with_overrides(mode="test", seed=SEED_BASE + 1, name=f"{config.run.name}-rep001")
@@ -113,6 +115,8 @@ def test_bad_replicates_arguments_fail_cleanly(demo_run, tmp_path, case):
         (out / "replicates.json").write_text(json.dumps({"run": str(demo_run),
                                                          "replicates": [{"dir": "rep-000", "seed": 7}]}))
         fragment = "a replicate of seed 7, not 1000003"
+    if case in ("other_run", "damaged_record", "other_seed"):  # an earlier output of replicates, by its marker
+        (out / MARKER).write_text(json.dumps(new_marker("replicates")))
     before = snapshot(out)
     outcome = topdown("replicates", demo_run, "--out", out, "--workers", "1", *args)
     assert_clean_failure(outcome, code, fragment)

@@ -1,8 +1,8 @@
 """``topdown evaluate``: accuracy and empirical privacy loss of one or more runs against the truth.
 
 The output is CONFIDENTIAL by nature: it is computed from the true counts. It is written to the directory
-the user names (``out``) or ``RUN/evaluation-CONFIDENTIAL/`` of the first run, never beside the protected
-outputs, and the report says so at the top. A statistic over fewer than :data:`MIN_NODES` geounits (the
+the user names (``out``) or ``RUN-evaluation-CONFIDENTIAL/`` beside the first run, never inside a published
+output (``outdir``), and the report says so at the top. A statistic over fewer than :data:`MIN_NODES` geounits (the
 US total's error, a State mean over two states) would pin down true counts: such rows are suppressed
 (values blank, ``suppressed`` = True) unless ``EvalOptions.suppress`` is False (``--no-suppress``).
 
@@ -38,6 +38,7 @@ then each state's persons from its block histograms), so a sample does not depen
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from contextlib import nullcontext
 from fractions import Fraction
@@ -63,7 +64,8 @@ from topdown.vocab.queries import build_query
 from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import Steps, compute, reporter
-from ..execution.rundir import RunReader, check_out, removed_on_failure, write_table
+from ..execution.outdir import check, claimed
+from ..execution.rundir import RunReader, removed_on_failure, write_table
 from ..outputs.verify import _Groups, _records
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
 from topdown.vocab.census import Census, Product
@@ -78,8 +80,8 @@ SHARE_QUERY = "hispanic * cenrace_7lev_two_comb"
 SAMPLING_RATES: tuple[float, ...] = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
 #: Petti & Flaxman's total count (TC) and age/race/ethnicity stratified count (SC).
 SAMPLING_QUERIES: tuple[str, ...] = ("total", "votingage * hispanic * cenrace")
-#: Default output folder inside the first run directory.
-CONFIDENTIAL_DIR = "evaluation-CONFIDENTIAL"
+#: The default output folder's name: the first run's followed by this, beside it.
+CONFIDENTIAL_SUFFIX = "-evaluation-CONFIDENTIAL"
 #: Columns that identify a row (never suppressed).
 KEY_COLUMNS = ("run", "seed", "rate", "replicate", "sampling_seed", "product", "level", "entity_type", "query", "bin",
                "quintile", "homogeneity", "n", "n_answers", "n_residuals", "status", "epsilon_query", "epsilon_total",
@@ -748,10 +750,16 @@ def _labels(runs: list[Path]) -> list[str]:
     return labels
 
 
+def default_out(run: Path) -> Path:
+    """Where the evaluation of ``run`` goes without ``--out``: ``RUN-evaluation-CONFIDENTIAL`` beside it."""
+    run = Path(os.path.abspath(run))
+    return run.with_name(run.name + CONFIDENTIAL_SUFFIX)
+
+
 def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, out: Path | None = None, client=None,
              options: EvalOptions | None = None, audit: Path | None = None) -> Path:
     """Evaluate ``run_dirs`` against the input directory ``truth`` and write the tables, figures and
-    report.html to ``out`` (default: ``<first run>/evaluation-CONFIDENTIAL``). Returns the output directory.
+    report.html to ``out`` (default: :func:`default_out` of the first run). Returns the output directory.
     ``audit``: the output directory of ``topdown audit``, whose bounds the report shows beside the EPL.
 
     The truth's read tasks, then one task per group of states (all runs and sampling replicates), are computed
@@ -767,8 +775,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     heads = [RunHead(r, lab) for r, lab in zip(runs, labels)]  # fail fast, naming the offending directory
     if opts.uncertainty is not None:
         _check_uncertainty_file(opts.uncertainty)
-    out = check_out(Path(out) if out is not None else runs[0] / CONFIDENTIAL_DIR, "the evaluation",
-                    lambda p: (p / "summary.parquet").is_file())
+    out = Path(out) if out is not None else default_out(runs[0])
+    check(out, "evaluate")
     ent = None
     if entities is not None:
         spine = pq.read_table(heads[0].reader.spine_path, columns=["geoid"]).column("geoid")
@@ -776,8 +784,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
                                 Path(entities))
     from .eval_report import write_report
 
-    with removed_on_failure(out) if not out.exists() else nullcontext():  # a new folder: complete or absent
-        private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
+    # computed from the true counts: the user's alone, private (README); a new folder: complete or absent
+    with claimed(out, "evaluate") as claim, removed_on_failure(out) if not claim.earlier else nullcontext():
         tmp = out / SPILL_DIR
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -861,6 +869,7 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
     if opts.uncertainty is not None:  # before the cluster starts
         _check_uncertainty_file(opts.uncertainty)
     audit_dir = Path(audit) if audit else None
+    check(Path(out) if out else default_out(Path(runs[0])), "evaluate")  # refused before the cluster starts
     if scheduler or workers:
         from ..execution.runner import dask_client
 

@@ -30,7 +30,8 @@ from ..configuration.config import Config
 
 from ..execution.progress import Reporter, reporter, reporting, track
 from ..outputs.mdf import generic_levels
-from ..execution.rundir import RunDirError, RunReader, check_out, write_json_atomic, write_table
+from ..execution.outdir import claimed
+from ..execution.rundir import RunDirError, RunReader, write_json_atomic, write_table
 
 log = logging.getLogger("topdown")
 
@@ -97,10 +98,10 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     The replicate input (the run's MDF and public invariants) is written, read and tabulated once; the
     replicates then run ``parallel`` (default :data:`PARALLEL`) at a time side by side on one cluster, each
     into ``.rep-XXX.partial`` renamed to ``rep-XXX`` when complete (the same files as a run of its seed
-    alone). Resumable: a replicate recorded complete is kept, a partial one is redone."""
+    alone). Resumable: a replicate recorded complete is kept, a partial one is redone. ``out`` is held by this
+    call alone (``outdir.claimed``)."""
     from ..configuration.config import ConfigError
     from ..configuration.limits import MAX_REPLICATES, check_count
-    from ..execution.runner import dask_client, prepare
 
     run, out = Path(run), Path(out)
     check_count(n, "--n", 1, MAX_REPLICATES)
@@ -111,12 +112,19 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     if parallel < 1:
         raise ConfigError(f"--parallel {parallel}: at least one replicate at a time")
     config = RunReader(run).config()
-    check_out(out, "the replicates", lambda p: (p / "replicates.json").is_file())
-    out.mkdir(parents=True, exist_ok=True)
+    with claimed(out, "replicates"):
+        return _replicates(run, config, seeds, out, client, scheduler, workers, parallel)
+
+
+def _replicates(run: Path, config, seeds: list[int], out: Path, client, scheduler: str | None, workers: int | None,
+                parallel: int) -> dict:
+    """:func:`replicates` into the folder ``out`` it holds."""
+    from ..execution.runner import dask_client, prepare
+
     record_path = out / "replicates.json"
     record = _read_record(record_path, run)
     todo = _pending(out, record, seeds)
-    write_json_atomic(record_path, record)  # marks the folder as replicates' (check_out) before anything else
+    write_json_atomic(record_path, record)
     if not todo:
         return record
     rep_configs = {i: config.with_overrides(mode="test", seed=seeds[i], name=f"{config.run.name}-rep{i:03d}")

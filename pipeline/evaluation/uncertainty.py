@@ -46,6 +46,7 @@ from ..execution.invariants import configured_below
 from ..execution.levels import level_constraints, published_units
 from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants
+from ..execution.outdir import MARKER_KEY, claimed_file
 from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
 from ..execution.progress import gather, track
 from .amc import SCHEMA, codes, published_and_amc, replicate_dirs
@@ -440,22 +441,6 @@ class Cost:
     rows: int = 0
 
 
-def _check_out(out: Path) -> Path:
-    """``--out`` must be absent or an earlier uncertainty table (a Parquet file this module wrote): anything
-    else is refused (:class:`RunDirError`) before it is touched."""
-    if not out.exists() and not out.is_symlink():
-        return out
-    try:
-        ours = out.is_file() and META_KEY in (pq.read_schema(out).metadata or {})
-    except (OSError, pa.ArrowException):
-        ours = False
-    if not ours:
-        raise RunDirError(f"{out}: cannot write the uncertainty table: {'a folder' if out.is_dir() else 'a file'} "
-                          "that is not an earlier output of this command (an uncertainty table) is in the way; "
-                          "nothing was touched (name a new file)")
-    return out
-
-
 def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Path | None = None,
                 levels: list[str] | None = None, queries: dict[str, tuple[str, ...]] | None = None,
                 client=None, scheduler: str | None = None, workers: int | None = None,
@@ -464,7 +449,17 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     """Write the uncertainty table of ``run`` to ``out`` (Parquet, atomically); returns the cost. ``entities``:
     a (geoid, entity_type, entity) frame, or a table file or BAF directory to read and match with the spine.
     ``run`` may be a noisy measurement file, read with its ``spine`` file and ``config`` (:meth:`Source.from_nmf`).
-    ``calibrate``: replicates of one of the ``replicates`` (adds the ``calibrated`` rows)."""
+    ``calibrate``: replicates of one of the ``replicates`` (adds the ``calibrated`` rows). ``out`` must be absent
+    or an earlier uncertainty table (``outdir.claimed_file``), held by this call alone while it runs."""
+    with claimed_file(out, "uncertainty") as marker:
+        return _uncertainty(run, Path(out), marker, entities=entities, levels=levels, queries=queries, client=client,
+                            scheduler=scheduler, workers=workers, replicates=replicates, spine=spine, config=config,
+                            calibrate=calibrate)
+
+
+def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities, levels, queries, client, scheduler,
+                 workers, replicates, spine, config, calibrate) -> Cost:
+    """:func:`uncertainty` into the file ``out`` it holds; the table carries ``marker``."""
     from ..execution.runner import dask_client
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -478,13 +473,12 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
         from ..configuration.config import ConfigError
 
         raise ConfigError(f"{run}: --replicates needs the run directory (its published MDF), not a noisy measurement file")
-    converted = Path(out).with_name(f".{Path(out).name}.nmf")
+    converted = out.with_name(f".{out.name}.nmf")
     shutil.rmtree(converted, ignore_errors=True)
     with removed_on_failure(converted):  # the file's measurements as a run's parts, removed when done
         src = Source.from_nmf(run, spine, config, converted) if from_nmf else Source.open(run)
         if source is not None:
             entities = entities_on_spine(entities, pd.Index(src.spine["geoid"]), source)
-        out = _check_out(Path(out))
         if calibrate is not None and replicates is None:
             from ..configuration.config import ConfigError
 
@@ -530,7 +524,8 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
             tmp = out.with_name(f".{out.name}.tmp")
             with writing(out), removed_on_failure(tmp):
                 dclient.submit(concatenate, [str(p) for p in parts_written], str(tmp),
-                               SCHEMA.with_metadata({META_KEY: meta}), pure=False).result()
+                               SCHEMA.with_metadata({META_KEY: meta, MARKER_KEY: json.dumps(marker)}),
+                               pure=False).result()
                 os.replace(tmp, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

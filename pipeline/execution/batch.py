@@ -50,12 +50,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..configuration.config import ConfigError, _format_validation_error, read_toml
 from .cluster import credential_flags, tls_security
-from .rundir import RunDir, RunDirError, write_json_atomic
+from .outdir import MARKER_KEY, claimed, claimed_file
 from .progress import reporter
+from .rundir import Locked, RunDir, unsafe_name, write_json_atomic
 from .signals import Interrupted, signals_interrupt
 
 log = logging.getLogger("topdown")
@@ -72,7 +73,7 @@ class _Strict(BaseModel):
 
 
 class Job(_Strict):
-    name: str
+    name: str  # its log is <logs>/<name>.log
     kind: Literal["run", "reprocess"]
     config: str | None = None
     input: str | None = None
@@ -80,6 +81,13 @@ class Job(_Strict):
     spine: str | None = None  # reprocess of a noisy measurement file: its spine
     force: bool = False
     verify: bool = True
+
+    @field_validator("name")
+    @classmethod
+    def _a_file_name(cls, name: str) -> str:
+        if (why := unsafe_name(name, "the job name")) is not None:
+            raise ValueError(why)
+        return name
 
 
 class BatchSection(_Strict):
@@ -226,6 +234,7 @@ class Batch:
         self.lock = threading.Lock()
         self.summary: dict = {}
         self.running: dict[str, float] = {}  # the running jobs' names and start times (perf_counter)
+        self.marker: dict[str, str] = {}  # of the summary (outdir.claimed_file)
 
     def _write(self) -> None:
         with self.lock:
@@ -261,7 +270,6 @@ class Batch:
                 return
             rec["status"] = "running"
             self._write()
-            self.logs.mkdir(parents=True, exist_ok=True)
             logfile = self.logs / f"{job.name}.log"
             rec["log"] = str(logfile)
             log.info("batch: job %s started (%s)", job.name, action)
@@ -295,19 +303,18 @@ class Batch:
             return self._run_guarded(wait)
 
     def _run_guarded(self, wait: float) -> int:
-        guard = RunDir(self.base / f".{self.path.stem}.batch")
-        guard.prepare()
+        """Run holding the batch's logs folder and summary (``outdir``): one batch over these jobs at a time;
+        another waits ``wait`` seconds for them, then exits 4."""
         deadline = time.monotonic() + wait
         while True:
             try:
-                with guard.lock():
+                with claimed(self.logs, "batch"), claimed_file(self.summary_path, "batch") as marker:
+                    self.marker = marker
                     return self._run_locked()
-            except RunDirError as exc:
-                if "locked" not in str(exc):
-                    raise
+            except Locked as exc:
                 if time.monotonic() >= deadline:
-                    raise RunDirError(f"{self.path}: another batch over these jobs is running "
-                                      f"({str(exc).split('(', 1)[-1].split(')')[0]})") from None
+                    raise Locked(f"{self.path}: another batch over these jobs is running ({exc.holder}). If none "
+                                 f"is, delete {exc.path}.", exc.path, exc.holder) from None
                 time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
 
     def _run_locked(self) -> int:
@@ -315,7 +322,7 @@ class Batch:
 
         cfg = self.jobs.batch
         start = time.perf_counter()
-        self.summary = {"jobs_file": str(self.path), "started": _now(), "status": "running",
+        self.summary = {MARKER_KEY: self.marker, "jobs_file": str(self.path), "started": _now(), "status": "running",
                         "concurrent": cfg.concurrent, "jobs": self.records}
         self._write()
         security = tls_security(*(str(self.base / v) if v else None for v in (cfg.tls_ca_file, cfg.tls_cert, cfg.tls_key)))

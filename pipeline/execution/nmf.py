@@ -63,7 +63,6 @@ names are mapped to ours by :data:`BUREAU_NAMES` and, failing that, by their ter
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -85,7 +84,8 @@ from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import level_constraints, published_units
 from .progress import track
-from .rundir import MEASURED, RunReader, check_out, removed_on_failure, write_json_atomic, write_table
+from .outdir import claimed
+from .rundir import MEASURED, RunReader, removed_on_failure, write_json_atomic, write_table
 
 FORMAT = "topdown-nmf/2"
 #: The parts of a level folder: the Bureau's two, and ours (the declared invariants; the Bureau's reader
@@ -222,55 +222,56 @@ def _invariant_table(product: Product, nodes: pd.Index, units: pd.DataFrame,
 
 
 def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write the noisy measurement file of a complete run into ``out_dir`` (created; must not exist).
+    """Write the noisy measurement file of a complete run into ``out_dir`` (absent or empty: ``outdir.claimed``).
 
-    The directory is built under a temporary sibling and renamed into place, so it is complete or absent.
+    The directory is built under a temporary sibling and put in place at once, so it is complete or absent.
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     reader = RunReader(run_dir)
     config = reader.config()
-    check_out(out_dir, "the noisy measurement file (an earlier one is not replaced)", lambda _: False)
-    reader.check_sums(MEASURED, "writing the noisy measurement file")
-    spine = reader.spine()
-    cert = reader.certificate().data
-    tmp = out_dir.with_name(f".{out_dir.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with removed_on_failure(tmp):  # complete or absent
-        meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(), "levels": spine.levels,
-                "spine": spine.kind, "products": {}}
-        for spec in config.run_products:
-            product, schema = spec.name, spec.schema
-            cfg = config.product(product)
-            inv_path = reader.invariants(product)
-            units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path), where=str(inv_path))
-            # occupied units are not a declared invariant: a constraint that needs them has no right-hand side here
-            units = [u.assign(occupied=np.nan) for u in units]
-            nodes = [u.index for u in units]
-            cons = level_constraints(spec, cfg, spine.levels, units, parents)
-            for lv, n, u, c in track(list(zip(spine.levels, nodes, units, cons)), f"nmf {product}", unit="levels"):
-                base = tmp / product / f"{lv}.parquet"
-                shares = node_shares(spine, cfg.budget, lv)
-                qshares = cfg.budget.queries.get(lv, {})
-                parts = sorted(reader.measurements(product, lv).glob("part-*.parquet"))
-                (base / DPQUERY).mkdir(parents=True, exist_ok=True)
-                for i, part in enumerate(parts):  # part by part, as the run wrote them
-                    long = pq.read_table(part).to_pandas()
-                    if len(long):
-                        write_table(_dpquery_table(long, shares, qshares, schema),
-                                    base / DPQUERY / f"part-{i:05d}.parquet")
-                split = state_total is not None and "tot" in u.columns and u["tot"].isna().any()  # a state in parts
-                write_table(_constraint_table(spec, n, u, c), base / CONSTRAINT / "part-00000.parquet")
-                write_table(_invariant_table(spec, n, u, state_total if split else None),
-                            base / INVARIANT / "part-00000.parquet")
-            meta["products"][product] = {
-                "mechanism": cert[product]["mechanism"], "rho": cert[product].get("rho"),
-                "schema": [list(d) for d in schema.dims],
-                "queries": {lv: list(cfg.budget.queries.get(lv, {})) for lv in spine.levels},
-            }
-        write_json_atomic(tmp / "nmf.json", meta)
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.replace(tmp, out_dir)
+    with claimed(out_dir, "nmf") as claim:
+        reader.check_sums(MEASURED, "writing the noisy measurement file")
+        spine = reader.spine()
+        cert = reader.certificate().data
+        tmp = out_dir.with_name(f".{out_dir.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with removed_on_failure(tmp):  # complete or absent
+            meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(),
+                    "levels": spine.levels, "spine": spine.kind, "products": {}}
+            for spec in config.run_products:
+                product, schema = spec.name, spec.schema
+                cfg = config.product(product)
+                inv_path = reader.invariants(product)
+                units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path),
+                                                                 where=str(inv_path))
+                # occupied units are not a declared invariant: a constraint that needs them has no right-hand side
+                units = [u.assign(occupied=np.nan) for u in units]
+                nodes = [u.index for u in units]
+                cons = level_constraints(spec, cfg, spine.levels, units, parents)
+                for lv, n, u, c in track(list(zip(spine.levels, nodes, units, cons)), f"nmf {product}",
+                                         unit="levels"):
+                    base = tmp / product / f"{lv}.parquet"
+                    shares = node_shares(spine, cfg.budget, lv)
+                    qshares = cfg.budget.queries.get(lv, {})
+                    parts = sorted(reader.measurements(product, lv).glob("part-*.parquet"))
+                    (base / DPQUERY).mkdir(parents=True, exist_ok=True)
+                    for i, part in enumerate(parts):  # part by part, as the run wrote them
+                        long = pq.read_table(part).to_pandas()
+                        if len(long):
+                            write_table(_dpquery_table(long, shares, qshares, schema),
+                                        base / DPQUERY / f"part-{i:05d}.parquet")
+                    # a state in parts
+                    split = state_total is not None and "tot" in u.columns and u["tot"].isna().any()
+                    write_table(_constraint_table(spec, n, u, c), base / CONSTRAINT / "part-00000.parquet")
+                    write_table(_invariant_table(spec, n, u, state_total if split else None),
+                                base / INVARIANT / "part-00000.parquet")
+                meta["products"][product] = {
+                    "mechanism": cert[product]["mechanism"], "rho": cert[product].get("rho"),
+                    "schema": [list(d) for d in schema.dims],
+                    "queries": {lv: list(cfg.budget.queries.get(lv, {})) for lv in spine.levels},
+                }
+            write_json_atomic(tmp / "nmf.json", meta)
+            claim.replace_with(tmp)
     return out_dir
 
 

@@ -35,7 +35,8 @@ from ..inputs.validate import InputError
 from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
-from .rundir import MEASURED, RunDir, RunDirError, RunReader, check_out, is_run_dir, sha256_file, write_table
+from .outdir import bookkeeping, check
+from .rundir import MEASURED, RunDir, RunDirError, RunReader, sha256_file, write_table
 from .runner import Plan, _level_names, execute, opened
 from ..configuration.sources import Published
 from ..privacy.budget import KINDS
@@ -111,11 +112,12 @@ def read_invariants(src: RunReader, product: Product, products: list[Product]) -
 
 
 def tree_sha256(root: Path) -> str:
-    """One SHA-256 over the relative paths and contents of every file under ``root`` (or of one file)."""
+    """One SHA-256 over the relative paths and contents of every file under ``root`` (or of one file), but the
+    marker and lock of the command that wrote it (``outdir``)."""
     if root.is_file():
         return sha256_file(root)
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and not bookkeeping(p.name)):
         h.update(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n".encode())
     return h.hexdigest()
 
@@ -331,7 +333,7 @@ def reprocess(
     t0 = time.perf_counter()
     if Path(out).resolve() == Path(source).resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
-    check_out(out, "the run directory", is_run_dir)
+    check(out, "reprocess")
     src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}
@@ -345,6 +347,6 @@ def reprocess(
     plan = Plan(src.spine, levels, src.certificate, src.publish, lambda rd, product, level: Published.of_level(
         rd.measurements(product, level.name)), {"input_sha256": src.hashes, "reprocessing_of": of})
     rundir = RunDir(out)
-    with opened(rundir, config, src.hashes, resume, force) as (state, _):
+    with opened(rundir, config, src.hashes, resume, force, command="reprocess") as (state, _):
         return execute(config, rundir, state, plan, client, scheduler, workers, progress, t0, security,
                        fresh=not state)

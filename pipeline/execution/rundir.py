@@ -25,10 +25,10 @@ import re
 import shutil
 import socket
 import time
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,9 +42,12 @@ LOCK = ".lock"
 #: Version of the layout of manifest.json and certificate.json (written as ``schema_version``; a file without
 #: it is version 1, the layout before the key was written).
 SCHEMA_VERSION = 1
-#: Everything a run writes into its directory (a fresh run removes these, and nothing else, first).
-OUTPUTS = ("manifest.json", "certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements",
-           "histograms", "mdf", "evaluation", "evaluation-CONFIDENTIAL", STAGING)
+#: Everything a run writes into its directory besides its manifest (a fresh run removes these, and nothing else,
+#: first).
+OUTPUTS = ("certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements", "histograms", "mdf",
+           STAGING)
+#: The longest name (a batch job's, a level's, a product's) that becomes part of a path.
+MAX_NAME = 100
 #: The published part of a run that post-processing reads (reprocess, nmf): the measurements and what they were
 #: measured with. Each file is checked against the run's recorded SHA-256 before it is used (:meth:`RunReader.check_sums`).
 MEASURED = ("config.json", "certificate.json", "spine.parquet", "invariants", "noisy_measurements")
@@ -108,9 +111,15 @@ class RunDir:
         """Remove half-written output of an interrupted run (call only while holding the lock)."""
         shutil.rmtree(self.root / STAGING, ignore_errors=True)
 
-    def clear_outputs(self) -> None:
-        """Remove every output of an earlier run (call only while holding the lock): nothing of another
-        configuration or product survives a fresh run."""
+    def write_marker(self, marker: dict[str, str]) -> None:
+        """Write a manifest that holds the run's marker alone (``outdir.read_marker``: a run not yet started)."""
+        self.write_manifest({"schema_version": SCHEMA_VERSION, **marker})
+
+    def clear_outputs(self, marker: dict[str, str]) -> None:
+        """Remove every output of an earlier run (call only while holding the lock), the manifest first reduced
+        to the run's ``marker``: nothing of another configuration or product survives a fresh run, and no
+        reader takes what is left for the earlier run."""
+        self.write_marker(marker)
         for name in OUTPUTS:
             path = self.root / name
             if path.is_dir() and not path.is_symlink():
@@ -125,57 +134,9 @@ class RunDir:
                  for p in sorted(base.iterdir()) if p.is_dir()} if base.is_dir() else {}
         return {product: levels for product, levels in found.items() if levels}
 
-    @contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the one-writer lock of this run directory.
-
-        The lock file records ``pid <pid> on <host> since <time>``. A lock left by a process of this host
-        that no longer exists (a killed run), or an empty one, is stale and taken over, with a warning in the
-        log; a lock of another host, or of a live process, refuses the run with a message naming the holder.
-        """
-        path = self.root / LOCK
-        text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
-        if not self._try_create(path, text):
-            holder = _read_lock(path)
-            if holder is not None and _is_stale(holder):
-                self._take_over(path, holder)
-            if not self._try_create(path, text):
-                holder = _read_lock(path) or "holder unknown"
-                raise RunDirError(
-                    f"{self.root} is locked by another run ({holder}). If no run is active, delete {path}."
-                )
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
-
-    @staticmethod
-    def _try_create(path: Path, text: str) -> bool:
-        """Create the lock file holding ``text`` unless one exists: written beside it and linked into place
-        (atomic, so a lock file is never empty; a full disk leaves no lock)."""
-        tmp = path.with_name(f"{LOCK}.{os.getpid()}.tmp")
-        try:
-            with writing(path):
-                tmp.write_text(text)
-                os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-        return True
-
-    def _take_over(self, path: Path, holder: str) -> None:
-        """Move a stale lock aside (atomic rename) and delete it if it is still the one judged stale."""
-        aside = path.with_name(f"{LOCK}.stale-{os.getpid()}")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return  # another process took it over first; the O_EXCL create decides
-        if _read_lock(aside) != holder:  # a fresh lock replaced the stale one meanwhile: put it back
-            os.rename(aside, path)
-            return
-        aside.unlink(missing_ok=True)
-        log.warning("%s: took over the stale lock of a run that no longer exists (%s)", self.root, holder)
+    def lock(self) -> AbstractContextManager[None]:
+        """Hold the one-writer lock of this run directory (:func:`held`)."""
+        return held(self.root / LOCK, self.root, "run")
 
     def commit(self, final: Path) -> None:
         """Move a staged file or directory into place, replacing any earlier version."""
@@ -221,6 +182,7 @@ class RunDir:
 
 #: Manifest keys and the JSON types they must have (those the code reads back).
 MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "format": str, "command": str, "output_id": str,
     "status": str, "config_hash": str, "name": str, "algorithm": str, "spine": str, "levels": list, "products": list,
     "completed": dict, "parents_solved": dict, "failsafe": list, "timings": dict, "sha256": dict, "output_sha256": dict,
 }
@@ -245,7 +207,23 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
     for product, levels in manifest.get("completed", {}).items():
         if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
             raise RunDirError(f"{path}: key 'completed.{product}' should list level names")
+    names = [(key, v) for key in ("levels", "products") for v in manifest.get(key, [])]
+    for product, levels in manifest.get("completed", {}).items():
+        names += [("completed", product)] + [(f"completed.{product}", v) for v in levels]
+    for key, name in names:  # each becomes a folder's name (histograms/<product>/level=<level>)
+        if (why := unsafe_name(name, "name")) is not None:
+            raise RunDirError(f"{path}: key '{key}': {why}")
     return manifest
+
+
+def unsafe_name(name: str, what: str) -> str | None:
+    """Why ``name`` cannot be part of a path (a folder's or file's name in an output), or None when it can: 1 to
+    :data:`MAX_NAME` characters, not ``.`` or ``..``, no path separator or control character."""
+    if not 1 <= len(name) <= MAX_NAME:
+        return f"{what} {name[:40]!r}{'...' if len(name) > 40 else ''} should be 1 to {MAX_NAME} characters"
+    if name in (".", "..") or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"{what} {name!r} would leave its folder (no '/', '\\', control characters, '.' or '..')"
+    return None
 
 
 def _json_type(kind: type) -> str:
@@ -264,42 +242,85 @@ def writable_dir(path: Path, what: str) -> None:
         raise RunDirError(f"{path}: cannot write {what} ({exc.strerror or exc})") from None
 
 
-def check_out(path: str | Path, what: str, recognised: Callable[[Path], bool]) -> Path:
-    """Refuse an output folder that holds something else than an earlier output of this command: it must be
-    absent, an empty folder, or a folder ``recognised`` accepts (e.g. one holding a run's manifest), so that
-    no file of the user's is overwritten or removed. Raises :class:`RunDirError` (naming ``what``, e.g. "the
-    run directory") before anything is touched."""
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return path
-    if not path.is_dir():
-        raise RunDirError(f"{path}: cannot write {what}: a file is in the way (name an absent or empty folder)")
-    if any(path.iterdir()) and not recognised(path):
-        raise RunDirError(f"{path}: cannot write {what}: the folder holds files that are not an earlier output of "
-                          "this command; nothing was touched (name an absent or empty folder)")
-    return path
+class Locked(RunDirError):
+    """The output is held by another writer: ``holder`` is what its lock file ``path`` says."""
+
+    def __init__(self, message: str, path: Path, holder: str):
+        super().__init__(message)
+        self.path, self.holder = path, holder
 
 
-def is_run_dir(path: Path) -> bool:
-    """True when ``path`` is an earlier run directory: it holds a manifest.json of this project (one with a
-    ``status``; a damaged one raises :class:`RunDirError` naming it), or the staging folder of a run stopped
-    before its manifest (a run creates it before its first output and removes it after its last), or only
-    a lock."""
-    manifest = path / "manifest.json"
-    if manifest.is_dir():
-        return True  # refused by name by RunDir.check_layout
-    if manifest.is_file():
-        return "status" in read_manifest_file(manifest)
-    return (path / STAGING).exists() or {p.name for p in path.iterdir()} <= {LOCK}  # a file there: check_layout
+@contextmanager
+def held(path: Path, output: Path, owner: str) -> Iterator[None]:
+    """Hold the one-writer lock file ``path`` of the output ``output`` (``owner``: the kind of writer a refusal
+    names, e.g. "run").
+
+    The lock file records ``pid <pid> on <host> since <time>``. A lock left by a process of this host that no
+    longer exists (a killed command), or an empty one, is stale and taken over, with a warning in the log; a
+    lock of another host, or of a live process, refuses the writer (:class:`Locked`) with a message naming the
+    holder.
+    """
+    text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+    if not _try_create(path, text):
+        holder = _read_lock(path)
+        if holder is not None and _is_stale(holder):
+            _take_over(path, holder, output)
+        if not _try_create(path, text):
+            raise _locked(path, output, owner, _read_lock(path) or "holder unknown")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def refuse_if_held(path: Path, output: Path, owner: str) -> None:
+    """Raise :class:`Locked` (as :func:`held` would) when the lock file ``path`` is held by a live writer."""
+    holder = _read_lock(path)
+    if holder is not None and not _is_stale(holder):
+        raise _locked(path, output, owner, holder)
+
+
+def _locked(path: Path, output: Path, owner: str, holder: str) -> Locked:
+    return Locked(f"{output} is locked by another {owner} ({holder}). If none is active, delete {path}.", path, holder)
+
+
+def _try_create(path: Path, text: str) -> bool:
+    """Create the lock file holding ``text`` unless one exists: written beside it and linked into place
+    (atomic, so a lock file is never empty; a full disk leaves no lock)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with writing(path):
+            tmp.write_text(text)
+            os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _take_over(path: Path, holder: str, output: Path) -> None:
+    """Move a stale lock aside (atomic rename) and delete it if it is still the one judged stale."""
+    aside = path.with_name(f"{path.name}.stale-{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return  # another process took it over first; the O_EXCL create decides
+    if _read_lock(aside) != holder:  # a fresh lock replaced the stale one meanwhile: put it back
+        os.rename(aside, path)
+        return
+    aside.unlink(missing_ok=True)
+    log.warning("%s: took over the stale lock of a writer that no longer exists (%s)", output, holder)
 
 
 _LOCK_TEXT = re.compile(r"^pid (\d+) on (\S+)")
 
 
 def _read_lock(path: Path) -> str | None:
+    """The text of the lock file ``path`` (None: none there, or not a readable file)."""
     try:
         return path.read_text(errors="replace").strip()
-    except FileNotFoundError:
+    except OSError:
         return None
 
 

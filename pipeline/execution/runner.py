@@ -43,8 +43,8 @@ from .progress import Steps, chain, reporter
 from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from .private_files import private_dir
-from .rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, check_out, is_run_dir, sha256_file,
-                     write_json_atomic, write_table)
+from .outdir import MARKER_FIELDS, check, claimed, read_marker
+from .rundir import SCHEMA_VERSION, STAGING, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
@@ -231,7 +231,7 @@ def run(
         security = check_scheduler(scheduler, security)
     if client is None and not scheduler:
         check_main_guarded()
-    out = check_out(out if out is not None else Path("runs") / config.run.name, "the run directory", is_run_dir)
+    out, _ = check(out if out is not None else Path("runs") / config.run.name, "run")
     inp = _input_dir(config, input_dir)
     check_derived_units(config, find_input(inp, declared_census(config)).units)
     hashes = input_hashes(config, inp)
@@ -243,15 +243,17 @@ def run(
 
 @contextmanager
 def opened(rundir: RunDir, config: Config, hashes: dict[str, str], resume: bool, force: bool, *, draws: bool = False,
-           redraw: bool = False) -> Iterator[tuple[dict, list[dict]]]:
-    """Hold ``rundir``'s lock; yield the manifest to continue (--resume: same configuration and inputs) or {},
-    and, for a run that ``draws`` noise, the earlier draws of this directory it composes with (release.py).
+           redraw: bool = False, command: str = "run") -> Iterator[tuple[dict, list[dict]]]:
+    """Hold ``rundir`` for ``command`` (``outdir.claimed``: absent, empty or an earlier output of it; locked);
+    yield the manifest to continue (--resume: same configuration and inputs) or {}, and, for a run that
+    ``draws`` noise, the earlier draws of this directory it composes with (release.py).
 
     A complete run is refused without ``force`` (or ``redraw``)."""
-    rundir.prepare()
-    with rundir.lock():
+    with claimed(rundir.root, command):
         rundir.check_layout(config.run.products)
         manifest = rundir.read_manifest()
+        if set(manifest) <= {"schema_version", *MARKER_FIELDS}:  # the marker alone: no run started here yet
+            manifest = {}
         if manifest.get("status") == "complete" and not (force or redraw):
             again = ("--redraw to draw a second release (the certificate then composes both)"
                      if draws and config.run.mode == "production" else "--force to recompute it")
@@ -422,7 +424,7 @@ def run_prepared(config: Config, out: str | Path, prep: Prepared, client) -> Pat
     same = config.with_overrides(name=prep.config.run.name, seed=prep.config.run.seed)
     if same.digest() != prep.config.digest():
         raise ValueError(f"the input was prepared for another configuration than {config.run.name}'s")
-    rundir = RunDir(check_out(out, "the run directory", is_run_dir))
+    rundir = RunDir(check(out, "run")[0])
     with opened(rundir, config, prep.hashes, resume=False, force=False, draws=True) as (manifest, prior):
         manifest["timings"] = dict(prep.timings)
         return execute(config, rundir, manifest, _plan(config, prep, client, prior, reused=True), client, None, None, None,
@@ -449,9 +451,12 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     timings: dict[str, float] = manifest.setdefault("timings", {})
     progress = chain(reporter().tasks, progress)  # the bars of the command line or a Job, and the caller's
     # The cluster comes up (or an unreachable scheduler is reported) before anything is written.
+    marker = read_marker(rundir.root)  # the run directory's own (outdir.claimed wrote it)
+    if marker is None:
+        raise RunDirError(f"{rundir.manifest_path}: the run directory's marker was removed while the run held it")
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs
-            rundir.clear_outputs()
+            rundir.clear_outputs(marker)
         private_dir(rundir.root / STAGING)  # unpublished chunks: their owner's alone
         plan.publish(rundir)
         write_json_atomic(rundir.config_path, config.model_dump(mode="json"))  # public: reprocess, nmf, uncertainty
@@ -459,7 +464,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
         completed: dict[str, list[str]] = manifest.get("completed", {})
         cert = plan.certificate
         manifest.update({
-            "schema_version": SCHEMA_VERSION, "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
+            **marker, "schema_version": SCHEMA_VERSION, "status": "running", "name": config.run.name, "config_hash": config.digest(), "config_source": config.source,
             "algorithm": config.run.algorithm, "seed_mode": config.run.mode, "seed": config.run.seed,
             "spine": config.run.spine, "levels": plan.spine.levels,
             "products": list(config.run.products),

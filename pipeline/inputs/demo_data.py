@@ -27,7 +27,7 @@ def write_demo_input(out: Path) -> Summary:
     """Write out/persons.parquet and out/units.parquet from the bundled prototype P.L. 94-171 files."""
     data = files("topdown.pipeline.data")
     src = {key: data.joinpath(name) for key, name in DEMO_FILES.items()}
-    return ingest_pl94_files(src["geo"], src["seg1"], src["seg2"], src["seg3"], Path(out))
+    return ingest_pl94_files(src["geo"], src["seg1"], src["seg2"], src["seg3"], Path(out), command="demo-data")
 
 
 def demo_baf() -> Path:

@@ -96,7 +96,8 @@ from topdown.geo.states import STATE_FIPS
 
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import Steps
-from ..execution.rundir import check_out, replace_dir, writable_dir
+from ..execution.outdir import claimed
+from ..execution.rundir import writable_dir
 from . import RACE_CHOICES
 from topdown.pipeline.configuration.census import PERSONS
 
@@ -169,30 +170,31 @@ class Summary:
 
 def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_cell: np.ndarray,
               person_count: np.ndarray, unit_block: np.ndarray, unit_type: np.ndarray, unit_occupied: np.ndarray,
-              unit_count: np.ndarray, units_derived: bool = False) -> tuple[int, int]:
+              unit_count: np.ndarray, units_derived: bool = False, command: str = "ingest") -> tuple[int, int]:
     """Expand (block, cell, count) and (block, unit_type, occupied, count) rows into out/persons.parquet and
     out/units.parquet, sorted by geoid then codes. ``geoids`` indexes blocks. ``units_derived``: the unit counts
     were derived from the person counts (recorded under :data:`DERIVED_UNITS_KEY`). Returns (persons, units)
     written.
 
-    ``out`` must be absent, empty or an earlier output (nothing but these two files). Both files are written
-    into a private temporary sibling folder that then takes the place of ``out`` at once: ``out`` holds the
-    old pair or the new one at every moment, readable by its owner alone (private_files.py)."""
-    out = check_out(Path(out), "the output directory", lambda p: {f.name for f in p.iterdir()} <= set(CEF_FILES))
-    writable_dir(out.parent, "the folder of the output directory")
-    persons, units = cef_tables(geoids, person_block, person_cell, person_count, unit_block, unit_type, unit_occupied,
-                                unit_count)
-    if units_derived:
-        units = units.replace_schema_metadata({**(units.schema.metadata or {}), DERIVED_UNITS_KEY: DERIVED_UNITS})
-    tmp = out.with_name(f".{out.name}.ingest-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        private_dir(tmp)
-        for name, table in zip(CEF_FILES, (persons, units)):
-            pq.write_table(table, tmp / name)
-        replace_dir(seal(tmp), out)
-    finally:
+    ``out`` is the output of ``command`` (``ingest``, ``demo-data``, ``synth``): absent, empty or an earlier
+    output of it (``outdir.claimed``). Both files are written into a private temporary sibling folder that then
+    takes the place of ``out`` at once: ``out`` holds the old pair or the new one at every moment, readable by
+    its owner alone (private_files.py)."""
+    with claimed(out, command) as claim:
+        writable_dir(claim.path.parent, "the folder of the output directory")
+        persons, units = cef_tables(geoids, person_block, person_cell, person_count, unit_block, unit_type,
+                                    unit_occupied, unit_count)
+        if units_derived:
+            units = units.replace_schema_metadata({**(units.schema.metadata or {}), DERIVED_UNITS_KEY: DERIVED_UNITS})
+        tmp = claim.path.with_name(f".{claim.path.name}.ingest-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            private_dir(tmp)
+            for name, table in zip(CEF_FILES, (persons, units)):
+                pq.write_table(table, tmp / name)
+            claim.replace_with(seal(tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return persons.num_rows, units.num_rows
 
 
@@ -403,8 +405,9 @@ def _check_equal(src: object, got: np.ndarray, published: np.ndarray, names: lis
 
 
 def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: Path | Traversable,
-                      seg3: Path | Traversable, out: Path) -> Summary:
-    """:func:`ingest_pl94` on explicit files (plain or gzipped), e.g. package resources."""
+                      seg3: Path | Traversable, out: Path, command: str = "ingest") -> Summary:
+    """:func:`ingest_pl94` on explicit files (plain or gzipped), e.g. package resources; ``command``: the
+    command whose output ``out`` is (``outdir.WRITERS``)."""
     steps = Steps("ingest pl94", 3)
     steps.start("read and check")
     header = _read_pipe(geo)
@@ -499,7 +502,8 @@ def ingest_pl94_files(geo: Path | Traversable, seg1: Path | Traversable, seg2: P
     unit_count = np.concatenate([h1[:, 1], h1[:, 2], *fac_count])
     steps.start("write")
     n_persons, n_units = write_cef(out, geocodes, np.concatenate(person_block), np.concatenate(person_cell),
-                                   np.concatenate(person_count), unit_block, unit_type, unit_occ, unit_count)
+                                   np.concatenate(person_count), unit_block, unit_type, unit_occ, unit_count,
+                                   command=command)
     steps.close()
     written = int(((p1[:, 0] > 0) | (h1[:, 0] > 0)).sum())
     notes = (f"{fallback} block(s) without a facility count (HU100 = H1_001): one GQ facility per present type",) \

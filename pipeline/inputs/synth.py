@@ -49,7 +49,7 @@ from ..configuration.census import read_declaration
 from ..configuration.config import ConfigError
 from ..configuration.limits import MAX_BLOCKS, MAX_PERSONS, check_count
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
-from ..execution.rundir import check_out, writable_dir
+from ..execution.outdir import writes
 from .validate import PERSON_RECORDS, UNIT_RECORDS
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.inputs.ingest import CENRACE_COMBOS
@@ -131,7 +131,7 @@ def write_synthetic(out: Path, blocks: int, seed: int, state: str = "44") -> Non
     check_count(blocks, "--blocks", 1, MAX_BLOCKS)
     if not (len(state) == 2 and state.isdigit()):
         raise ConfigError(f"write_synthetic: need a 2-digit state code (state={state!r})")
-    write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0])
+    write_cef(Path(out), *_synthetic_state(np.random.default_rng(seed), blocks, state)[0], command="synth")
 
 
 def _synthetic_state(rng: np.random.Generator, blocks: int, state: str, first_county: int = 0,
@@ -211,6 +211,7 @@ def household_median(persons_per_block: float, empty_share: float = EMPTY_SHARE)
     return max(persons_per_block - gq, 1.0) / household
 
 
+@writes("synth")
 def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = None, states: int = 1) -> tuple[int, int]:
     """Write ``blocks`` synthetic blocks over ``states`` states (the first FIPS codes, block shares drawn
     from the seed) as out/persons/state=SS/part-00000.parquet and out/units/state=SS/part-00000.parquet,
@@ -225,8 +226,6 @@ def write_partitioned(out: Path, blocks: int, seed: int, persons: int | None = N
     check_count(states, "--states", 1, len(codes))
     if blocks < states:
         raise ConfigError(f"--blocks {blocks}: at least one block per state (--states {states})")
-    out = Path(out)
-    writable_dir(out, "the output directory")
     rng = np.random.default_rng(seed)
     shares = rng.dirichlet(np.full(states, 4.0)) if states > 1 else np.ones(1)
     per_state = 1 + np.floor(shares * (blocks - states)).astype(np.int64)
@@ -363,6 +362,7 @@ def _baf_rows(rng: np.random.Generator, state: StateCounts, layout: _Layout) -> 
             "MCD": ("COUNTYFP|COUSUBFP", np.char.add(np.char.add(county, "|"), mcd).astype(object))}
 
 
+@writes("synth")
 def write_us2020(out: Path, seed: int, scale: float = 1.0) -> dict[str, int]:
     """Write the national shape (:data:`topdown.geo.us2020.US2020`) at ``scale``: out/persons/state=SS/ and
     out/units/state=SS/ (:func:`write_partitioned`'s layout) and out/baf/ (AIANNH, INCPLACE_CDP and MCD block
@@ -372,8 +372,6 @@ def write_us2020(out: Path, seed: int, scale: float = 1.0) -> dict[str, int]:
     scaled population. Deterministic in ``seed``. Returns the rows written per kind and the block count."""
     if not 0 < scale <= 1:
         raise ConfigError(f"--scale must be in (0, 1] (got {scale})")
-    out = Path(out)
-    writable_dir(out, "the output directory")
     (out / "baf").mkdir(parents=True, exist_ok=True)
     totals = dict.fromkeys((PERSON_RECORDS, UNIT_RECORDS, "blocks"), 0)
     for i, full in enumerate(US2020):
@@ -746,6 +744,7 @@ def _products(census: Census) -> tuple[list[Product], list[Product]]:
     return people, [p for p in census.products if p.records.name == units]
 
 
+@writes("synth")
 def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str, int]:
     """Write a synthetic input of ``census``'s shape, about ``persons_per_leaf`` persons per leaf and exactly
     ``persons`` persons: <records>/<partition>/part-00000.parquet, a partition per node of the first level below
@@ -753,7 +752,6 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     per batch of leaves of at most :data:`CHUNK_PERSONS` persons, so memory stays bounded whatever ``persons``.
     Deterministic in ``seed``. ``out`` must be absent or empty; the files appear together at the end. Returns rows per file kind."""
     check_count(persons, "--persons", 1, MAX_PERSONS)
-    out = check_out(Path(out), "the synthetic input", lambda _: False)
     people, unit_products = _products(census)
     hints = synth_hints(census)
     shapes = {p.name: synth_shape(census, p, hints.get(p.name, {})) for p in census.products}
@@ -767,7 +765,6 @@ def write_census(out: Path, census: Census, persons: int, seed: int) -> dict[str
     first = tree.ancestor(0)
     leaf_persons = pop.bulk + np.bincount(pop.fac_leaf, pop.fac_residents, minlength=leaves).astype(np.int64)
     top = census.hierarchy.levels[1].column or census.hierarchy.levels[1].name.lower()  # the hive key
-    writable_dir(out, "the synthetic input")
     staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
     kinds = [people[0].records.name] + ([census.units.name] if census.units else [])
     written = dict.fromkeys(kinds, 0)

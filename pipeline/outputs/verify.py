@@ -39,7 +39,7 @@ from topdown.vocab.queries import build_query
 
 from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
-from ..execution.rundir import Manifest, RunDirError, RunReader, changed_files
+from ..execution.rundir import LOCK, Manifest, RunDirError, RunReader, changed_files
 
 
 @dataclass
@@ -240,8 +240,9 @@ def _output_kind(path: str) -> str:
 
 
 def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
-    """One check per file the manifest records a SHA-256 for (and per file added beside them); a note says
-    how many were checked, and which outputs no recorded sum covers (a run of an older version)."""
+    """One check per file the manifest records a SHA-256 for (and per file added beside them, or anywhere else
+    in the run directory: only the manifest and a writer's lock are not outputs); a note says how many were
+    checked, and which outputs no recorded sum covers (a run of an older version)."""
     from ..execution.engine import level_digests  # engine imports the products, which import this module
 
     recorded = manifest.recorded_sha256()
@@ -262,12 +263,18 @@ def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> No
                           f"{product} {level}: a completed level whose SHA-256 sums the manifest does not record "
                           "(removed from it)")
     rep.notes.append(f"SHA-256: {len(recorded.keys() | found.keys())} files checked against the manifest")
+    covered = {Path(path).parts[0] for path in recorded}
     uncovered: dict[str, int] = {}
     for f in sorted(reader.root.rglob("*")):
         rel = f.relative_to(reader.root)
-        if f.is_file() and str(rel) not in found and rel.parts[0] not in ("manifest.json", ".lock"):
+        if not f.is_file() or str(rel) in found or (len(rel.parts) == 1 and (rel.name == "manifest.json"
+                                                                              or rel.name.startswith(LOCK))):
+            continue
+        if rel.parts[0] in _KINDS and rel.parts[0] not in covered:  # an output of an older version: no sums
             group = "/".join(rel.parts[:3 if rel.parts[2:3] and rel.parts[2].startswith("level=") else 2])
             uncovered[group] = uncovered.get(group, 0) + 1
+        else:  # beside the outputs the manifest lists: nothing of the run's, perhaps confidential
+            rep.check(False, f"{rel}: not listed in the manifest (not an output of the run)")
     if uncovered:
         rep.notes.append("no SHA-256 recorded in the manifest, not checked: " + ", ".join(
             g if (reader.root / g).is_file() else f"{g}/ ({n} file{'s' * (n > 1)})" for g, n in uncovered.items()))

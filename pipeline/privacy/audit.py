@@ -49,7 +49,8 @@ from ..execution.levels import Level, build_levels
 from ..execution.progress import gather
 from topdown.vocab.queries import build_query
 from ..execution.private_files import private_dir, seal
-from ..execution.rundir import check_out, write_json_atomic, write_table
+from ..execution.outdir import check, claimed
+from ..execution.rundir import write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.vocab.census import Product
 from ..inputs.tabulate import block_histograms, block_units
@@ -393,22 +394,24 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     from ..execution.runner import dask_client
 
     config = load_config(config_path)
-    target = check_out(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "the audit",
-                       lambda p: (p / "audit.json").is_file())
+    target, _ = check(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "audit")
     src_dst = parse_move(move)
     names = tuple(q.strip() for q in queries.split(",") if q.strip())
     if not names:
         raise AuditError(f"--queries {queries!r}: name at least one query (default: total,detailed)")
     for name in names:
         build_query(PERSONS, name)
-    with dask_client(None, scheduler, workers) as client:
-        result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
-    eps = theoretical_epsilons(config, PERSONS_PRODUCT)
-    result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"], result.table["query"])]
-    meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
-            "move": move, "queries": list(names), "seed": seed, "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",
-            "alpha": AUDIT_ALPHA, **product_epsilon(config.product(PERSONS_PRODUCT.name).budget)}
-    write_audit(target, result, meta)
+    with claimed(target, "audit"):
+        with dask_client(None, scheduler, workers) as client:
+            result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
+        eps = theoretical_epsilons(config, PERSONS_PRODUCT)
+        result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"],
+                                                                          result.table["query"])]
+        meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
+                "move": move, "queries": list(names), "seed": seed,
+                "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",
+                "alpha": AUDIT_ALPHA, **product_epsilon(config.product(PERSONS_PRODUCT.name).budget)}
+        write_audit(target, result, meta)
     print(f"CONFIDENTIAL audit ({runs} runs on D and on D', {result.seconds:.1f} s) written to {target}")
     shown = result.table[result.table["changed"]]
     print(shown[["level", "query", "path", "epl_lower", "epsilon_query"]].to_string(

@@ -9,7 +9,6 @@ Algorithm"), Appendix B, Theorem 2: per-query proportions of every level sum to 
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import warnings
@@ -20,7 +19,8 @@ from typing import Any, Mapping
 from .accounting import allocate, check_budget, check_noise
 from .budget import INFINITE, NEIGHBOURS, Rho, compose, of_entry, zcdp_to_epsilon_bun_steinke
 from ..configuration.config import Config, ConfigError, ProductConfig
-from ..execution.rundir import SCHEMA_VERSION, RunDirError, write_json_atomic, writing
+from ..execution.outdir import MARKER_KEY, claimed_file
+from ..execution.rundir import SCHEMA_VERSION, write_json_atomic
 from topdown.vocab.census import Product
 
 #: The deltas of the reported epsilon-delta curve.
@@ -168,30 +168,13 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     return cert
 
 
-#: Keys every certificate has (:func:`certificate`): a file holding them is an earlier ``topdown privacy --out``.
-_CERTIFICATE_KEYS = frozenset({"schema_version", "mode", "private", "config_sha256", "composed"})
-
-
 def write_certificate(path: Path, cert: dict[str, Any]) -> None:
-    """Write ``cert`` to ``path`` (``topdown privacy --out``) atomically, its folder made if missing. ``path``
-    must be absent or an earlier certificate outside a run directory (whose certificate.json belongs to its
-    run): anything else is refused (:class:`RunDirError`) before it is touched."""
-    if path.exists() or path.is_symlink():
-        try:
-            earlier = json.loads(path.read_text()) if path.is_file() else None
-        except (OSError, ValueError):  # unreadable, not JSON
-            earlier = None
-        ours = isinstance(earlier, dict) and _CERTIFICATE_KEYS <= earlier.keys()
-        if not ours:
-            raise RunDirError(f"{path}: cannot write the certificate: {'a folder' if path.is_dir() else 'a file'} "
-                              "that is not an earlier output of this command (a certificate) is in the way; nothing "
-                              "was touched (name a new file)")
-        if (path.parent / "manifest.json").exists():
-            raise RunDirError(f"{path}: cannot write the certificate: it is the certificate of the run directory "
-                              f"{path.parent}; nothing was touched (name a new file)")
-    with writing(path):  # a missing folder is made, as for the other commands' --out
-        path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, cert)
+    """Write ``cert`` to ``path`` (``topdown privacy --out``) atomically, its folder made if missing, with the
+    marker of the command inside. ``path`` must be absent or an earlier certificate of ``topdown privacy``, outside
+    any run directory (``outdir.claimed_file``): anything else is refused (``RunDirError``) before it is
+    touched."""
+    with claimed_file(path, "privacy") as marker:
+        write_json_atomic(Path(path), {**cert, MARKER_KEY: marker})
 
 
 #: What a test-mode run is (the run warns of it, the certificate records it).
