@@ -27,7 +27,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from . import isolated
+from .isolated import call as call_isolated
 
 #: Columns above which Clarabel switches from qdldl to faer (solver_notes.md, pitfall 3).
 FAER_ABOVE = 30_000
@@ -265,7 +265,7 @@ class PiqpHighs(HighsLp):
                 a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
                 g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub, self.tol, self.max_iter)
         isolate = self.isolate_above is not None and a.shape[1] >= self.isolate_above
-        status, x, objective = isolated.call(piqp_solve, *args) if isolate else piqp_solve(*args)
+        status, x, objective = call_isolated(piqp_solve, *args) if isolate else piqp_solve(*args)
         if status == "Solved":
             return Result(True, status, x, objective, time.perf_counter() - t0)
         res = self.fallback.qp(p_diag, q, a, lo, hi, lb, ub)

@@ -356,15 +356,31 @@ def _worker_pids(client) -> list[int]:
 
 
 def _cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) the worker processes have used, where they run on this machine."""
+    """CPU seconds (user + system) the worker processes have used, with their children, where they run on this
+    machine."""
     import psutil
 
     total = 0.0
     for pid in pids:
         try:
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
+            total += tree_cpu(psutil.Process(pid))
         except (psutil.Error, OSError):
+            pass
+    return total
+
+
+def tree_cpu(proc) -> float:
+    """CPU seconds (user + system) of a ``psutil.Process`` and of its children, running or ended and waited for
+    (a worker's solver helpers: solvers/isolated.py)."""
+    import psutil
+
+    t = proc.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in proc.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except (psutil.Error, OSError):  # ended meanwhile
             pass
     return total
 
