@@ -62,16 +62,17 @@ POLL_SECONDS = 0.25
 
 
 def _start_sampling(dask_worker=None) -> None:
-    """In a worker process: poll its own RSS, high-water RSS and CPU seconds every ``POLL_SECONDS`` in a thread,
-    kept as numbers (time.monotonic(), pid, rss, hwm, cpu) until :func:`_stop_sampling`."""
+    """In a worker process: poll its own RSS, high-water RSS and CPU seconds (its solver helpers' included) every
+    ``POLL_SECONDS`` in a thread, kept as numbers (time.monotonic(), pid, rss, hwm, cpu) until :func:`_stop_sampling`."""
+    from topdown.pipeline.execution.batch import tree_cpu
+
     numbers, stop = array("d"), threading.Event()
 
     def poll() -> None:
         proc = psutil.Process()
         while True:
-            cpu = proc.cpu_times()
             numbers.extend([time.monotonic(), os.getpid(), proc.memory_info().rss,
-                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, cpu.user + cpu.system])
+                            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, tree_cpu(proc)])
             if stop.wait(POLL_SECONDS):
                 return
 

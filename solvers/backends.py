@@ -27,6 +27,8 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
+from .isolated import call as call_isolated
+
 #: Columns above which Clarabel switches from qdldl to faer (solver_notes.md, pitfall 3).
 FAER_ABOVE = 30_000
 
@@ -210,6 +212,31 @@ def _piqp():
     return importlib.import_module(_PIQP)
 
 
+#: Columns from which a QP is solved by PIQP in a helper process (isolated.py): PIQP keeps the GIL while it
+#: solves, which in a Dask worker stops the worker's heartbeats. Below it a QP holds the GIL for about a second
+#: of CPU at most (a County -> Tract parent of 30 tracts: 31,537 columns, 0.7-1.0 s; a State -> County parent
+#: of 60 counties: 102,486 columns, 17-45 s; benchmarks/RESULTS_national.md, "Long solves and heartbeats").
+ISOLATE_COLUMNS = 50_000
+
+
+def piqp_solve(p: sp.csc_matrix, c: np.ndarray, a: sp.csc_matrix, b: np.ndarray, g: sp.csc_matrix | None,
+               h_l: np.ndarray | None, h_u: np.ndarray | None, x_l: np.ndarray, x_u: np.ndarray, tol: float,
+               max_iter: int) -> tuple[str, np.ndarray | None, float]:
+    """PIQP's sparse solver on its own form, one thread: its status (``Solved``, ...), and x and the objective
+    when solved. A module-level function: :func:`isolated.call` runs it in a helper process."""
+    solver = _piqp().SparseSolver()
+    st = solver.settings
+    st.verbose = False
+    st.num_threads = 1
+    st.eps_abs = st.eps_rel = st.eps_duality_gap_abs = st.eps_duality_gap_rel = tol
+    st.max_iter = max_iter
+    solver.setup(p, c, a, b, g, h_l, h_u, x_l, x_u)
+    status = "".join(w.capitalize() for w in solver.solve().name.split("_")[1:])  # PIQP_SOLVED -> Solved
+    if status != "Solved":
+        return status, None, np.nan
+    return status, np.array(solver.result.x), float(solver.result.info.primal_obj)
+
+
 class PiqpHighs(HighsLp):
     """PIQP for QPs, HiGHS for LPs and MILPs; single-threaded and deterministic.
 
@@ -217,12 +244,14 @@ class PiqpHighs(HighsLp):
     column bounds (no cone rows to build), and factors its KKT system by a sparse LDL'. Residuals and the
     duality gap are held to ``tol``, absolute and relative, as Clarabel's are. A QP that PIQP does not
     solve (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel with its
-    strict re-solve before the failsafe hears of it; the status then names both verdicts.
+    strict re-solve before the failsafe hears of it; the status then names both verdicts. A QP of
+    ``isolate_above`` columns or more is solved in a helper process (same result; None: never).
     """
 
-    def __init__(self, tol: float = 1e-9, max_iter: int = 250) -> None:
+    def __init__(self, tol: float = 1e-9, max_iter: int = 250, isolate_above: int | None = ISOLATE_COLUMNS) -> None:
         self.tol = tol
         self.max_iter = max_iter
+        self.isolate_above = isolate_above
         self.fallback = ClarabelHighs(tol)
 
     def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
@@ -231,20 +260,14 @@ class PiqpHighs(HighsLp):
         lo, hi, lb, ub = (np.asarray(v, float) for v in (lo, hi, lb, ub))
         eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
         ineq = ~eq & (np.isfinite(lo) | np.isfinite(hi))
-        solver = _piqp().SparseSolver()
-        st = solver.settings
-        st.verbose = False
-        st.num_threads = 1
-        st.eps_abs = st.eps_rel = st.eps_duality_gap_abs = st.eps_duality_gap_rel = self.tol
-        st.max_iter = self.max_iter
         g = a[ineq].tocsc() if ineq.any() else None
-        solver.setup(sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
-                     a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
-                     g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub)
-        status = "".join(w.capitalize() for w in solver.solve().name.split("_")[1:])  # PIQP_SOLVED -> Solved
+        args = (sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
+                a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
+                g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub, self.tol, self.max_iter)
+        isolate = self.isolate_above is not None and a.shape[1] >= self.isolate_above
+        status, x, objective = call_isolated(piqp_solve, *args) if isolate else piqp_solve(*args)
         if status == "Solved":
-            return Result(True, status, np.array(solver.result.x), float(solver.result.info.primal_obj),
-                          time.perf_counter() - t0)
+            return Result(True, status, x, objective, time.perf_counter() - t0)
         res = self.fallback.qp(p_diag, q, a, lo, hi, lb, ub)
         return Result(res.ok, f"PIQP {status}, Clarabel {res.status}", res.x, res.objective, time.perf_counter() - t0)
 

@@ -389,8 +389,11 @@ def _clock(seconds: float) -> str:
 
 
 def _process_cpu() -> float:
-    """This process's CPU seconds, user and system (run on each worker)."""
-    return time.process_time()
+    """This process's CPU seconds, user and system, with its children's (its solver helpers: run on each
+    worker)."""
+    import psutil
+
+    return tree_cpu(psutil.Process())
 
 
 def _workers_cpu(client) -> dict[str, float]:
@@ -407,6 +410,22 @@ def _cpu_since(client, before: dict[str, float]) -> float | None:
     CPU of one that has gone is lost; None when the workers cannot be asked."""
     now = _workers_cpu(client)
     return sum(cpu - before.get(address, 0.0) for address, cpu in now.items()) if now else None
+
+
+def tree_cpu(proc) -> float:
+    """CPU seconds (user + system) of a ``psutil.Process`` and of its children, running or ended and waited for
+    (a worker's solver helpers: solvers/isolated.py)."""
+    import psutil
+
+    t = proc.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in proc.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except (psutil.Error, OSError):  # ended meanwhile
+            pass
+    return total
 
 
 def render(summary: dict) -> str:
