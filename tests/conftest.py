@@ -1,6 +1,6 @@
 """Shared fixtures: the demo and planted inputs (built once), one embedded Dask cluster for the session,
 and one reference run of the demo configuration on each input; and each collected test marked with its
-kind, ``unit``, ``system`` or ``cli`` (markers.py), so that ``pytest -m unit`` runs the quick ones."""
+kind, ``unit``, ``system`` or ``cli``, and all but a sample of the command-line cases ``slow`` (markers.py)."""
 from __future__ import annotations
 
 import os
@@ -15,14 +15,9 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the marks
 def pytest_collection_modifyitems(config, items) -> None:
-    from markers import kind_of_item
+    from markers import mark_items
 
-    cache: dict = {}
-    for item in items:
-        kind = kind_of_item(item, cache)
-        item.add_marker(kind)
-        if kind == "cli":
-            item.add_marker("system")
+    mark_items(items)
 
 
 @pytest.fixture(scope="session")

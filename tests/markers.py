@@ -9,6 +9,9 @@ collected test with its kind, so ``pytest -m unit`` runs the quick inner loop).
   (``run``, ``evaluate``, ``audit``...), ``submit``, a ``Job`` or a ``Batch``.
 * ``unit``: everything else: functions called in process on small inputs.
 
+A parametrized ``cli`` test runs its first parameter set by default and the others are marked ``slow`` (CI
+runs them all), unless its parameter sets carry ``slow`` marks of their own (a sample chosen by the test file).
+
 The reading follows the test's bytecode: the global names and module attributes it loads, the modules it
 imports inside the function, and, transitively, the functions of the test folder (and of the repository's
 scripts: notebooks/, benchmarks/) it calls. A test marked
@@ -191,3 +194,23 @@ def kind_of_item(item, cache: dict | None = None) -> str:
     fixtures = [d.func for name in names for d in defs.get(name, ()) if _in_repository(d.func)]
     found = kind_of_code([f for f in (getattr(item, "function", None), *fixtures) if f is not None], cache)
     return "system" if found == "unit" and CLUSTER_FIXTURE in names else found
+
+
+def mark_items(items: list) -> None:
+    """Mark each test with its kind (a ``cli`` test is ``system`` too), and every parameter set of a
+    parametrized ``cli`` test but its first ``slow``, unless the test chose its sample with ``slow`` marks."""
+    import pytest
+
+    cache: dict = {}
+    groups: dict[tuple, list] = {}
+    for item in items:
+        kind = kind_of_item(item, cache)
+        item.add_marker(kind)
+        if kind == "cli":
+            item.add_marker("system")
+            if getattr(item, "callspec", None) is not None:
+                groups.setdefault((item.path, getattr(item.cls, "__name__", None), item.originalname), []).append(item)
+    for group in groups.values():
+        if not any(item.get_closest_marker("slow") for item in group):
+            for item in group[1:]:
+                item.add_marker(pytest.mark.slow)
