@@ -1,5 +1,6 @@
 """Shared fixtures: the demo and planted inputs (built once), one embedded Dask cluster for the session,
-and one reference run of the demo configuration on each input."""
+and one reference run of the demo configuration on each input; and each collected test marked with its
+kind, ``unit``, ``system`` or ``cli``, and all but a sample of the command-line cases ``slow`` (markers.py)."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,13 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the marks
+def pytest_collection_modifyitems(config, items) -> None:
+    from markers import mark_items
+
+    mark_items(items)
 
 
 @pytest.fixture(scope="session")

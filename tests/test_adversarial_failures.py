@@ -28,12 +28,11 @@ import pytest
 from cli_subprocess import Outcome, assert_clean_failure, snapshot, topdown
 from conftest import DATA
 from test_output_hashes import output_hashes
-from rel_inputs import write_planted_input
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_RUNDIR, EXIT_TERMINATED
 from topdown.pipeline.configuration.preflight import max_workers
 from topdown.pipeline.execution.rundir import LOCK
 
-RUN = ("--workers", "1", "--seed", "1")
+RUN = ("--workers", "1")  # and the demo preset's seed, as the session's demo_run and planted_run
 
 
 def _fsize_limit(limit: int):
@@ -50,32 +49,10 @@ def _outputs(path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def planted_input(tmp_path_factory) -> Path:
-    return write_planted_input(tmp_path_factory.mktemp("planted"))
-
-
-@pytest.fixture(scope="module")
-def planted_run(tmp_path_factory, planted_input) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "planted"
-    done = topdown("run", "demo", "--input", planted_input, "--out", out, "--quiet", *RUN)
-    assert done.code == 0, str(done)
-    return out
-
-
-@pytest.fixture(scope="module")
-def demo_input(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("demo")
-    assert topdown("demo-data", path).code == 0
-    return path
-
-
-@pytest.fixture(scope="module")
-def demo_reference(tmp_path_factory, demo_input) -> dict[str, str]:
-    """The outputs of one uninterrupted test-mode run of the demo input (what an interrupted one must reach)."""
-    out = tmp_path_factory.mktemp("runs") / "reference"
-    done = topdown("run", "demo", "--input", demo_input, "--out", out, "--quiet", *RUN)
-    assert done.code == 0, str(done)
-    return _outputs(out)
+def demo_reference(demo_run) -> dict[str, str]:
+    """The outputs of one uninterrupted run of the demo input with the demo preset's seed (the session's, on two
+    workers): what an interrupted run on one worker must reach once resumed."""
+    return _outputs(demo_run)
 
 
 def _resumed_equals(reference: dict[str, str], demo_input: Path, out: Path) -> None:
@@ -108,9 +85,9 @@ def _truncated(path: Path) -> None:
     (_duplicated_column, ("units.parquet", "column 'unit_type'", "appears 2 times")),
     (_truncated, ("persons.parquet", "not a readable Parquet file")),
 ], ids=["code-out-of-range", "duplicated-column", "truncated-parquet"])
-def test_worker_side_input_error_is_one_line(tmp_path, planted_input, damage, fragments):
+def test_worker_side_input_error_is_one_line(tmp_path, planted, damage, fragments):
     bad = tmp_path / "input"
-    shutil.copytree(planted_input, bad)
+    shutil.copytree(planted, bad)
     damage(bad)
     out = tmp_path / "run"
     assert_clean_failure(topdown("run", "demo", "--input", bad, "--out", out, *RUN), EXIT_INPUT, *fragments)
@@ -144,10 +121,10 @@ def _commands(run: Path, truth: Path, where: Path) -> dict[str, tuple]:
 
 
 @pytest.mark.parametrize("command", ["nmf", "uncertainty", "evaluate", "privacy"])
-def test_refused_write_of_out_is_exit_4(tmp_path, planted_run, planted_input, command):
+def test_refused_write_of_out_is_exit_4(tmp_path, planted_run, planted, command):
     where = tmp_path / "out"
     where.mkdir()
-    argv = _commands(planted_run, planted_input, where)[command]
+    argv = _commands(planted_run, planted, where)[command]
     before = snapshot(planted_run)
     limit = 20_000 if command == "uncertainty" else 600  # the embedded cluster writes a few kB starting up
     outcome = topdown(*argv, preexec_fn=_fsize_limit(limit))
@@ -157,12 +134,12 @@ def test_refused_write_of_out_is_exit_4(tmp_path, planted_run, planted_input, co
 
 
 @pytest.mark.parametrize("command", ["nmf", "uncertainty", "evaluate", "privacy", "run", "ingest"])
-def test_out_beneath_a_file_is_exit_4(tmp_path, planted_run, planted_input, command):
+def test_out_beneath_a_file_is_exit_4(tmp_path, planted_run, planted, command):
     """``--out`` inside what is a file, not a folder: an error of --out naming it (not a bug, exit 6)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("mine\n")
-    argv = {**_commands(planted_run, planted_input, blocker),
-            "run": ("run", "demo", "--input", planted_input, "--out", blocker / "run", "--quiet", *RUN),
+    argv = {**_commands(planted_run, planted, blocker),
+            "run": ("run", "demo", "--input", planted, "--out", blocker / "run", "--quiet", *RUN),
             "ingest": ("ingest", "blocks", DATA / "ri2010" / "ri_2010_block_demographics.csv.gz", "--out",
                        blocker / "input")}[command]
     out = argv[argv.index("--out") + 1]
@@ -196,9 +173,9 @@ def tmpfs(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["nmf", "uncertainty", "evaluate", "privacy"])
-def test_read_only_out_is_exit_4(tmpfs, planted_run, planted_input, command):
+def test_read_only_out_is_exit_4(tmpfs, planted_run, planted, command):
     where = tmpfs("ro", "size=1m,ro")
-    outcome = topdown(*_commands(planted_run, planted_input, where)[command])
+    outcome = topdown(*_commands(planted_run, planted, where)[command])
     assert_clean_failure(outcome, EXIT_RUNDIR, str(where), "Read-only file system")
 
 
@@ -227,11 +204,11 @@ def test_uncertainty_out_a_directory_is_exit_4(tmp_path, planted_run):
 
 
 @pytest.mark.parametrize("command", ["uncertainty", "evaluate", "verify"])
-def test_not_a_run_directory_is_exit_4(tmp_path, planted_input, command):
-    argv = {"uncertainty": ("uncertainty", planted_input, "--out", tmp_path / "u.parquet", "--workers", "1"),
-            "evaluate": ("evaluate", planted_input, "--truth", planted_input, "--out", tmp_path / "e"),
-            "verify": ("verify", planted_input)}[command]
-    assert_clean_failure(topdown(*argv), EXIT_RUNDIR, str(planted_input), "no manifest.json")
+def test_not_a_run_directory_is_exit_4(tmp_path, planted, command):
+    argv = {"uncertainty": ("uncertainty", planted, "--out", tmp_path / "u.parquet", "--workers", "1"),
+            "evaluate": ("evaluate", planted, "--truth", planted, "--out", tmp_path / "e"),
+            "verify": ("verify", planted)}[command]
+    assert_clean_failure(topdown(*argv), EXIT_RUNDIR, str(planted), "no manifest.json")
 
 
 # -- signals, locks, workers ----------------------------------------------------------------------------------------
@@ -281,15 +258,15 @@ def test_signal_swallowed_by_a_finalizer_is_delivered_again(signum, capsys):
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook) == before
 
 
-def test_workers_over_the_limit_is_exit_2(tmp_path, planted_input):
-    outcome = topdown("run", "demo", "--input", planted_input, "--out", tmp_path / "run", "--workers", "100000",
+def test_workers_over_the_limit_is_exit_2(tmp_path, planted):
+    outcome = topdown("run", "demo", "--input", planted, "--out", tmp_path / "run", "--workers", "100000",
                       "--seed", "1")
     assert_clean_failure(outcome, EXIT_CONFIG, "--workers 100000", f"at most {max_workers()}")
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("holder", ["dead", "empty"])
-def test_lock_of_a_dead_process_is_taken_over(tmp_path, planted_input, planted_run, holder):
+def test_lock_of_a_dead_process_is_taken_over(tmp_path, planted, planted_run, holder):
     """A lock whose process is gone, or an empty one (an earlier version left it on a full disk)."""
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -297,17 +274,17 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path, planted_input, planted_r
     out.mkdir()
     (out / LOCK).write_text(f"pid {dead.pid} on {socket.gethostname()} since 2026-01-01T00:00:00"
                             if holder == "dead" else "")
-    done = topdown("run", "demo", "--input", planted_input, "--out", out, "--quiet", *RUN)
+    done = topdown("run", "demo", "--input", planted, "--out", out, "--quiet", *RUN)
     assert done.code == 0, str(done)
     assert "took over the stale lock" in done.stderr and done.tracebacks() == []
     assert not (out / LOCK).exists()
     assert _outputs(out) == _outputs(planted_run)
 
 
-def test_lock_of_a_live_process_refuses(tmp_path, planted_input):
+def test_lock_of_a_live_process_refuses(tmp_path, planted):
     out = tmp_path / "run"
     out.mkdir()
     (out / LOCK).write_text(f"pid 1 on {socket.gethostname()} since 2026-01-01T00:00:00")
-    outcome = topdown("run", "demo", "--input", planted_input, "--out", out, *RUN)
+    outcome = topdown("run", "demo", "--input", planted, "--out", out, *RUN)
     assert_clean_failure(outcome, EXIT_RUNDIR, "is locked by another run", "pid 1")
     assert snapshot(out) == {LOCK: (out / LOCK).read_bytes()}

@@ -1,0 +1,216 @@
+"""Which kind of test a test is, read from its code: ``unit``, ``system`` or ``cli`` (conftest.py marks each
+collected test with its kind, so ``pytest -m unit`` runs the quick inner loop).
+
+* ``cli``: the test (or a fixture it uses, or a helper of its module it calls) runs the ``topdown`` command in
+  a subprocess through ``cli_subprocess.topdown``. A ``cli`` test is a ``system`` test too.
+* ``system``: it uses the session's Dask cluster (the ``dask_client`` fixture, or one built on it: ``demo_run``,
+  ``planted_run``...), imports ``distributed``, starts a process (``subprocess``), or calls an entry point
+  that starts or joins a cluster: ``cli.main``, a pipeline function taking a ``client`` or ``scheduler``
+  (``run``, ``evaluate``, ``audit``...), ``submit``, a ``Job`` or a ``Batch``.
+* ``unit``: everything else: functions called in process on small inputs.
+
+A parametrized ``cli`` test runs its first parameter set by default and the others are marked ``slow`` (CI
+runs them all), unless its parameter sets carry ``slow`` marks of their own (a sample chosen by the test file).
+
+The reading follows the test's bytecode: the global names and module attributes it loads, the modules it
+imports inside the function, and, transitively, the functions of the test folder (and of the repository's
+scripts: notebooks/, benchmarks/) it calls. A test marked
+``unit``, ``system`` or ``cli`` by hand keeps its marks.
+"""
+from __future__ import annotations
+
+import dis
+import importlib
+import inspect
+import types
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+REPO = Path(__file__).resolve().parents[1]
+
+KINDS = ("unit", "system", "cli")
+
+#: Modules whose use makes a test a system test (they start processes or a cluster).
+SYSTEM_MODULES = ("distributed", "subprocess", "multiprocessing", "concurrent.futures.process", "nbclient",
+                  "jupyter_client")
+
+#: Entry points of the package that start (or join) a Dask cluster, by qualified name, beside any package
+#: callable that takes a ``client``, ``dclient`` or ``scheduler`` argument.
+SYSTEM_ENTRY_POINTS = frozenset({
+    "topdown.pipeline.cli.main",
+    "topdown.pipeline.execution.jobs.submit", "topdown.pipeline.execution.jobs.submit_reprocess",
+    "topdown.pipeline.execution.jobs.submit_uncertainty", "topdown.pipeline.execution.jobs.submit_replicates",
+    "topdown.pipeline.execution.jobs.Job", "topdown.pipeline.execution.batch.Batch",
+})
+CLUSTER_ARGUMENTS = frozenset({"client", "dclient", "scheduler"})
+
+#: The fixture that is the session's Dask cluster; every fixture built on it is in a test's fixture closure.
+CLUSTER_FIXTURE = "dask_client"
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+
+
+def _in_repository(func: Any) -> bool:
+    """A function of the test folder or of the repository's scripts (notebooks/, benchmarks/), not of the package."""
+    code = getattr(func, "__code__", None)
+    return (code is not None and not (getattr(func, "__module__", None) or "").startswith("topdown")
+            and REPO in Path(code.co_filename).resolve().parents)
+
+
+def _is_cli_helper(obj: Any) -> bool:
+    return getattr(obj, "__module__", None) == "cli_subprocess" and getattr(obj, "__name__", None) == "topdown"
+
+
+def _starts_a_cluster(obj: Any) -> bool:
+    module = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, types.ModuleType):
+        module = obj.__name__
+    if _system_module(module):
+        return True
+    if not module.startswith("topdown.") or not callable(obj) or isinstance(obj, types.ModuleType):
+        return False
+    if _qualname(obj) in SYSTEM_ENTRY_POINTS:
+        return True
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return False
+    return bool(CLUSTER_ARGUMENTS & set(params))
+
+
+def _codes(code: types.CodeType) -> Iterable[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _system_module(name: str) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in SYSTEM_MODULES)
+
+
+def _import(name: str) -> Any:
+    if _system_module(name):  # judged by its name, not imported here
+        return types.ModuleType(name)
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a module this interpreter cannot import is judged by its name alone
+        return types.ModuleType(name)
+
+
+def _imported(module: Any, name: str) -> Any:
+    """``from module import name``: an attribute, or a submodule not imported yet."""
+    found = getattr(module, name, None)
+    if found is None and isinstance(module, types.ModuleType) and getattr(module, "__path__", None):
+        found = _import(f"{module.__name__}.{name}")
+    return found
+
+
+def _referenced(func: Callable) -> Iterable[Any]:
+    """The objects ``func``'s code loads: globals, attributes of loaded modules, imported modules and names,
+    and locals bound to any of these."""
+    namespace = getattr(func, "__globals__", {})
+    bound: dict[str, Any] = {}
+    for code in _codes(func.__code__):
+        current: Any = None
+        importing: Any = None
+        for ins in dis.get_instructions(code):
+            op = ins.opname
+            if op in ("LOAD_GLOBAL", "LOAD_NAME"):
+                current = namespace.get(ins.argval, getattr(namespace.get("__builtins__"), ins.argval, None))
+            elif op in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"):
+                current = bound.get(ins.argval)
+            elif op == "IMPORT_NAME":
+                importing = current = _import(ins.argval)
+            elif op == "IMPORT_FROM":  # ``import a.b as c`` walks a, b on the leaf module: keep it then
+                current = _imported(importing, ins.argval) or importing
+            elif op in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(current, types.ModuleType):
+                current = getattr(current, ins.argval, None)
+            elif op in ("STORE_FAST", "STORE_NAME", "STORE_DEREF", "STORE_GLOBAL") and current is not None:
+                bound[ins.argval] = current
+                current = None
+                continue
+            else:
+                current = None
+                continue
+            if current is not None:
+                yield current
+
+
+def _unwrap(func: Any) -> Any:
+    inner = getattr(getattr(func, "hypothesis", None), "inner_test", None)  # a @given test
+    func = inner or func
+    try:
+        return inspect.unwrap(func)
+    except ValueError:
+        return func
+
+
+_RANK = {kind: rank for rank, kind in enumerate(KINDS)}
+
+
+def _kind_of_function(func: Callable, cache: dict, active: set) -> str:
+    """The kind of one function: of what it loads, and of the test folder's functions it calls (memoised)."""
+    code = getattr(func, "__code__", None)
+    if code is None or code in active:
+        return "unit"
+    if code in cache:
+        return cache[code]
+    active.add(code)
+    found = "unit"
+    for obj in _referenced(func):
+        if _is_cli_helper(obj):
+            here = "cli"
+        elif _starts_a_cluster(obj):
+            here = "system"
+        elif _in_repository(obj):
+            here = _kind_of_function(_unwrap(obj), cache, active)
+        else:
+            continue
+        found = max(found, here, key=_RANK.__getitem__)
+        if found == "cli":
+            break
+    active.discard(code)
+    cache[code] = found
+    return found
+
+
+def kind_of_code(funcs: Iterable[Callable], cache: dict | None = None) -> str:
+    """The kind (``unit``, ``system`` or ``cli``) of code made of ``funcs`` (a test and its fixtures)."""
+    cache = {} if cache is None else cache
+    return max((_kind_of_function(_unwrap(f), cache, set()) for f in funcs), key=_RANK.__getitem__, default="unit")
+
+
+def kind_of_item(item, cache: dict | None = None) -> str:
+    """The kind of one collected pytest test: its own marks if it has one, else read from its code and from
+    the code of the fixtures it uses (those of the test folder)."""
+    for kind in reversed(KINDS):
+        if item.get_closest_marker(kind):
+            return kind
+    names = getattr(item, "fixturenames", ())
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    fixtures = [d.func for name in names for d in defs.get(name, ()) if _in_repository(d.func)]
+    found = kind_of_code([f for f in (getattr(item, "function", None), *fixtures) if f is not None], cache)
+    return "system" if found == "unit" and CLUSTER_FIXTURE in names else found
+
+
+def mark_items(items: list) -> None:
+    """Mark each test with its kind (a ``cli`` test is ``system`` too), and every parameter set of a
+    parametrized ``cli`` test but its first ``slow``, unless the test chose its sample with ``slow`` marks."""
+    import pytest
+
+    cache: dict = {}
+    groups: dict[tuple, list] = {}
+    for item in items:
+        kind = kind_of_item(item, cache)
+        item.add_marker(kind)
+        if kind == "cli":
+            item.add_marker("system")
+            if getattr(item, "callspec", None) is not None:
+                groups.setdefault((item.path, getattr(item.cls, "__name__", None), item.originalname), []).append(item)
+    for group in groups.values():
+        if not any(item.get_closest_marker("slow") for item in group):
+            for item in group[1:]:
+                item.add_marker(pytest.mark.slow)

@@ -1,0 +1,75 @@
+"""The test kinds read from a test's code (markers.py): a test that runs the ``topdown`` command in a subprocess
+is ``cli``; one that starts a process, a cluster or a run is ``system``; the rest are ``unit``."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from cli_subprocess import topdown
+from markers import kind_of_code
+
+pytestmark = pytest.mark.unit  # the functions below only name the CLI and a cluster: a test's own mark wins
+
+
+def _only_arithmetic():
+    return sum(range(3))
+
+
+def _through_the_cli(tmp):
+    return topdown("privacy", "demo", cwd=tmp)
+
+
+def _calls_a_helper_that_uses_the_cli(tmp):
+    return _through_the_cli(tmp).code
+
+
+def _a_process():
+    return subprocess.run(["true"], check=False)
+
+
+def _a_cluster_inside():
+    from distributed import LocalCluster
+
+    return LocalCluster
+
+
+def _a_pipeline_run(tmp):
+    from topdown.pipeline import run
+
+    return run("demo", tmp)
+
+
+def _the_cli_in_process():
+    import topdown.pipeline.cli as cli
+
+    return cli.main(["privacy", "demo"])
+
+
+def _a_config_load():
+    from topdown.pipeline import load_config
+
+    return load_config("demo")
+
+
+def _in_a_lambda():
+    return list(map(lambda t: _through_the_cli(t), []))
+
+
+@pytest.mark.parametrize("func, kind", [
+    (_only_arithmetic, "unit"), (_a_config_load, "unit"),
+    (_through_the_cli, "cli"), (_calls_a_helper_that_uses_the_cli, "cli"), (_in_a_lambda, "cli"),
+    (_a_process, "system"), (_a_cluster_inside, "system"), (_a_pipeline_run, "system"),
+    (_the_cli_in_process, "system"),
+])
+def test_kind_of_code(func, kind):
+    assert kind_of_code([func]) == kind
+
+
+def test_the_strongest_kind_of_a_test_and_its_fixtures_wins():
+    assert kind_of_code([_only_arithmetic, _a_process]) == "system"
+    assert kind_of_code([_a_process, _through_the_cli, _only_arithmetic]) == "cli"
+
+
+def test_this_file_is_marked_unit(request):
+    assert request.node.get_closest_marker("unit") and not request.node.get_closest_marker("system")
