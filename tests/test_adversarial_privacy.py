@@ -1,8 +1,9 @@
 """Production refuses what is not private (issue 33 item 1), and each named waiver is recorded.
 
-* Budget ceiling and floor (privacy/accounting.py ``check_noise``): in production a product's total above rho =
-  100 (pure DP: epsilon^2/2) or a measured query whose noise is zero with probability above 1/2 is refused
-  (exit 2 naming the file, key and value); in every mode a total too large for a float ("1e400") or noise
+* Budget ceiling and floor (privacy/accounting.py ``check_noise``): in production the run's products composed above
+  the release ceiling (rho 15.29, the Bureau's 2020 TopDown releases; pure DP as epsilon^2/2) or a measured
+  query of the configured strategy whose noise is zero with probability above 1/2 is refused (exit 2 naming the
+  file, key and value); what bypassing concentrates on single nodes is reported; in every mode a total too large for a float ("1e400") or noise
   beyond a standard deviation of 1e10 ("1e-44") is refused (exit 2), never a traceback.
 * Input whose housing units ``topdown ingest blocks`` derived from the person counts (exit 3), and blocks
   missing from the block assignment files (exit 3, a count and one GEOID), are refused in production.
@@ -28,8 +29,9 @@ from rel_inputs import write_planted_input
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_OK
 from topdown.pipeline.configuration.config import ConfigError, config_from_dict, load_config, preset_dir, read_toml
 from topdown.pipeline.inputs.ingest import DERIVED_UNITS_KEY, derived_units, ingest_blocks
-from topdown.pipeline.privacy.accounting import (MAX_NOISE_SD, PRODUCTION_MAX_EXACT, PRODUCTION_MAX_RHO, allocate,
-                                                 check_noise)
+from topdown.pipeline.execution.levels import Shares
+from topdown.pipeline.privacy.accounting import MAX_NOISE_SD, PRODUCTION_MAX_EXACT, allocate, bypass_report, check_noise
+from topdown.pipeline.privacy.budget import RELEASE_CEILING
 from topdown.pipeline.privacy.certificate import certificate, render_certificate
 from topdown.pipeline.privacy.mechanisms import discrete_gaussian_zero_probability, geometric_zero_probability
 
@@ -48,8 +50,10 @@ def _config(tmp_path: Path, text: str):
 #: Production budgets refused: (case, TOML after the production header, the key, the value as shown, what it says).
 REFUSED = [
     ("huge rho", '[persons.budget]\nrho = "100000000000000000000"\n', "persons.budget.rho",
-     "100000000000000000000", "production ceiling of rho = 100"),
-    ("units just above the ceiling", '[units.budget]\nrho = "101"\n', "units.budget.rho", "= 101", "ceiling"),
+     "100000000000000000000", "above the release ceiling of rho = 15.2939"),
+    ("units above the ceiling", '[units.budget]\nrho = "16"\n', "units.budget.rho", "= 16)", "release ceiling"),
+    ("each product below the ceiling, both above it", '[units.budget]\nrho = "13"\n', "units.budget.rho",
+     "persons.budget.rho = 293764/114921 + units.budget.rho = 13)", "compose to rho = 1787737/114921"),
     ("floor: the State total exact more often than not", '[persons.budget]\nrho = "5"\n', "persons.budget.rho",
      '= 5 ', 'persons.budget.queries.State."total"'),
 ]
@@ -74,8 +78,7 @@ def test_production_refuses_budgets_above_the_ceiling_or_below_the_floor(tmp_pat
 
 def test_the_floor_is_the_probability_of_an_exact_answer(tmp_path):
     """rho = 4 with the 2021 shares leaves the State total exact with probability below 1/2 (accepted), rho = 5
-    above it (refused); the 2021 strategy itself is far inside both limits, and so are its per-node shares
-    after bypassing, unless a node holds the whole level budget of the State total's share."""
+    above it (refused); the 2021 strategy itself is far inside both limits."""
     ok = _config(tmp_path, PRODUCTION + '[persons.budget]\nrho = "4"\n')
     check_noise(ok)
     budget = ok.product("persons").budget
@@ -86,16 +89,31 @@ def test_the_floor_is_the_probability_of_an_exact_answer(tmp_path):
     check_noise(production)
     assert max(allocate(production.product("persons").budget, lv, q).exact_probability
                for lv, qs in production.product("persons").budget.queries.items() for q in qs) < 0.37
-    with pytest.raises(ConfigError, match=r'persons.budget.queries.State."total" \(share 3773/4097 of it\)'):
-        check_noise(production, {"persons": {"State": Fraction(1)}})  # a node holding its whole budget share
+
+
+def test_what_bypassing_concentrates_on_nodes_is_reported_not_refused():
+    """Three State nodes holding the whole budget (their single-child levels bypassed onto them), two their
+    level's share: the three are counted, and the State total's noise there is zero with probability 0.60 (the
+    national run's figure); the configuration itself passes the floor."""
+    budget = load_config("pl94_production_2021").product("persons").budget
+    state = budget.levels["State"]
+    report = bypass_report(budget, {"State": Shares(np.array([0, 1, 1, 0, 1]), [state, Fraction(1)]),
+                                    "County": Shares(np.array([0, 0]), [budget.levels["County"]])})
+    top = report["largest"]
+    assert report["nodes"] == 3 and report["nodes_above_floor"] == 3 and report["floor"] == PRODUCTION_MAX_EXACT
+    assert (top["level"], top["query"], top["node_share"]) == ("State", "total", "1")
+    assert top["exact_probability"] == pytest.approx(allocate(budget, "State", "total", Fraction(1)).exact_probability)
+    assert 0.55 < top["exact_probability"] < 0.65
+    assert bypass_report(budget, {"State": Shares(np.array([0, 0]), [state])}) is None
 
 
 def test_pure_dp_ceiling_counts_epsilon_as_zcdp(tmp_path):
-    config = _config(tmp_path, 'include = "e2e_1940.toml"\n[persons.budget]\nepsilon = "15"\n')
-    with pytest.raises(ConfigError, match=r"persons.budget.epsilon = 15 is above the production ceiling .*"
-                                          r"epsilon\^2/2 = 225/2"):
+    config = _config(tmp_path, 'include = "e2e_1940.toml"\n[persons.budget]\nepsilon = "6"\n')
+    with pytest.raises(ConfigError, match=r"persons.budget.epsilon = 6 \(as zCDP: epsilon\^2/2 = 18\)\) compose to "
+                                          r"rho = 18, above the release ceiling"):
         check_noise(config)
-    assert Fraction(14) ** 2 / 2 < PRODUCTION_MAX_RHO < Fraction(15) ** 2 / 2
+    check_noise(_config(tmp_path, 'include = "e2e_1940.toml"\n[persons.budget]\nepsilon = "5"\n'))
+    assert Fraction(5) ** 2 / 2 < RELEASE_CEILING.rho < Fraction(6) ** 2 / 2
 
 
 @pytest.mark.parametrize("mode", ["test", "production"])
@@ -241,7 +259,7 @@ def test_production_refuses_blocks_missing_from_the_baf_unless_waived(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the CLI
 @pytest.mark.parametrize("rho,fragments", [
-    ("100000000000000000000", ("persons.budget.rho = 100000000000000000000", "production ceiling")),
+    ("100000000000000000000", ("persons.budget.rho = 100000000000000000000", "release ceiling")),
     ("1e400", ("persons.budget", "rho = 1e+400", "too large")),
     ("1e-44", ("persons.budget.rho = 1e-44", "too small")),
 ], ids=["1e20", "1e400", "1e-44"])
@@ -269,3 +287,55 @@ def test_cli_waived_ceiling_publishes_exact_counts_and_says_so(tmp_path):
     published = geoid.value_counts().sort_index()
     true = persons["geoid"].astype(str).value_counts().sort_index()
     assert published.index.tolist() == true.index.tolist() and (published.to_numpy() == true.to_numpy()).all()
+
+
+# ------------------------------------------------------------------------- the 2021 settings on the nation
+#: State-equivalents of the synthetic nation kept for the production run: Delaware, the District of Columbia
+#: (one county: its single children are bypassed onto the State node) and Rhode Island.
+NATION_STATES = ("10", "11", "44")
+
+
+@pytest.mark.slow
+def test_the_2021_production_settings_run_in_production_on_the_national_shape(tmp_path):
+    """``synth --shape us2020`` (three of its state-equivalents), the optimized spine with its block assignment
+    files: ``pl94_production_2021`` runs in production mode. Bypassing puts the State total's budget on single
+    nodes (noise zero with probability 0.60 there, above the floor): reported on stderr and in the certificate,
+    not refused; the certificate states the release ceiling and says private."""
+    done = topdown("synth", "--shape", "us2020", "--scale", "0.00001", "--seed", "1", "nation", cwd=tmp_path)
+    assert done.code == EXIT_OK, str(done)
+    for kind in ("persons", "units"):
+        (tmp_path / "input" / kind).mkdir(parents=True)
+        for state in NATION_STATES:
+            (tmp_path / "nation" / kind / f"state={state}").rename(tmp_path / "input" / kind / f"state={state}")
+    (tmp_path / "input" / "baf").mkdir()
+    for state in NATION_STATES:
+        for f in (tmp_path / "nation" / "baf").glob(f"BlockAssign_ST{state}_*"):
+            f.rename(tmp_path / "input" / "baf" / f.name)
+    (tmp_path / "c.toml").write_text('include = "pl94_production_2021.toml"\n[run]\nname = "nation"\nbaf = "input/baf"\n')
+    done = topdown("run", "c.toml", "--input", "input", "--out", "run", "--workers", "1", "--quiet", cwd=tmp_path,
+                   timeout=900)
+    assert done.code == EXIT_OK, str(done)
+    warned = [ln for ln in done.stderr.splitlines() if "WARNING" in ln]
+    assert len(warned) == 1 and "persons: the spine's bypassing gives" in warned[0], done.stderr
+    assert 'largest 0.60: State "total"' in warned[0] and "certificate.json: persons.bypassing" in warned[0]
+    cert = json.loads((tmp_path / "run" / "certificate.json").read_text())
+    assert cert["mode"] == "production" and cert["private"] is True and "warning" not in cert
+    bypassing = cert["persons"]["bypassing"]
+    assert bypassing["nodes_above_floor"] >= 1 and bypassing["nodes"] >= bypassing["nodes_above_floor"]
+    assert bypassing["largest"]["exact_probability"] > PRODUCTION_MAX_EXACT
+    assert bypassing["largest"]["level"] == "State" and bypassing["largest"]["query"] == "total"
+    ceiling = cert["composed"]["ceiling"]
+    assert ceiling["within"] is True and ceiling["rho"] == str(RELEASE_CEILING.rho)
+    assert ceiling["composed_rho"] == cert["composed"]["rho"] and "DAS_2020_DHC_Production_Code" in ceiling["source"]
+
+
+def test_configuration_errors_come_before_the_input_is_read(tmp_path):
+    """A level the passes do not name, found by the level check that used to wait for the spine: exit 2 although
+    the input is not even Parquet (reading it would be exit 3)."""
+    (tmp_path / "input").mkdir()
+    for kind in ("persons", "units"):
+        (tmp_path / "input" / f"{kind}.parquet").write_text("not parquet\n")
+    (tmp_path / "c.toml").write_text(PRODUCTION + '[persons.estimation.l2_passes]\nBlock = [["total"]]\n')
+    out = topdown("run", "c.toml", "--input", "input", "--out", "run", "--workers", "1", cwd=tmp_path)
+    assert_clean_failure(out, EXIT_CONFIG, "c.toml", "[persons.estimation.l2_passes].Block does not list measured")
+    assert not (tmp_path / "run").exists()

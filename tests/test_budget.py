@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from topdown.pipeline.configuration.config import BudgetConfig, load_config
 from topdown.pipeline.privacy.budget import (INFINITE, KINDS, MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT,
-                                             PRODUCTION_MAX_RHO, PureEpsilon, Rho, compose, of_entry)
+                                             RELEASE_CEILING, PureEpsilon, Rho, compose, of_entry)
 from topdown.pipeline.privacy.certificate import certificate
 
 #: The 2021 redistricting release (conf/pl94_production_2021.toml): persons and units rho, delta 1e-10.
@@ -170,11 +170,26 @@ def test_no_noise_and_no_measurement() -> None:
 
 
 # ------------------------------------------------------------------------------ ceiling and floor
-def test_production_ceiling_counts_pure_epsilon_as_zcdp() -> None:
-    assert not Rho(PRODUCTION_MAX_RHO).above_ceiling() and Rho(PRODUCTION_MAX_RHO + Fraction(1, 10 ** 9)).above_ceiling()
-    assert not PureEpsilon(Fraction(14)).above_ceiling()      # 14^2 / 2 = 98
-    assert PureEpsilon(Fraction(15)).above_ceiling()          # 112.5
-    assert Rho(None).above_ceiling() and PureEpsilon(None).above_ceiling()
+def test_release_ceiling_counts_pure_epsilon_as_zcdp() -> None:
+    ceiling = RELEASE_CEILING.rho
+    assert not Rho(ceiling).above_ceiling(ceiling) and Rho(ceiling + Fraction(1, 10 ** 9)).above_ceiling(ceiling)
+    assert not PureEpsilon(Fraction(5)).above_ceiling(ceiling)      # 5^2 / 2 = 12.5
+    assert PureEpsilon(Fraction(6)).above_ceiling(ceiling)          # 18
+    assert Rho(None).above_ceiling(ceiling) and PureEpsilon(None).above_ceiling(ceiling)
+
+
+def test_the_release_ceiling_is_the_bureaus_2020_topdown_budget() -> None:
+    """Redistricting persons and units as the 2021 preset spends them, DHC persons 4.9622 and DHC households and
+    units 7.7005: 15.2939 in all."""
+    parts = dict(RELEASE_CEILING.parts)
+    preset = load_config("pl94_production_2021")
+    redistricting = [v for k, v in parts.items() if k.startswith("2020 redistricting")]
+    assert redistricting == [preset.product(p).budget.total.value for p in ("persons", "units")]
+    assert [v for k, v in parts.items() if "(DHC)" in k] == [Fraction(24811, 5000), Fraction(15401, 2000)]
+    assert RELEASE_CEILING.rho == Fraction(2677677240811805083, 175081740127290000)
+    assert round(float(RELEASE_CEILING.rho), 4) == 15.2939
+    assert "DAS_2020_Redistricting_Production_Code" in RELEASE_CEILING.source
+    assert "DAS_2020_DHC_Production_Code" in RELEASE_CEILING.source
 
 
 def test_noise_floor_and_drawable_limit() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import Config, ConfigError, waiver_hint
+from .config import Config, ConfigError, census_hierarchy, waiver_hint
 from .errors import query_hint
-from ..privacy.accounting import check_noise
+from ..privacy.accounting import check_budget, check_noise
 from topdown.vocab.queries import QueryError, build_query
 from ..inputs.ingest import derived_units
 from ..inputs.validate import InputError
@@ -55,6 +55,30 @@ def check_pass_queries(config: Config) -> None:
                         except QueryError as exc:
                             raise ConfigError(f"{config.source}: [{product}.estimation.{table}].{level}, pass {i}: "
                                               f"{exc}{query_hint(exc)}") from None
+
+
+def check_levels(config: Config, levels: list[str] | None = None) -> None:
+    """Every product's budget and passes name exactly the spine's ``levels`` (default: the census hierarchy's,
+    which every spine kind keeps), and each level's passes list every query it measures."""
+    levels = list(census_hierarchy(config).names) if levels is None else levels
+    for spec in config.run_products:
+        product, cfg = spec.name, config.product(spec.name)
+        check_budget(cfg.budget, levels, spec.schema, where=f"{config.source}: {product}.budget")
+        for table in ("l2_passes", "rounder_passes"):
+            passes = getattr(cfg.estimation, table)
+            for level in levels:
+                if level not in passes:
+                    raise ConfigError(f"{config.source}: [{product}.estimation.{table}] has no entry for level {level!r}")
+            for level in passes:
+                if level not in levels:
+                    raise ConfigError(f"{config.source}: [{product}.estimation.{table}] names level {level!r}; levels are "
+                                      f"{', '.join(levels)}")
+        for level in levels:
+            measured = set(cfg.budget.queries.get(level, {}))
+            listed = {q for p in cfg.estimation.l2_passes[level] for q in p}
+            if missing := measured - listed:
+                raise ConfigError(f"{config.source}: [{product}.estimation.l2_passes].{level} does not list measured "
+                                  f"quer{'y' if len(missing) == 1 else 'ies'} {', '.join(sorted(missing))}")
 
 
 def check_backend(config: Config) -> None:
@@ -142,4 +166,5 @@ def preflight(config: Config, workers: int | None) -> None:
     check_workers(workers)
     check_noise(config)
     check_pass_queries(config)
+    check_levels(config)
     check_backend(config)

@@ -37,7 +37,8 @@ from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
 from .outdir import bookkeeping, check
 from .rundir import MEASURED, RunDir, RunDirError, RunReader, sha256_file, write_table
-from .runner import Plan, _level_names, execute, opened
+from .runner import Plan, execute, opened
+from ..configuration.preflight import check_levels
 from ..configuration.sources import Published
 from ..privacy.budget import KINDS
 from ..privacy.measure import MEASUREMENT_PARQUET
@@ -337,8 +338,8 @@ def reprocess(
     src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}
+    check_levels(config, src.spine.levels)
     for product in config.run_products:
-        _level_names(config, product, src.spine.levels)
         levels[product.name] = public_levels(product, config.product(product.name), src.spine, src.invariants[product.name],
                                         where=f"invariants of {source}")
     of = src.certificate["reprocessing_of"]

@@ -29,7 +29,7 @@ from topdown.geo.spine import Spine, build_spine
 from ..privacy.certificate import certificate, warn_not_private, with_draws
 from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_DASHBOARD, QuietTaskErrors, check_main_guarded,
                       check_scheduler, embedded_security, quiet_closing, workers_ignore_stop_signals)
-from ..privacy.accounting import check_budget
+from ..privacy.accounting import bypass_report
 from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict, declared_census,
                                     differing_keys, leaves, load_config)
 from .dataplane import (find_input, input_geography, gq_presence, read_input, tabulate_levels, write_invariants_table,
@@ -37,7 +37,7 @@ from .dataplane import (find_input, input_geography, gq_presence, read_input, ta
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
                      read_level_histograms, read_level_output, write_level_histograms)
 from .invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
-from .levels import Level, rollup, shares
+from .levels import Level, Shares, rollup, shares
 from .memory import limit_heaps, release_memory
 from .progress import Steps, chain, reporter
 from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
@@ -177,26 +177,6 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
         write_demo_input(path)
     find_input(path, declared_census(config))  # FileNotFoundError naming what is missing
     return path
-
-
-def _level_names(config: Config, spec: Product, spine_levels: list[str]) -> None:
-    product = spec.name
-    cfg = config.product(product)
-    check_budget(cfg.budget, spine_levels, spec.schema, where=f"{config.source}: {product}.budget")
-    for table in ("l2_passes", "rounder_passes"):
-        passes = getattr(cfg.estimation, table)
-        for level in spine_levels:
-            if level not in passes:
-                raise ConfigError(f"[{product}.estimation.{table}] has no entry for level {level!r}")
-        for level in passes:
-            if level not in spine_levels:
-                raise ConfigError(f"[{product}.estimation.{table}] names level {level!r}; levels are {', '.join(spine_levels)}")
-        for level in spine_levels:
-            measured = set(cfg.budget.queries.get(level, {}))
-            listed = {q for p in cfg.estimation.l2_passes[level] for q in p}
-            if missing := measured - listed:
-                raise ConfigError(f"[{product}.estimation.l2_passes].{level} does not list measured "
-                                  f"quer{'y' if len(missing) == 1 else 'ies'} {', '.join(sorted(missing))}")
 
 
 def configure_run(path: str | Path, input_dir: str | Path | None = None, seed: int | None = None) -> Config:
@@ -369,8 +349,6 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, bafs: 
                         hierarchy=census_hierarchy(config))
     del geoids, baf
     release_memory()
-    for product in config.run_products:
-        _level_names(config, product, spine.levels)
     timings["spine"] = time.perf_counter() - t
 
     shares = path_shares(spine, config)
@@ -392,7 +370,7 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, bafs: 
 def _plan(config: Config, prep: Prepared, dclient, prior: list[dict], reused: bool = False) -> "Plan":
     """The plan of a run of ``config`` from ``prep`` (its certificate composing with ``prior`` draws; ``reused``:
     ``prep`` serves further runs, so its true histograms stay on the workers)."""
-    cert = with_draws(certificate(config, prep.shares), prior or [])
+    cert = with_draws(certificate(config, prep.shares, bypass_reports(config, prep.shares)), prior or [])
 
     def publish(rd: RunDir) -> None:
         write_table(prep.spine.to_arrow(), rd.root / "spine.parquet")  # with kind, levels, budget moves
@@ -502,6 +480,25 @@ def path_shares(spine, config: Config) -> dict[str, "PathShares"]:
     return {p: PathShares(spine, config.product(p).budget, rolled) for p in config.run.products}
 
 
+def bypass_reports(config: Config, shares: dict[str, "PathShares"]) -> dict[str, dict]:
+    """Per product whose spine moves budget onto single nodes, what it concentrates there
+    (:func:`~..privacy.accounting.bypass_report`), also said on stderr: a warning where a node's query gets noise that
+    is zero with probability above the production floor."""
+    reports = {}
+    for product, path in shares.items():
+        report = bypass_report(config.product(product).budget, path.node_shares())
+        if report is None:
+            continue
+        reports[product] = report
+        top = report["largest"]
+        (log.warning if report["nodes_above_floor"] else log.info)(
+            "%s: the spine's bypassing gives %d nodes more than their level's share of the budget; %d of them have a "
+            "query whose noise is zero with probability above %s (largest %.2f: %s \"%s\" at share %s); "
+            "certificate.json: %s.bypassing", product, report["nodes"], report["nodes_above_floor"], report["floor"],
+            top["exact_probability"], top["level"], top["query"], top["node_share"], product)
+    return reports
+
+
 def _rollups(spine) -> list[tuple]:
     """Each level's ``rollup`` of the spine: its nodes, and each block's node code."""
     return [rollup(spine.table[level]) for level in spine.levels]
@@ -534,6 +531,10 @@ class PathShares(Mapping):
     def items(self) -> Iterator[tuple[str, dict[str, Fraction]]]:
         for i, block in enumerate(self.blocks):
             yield block, self._path(i)
+
+    def node_shares(self) -> dict[str, Shares]:
+        """Each level's nodes' budget shares."""
+        return {level: share for level, (_, share) in zip(self.levels, self.shares)}
 
     def distinct(self) -> dict[str, dict[str, Fraction]]:
         """Each distinct path of shares once, at its first block, in block order (a national spine has

@@ -1,4 +1,4 @@
-"""Privacy accounting in exact fractions: budget checks, per-query allocations, the production ceiling and floor.
+"""Privacy accounting in exact fractions: budget checks, per-query allocations, the release ceiling and the floor.
 
 zCDP (discrete Gaussian, 2020 production): a query q at a node with geolevel budget share PLB gets
 rho_q = qprop * PLB * rho_total and noise N_Z(0, sigma2), sigma2 = 1 / rho_q. Every query is a marginal
@@ -19,13 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
-from typing import Mapping
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
 from ..configuration.config import BudgetConfig, Config, ConfigError, shown, waiver_hint
 from ..configuration.errors import query_hint
-from .budget import MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT, PRODUCTION_MAX_RHO, Budget
+from .budget import MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT, RELEASE_CEILING, Budget, compose
 from .rng import RandomSource
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
@@ -136,15 +136,17 @@ def allocate(budget: BudgetConfig, level: str, query: str, plb: Fraction | None 
 BUDGET_WAIVER = "budget_ceiling"
 
 
-def check_noise(config: Config, max_shares: Mapping[str, Mapping[str, Fraction]] | None = None) -> None:
+def check_noise(config: Config) -> None:
     """Refuse budgets whose noise the samplers cannot draw (every mode: a standard deviation above
-    :data:`MAX_NOISE_SD`) and, in production unless ``[run] weaken_privacy`` waives ``budget_ceiling``, a
-    product's total above :data:`PRODUCTION_MAX_RHO` or a measured query whose noise is zero with probability
-    above :data:`PRODUCTION_MAX_EXACT`. ``max_shares`` gives per product the largest node share of each level
-    (a spine that bypasses levels moves budget to nodes); default the level's share. Raises
+    :data:`MAX_NOISE_SD`) and, in production unless ``[run] weaken_privacy`` waives ``budget_ceiling``, the
+    products' budgets composed above :data:`RELEASE_CEILING` or a measured query of the configured strategy (at
+    its level's share) whose noise is zero with probability above :data:`PRODUCTION_MAX_EXACT`. What a spine's
+    bypassing moves onto single nodes is reported, not refused (:func:`bypass_report`). Raises
     :class:`ConfigError` naming the file, the key and its value."""
     guarded = config.run.mode == "production" and not config.waived(BUDGET_WAIVER)
     waive = waiver_hint(BUDGET_WAIVER)
+    if guarded:
+        check_release_ceiling(config)
     for product in config.run.products:
         budget = config.product(product).budget
         if budget.infinite:
@@ -152,13 +154,8 @@ def check_noise(config: Config, max_shares: Mapping[str, Mapping[str, Fraction]]
         total = budget.total
         assert total.value is not None
         key = f"{config.source}: {product}.budget.{total.key} = {shown(total.value)}"
-        if guarded and total.above_ceiling(PRODUCTION_MAX_RHO):
-            as_rho = total.as_rho().value
-            raise ConfigError(f"{key} is above the production ceiling of rho = {PRODUCTION_MAX_RHO} per product"
-                              f"{f' (as zCDP: epsilon^2/2 = {shown(as_rho)})' if total.pure else ''}: it publishes "
-                              f"near-exact counts and bounds no privacy loss; lower it, {waive}")
         for level, queries in budget.queries.items():
-            plb = (max_shares or {}).get(product, {}).get(level, budget.levels.get(level, Fraction(0)))
+            plb = budget.levels.get(level, Fraction(0))
             for query, qprop in queries.items():
                 if qprop <= 0 or not 0 < plb <= 1 or level not in budget.levels:
                     continue  # not measured; a negative or unknown entry is check_budget's to name
@@ -174,3 +171,60 @@ def check_noise(config: Config, max_shares: Mapping[str, Mapping[str, Fraction]]
                                       f"{a.exact_probability:.2f}, so its published answer would be the true count "
                                       f"more often than not (the floor: at most {PRODUCTION_MAX_EXACT}); lower the "
                                       f"budget or the query's share, {waive}")
+
+
+def composed_budget(config: Config) -> Budget:
+    """The budgets of every product of ``config``'s run composed (:func:`~.budget.compose`)."""
+    return compose(config.product(p).budget.total for p in config.run.products)
+
+
+def check_release_ceiling(config: Config) -> None:
+    """Refuse a run whose products' budgets compose above :data:`RELEASE_CEILING` (its caller decides the mode)."""
+    total = composed_budget(config)
+    if total.infinite or not total.above_ceiling(RELEASE_CEILING.rho):
+        return  # an infinite budget is check_production's to refuse
+    parts = []
+    for product in config.run.products:
+        b = config.product(product).budget.total
+        parts.append(f"{product}.budget.{b.key} = {shown(b.value)}"
+                     + (f" (as zCDP: epsilon^2/2 = {shown(b.as_rho().value)})" if b.pure else ""))
+    raise ConfigError(f"{config.source}: the run's budgets ({' + '.join(parts)}) compose to rho = "
+                      f"{shown(total.as_rho().value)}, above the "
+                      f"release ceiling of rho = {float(RELEASE_CEILING.rho):.4f}, the Census Bureau's whole 2020 budget "
+                      "for its TopDown releases (redistricting data and DHC; README, \"Test and production mode\"); lower "
+                      f"the budgets, {waiver_hint(BUDGET_WAIVER)}")
+
+
+class NodeShares(Protocol):
+    """Each node's budget share of one level, as a code per node into a few distinct shares
+    (``execution.levels.Shares``)."""
+
+    codes: np.ndarray
+    values: list[Fraction]
+
+
+def bypass_report(budget: BudgetConfig, level_shares: Mapping[str, NodeShares]) -> dict[str, Any] | None:
+    """What a spine's bypassing concentrates on single nodes: a node that carries a bypassed level's share
+    besides its own gets less noise than its level's queries. ``level_shares`` gives each node's share per
+    level. Returns the number of such nodes, how many of them have a query whose noise is zero with probability
+    above the production floor, and the largest such probability (its level, query and node share); None when
+    no node holds more than its level's share."""
+    nodes = above = 0
+    largest: dict[str, Any] | None = None
+    for level, shares in level_shares.items():
+        configured = budget.levels.get(level, Fraction(0))
+        counts = np.bincount(np.asarray(shares.codes), minlength=len(shares.values))
+        for code, share in enumerate(shares.values):
+            if share <= configured or not counts[code]:
+                continue
+            nodes += int(counts[code])
+            top = max((allocate(budget, level, q, share) for q, prop in budget.queries[level].items() if prop > 0),
+                      key=lambda a: a.exact_probability)
+            if top.budget.too_exact(NEIGHBOURS, PRODUCTION_MAX_EXACT):
+                above += int(counts[code])
+            if largest is None or top.exact_probability > largest["exact_probability"]:
+                largest = {"exact_probability": top.exact_probability, "level": level, "query": top.query,
+                           "node_share": str(share), "level_share": str(configured)}
+    if largest is None:
+        return None
+    return {"nodes": nodes, "nodes_above_floor": above, "floor": PRODUCTION_MAX_EXACT, "largest": largest}

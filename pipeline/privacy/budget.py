@@ -4,7 +4,7 @@
 A budget is an exact ``Fraction`` (``value``), or None for an infinite budget (``"inf"``, a zero-noise test
 run). It knows its mechanism, splits by a share (``budget * Fraction(1, 4)``), composes with budgets of its
 kind (``+``, ``sum``; across kinds through :meth:`Budget.as_rho`, see :func:`compose`), compares with the
-production ceiling and noise floor, converts for the certificate, and gives the variance and the draws of one
+release ceiling and noise floor, converts for the certificate, and gives the variance and the draws of one
 query's noise under the neighbour relation :data:`NEIGHBOURS`. This module is the one place that maps a
 mechanism's name (``[*.budget] mechanism``, the certificate's ``mechanism``) to its budget type (:data:`KINDS`).
 
@@ -51,11 +51,45 @@ class NeighbourRelation:
 #: so at most two answers move by one (L1 = 2, squared L2 = 2).
 NEIGHBOURS = NeighbourRelation("bounded neighbours (change one record)", l1_sensitivity=2, l2_sensitivity_squared=2)
 
-#: Production ceiling on one product's total budget, as zCDP rho (a pure-DP epsilon counts as epsilon^2 / 2,
-#: as the certificate composes it): 39 times the 2021 persons budget (rho 2.56), 1,300 times the units budget
-#: (0.075), 95 times the April 2021 demonstration's persons budget (1.05). At rho = 100 the tight (epsilon,
-#: delta = 1e-10) is about 194: e^194 bounds nothing a reader can use.
-PRODUCTION_MAX_RHO = Fraction(100)
+@dataclass(frozen=True)
+class ReleaseCeiling:
+    """A ceiling on the composed budget of every product of one run, as zCDP rho: the sum of ``parts`` (what each
+    part is, its exact rho), from ``source``."""
+
+    parts: tuple[tuple[str, Fraction], ...]
+    source: str
+
+    @property
+    def rho(self) -> Fraction:
+        return sum((rho for _, rho in self.parts), Fraction(0))
+
+    def entry(self, composed: "Budget") -> dict[str, Any]:
+        """The certificate's statement of ``composed`` (all products of a run) against this ceiling."""
+        rho = composed.as_rho().value
+        return {"rho": str(self.rho), "rho_float": float(self.rho),
+                "composed_rho": INFINITE if rho is None else str(rho),
+                "composed_rho_float": math.inf if rho is None else float(rho),
+                "within": rho is not None and rho <= self.rho,
+                "parts": {name: str(part) for name, part in self.parts}, "source": self.source}
+
+
+#: Production ceiling on the budget of all products of a run composed, as zCDP rho (a pure-DP epsilon counts as
+#: epsilon^2 / 2): the Census Bureau's whole 2020 budget for its TopDown releases, about 15.29 (epsilon 51.6 at
+#: delta = 1e-10). Redistricting data: persons 1 / (339/542)^2 (prod_default.ini's global scale), housing units
+#: (3379/12343)^2 (the "0.07" of Abowd et al. 2022, section 8.2); DHC: the per-query rho of the production
+#: strategies (iteration 23.1, named by das_decennial/configs/production/dhc/*_US.ini) summed exactly.
+RELEASE_CEILING = ReleaseCeiling(
+    parts=(("2020 redistricting data (P.L. 94-171), persons", Fraction(293764, 114921)),
+           ("2020 redistricting data (P.L. 94-171), housing units", Fraction(11417641, 152349649)),
+           ("2020 Demographic and Housing Characteristics (DHC), persons", Fraction(24811, 5000)),
+           ("2020 Demographic and Housing Characteristics (DHC), households and housing units", Fraction(15401, 2000))),
+    source=("U.S. Census Bureau, 2020 Census production code: GitHub uscensusbureau/DAS_2020_Redistricting_Production_Code "
+            "(source/configs/production/pl94/; Abowd et al. 2022, \"The 2020 Census Disclosure Avoidance System TopDown "
+            "Algorithm\", Harvard Data Science Review, section 8.2) and uscensusbureau/DAS_2020_DHC_Production_Code "
+            "(das_decennial/configs/production/dhc/, das_decennial/programs/strategies/dhcp_strategies.py and "
+            "dhch_strategies.py, iteration 23.1; Cumings-Menon et al. 2024, \"Disclosure Avoidance for the 2020 Census "
+            "Demographic and Housing Characteristics File\", Harvard Data Science Review)"))
+
 #: Production floor on every measured query's noise: the probability that it is zero (the published answer
 #: is the true count) is at most this. The 2021 persons strategy's least noisy query (the State total,
 #: sigma2 1.21) is exact with probability 0.36; the discrete Gaussian reaches 1/2 at sigma2 about 0.64.
@@ -149,7 +183,7 @@ class Budget:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------- ceiling and floor
-    def above_ceiling(self, ceiling: Fraction = PRODUCTION_MAX_RHO) -> bool:
+    def above_ceiling(self, ceiling: Fraction) -> bool:
         """Whether this budget, as zCDP rho, exceeds ``ceiling`` (an infinite one does)."""
         rho = self.as_rho().value
         return rho is None or rho > ceiling

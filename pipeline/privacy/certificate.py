@@ -16,8 +16,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Mapping
 
-from .accounting import allocate, check_budget, check_noise
-from .budget import INFINITE, NEIGHBOURS, Rho, compose, of_entry, zcdp_to_epsilon_bun_steinke
+from .accounting import allocate, check_budget, check_noise, composed_budget
+from .budget import (INFINITE, NEIGHBOURS, RELEASE_CEILING, Rho, compose, of_entry,
+                     zcdp_to_epsilon_bun_steinke)
 from ..configuration.config import Config, ConfigError, ProductConfig
 from ..execution.outdir import MARKER_KEY, claimed_file
 from ..execution.rundir import SCHEMA_VERSION, write_json_atomic
@@ -122,25 +123,27 @@ def composed(entries: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = None) -> dict[str, Any]:
+def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = None,
+                bypassing: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The privacy certificate of ``config``: one top-level entry per product in ``config.run.products``
     (``persons``, ``units``), beside ``run``, ``mode`` (``production`` draws from the OS CSPRNG, without a
     seed; ``test`` from the seeded counter-based stream), ``private`` (false for a test-mode run, whose noise
     anyone with the seed can regenerate, an infinite budget, or production checks waived by ``[run]
     weaken_privacy``, then listed as ``waivers``), ``noise_reproducible_from_seed``,
-    ``composed`` (all products together, see :func:`composed`) and ``config_sha256``.
+    ``composed`` (all products together, see :func:`composed`; in production with the release ceiling it is held
+    to, :data:`~.budget.RELEASE_CEILING`) and ``config_sha256``.
 
     ``spine_budget`` optionally maps a product name to its per-block path shares (see
-    :func:`check_path_condition`) when the spine moved budget between levels. The budget is checked first
-    (:func:`~.accounting.check_noise`, with the largest node shares when the spine moved budget).
+    :func:`check_path_condition`) when the spine moved budget between levels, and ``bypassing`` a product name
+    to what that concentrates on single nodes (:func:`~.accounting.bypass_report`), recorded as the product's
+    ``bypassing``. The configured budget is checked first (:func:`~.accounting.check_noise`).
     """
     spine_budget = spine_budget or {}
     check_noise(config)
     entries = {p.name: _product_certificate(p, config.product(p.name), spine_budget.get(p.name), config.source)
                for p in config.run_products}
-    if spine_budget:  # the nodes that hold a bypassed level's share get less noise than their level's
-        check_noise(config, {name: {level: Fraction(v) for level, v in p["path_condition"]["max_share"].items()}
-                             for name, p in entries.items() if "max_share" in p["path_condition"]})
+    for name, report in (bypassing or {}).items():
+        entries[name]["bypassing"] = {**report, "note": BYPASSING_NOTE}
     seeded = config.run.mode == "test"
     infinite = any(p["epsilon"] == INFINITE for p in entries.values())
     waivers = list(config.run.weaken_privacy)
@@ -157,6 +160,8 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
         **entries,
         "composed": composed(entries),
     }
+    if config.run.mode == "production":  # the ceiling production enforces, unless waived
+        cert["composed"]["ceiling"] = RELEASE_CEILING.entry(composed_budget(config))
     if waivers:
         cert["waivers"] = waivers
     warnings = ([NOT_PRIVATE_WARNING] if seeded
@@ -166,6 +171,12 @@ def certificate(config: Config, spine_budget: Mapping[str, PathShares] | None = 
     if warnings:
         cert["warning"] = "; ".join(warnings)
     return cert
+
+
+#: What a product's ``bypassing`` entry means (the certificate records it beside the figures).
+BYPASSING_NOTE = ("the spine bypasses levels where a node has a single child: the child then carries its parent's "
+                  "share too, so these nodes' queries get less noise than their level's; the noise floor judges the "
+                  "configured strategy, per level and query, and these nodes are reported, not refused")
 
 
 def write_certificate(path: Path, cert: dict[str, Any]) -> None:
@@ -297,7 +308,16 @@ def render_certificate(cert: dict[str, Any]) -> str:
         pc = p["path_condition"]
         lines.append(f"  path condition (Theorem 2): {'holds' if pc['holds'] else 'FAILS'}"
                      + (f" for {pc['blocks']} blocks" if "blocks" in pc else f" ({pc.get('note', '')})"))
+        if "bypassing" in p:
+            b, top = p["bypassing"], p["bypassing"]["largest"]
+            lines.append(f"  bypassing: {b['nodes']} nodes hold more than their level's share, {b['nodes_above_floor']} "
+                         f"with a query exact with probability above {b['floor']} (largest {top['exact_probability']:.2f}: "
+                         f"{top['level']} \"{top['query']}\" at share {top['node_share']})")
     c = cert["composed"]
+    lines += [] if "ceiling" not in c else ["", (
+        f"release ceiling: rho = {c['ceiling']['rho_float']:.4f}, the run's products composed "
+        f"{c['ceiling']['composed_rho_float']:.4f} ({'within it' if c['ceiling']['within'] else 'ABOVE IT'}); "
+        f"{c['ceiling']['source']}")]
     if len(c["products"]) < 2:
         return "\n".join(lines)
     lines.append("")
