@@ -111,10 +111,10 @@ def test_bypass_chain_collapses_to_top() -> None:
 def test_path_condition_names_offending_block() -> None:
     spine = standard_spine(pd.Series([geo("000100", "1000"), geo("000100", "1001")]))
     broken = Spine(spine.levels, spine.table, {"Tract": {"44001000100": ("Tract", "Block_Group")}})
-    with pytest.raises(ValueError, match=r"block 440010001001000.*'Block_Group': 2"):
+    with pytest.raises(ValueError, match=r"Block 440010001001000.*'Block_Group': 2"):
         check_path_condition(broken)
     dropped = Spine(spine.levels, spine.table, {"Block": {"440010001001001": ()}})
-    with pytest.raises(ValueError, match=r"block 440010001001001.*'Block': 0"):
+    with pytest.raises(ValueError, match=r"Block 440010001001001.*'Block': 0"):
         check_path_condition(dropped)
 
 
