@@ -3,7 +3,8 @@
 Every file of the run directory is pinned by SHA-256. ``manifest.json`` is the one file with fields that
 differ between identical runs: wall-clock timings (``timings``, ``*_seconds``), the absolute path of the
 configuration file (``config_source``) and the run directory's id (``output_id``, of its marker: outdir.py); it is
-pinned in a canonical form without them (keys sorted, compact).
+pinned in a canonical form without them (keys sorted, compact). ``config.json`` records where the input was read
+(``run.input``, a temporary folder here): it is pinned without that key, and the manifest without its SHA-256.
 ``manifest.json`` and ``certificate.json`` carry ``schema_version`` (added by issue 15 with the typed run
 reader, after these pins were taken): it is checked to be the current version and then removed, and the
 certificate re-serialised exactly as the run writes JSON, so every other byte is still compared with the
@@ -21,8 +22,8 @@ from pathlib import Path
 from topdown.pipeline.execution.rundir import SCHEMA_VERSION
 
 PINNED = {
-    'certificate.json': '0ef0ad6163e2215a8ca69496e550b306cba13580a8575f77afe92258a1edc736',
-    'config.json': 'd0236f9077784f8df511433aa9a0b27c5f57ae8ab3882da69adc56d5db999c38',
+    'certificate.json': '609a979b90490764a58972585585339ea264c2ec12dade7ee0a55d8109641fe1',
+    'config.json': 'af4be0fc8f6771e9cee51887e37af46b15ca786a16c76c6aaca7a06f1a383b28',
     'histograms/persons/level=Block/part-00000.parquet': '1aa38870a8f0ba0cbb91fba767f7b08f6d14902a159e310f64e4c82860f97869',
     'histograms/persons/level=Block/part-00001.parquet': '27209845c9b6b1b7488933507e733071c5c75eeb8dbeea480f049440c3f84c51',
     'histograms/persons/level=Block_Group/part-00000.parquet': 'a58b69b9194bc9aa801d37317ad72e5a2d6f759846f83b29b0c66f1b4d6ac9fa',
@@ -39,7 +40,7 @@ PINNED = {
     'histograms/units/level=US/part-00000.parquet': '77278fca9381ce840b02be3bb6551f238055f60112c7fc461deda327d4159f96',
     'invariants/persons.parquet': 'dd05ff564c7faf721f09325c29672e266def3784f771eefec72ef28e085bcd36',
     'invariants/units.parquet': '98e087cc352ee9a912b5ef452ca1432b4abfe4637755b9a1e74635c6a1c1ab45',
-    'manifest.json': 'e686a1d9c7f2af1bf6c17bee44074c3e666122798e35d93a7ccf095ffe056b2a',
+    'manifest.json': 'fd0674b4a221001b767637210d788940c297853e0671feb19c198020b0dd1b94',
     'mdf/persons/county=44007/part-00000.parquet': 'aaeb06ffadafc3090323e674ed370ae36bdb0c848502e4efe994539d3316e839',
     'mdf/units/county=44007/part-00000.parquet': '9cbb9c12f2ddd3d294786decc7a079fc5dc4d6c3a364644566bf661bdde67c0e',
     'noisy_measurements/persons/level=Block/part-00000.parquet': '800fb4070b45c6f7064c52a51c86a9ae37221bd5dfeb76515aa804d2dbef027b',
@@ -76,14 +77,23 @@ def _canonical_manifest(data: bytes) -> bytes:
             return [strip(v) for v in x]
         return x
 
-    return json.dumps(strip(_without_version(data)), sort_keys=True, separators=(",", ":")).encode()
+    manifest = strip(_without_version(data))
+    manifest["output_sha256"].pop("config.json")  # holds the input's location: compared in its canonical form
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _canonical_config(data: bytes) -> bytes:
+    config = json.loads(data)
+    assert config["run"].pop("input")  # where the input lies (a temporary folder here), not what it holds
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _canonical_certificate(data: bytes) -> bytes:
     return (json.dumps(_without_version(data), indent=2, sort_keys=False, default=str) + "\n").encode()
 
 
-CANONICAL = {"manifest.json": _canonical_manifest, "certificate.json": _canonical_certificate}
+CANONICAL = {"manifest.json": _canonical_manifest, "certificate.json": _canonical_certificate,
+             "config.json": _canonical_config}
 
 
 def output_hashes(run_dir: Path) -> dict[str, str]:

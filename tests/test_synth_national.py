@@ -12,6 +12,7 @@ from topdown.geo.baf import aian_flags, read_baf_dir
 from topdown.geo.states import STATE_FIPS
 from topdown.geo.us2020 import US2020
 from topdown.pipeline.execution.dataplane import find_input
+from topdown.pipeline.execution.outdir import MARKER
 from topdown.pipeline.inputs import synth
 from topdown.pipeline.inputs.validate import validate_input
 
@@ -122,11 +123,11 @@ def test_deterministic_and_streamed(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(synth, "BATCH_BLOCKS", 100)
     a = synth.write_us2020(tmp_path / "a", seed=9, scale=0.0003)
     assert synth.write_us2020(tmp_path / "b", seed=9, scale=0.0003) == a
-    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
-    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file() and p.name != MARKER)
+    assert files and all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
     ca = tmp_path / "a" / "persons" / "state=06" / "part-00000.parquet"
     assert pq.ParquetFile(ca).metadata.num_row_groups > 1  # a batch of whole tracts at a time
-    assert not list((tmp_path / "a").rglob(".*"))  # no temporary file left
+    assert [p.name for p in (tmp_path / "a").rglob(".*")] == [MARKER]  # the output's marker, no temporary file left
 
 
 @pytest.mark.parametrize("argv, fragments", [

@@ -181,13 +181,17 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
 
 def configure_run(path: str | Path, input_dir: str | Path | None = None, seed: int | None = None) -> Config:
     """The configuration of ``topdown run PATH [--input DIR] [--seed N]``."""
-    config = load_config(path)
-    overrides: dict = {}
-    if seed is not None:
-        overrides["seed"] = seed
-    if input_dir:  # an explicit input directory must exist: never fill it with the demo data
-        overrides.update(input=str(input_dir), build_demo_input=False)
-    return config.with_overrides(**overrides) if overrides else config
+    config = with_input(load_config(path), input_dir)
+    return config.with_overrides(seed=seed) if seed is not None else config
+
+
+def with_input(config: Config, input_dir: str | Path | None) -> Config:
+    """``config`` reading ``input_dir`` when one is given: recorded as the run's input (config.json says what was
+    read, from the command line and the API alike); an explicit input directory must exist, never filled with
+    the demo data."""
+    if not input_dir:
+        return config
+    return config.with_overrides(input=str(input_dir), build_demo_input=False)
 
 
 def run(
@@ -202,6 +206,7 @@ def run(
     Returns the run directory's path."""
     if not isinstance(config, Config):
         config = load_config(config)
+    config = with_input(config, input_dir)
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, workers)
