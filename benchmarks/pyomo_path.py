@@ -6,7 +6,8 @@ parent problem it solves to ``DIR/problems.pkl`` with each problem's level. The 
 measurements and the true parent histograms of the level above (confidential input): keep DIR private;
 nothing of them is printed.
 
-``compare DIR [--solver highs] [--qp-solver NAME] [--every N] [--levels L,..] [--without X,..] [--no-check]``:
+``compare DIR [--solver highs] [--qp-solver NAME] [--every N] [--levels L,..] [--without X,..] [--no-check]
+[--shard K/N]``:
 solves each captured problem (every N-th
 Block-level one with ``--every``) on both paths in this process and prints one JSON object per level and
 one for the whole: parents and children solved, CPU seconds of each path and per child (per block at the
@@ -18,7 +19,8 @@ difference of an L2 pass's objective, and, with both paths' rounders given the d
 how many parents round identically, how many differently at the same objective (an optimum that is not
 unique), and how many at a different objective (must be 0). Only solves at the exact failsafe level are
 compared pass by pass. ``--without pause_gc,bulk_columns,reuse`` switches off the Pyomo path's speed-ups
-(:func:`switch_off`) to measure each.
+(:func:`switch_off`) to measure each. ``--shard K/N`` takes every N-th parent from the K-th, for N processes
+side by side; ``merge FILE..`` combines their outputs as one ``compare`` prints them.
 
 Usage (Rhode Island, persons):
   topdown ingest blocks data/ri2010/ri_2010_block_demographics.csv.gz --out ri2010-input
@@ -172,7 +174,7 @@ def switch_off(names: list[str]) -> None:
 
 
 def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check: bool,
-            levels: set[str] | None = None) -> None:
+            levels: set[str] | None = None, shard: tuple[int, int] = (0, 1)) -> None:
     from topdown.solvers import solve_parent
     from topdown.solvers import model as model_module
     from topdown.solvers.pyomo_path import PyomoBackend
@@ -196,7 +198,7 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
     backend = PyomoBackend(solver, qp_solver)
     solve_parent(items[-1][1], backend, timed_compile)  # imports and first solver calls off the clock
     for i, (level, problem) in enumerate(items):
-        if every > 1 and level in lowest and i % every:
+        if (every > 1 and level in lowest and i % every) or i % shard[1] != shard[0]:
             continue
         row = rows[level]
         c0 = time.thread_time()
@@ -241,6 +243,21 @@ def _shown(level: str, row: dict) -> dict:
     return out
 
 
+def merge(files: list[Path]) -> None:
+    """The rows of several ``compare --shard`` outputs combined, level by level, as one ``compare`` prints them."""
+    rows: dict[str, dict] = defaultdict(lambda: defaultdict(float))
+    for f in files:
+        for line in f.read_text().splitlines():
+            shown = json.loads(line)
+            row = rows[shown.pop("level")]
+            for key, val in shown.items():
+                if key.endswith("_ms_per_child") or key == "ratio":
+                    continue
+                row[key] = max(row[key], val) if key.startswith("l2") else row[key] + val
+    for level, row in sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+        print(json.dumps(_shown(level, row)), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -257,14 +274,20 @@ def main() -> None:
     m.add_argument("--no-check", dest="check", action="store_false", help="times only, no pass-by-pass comparison")
     m.add_argument("--levels", default=None, help="comma-separated product.Level names (default: every level)")
     m.add_argument("--without", default="", help=f"comma-separated speed-ups to switch off: {', '.join(WITHOUT)}")
+    m.add_argument("--shard", default="0/1", help="K/N: only the parents whose index is K modulo N (for N processes)")
+    g = sub.add_parser("merge")
+    g.add_argument("files", nargs="+", type=Path, help="the outputs of compare --shard K/N, K = 0..N-1")
     args = ap.parse_args()
     if args.cmd == "capture":
         n = capture(args.config, args.input, args.out, args.products.split(",") if args.products else None)
         print(json.dumps({"captured": n, "dir": str(args.out)}))
+    elif args.cmd == "merge":
+        merge(args.files)
     else:
         switch_off([n for n in args.without.split(",") if n])
+        k, n = (int(x) for x in args.shard.split("/"))
         compare(args.folder, args.solver, args.qp_solver, args.every, args.check,
-                set(args.levels.split(",")) if args.levels else None)
+                set(args.levels.split(",")) if args.levels else None, (k, n))
 
 
 if __name__ == "__main__":
