@@ -209,10 +209,12 @@ def _synth_census(args: argparse.Namespace) -> int:
     if args.persons is None:
         raise ConfigError(f"--census {args.census} needs --persons N (about how many persons to write)")
     from .configuration.census import load_census
-    from .inputs.synth import write_census
+    from .inputs.synth import synth_hints, write_census
+    from .inputs.synth_households import asks_for_households, write_households
 
     census = load_census(args.census, "--census")
-    written = write_census(Path(args.out), census, persons=args.persons, seed=args.seed)
+    write = write_households if asks_for_households(synth_hints(census)) else write_census
+    written = write(Path(args.out), census, persons=args.persons, seed=args.seed)
     files = ", ".join(f"{n} {kind} records in {args.out}/{kind}/" for kind, n in written.items())
     print(f"synthetic input of census {census.name} (seed {args.seed}): {files}")
     return EXIT_OK

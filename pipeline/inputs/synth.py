@@ -454,7 +454,7 @@ def synth_hints(census: Census) -> dict[str, dict]:
 def synth_shape(census: Census, product: Product, hints: dict) -> SynthShape:
     """The checked synthesis hints of ``product`` (ConfigError naming the key and value)."""
     where = f"{census.source}: census.products.{product.name}.synth"
-    known = {"persons_per_leaf", "nodes", "codes", "unit_size", "weights"}
+    known = {"persons_per_leaf", "nodes", "codes", "unit_size", "weights", "generator"}
     if unknown := sorted(set(hints) - known):
         raise ConfigError(f"{where}: unknown key {unknown[0]!r} (keys: {', '.join(sorted(known))})")
     for table in ("nodes", "codes", "weights"):
