@@ -314,18 +314,19 @@ def write_households(out: Path, census: Census, persons: int, seed: int, persons
     units_t = pa.table({
         "geoid": geo.take(pa.array(unit_geo[uorder])),
         census.units.type_column: col(np.zeros(n_hh + n_vac, np.int64), hhgq8[FIRST_GQ + fac_type], np.int8),
-        census.units.occupied_column: pa.array(np.r_[np.ones(n_hh, bool), np.zeros(n_vac + n_fac, bool)][uorder]),
+        census.units.occupied_column: pa.array(np.r_[np.ones(n_hh, bool), np.zeros(n_vac, bool), np.ones(n_fac, bool)][uorder]),
         "tenvacgq": col(tenure, np.r_[vac_status, 11 + fac_type], np.int8),
         "hh_sex": col(head_sex, dtype=np.int8), "hh_age": col(head_age), "hh_hispanic": col(head_hisp, dtype=np.int8),
         "hh_race": col(head_race, dtype=np.int8), "hh_elderly": col(elderly, dtype=np.int8), "hh_type": col(hhtype),
     })
     staging = Path(tempfile.mkdtemp(prefix=".synth-", dir=out))
     try:
-        for kind, table in (("persons", persons_t), ("units", units_t)):
+        files = {pprod.records.name: persons_t, census.units.name: units_t}
+        for kind, table in files.items():
             (staging / kind).mkdir()
             pq.write_table(table, staging / kind / "part-00000.parquet", row_group_size=1_000_000)
-        for kind in ("persons", "units"):
+        for kind in files:
             os.replace(staging / kind, out / kind)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {"persons": persons_t.num_rows, "units": units_t.num_rows}
+    return {kind: table.num_rows for kind, table in files.items()}
