@@ -2,7 +2,7 @@
 households and group quarters, not records drawn attribute by attribute (not real data; every draw comes from
 ``default_rng`` of the seed).
 
-A declaration asks for it with ``generator = "households"`` in a product's ``[census.products.P.synth]`` table.
+A declaration asks for it with ``generator = "by_household"`` in a product's ``[census.products.P.synth]`` table.
 Its products then follow the layout of the 2020 Demographic and Housing Characteristics file
 (``conf/census/dhc2020.toml``), checked when the generator starts:
 
@@ -79,13 +79,13 @@ HOUSEHOLD_RECODES = ("hh_size", "coupled_hh_type", "own_child_status", "multig",
 
 def asks_for_households(hints: dict[str, dict]) -> bool:
     """Whether a declaration's synth tables (``synth.synth_hints``) ask for this generator."""
-    return any(h.get("generator") == "households" for h in hints.values())
+    return any(h.get("generator") == "by_household" for h in hints.values())
 
 
 def _roles(census: Census) -> tuple[Product, Product, Product]:
     """The persons, households and units products of the layout above (ConfigError naming what is missing)."""
     units = census.units.name if census.units is not None else None
-    where = f"{census.source}: synth generator \"households\""
+    where = f"{census.source}: synth generator \"by_household\""
     if units is None:
         raise ConfigError(f"{where}: the census declares no unit records ([census.units])")
     persons = [p for p in census.products if p.records.name != units]
