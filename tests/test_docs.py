@@ -1,7 +1,7 @@
 """No reference outside the repository (issue 29 item 6).
 
 Code, comments, documents and presets cite public sources (the Bureau's GitHub repositories and their paths,
-papers and their sections; README "Layout" names the abbreviations), never a private notes file ("facts
+papers and their sections; docs/index.md names the abbreviations), never a private notes file ("facts
 2.3"), a numbered private reading list ("seed 003"), a folder beside the clone or the design plan's section
 numbers ("DESIGN.md section 2": this repository's DESIGN.md has numbered items, not sections).
 """

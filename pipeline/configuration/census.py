@@ -1,4 +1,4 @@
-"""The census declaration loader: a ``[census]`` TOML table (README, "Declaring a census") into the typed
+"""The census declaration loader: a ``[census]`` TOML table (docs/reference/census.md) into the typed
 objects of :mod:`topdown.vocab.census`, checked once, here.
 
 :func:`load_census` reads a declaration file or a preset (``conf/census/NAME.toml``); :func:`census_from_dict`

@@ -3,7 +3,7 @@
 Layout of a configuration file (see ``conf/demo.toml``)::
 
     [run]                      name, census, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
-    [census.*]                 the census inline, instead of [run] census (README, "Declaring a census")
+    [census.*]                 the census inline, instead of [run] census (docs/reference/census.md)
     [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta, measure
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
@@ -266,10 +266,10 @@ class ProductConfig(_Strict):
         "per level: the names of the census's declared constraints that hold there (and above)"))
 
 
-#: The production checks a run may waive by name in ``[run] weaken_privacy`` (README, "Test and production
-#: mode"): a budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input
-#: whose housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the
-#: block assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
+#: The production checks a run may waive by name in ``[run] weaken_privacy`` (docs/how-to/production.md): a
+#: budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input whose
+#: housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the block
+#: assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
 WAIVERS = ("budget_ceiling", "derived_housing_units", "blocks_missing_from_baf")
 
 
@@ -282,7 +282,7 @@ def waiver_hint(check: str) -> str:
 class RunSection(_Strict):
     name: str = Field(default="topdown", description="the run's name (in its manifest and certificate)")
     census: str = Field(default=DEFAULT_CENSUS, description=(
-        "the census declaration: a preset under conf/census/ or a TOML file (README, \"Declaring a census\"); "
+        "the census declaration: a preset under conf/census/ or a TOML file (docs/reference/census.md); "
         "read when the configuration loads, which then carries the declaration itself (Config.census, "
         "Config.census_table) and leaves this the default"))
     products: list[str] = Field(min_length=1, description="products to run (default: the census's first)")

@@ -57,7 +57,7 @@ MIN_CORRECTED, MIN_CORRECTED_POSITIVE = 5, 25
 #: |BIAS| / STD at or above which the bias correction applies.
 BIAS_RATIO = 0.5
 
-#: The uncertainty table's columns (README "Uncertainty"), one row per method, node, query and cell.
+#: The uncertainty table's columns (docs/how-to/uncertainty.md), one row per method, node, query and cell.
 SCHEMA = pa.schema([("product", pa.string()), ("level", pa.string()), ("geocode", pa.string()),
                     ("query", pa.string()), ("cell", pa.int32()), ("method", pa.string()),
                     ("published", pa.float64()), ("estimate", pa.float64()), ("variance", pa.float64()),

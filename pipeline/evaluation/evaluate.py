@@ -784,7 +784,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
                                 Path(entities))
     from .eval_report import write_report
 
-    # computed from the true counts: the user's alone, private (README); a new folder: complete or absent
+    # computed from the true counts: the user's alone, private (docs/reference/output-layout.md); a new folder:
+    # complete or absent
     with claimed(out, "evaluate") as claim, removed_on_failure(out) if not claim.earlier else nullcontext():
         tmp = out / SPILL_DIR
         shutil.rmtree(tmp, ignore_errors=True)
