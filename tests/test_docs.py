@@ -1,4 +1,4 @@
-"""No reference outside the repository (issue 29 item 6).
+"""No reference outside the repository.
 
 Code, comments, documents and presets cite public sources (the Bureau's GitHub repositories and their paths,
 papers and their sections; docs/index.md, "Layout", names the abbreviations), never a private notes file ("facts

@@ -16,8 +16,7 @@ microdata (PPMF0) as its input; for one published count q0 and its replicate cou
   interval"): 2.015 at 90 %, 2.571 at 95 % (the notebook's function at ``ci_level=0.95``); the upper bound is
   not clipped (it is at least q0 >= 0 anyway, since RMSE >= |BIAS|).
 
-The notebook's demonstration used 25 replicates of 2010 data; issue 31 asks for 50 by default
-(``topdown replicates --n``). In the uncertainty table an ``amc`` row has ``estimate`` = the point estimate,
+The notebook's demonstration used 25 replicates of 2010 data; ``topdown replicates --n`` defaults to 50. In the uncertainty table an ``amc`` row has ``estimate`` = the point estimate,
 ``variance`` = MSE (so the interval is estimate +- t sqrt(variance) before rounding), ``rep_bias`` = BIAS,
 ``rep_rmse`` = RMSE and ``rep_n`` = n.
 
