@@ -99,3 +99,22 @@ def test_the_generated_reference_is_complete():
     assert "| 4 | `EXIT_RUNDIR` |" in generate.exit_codes_reference()
     assert "histograms/<product>/level=<L>/" in generate.run_layout_reference()
     assert "## `reprocess`" in generate.cli_reference()
+
+
+#: A pointer to an issue of the project's tracker, which a reader of the code cannot resolve ("Special Issue 2" of
+#: a journal is a citation, not a pointer).
+ISSUE = re.compile(r"(?<!Special )\b[Ii]ssues? #?\d+")
+
+
+def test_no_issue_pointers():
+    """Code, tests and documents explain what is, not which issue asked for it (the changelog keeps the history)."""
+    files = [n for n in _text_files() if n not in (SELF, "CHANGELOG.md") and n.endswith((".py", ".md", ".toml", ".sh"))]
+    found = [f"{n}:{(REPO / n).read_text().count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+             for n in files if (REPO / n).is_file() for m in ISSUE.finditer((REPO / n).read_text())]
+    assert not found, "issue pointers:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("text, bad", [("(issue 30 item 2)", True), ("Issue 19: the bound", True),
+                                       ("issues 4", True), ("Special Issue 2", False), ("no issue here", False)])
+def test_the_issue_pattern(text, bad):
+    assert bool(ISSUE.search(text)) is bad
