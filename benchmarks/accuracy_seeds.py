@@ -1,4 +1,4 @@
-"""Accuracy over several seeds (issue 20 item 4): mean absolute error of TOTAL and of the detailed query at
+"""Accuracy over several seeds: mean absolute error of TOTAL and of the detailed query at
 every level, the failsafe share and ``topdown verify``, for one code tree; then a comparison of two trees.
 
 ``run CONFIG --input DIR --out RUNS --seeds 1,2,3,4,5 [--workers 1]``: runs CONFIG (persons only, test

@@ -1,4 +1,4 @@
-"""How the ``calibrated`` intervals (pipeline/evaluation/calibrated.py) were chosen and checked (issue 31 item 1):
+"""How the ``calibrated`` intervals (pipeline/evaluation/calibrated.py) were chosen and checked:
 TopDown's bias and spread of the total by true size in three generations, and the coverage of the method with
 and without its generational step (C4), against a known truth.
 

@@ -1,4 +1,4 @@
-"""Coverage of the uncertainty table's intervals against a known truth (issue 31 item 1), per method, level and
+"""Coverage of the uncertainty table's intervals against a known truth, per method, level and
 block-size bin, with the exact binomial 99 % band of the nominal rate; mean widths per method and level beside
 the published counts' mean absolute error. Prints markdown tables (``--json FILE`` also writes the rows).
 

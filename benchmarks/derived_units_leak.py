@@ -1,4 +1,4 @@
-"""The leak scan of derived housing units (issue 33 item 1), on a whole state.
+"""The leak scan of derived housing units, on a whole state.
 
 ``python benchmarks/derived_units_leak.py CSV WORK [--config conf/ri2010.toml] [--workers 2]`` ingests a block
 table without housing-unit columns (ingest derives occupied = ceil(persons / 2.5)), then runs CONFIG in production

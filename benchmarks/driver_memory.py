@@ -1,4 +1,4 @@
-"""The run driver's memory per block after the start-up (ingest, spine, tabulation) of a run (issue 30 item 2).
+"""The run driver's memory per block after the start-up (ingest, spine, tabulation) of a run.
 
 Runs :func:`topdown.pipeline.execution.runner.prepare` (what a run does before its first level: the input read
 and tabulated on the workers, the block assignment files and the spine in the driver) on an embedded cluster,

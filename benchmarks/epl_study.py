@@ -1,4 +1,4 @@
-"""Empirical privacy loss of the persons product at the production setting and at scaled budgets (issue 19).
+"""Empirical privacy loss of the persons product at the production setting and at scaled budgets.
 
 For each setting (the preset's rho, and rho scaled so that the persons epsilon at the preset's delta is 1, 4
 and 10), one seeded run of the persons product and the residual EPL (metrics.empirical_privacy_loss) of

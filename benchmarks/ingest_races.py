@@ -1,4 +1,4 @@
-"""The ingest's choice for the collapsed groups (``--races spread|compact``, issue 32 item 6): how it moves the
+"""The ingest's choice for the collapsed groups (``--races spread|compact``): how it moves the
 block-level error an evaluation reports.
 
 ``python benchmarks/ingest_races.py CSV WORK [--config conf/ri2010.toml] [--seeds 2010,2011,2012] [--workers 2]``

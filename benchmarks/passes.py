@@ -1,4 +1,4 @@
-"""Single-pass against multi-pass estimation (issue 4), same data, seed and budget.
+"""Single-pass against multi-pass estimation, same data, seed and budget.
 
 multi: the production orderings (uscensusbureau/DAS_2020_Redistricting_Production_Code
 `source/programs/strategies/strategies.py`, `Strategy1b_ST_CTY_TR_BG_isoTot_Ordering_dsepJune3`):

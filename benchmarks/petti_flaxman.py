@@ -1,4 +1,4 @@
-"""Errors of E2E 1940 runs as Petti and Flaxman measure them, beside their published figures (issue 30 item 3).
+"""Errors of E2E 1940 runs as Petti and Flaxman measure them, beside their published figures.
 
 Petti & Flaxman, "Differential privacy in the 2020 US census: what will it do? Quantifying the accuracy/privacy
 tradeoff", Gates Open Research 3:1722 (2019/2020), ran the 2018 End-to-End TopDown on the 1940 full count, 4

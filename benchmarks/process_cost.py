@@ -1,4 +1,4 @@
-"""CPU and peak memory per process of one ``topdown`` command (issue 31 items 2 and 5).
+"""CPU and peak memory per process of one ``topdown`` command.
 
     python benchmarks/process_cost.py -- replicates RUN --n 5 --out DIR --workers 2
 

@@ -1,4 +1,4 @@
-"""Where one parent's CPU goes, step by step (issue 20): layout, Pyomo build, compile, each L2 pass,
+"""Where one parent's CPU goes, step by step: layout, Pyomo build, compile, each L2 pass,
 each tau LP, each rounder pass, the row check and the Python between them.
 
 Sub-commands:

@@ -1,4 +1,4 @@
-"""Core-hours of a national persons run, projected from measured costs (issue 7).
+"""Core-hours of a national persons run, projected from measured costs.
 
 National 2020 node counts (Abowd et al. 2022, the TDA paper, Table 2, production spine): 1 US, 88 state parts,
 3,496 counties, 84,589 tracts, 409,548 custom block groups, 5,892,698 populated blocks. The level whose children are L
@@ -15,7 +15,7 @@ Two sources of cost, per level:
 
 Usage: python benchmarks/projection.py --parents parents.jsonl [--stages run_stages.jsonl] [--product persons]
 
-Wall time on a cluster (issue 30 item 5): ``--wall run_stages.jsonl --machines 1,4,10 --cores 16`` projects a
+Wall time on a cluster: ``--wall run_stages.jsonl --machines 1,4,10 --cores 16`` projects a
 national run of every product of that run (persons and units) from its measured stages. Every stage's worker
 and driver CPU seconds are scaled to national size by its nodes (a level: the level's nodes; ingest,
 tabulate, MDF and the rest: the spine's blocks; national counts: geo/us2020.py's standard spine, 5,892,698

@@ -1,4 +1,4 @@
-"""Replicates of a run in-process (issue 31 item 5): after each replicate, the scheduler's tasks, the keys in memory,
+"""Replicates of a run in-process: after each replicate, the scheduler's tasks, the keys in memory,
 their copies and bytes, and each worker's RSS, to see whether a worker grows with the number of replicates.
 
     python benchmarks/replicate_memory.py RUN N OUT WORKERS

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Coverage of the uncertainty intervals on Rhode Island 2010 with N replicates (issue 31 items 1 and 2).
+# Coverage of the uncertainty intervals on Rhode Island 2010 with N replicates.
 # usage: bash benchmarks/ri_coverage.sh N WORKERS PARALLEL   (outputs and timings in $OUT, scratch in $T)
 # The tables hold coverage rates of true counts: keep them with the evaluation, not with published files.
 set -u

@@ -22,8 +22,8 @@ On a shared machine worker CPU seconds, unlike wall time, do not grow with the l
 figures to project from (benchmarks/projection.py reads this output).
 Tasks: Dask's task stream gives every task's compute interval. Per level: ``task_busy_s`` (the summed
 compute seconds of the level's chunk tasks and of the split groups' tasks they started), ``task_span_s``
-(first start to last stop) and ``span_over_busy_per_worker`` = span / (busy / workers), the measure of
-issue 20 item 3 (1.0: the workers never idle; 2.0 on 2 workers: one task ran alone). The polls' CPU split
+(first start to last stop) and ``span_over_busy_per_worker`` = span / (busy / workers), how well a level
+keeps the workers busy (1.0: the workers never idle; 2.0 on 2 workers: one task ran alone). The polls' CPU split
 at stage boundaries is approximate (a sample's CPU goes to one stage); the task stream is exact per task.
 
 Prints one JSON object per stage, then one summary object (``"stage": "summary"``); a run stopped with

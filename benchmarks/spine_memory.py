@@ -1,4 +1,4 @@
-"""Peak memory of building the optimized spine as a run's driver does (issue 30 item 2), step by step.
+"""Peak memory of building the optimized spine as a run's driver does, step by step.
 
 Reads the block assignment files (``read_baf_dir``), the blocks of the input (person and unit files, their
 ``geoid`` column) and the GQ presence of the unit files (``(geoid, unit_type)``), then ``build_spine``, and

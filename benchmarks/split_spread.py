@@ -1,7 +1,7 @@
 """One synthetic parent solved inside a task of an N-worker Dask cluster, as the pipeline solves a level
 with a single parent (a State -> County parent): a split parent's second-stage groups run as tasks of
 the cluster (tasks.map_on_cluster). Prints one JSON object: wall seconds, the workers' CPU seconds,
-wall / (CPU / workers) (issue 20 item 3 wants at most 1.2), each worker's CPU seconds and peak RSS, the
+wall / (CPU / workers) (1.0 when the workers never idle; at most 1.2 is the aim), each worker's CPU seconds and peak RSS, the
 groups, and stage 1's CPU seconds (solved again alone in this process). On a loaded machine the wall
 ratio is inflated; ``cpu_ratio`` is the load-free estimate from CPU seconds: stage 1 runs alone, then the
 groups, so the level takes stage 1 + the busiest worker's group CPU, over the CPU spread evenly.

@@ -1,4 +1,4 @@
-"""Start-up time of ``topdown`` commands (issue 32 item 7), for one or two code trees measured alternately.
+"""Start-up time of ``topdown`` commands, for one or two code trees measured alternately.
 
 ``python benchmarks/startup.py RUN [--tree SHIM ...] [--repeat 7]`` times ``topdown verify --help`` and
 ``topdown verify RUN`` in fresh processes (``python -m topdown.pipeline.cli``), each tree's import path on

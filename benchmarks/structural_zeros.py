@@ -1,4 +1,4 @@
-"""Issue 31 items 3 and 7: mean 90 % interval width and coverage per level of two uncertainty tables of the
+"""Mean 90 % interval width and coverage per level of two uncertainty tables of the
 same run (before and after the structural zeros and exact invariants), against the run's true input.
 
     python benchmarks/structural_zeros.py RUN INPUT BEFORE.parquet AFTER.parquet

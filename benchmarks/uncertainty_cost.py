@@ -1,4 +1,4 @@
-"""``uncertainty`` against ``reprocess`` of the same run, back to back (issue 31 item 5): CPU and peak memory per
+"""``uncertainty`` against ``reprocess`` of the same run, back to back: CPU and peak memory per
 process of each, alternating, so that both see the same load.
 
     python benchmarks/uncertainty_cost.py RUN --work DIR [--repeat 2] [--workers 2] [--replicates REPS]

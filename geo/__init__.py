@@ -9,7 +9,7 @@ DAMAGED_FILE_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 class GeographyError(ValueError):
     """A block assignment file, spine file or units table that breaks the geography's contract (the message
-    names the file or table, the block and the value). A ValueError, as before it was declared."""
+    names the file or table, the block and the value). A ValueError, so that code catching ValueError still catches it."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -264,7 +264,7 @@ def cmd_nmf(args: argparse.Namespace) -> int:
     from .execution.nmf import write_nmf
 
     out = write_nmf(Path(args.run), Path(args.out))
-    print(f"noisy measurement file written to {out} (layout: pipeline/execution/nmf.py, README 'Noisy measurement file')")
+    print(f"noisy measurement file written to {out} (layout: pipeline/execution/nmf.py, docs/how-to/uncertainty.md)")
     return EXIT_OK
 
 
@@ -377,7 +377,7 @@ def _tls_config(args: argparse.Namespace) -> Iterator[None]:
         yield
 
 
-#: Every command's help ends with these (README "exit code" table).
+#: Every command's help ends with these (docs/reference/exit-codes.md).
 EXIT_CODES_HELP = ("exit codes: 0 success; 1 verify found a failed check; 2 configuration or usage error; 3 input "
                    "error; 4 run directory unusable; 5 estimation failed; 6 internal error (a bug: please report "
                    "it); 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM; 141 standard output closed by its "
@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_reprocess)
 
     p = _command(sub, "batch", help="run a list of runs and reprocessings unattended on one Dask cluster")
-    p.add_argument("jobs", help="TOML jobs file ([batch] settings and [[job]] entries; see README)")
+    p.add_argument("jobs", help="TOML jobs file ([batch] settings and [[job]] entries; docs/how-to/batch.md)")
     p.add_argument("--summary", help="JSON summary to write (default: <jobs stem>.summary.json beside the jobs file)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for another batch over the same jobs to finish (default: exit 4 at once)")
@@ -496,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "confidential when the tables are")
     p.add_argument("--races", choices=RACE_CHOICES,
                    help="blocks: how the collapsed groups (two or more races, Hispanic) get race combinations: "
-                        "spread person by person (default) or compact, one per block and group (README 'Input')")
+                        "spread person by person (default) or compact, one per block and group "
+                        "(docs/reference/input.md)")
     _quiet_arg(p)
     p.set_defaults(fn=cmd_ingest)
 
@@ -532,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "Monte Carlo interval of the published count) after every `gls` row")
     p.add_argument("--calibrate", help="with --replicates: `topdown replicates` of one of its replicates (e.g. "
                                        "REPS/rep-000 --n 10): add a `calibrated` row, an experimental interval of the "
-                                       "published count (not nominal on real data; README 'Uncertainty')")
+                                       "published count (not nominal on real data; docs/how-to/uncertainty.md)")
     _cluster_args(p)
     p.set_defaults(fn=cmd_uncertainty)
 

@@ -14,7 +14,7 @@ third of the rows).
 The LP's variables are only the b of the cells in play and the parent slacks (``projection``): every other
 column of the parent's form is a sum of those (an aux column) or 0 (a cell out of play), so its rows are
 written over the cells directly and the definition rows are left out. At the Block level that is a fifth of
-the rows and two thirds of the columns of the full form, which is what HiGHS's presolve used to find at
+the rows and two thirds of the columns of the full form, which is what HiGHS's presolve would find at
 several times the cost of the simplex; the LP goes to the simplex unpresolved (``presolve=False``).
 On a laminar query chain the matrix is TU (dropping rows and substituting sums keeps it so), so the simplex
 vertex is integral; that is checked after each solve (max |b - round b| < 1e-6) and a MILP re-solve is the

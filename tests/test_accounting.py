@@ -249,7 +249,7 @@ def test_rho_for_epsilon_inverts_the_conversion():
 # ------------------------------------------------------------------------------------ the privacy unit
 @pytest.mark.parametrize("preset", ["demo", "e2e_1940"])
 def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, monkeypatch):
-    """The noise ``measure`` actually draws has the scale the certificate claims (issue 15, item 3): the
+    """The noise ``measure`` actually draws has the scale the certificate claims: the
     geometric mechanism's sensitivity is the certificate's, and the discrete Gaussian's sigma2 is
     Delta_2^2 / (2 rho) with the certificate's rho under the relation the certificate names."""
     import scipy.sparse as sp

@@ -1,4 +1,4 @@
-"""Clean failure everywhere (issue 33 item 4), through the command line in a subprocess (cli_subprocess.py):
+"""Clean failure everywhere, through the command line in a subprocess (cli_subprocess.py):
 every documented error is one line and its exit code, with no traceback, the embedded cluster's workers
 included; a refused write (full disk, file size limit, read-only place) is an error of the run directory or
 --out (exit 4) that leaves nothing half-written and no lock; SIGTERM and SIGINT stop a run with one line,

@@ -1,4 +1,4 @@
-"""Production refuses what is not private (issue 33 item 1), and each named waiver is recorded.
+"""Production refuses what is not private, and each named waiver is recorded.
 
 * Budget ceiling and floor (privacy/accounting.py ``check_noise``): in production the run's products composed above
   the release ceiling (rho 15.29, the Bureau's 2020 TopDown releases; pure DP as epsilon^2/2) or a measured
@@ -331,7 +331,7 @@ def test_the_2021_production_settings_run_in_production_on_the_national_shape(tm
 
 
 def test_configuration_errors_come_before_the_input_is_read(tmp_path):
-    """A level the passes do not name, found by the level check that used to wait for the spine: exit 2 although
+    """A level the passes do not name, found by the level check before the spine is built: exit 2 although
     the input is not even Parquet (reading it would be exit 3)."""
     (tmp_path / "input").mkdir()
     for kind in ("persons", "units"):

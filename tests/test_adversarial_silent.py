@@ -1,4 +1,4 @@
-"""Nothing silent (issue 33, item 3): a changed source, a user's folder as --out, a half-written ingest and
+"""Nothing silent: a changed source, a user's folder as --out, a half-written ingest and
 GEOIDs of no state are refused with one line and the documented exit code, before anything is written.
 
 The CLI cases run ``topdown`` in a subprocess (tests/cli_subprocess.py), as a user or a scheduler does.

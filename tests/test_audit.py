@@ -139,7 +139,7 @@ def test_known_answer_fast(tiny, dask_client):
 
 @pytest.mark.slow
 def test_known_answer_2000(tiny, dask_client):
-    """Issue 19: with N = 2000 the lower confidence bound is within 20% of the analytic value, never above."""
+    """With N = 2000 the lower confidence bound is within 20% of the analytic value, never above."""
     table = _known_answer(tiny, dask_client, 2000)
     a = analytic_loss()
     for lower in table["epl_lower"]:

@@ -128,7 +128,7 @@ def test_plan_skips_resumes_and_protects_a_release(tmp_path, demo_input):
 
 
 def test_a_command_line_run_is_the_batch_jobs_run_however_the_input_is_spelled(tmp_path, demo_input, monkeypatch):
-    """The README's steps then its batch: `topdown run --input ri2010-input` (relative, from the shell) and a job
+    """The documented steps then their batch: `topdown run --input ri2010-input` (relative, from the shell) and a job
     whose input is resolved against the jobs file (absolute), or reached through a link, are the same
     configuration, so the batch skips the complete run instead of refusing it as another configuration."""
     import shutil

@@ -1,4 +1,4 @@
-"""Typed exact budgets (pipeline/privacy/budget.py; issue 29, item 4): composition, splits, exactness, the
+"""Typed exact budgets (pipeline/privacy/budget.py): composition, splits, exactness, the
 certificate's conversions for the 2021 production budgets (recomputed here from the definitions), the noise
 they buy, and that no module outside the budget module and config.py compares a mechanism's name."""
 from __future__ import annotations

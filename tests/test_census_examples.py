@@ -1,4 +1,4 @@
-"""The shipped example censuses (issue 29 item 3): their declarations and run presets agree with each other and
+"""The shipped example censuses: their declarations and run presets agree with each other and
 with the published settings, ``topdown synth --census`` writes inputs of their shape (columns, ranges,
 fan-outs, feasible units, structural zeros, deterministic, bounded batches), and each runs end to end."""
 from __future__ import annotations

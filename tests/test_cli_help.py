@@ -1,5 +1,5 @@
 """The command line explains itself: ``--version``, and every command's help has an example that parses, the
-exit codes, and a help text for each argument (issue 32 item 7)."""
+exit codes, and a help text for each argument."""
 from __future__ import annotations
 
 import argparse

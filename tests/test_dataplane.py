@@ -1,4 +1,4 @@
-"""The partitioned data plane (pipeline/execution/dataplane.py, issue 16): outputs are byte-identical to the pinned
+"""The partitioned data plane (pipeline/execution/dataplane.py): outputs are byte-identical to the pinned
 outputs of the in-memory pipeline before the change (tests/pinned_outputs.json: SHA-256 of every output file
 but the manifest, of a two-state synthetic input, recorded on the untouched tree; the demo's are pinned in
 test_output_hashes), for 1 or 2 workers and for one input file or many
@@ -94,7 +94,7 @@ def test_multi_state_partitioned_one_worker_many_tasks_and_shards(multi_tables, 
 
 def test_the_mdf_writes_runs_of_counties_a_task_each_and_the_same_files(multi_single, dask_client, tmp_path,
                                                                          monkeypatch):
-    """Issue 30 item 5: the MDF's counties run in batches (a national MDF has 3,200 counties: a task each before);
+    """The MDF's counties run in batches (a national MDF has 3,200 counties: a task each before);
     each county still gets its own file, the pinned bytes."""
     from topdown.pipeline.execution import tasks
 
@@ -206,7 +206,7 @@ def tls_shell_cluster(tmp_path) -> Iterator[tuple[str, Security]]:
 
 
 def test_external_tls_cluster_runs_the_partitioned_input_identically(multi_tables, tmp_path, tls_shell_cluster):
-    """Item 7 of issue 16: a cluster started from the shell, the input on storage its workers share."""
+    """A cluster started from the shell, the input on storage its workers share."""
     from distributed import Client
 
     address, security = tls_shell_cluster

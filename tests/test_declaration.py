@@ -1,4 +1,4 @@
-"""Census declarations (issue 29, items 1, 2 and 5): the loader reads a ``[census]`` table into the typed
+"""Census declarations: the loader reads a ``[census]`` table into the typed
 objects of vocab/census.py, and refuses a bad declaration with one line naming the file, the key and the value."""
 from __future__ import annotations
 
@@ -240,7 +240,7 @@ def test_declared_recodes_and_queries_round_trip(drawn):
     assert q.n_answers == int(np.prod([len(g) for g in axes.values()]))
 
 
-# P.L. 94-171 declared (issue 29 item 2): conf/census/pl94.toml gives the persons schema the Python code gave,
+# P.L. 94-171 declared: conf/census/pl94.toml gives the persons schema the Python code gave,
 # cell for cell. The expected values are computed here from first principles.
 def _census_race_order() -> list[tuple[int, ...]]:
     """The 63 race combinations in Census order: 6-bit membership strings (White most significant), '1' before
@@ -329,7 +329,7 @@ def test_pl94_declaration_is_the_old_persons_schema_cell_for_cell():
     assert [lv.width for lv in pl94.hierarchy.levels] == [None, 2, 5, 11, 12, 15]
 
 
-# A run configuration selects its census (issue 29 item 3): [run] census = preset or file, or inline tables.
+# A run configuration selects its census: [run] census = preset or file, or inline tables.
 PL94_TEXT = (Path(__file__).resolve().parents[1] / "conf" / "census" / "pl94.toml").read_text()
 
 

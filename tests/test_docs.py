@@ -1,7 +1,7 @@
-"""No reference outside the repository (issue 29 item 6).
+"""No reference outside the repository.
 
 Code, comments, documents and presets cite public sources (the Bureau's GitHub repositories and their paths,
-papers and their sections; README "Layout" names the abbreviations), never a private notes file ("facts
+papers and their sections; docs/index.md, "Layout", names the abbreviations), never a private notes file ("facts
 2.3"), a numbered private reading list ("seed 003"), a folder beside the clone or the design plan's section
 numbers ("DESIGN.md section 2": this repository's DESIGN.md has numbered items, not sections).
 """
@@ -64,3 +64,57 @@ def test_no_reference_outside_the_repository():
 ])
 def test_the_pattern(text, bad):
     assert bool(OUTSIDE.search(text)) is bad
+
+
+def test_benchmarks_index_names_every_file():
+    """benchmarks/README.md has a line for every script, configuration and results file of benchmarks/."""
+    index = (REPO / "benchmarks" / "README.md").read_text()
+    files = [n.split("/", 1)[1] for n in _text_files() if n.startswith("benchmarks/") and n.count("/") == 1]
+    assert len(files) > 30
+    missing = [f for f in files if f != "README.md" and f"`{f}`" not in index]
+    assert not missing, f"benchmarks/README.md does not index {missing}"
+
+
+def test_every_results_file_is_a_docs_page():
+    """Every benchmarks/RESULTS*.md is included by a page of the documentation site."""
+    pages = " ".join(p.read_text() for p in (REPO / "docs").rglob("*.md"))
+    missing = [p.name for p in sorted((REPO / "benchmarks").glob("RESULTS*.md"))
+               if f":::{{include}} ../../benchmarks/{p.name}" not in pages]
+    assert not missing, f"results files without a docs page: {missing}"
+
+
+def test_the_generated_reference_is_complete():
+    """Every configuration key has a meaning on the generated page, and every marker names a generator."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_generate", REPO / "docs" / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    rows = [r for r in generate.configuration_reference().splitlines() if r.startswith("| `")]
+    assert len(rows) > 30 and all(not r.endswith("|  |") for r in rows), [r for r in rows if r.endswith("|  |")]
+    for page in (REPO / "docs").rglob("*.md"):
+        for name in generate.MARKER.findall(page.read_text()):
+            assert name in generate.GENERATORS, f"{page.name}: unknown generated section {name}"
+    assert "| `[census.hierarchy]` |" in generate.census_reference()
+    assert "| 4 | `EXIT_RUNDIR` |" in generate.exit_codes_reference()
+    assert "histograms/<product>/level=<L>/" in generate.run_layout_reference()
+    assert "## `reprocess`" in generate.cli_reference()
+
+
+#: A pointer to an issue of the project's tracker, which a reader of the code cannot resolve ("Special Issue 2" of
+#: a journal is a citation, not a pointer).
+ISSUE = re.compile(r"(?<!Special )\b[Ii]ssues? #?\d+")
+
+
+def test_no_issue_pointers():
+    """Code, tests and documents explain what is, not which issue asked for it (the changelog keeps the history)."""
+    files = [n for n in _text_files() if n not in (SELF, "CHANGELOG.md") and n.endswith((".py", ".md", ".toml", ".sh"))]
+    found = [f"{n}:{(REPO / n).read_text().count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+             for n in files if (REPO / n).is_file() for m in ISSUE.finditer((REPO / n).read_text())]
+    assert not found, "issue pointers:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("text, bad", [("(issue 30 item 2)", True), ("Issue 19: the bound", True),
+                                       ("issues 4", True), ("Special Issue 2", False), ("no issue here", False)])
+def test_the_issue_pattern(text, bad):
+    assert bool(ISSUE.search(text)) is bad

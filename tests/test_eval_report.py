@@ -1,4 +1,4 @@
-"""The evaluation report reads right (issue 32 item 5; pipeline/evaluation/eval_report.py): figures with a
+"""The evaluation report reads right (pipeline/evaluation/eval_report.py): figures with a
 caption, no legend entry for an undrawn series, no empty panel; integers as integers; levels top-down;
 suppressed cells say so. Built on hand-made evaluation tables shaped like a one-state run's."""
 from __future__ import annotations

@@ -170,7 +170,7 @@ def test_evaluate_shows_progress_until_it_ends(setup, tmp_path: Path):
 
 
 def test_evaluate_is_confidential_and_suppresses_small_statistics(setup, tmp_path: Path):
-    """Issue 13 item 6: the report says CONFIDENTIAL at the top; statistics over fewer than 3 geounits (US: 1,
+    """The report says CONFIDENTIAL at the top; statistics over fewer than 3 geounits (US: 1,
     State: 1, County: 2 here) are blank unless suppression is turned off; the others are untouched."""
     truth, run_a, _, _ = setup
     out = evaluate([run_a], truth, out=tmp_path / "sup", options=EvalOptions(sampling_rates=(0.5,), figures=False))

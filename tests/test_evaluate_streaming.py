@@ -1,4 +1,4 @@
-"""``topdown evaluate`` one group of states at a time (issue 30 item 4): on runs of three states, a group per
+"""``topdown evaluate`` one group of states at a time: on runs of three states, a group per
 state writes the very files one group writes; no task holds more than one group's truth or a level below the
 root whole; the merged metrics are those of the whole level; the samples are drawn per state."""
 from __future__ import annotations
@@ -102,7 +102,7 @@ def test_no_task_holds_more_than_a_group(three_states, tmp_path, monkeypatch) ->
 
 def test_the_merged_metrics_are_the_whole_levels(three_states, tmp_path, monkeypatch) -> None:
     """The summary, the bins and the Blau quintiles of the Block level by state equal those computed on the whole
-    level at once (the code before issue 30 item 4: RunView and load_truth)."""
+    level at once (a whole-level computation kept here as the reference)."""
     _evaluate(three_states, tmp_path / "states", monkeypatch, True)
     truth, run = three_states[0], three_states[1]
     view, blocks = E.RunView(run, "run"), E.load_truth(truth).blocks[PERSONS.name]

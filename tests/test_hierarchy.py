@@ -1,4 +1,4 @@
-"""A census whose hierarchy and units are declared (issue 29, "hierarchy"): spines from a declared
+"""A census whose hierarchy and units are declared: spines from a declared
 :class:`~topdown.vocab.census.Hierarchy` (the U.S. prefixes unchanged; a column hierarchy of codes of any
 length and alphabet), its input geography read and checked (exit 3 naming file, column and code), no units
 file for a census without units, the generic MDF, and verify on a declared product. Library-level tests use

@@ -1,5 +1,4 @@
-"""Jobs started without blocking (execution/jobs.py) and the progress of long commands (execution/progress.py):
-issue 32, items 1 and 2."""
+"""Jobs started without blocking (execution/jobs.py) and the progress of long commands (execution/progress.py)."""
 from __future__ import annotations
 
 import io

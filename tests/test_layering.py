@@ -1,4 +1,4 @@
-"""Package layering and import cycles (issue 15 item 4, issue 29 item 4), as DESIGN.md's map states them.
+"""Package layering and import cycles, as DESIGN.md's map states them.
 
 Checked on the source with ``ast`` (every import statement, also those inside functions and under
 ``TYPE_CHECKING``), so a lazy import cannot hide a dependency.
@@ -156,7 +156,7 @@ def _compared_names(path, names: set[str]) -> list[str]:
 def test_no_module_compares_a_product_name_or_a_level_role():
     """Products are resolved once, by the declaration loader (pipeline/configuration/census.py), into objects
     that are passed along, and level roles are read from the spine (geo/spine.py: ROOT, STATE, BLOCK): no
-    other module compares their names (issue 15, items 1 and 5; issue 29, item 4)."""
+    other module compares their names."""
     from topdown.geo.spine import BLOCK, ROOT, STATE
     from topdown.pipeline.configuration.census import census_presets, load_census
 

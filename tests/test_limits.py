@@ -1,9 +1,9 @@
-"""Every request bounded, every failure mapped (configuration/limits.py, README "Limits"): numbers, nesting,
-include chains, file kinds, name lengths, counts and seeds beyond their limits are refused before any work with
-one line and exit code 2; declarations and inputs that would be accepted silently (two levels for one input
-value, a unit minimum above its cap, a header-only block table, a level's sums removed from a manifest) are
-refused with their own exit code; and a few corners answer correctly (exact counts get [v, v], a leaf-level
-total constraint where the total is invariant, the census's own level names in messages).
+"""Every request bounded, every failure mapped (configuration/limits.py, docs/reference/exit-codes.md):
+numbers, nesting, include chains, file kinds, name lengths, counts and seeds beyond their limits are refused
+before any work with one line and exit code 2; declarations and inputs that would be accepted silently (two
+levels for one input value, a unit minimum above its cap, a header-only block table, a level's sums removed
+from a manifest) are refused with their own exit code; and a few corners answer correctly (exact counts get
+[v, v], a leaf-level total constraint where the total is invariant, the census's own level names in messages).
 
 The command-line cases run ``main`` in this process (``cli``); those that hung before run ``topdown`` in a
 subprocess (tests/cli_subprocess.py) with a timeout, so that a hang fails the test instead of holding it.

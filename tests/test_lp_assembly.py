@@ -1,4 +1,4 @@
-"""The solver inputs built from CSR arrays (issue 20) are the matrices scipy's stacking gives, entry for entry
+"""The solver inputs built from CSR arrays are the matrices scipy's stacking gives, entry for entry
 and in the same order, so the solvers see the same problem and return the same solution:
 ``backends._cone_rows`` (Clarabel's cone rows) and ``rounder.flow_rows`` / ``with_flow_rows`` (the
 rounder's flow LP)."""

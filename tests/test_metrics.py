@@ -194,7 +194,7 @@ def test_simple_random_sample():
         M.simple_random_sample(10, 0.0, 0)
 
 
-# -- mergeable summaries (a level evaluated group by group, issue 30 item 4) ------------------------------
+# -- mergeable summaries (a level evaluated group by group) ------------------------------
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False), max_size=60), st.integers(0, 60))

@@ -1,4 +1,4 @@
-"""The noisy measurement file in the Bureau's 2020 layout (issue 31 item 4): our file read by an independent
+"""The noisy measurement file in the Bureau's 2020 layout: our file read by an independent
 reader written from the field list of the Bureau's GLS code (GitHub uscensusbureau/DAS_2020_GLS_Uncertainty_
 Evaluation, GLS/main_two_pass_alg.py: ``setup_spine_structures``, ``convert_constr_to_query``), a file built
 here by hand in that layout read and reprocessed by ours, the round trip, and malformed files."""

@@ -1,5 +1,5 @@
 """Every notebook in notebooks/ executes headless (nbclient) in a temporary work directory, and is stored
-with current outputs (notebooks/regenerate.py; issue 32 item 3).
+with current outputs (notebooks/regenerate.py).
 
 The notebooks read ``TOPDOWN_NOTEBOOK_DIR`` for their work directory. The kernel is this interpreter
 (a kernel spec written to a temporary directory), so the notebooks see the installed ``topdown``.

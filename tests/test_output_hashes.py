@@ -1,12 +1,12 @@
-"""The demo run's outputs, pinned byte for byte (issue 15, item 7): a refactoring must not change one byte.
+"""The demo run's outputs, pinned byte for byte: a refactoring must not change one byte.
 
 Every file of the run directory is pinned by SHA-256. ``manifest.json`` is the one file with fields that
 differ between identical runs: wall-clock timings (``timings``, ``*_seconds``), the absolute path of the
 configuration file (``config_source``) and the run directory's id (``output_id``, of its marker: outdir.py); it is
 pinned in a canonical form without them (keys sorted, compact). ``config.json`` records where the input was read
 (``run.input``, a temporary folder here): it is pinned without that key, and the manifest without its SHA-256.
-``manifest.json`` and ``certificate.json`` carry ``schema_version`` (added by issue 15 with the typed run
-reader, after these pins were taken): it is checked to be the current version and then removed, and the
+``manifest.json`` and ``certificate.json`` carry ``schema_version`` (added with the typed run reader, after
+these pins were taken): it is checked to be the current version and then removed, and the
 certificate re-serialised exactly as the run writes JSON, so every other byte is still compared with the
 pins taken before the refactoring.
 If an intended change alters an output, regenerate the table with ``python tests/test_output_hashes.py RUN_DIR``

@@ -1,4 +1,4 @@
-"""benchmarks/petti_flaxman.py (issue 30 item 3): Petti and Flaxman's errors of e2e_1940 runs (median, p95 and
+"""benchmarks/petti_flaxman.py: Petti and Flaxman's errors of e2e_1940 runs (median, p95 and
 RMSE of |DP - exact| per level, numpy's linear quantiles; TC over all geounits, SC = voting age x ethnicity x
 race and the 192 single cells over the answers not zero in both), checked against an independent pandas
 computation from the input records and the run's histograms; a zero-noise run has no error; runs pool by

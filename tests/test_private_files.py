@@ -1,4 +1,4 @@
-"""Confidential files are their owner's alone (issue 33, item 2; README "Who can read what").
+"""Confidential files are their owner's alone (docs/reference/output-layout.md).
 
 Every file and folder an ingest, an evaluation or an audit writes, a run's staging and a batch's credentials
 are created private (0600 / 0700) even under a permissive umask; the embedded cluster serves no dashboard

@@ -218,7 +218,7 @@ def test_resume_stops_on_a_staged_chunk_that_fails_its_sha256_in_production(tmp_
 
 def test_a_batch_of_chunks_writes_each_chunks_part_and_record_and_resume_reuses_them(
         tmp_path, demo_input, demo_run, dask_client, caplog, monkeypatch):
-    """Issue 30 item 5: the persons Block level's two chunks run in one Dask task (one batch); each chunk's part
+    """The persons Block level's two chunks run in one Dask task (one batch); each chunk's part
     and record are written by the task, an interruption after it keeps both for --resume, and the output is
     the unbatched reference run's, byte for byte."""
     from topdown.pipeline.execution import tasks

@@ -1,4 +1,4 @@
-"""`topdown replicates` (issue 31 item 2): replicates side by side from one reading of the replicate input,
+"""`topdown replicates`: replicates side by side from one reading of the replicate input,
 the same files as a replicate run alone, resumable after a failure, clean refusals, published data only."""
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ def _sample(tracker: run_stages.StageTracker) -> None:
 
 def test_a_levels_samples_are_its_own_from_its_first_to_its_last_chunk():
     """A poll between a driver stage and a level's first chunk goes to that level, a poll during its chunks
-    to it, a poll after its last chunk to the next level that reports (a level's CPU used to go to the next
-    level from its first chunk on: the County level's to the Tract level)."""
+    to it, a poll after its last chunk to the next level that reports (not to the next level from its first
+    chunk on, which would give the County level's CPU to the Tract level)."""
     t = run_stages.StageTracker()
     t.set("spine")
     _sample(t)

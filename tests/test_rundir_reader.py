@@ -1,4 +1,4 @@
-"""The run-directory reader (issue 15, item 2): typed manifest and certificate with a schema version, and a
+"""The run-directory reader: typed manifest and certificate with a schema version, and a
 run that reads its own spine back."""
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_a_runs_spine_of_an_older_version_or_damaged(demo_run, tmp_path):
         reader.spine()
 
 
-#: The modules that read a run directory (issue 29 item 4): verify, evaluate, nmf, uncertainty, replicates,
+#: The modules that read a run directory: verify, evaluate, nmf, uncertainty, replicates,
 #: reprocess and release. They read through RunReader and construct no RunDir (the writer); the one exception
 #: is reprocess's writer of the new run directory it makes (``RunDir(out)``).
 READERS = ("pipeline/outputs/verify.py", "pipeline/evaluation/evaluate.py", "pipeline/execution/nmf.py",

@@ -120,10 +120,10 @@ def test_layout_leaves_out_only_rows_that_cannot_bind():
 
 
 def national_root(seed: int, people: int = 334_870_478, ncells: int = 400) -> ParentProblem:
-    """The US root of a national run (issue 30): one child of 335 M persons, its total an invariant, the
+    """The US root of a national run: one child of 335 M persons, its total an invariant, the
     production measurements' variances at the US level, and hhgq_total_ub = 99999 x 145 M housing units
-    (1.4e13). The upper bound used to set the root's scale (1.4e13 / 1e4), leaving the L2 solution 13,740
-    persons off the invariant total and the rounder infeasible (the national run's first failure)."""
+    (1.4e13). Were the upper bound to set the root's scale (1.4e13 / 1e4), the L2 solution would be 13,740
+    persons off the invariant total and the rounder infeasible."""
     rng = np.random.default_rng(seed)
     cells = rng.choice(PERSONS.ncells, ncells, replace=False)
     truth = np.zeros((1, PERSONS.ncells), dtype=np.int64)

@@ -1,4 +1,4 @@
-"""The spine built a state at a time on integer codes (issue 30 item 2): the same spines, byte for byte, as the
+"""The spine built a state at a time on integer codes: the same spines, byte for byte, as the
 pandas algorithms they replace (kept here as references), and the same block assignment frame."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from topdown.geo.spine import Spine, build_spine, bypass, check_path_condition, 
 from topdown.pipeline.inputs.synth import write_us2020
 
 #: SHA-256 of the spines of ``write_us2020(seed=1, scale=0.001)`` (8,216 blocks, 52 states) built by the
-#: pandas code before issue 30 item 2 (commit 5636007): a run's spine hash (--resume checks it) must not move.
+#: earlier pandas code (commit 5636007, kept below as the reference): a run's spine hash (--resume checks it) must not move.
 PINNED = {"aian": "5c289fce9544938d4e038e97e8cc3c8919fb1a77746169ce6330a927c4be6c30",
           "optimized": "582dcbb82aa48af66c24d9e4303ddcbb728bb4c973cc78a5b561f8d20a412d62"}
 
@@ -60,7 +60,7 @@ def test_state_at_a_time_equals_whole_frame(nation: Path) -> None:
 
 
 def _reference_block_groups(tract: pd.Series, geoid: pd.Series, key: pd.Series, fanout_cutoff: int = 12) -> np.ndarray:
-    """The pandas algorithm of custom_block_groups before issue 30 item 2."""
+    """The reference: custom_block_groups written with pandas (commit 5636007)."""
     frame = pd.DataFrame({"tract": tract.to_numpy(), "geoid": geoid.to_numpy(), "key": key.to_numpy()})
     frame = frame.sort_values(["tract", "geoid"], kind="stable")
     size = frame.groupby("tract", sort=False)["geoid"].transform("size").to_numpy()
@@ -89,7 +89,7 @@ def test_block_group_index_equals_the_pandas_algorithm(rows, cutoff, rnd) -> Non
 
 
 def _reference_moves(spine: Spine) -> dict:
-    """The groupby algorithm of bypass before issue 30 item 2."""
+    """The reference: bypass written with a pandas groupby (commit 5636007)."""
     moves: dict = {}
     for parent, child in reversed(list(zip(spine.levels, spine.levels[1:]))):
         grouped = spine.table.groupby(parent, sort=False)[child]
@@ -128,7 +128,7 @@ def test_unsorted_child_under_two_parents_is_refused() -> None:
 
 
 def _whole_join(directory: Path) -> pd.DataFrame:
-    """read_baf_dir's frame joined over every file at once (before issue 30 item 2), before the vtd column."""
+    """The reference: read_baf_dir's frame joined over every file at once (commit 5636007), before the vtd column."""
     per_entity: dict = {}
     for path in sorted(directory.iterdir()):
         entity = path.name.split("_", 3)[3].split(".")[0]

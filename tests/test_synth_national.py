@@ -1,4 +1,4 @@
-"""The national shape (`topdown synth --shape us2020`, issue 30 item 1): the 2020 table of state-equivalents,
+"""The national shape (`topdown synth --shape us2020`): the 2020 table of state-equivalents,
 scaling, partitioning by state, the block assignment files, and the CLI's refusals."""
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ def test_gls_intervals_cover_fast(small_levels, dask_client, tmp_path):
 
 
 def test_invariant_totals_are_exact_and_structural_zeros_narrow(small_levels, dask_client, tmp_path):
-    """Issue 31 items 3 and 7. The US and State persons totals (invariant) get their exact value, variance 0.0
+    """The US and State persons totals (invariant) get their exact value, variance 0.0
     and the interval [t, t], while the counties' are estimated; GQ types without facilities (every person of
     the input is in a household: upper bounds of 0) and nursing-facility x non-voting persons (an equality of
     0) are structural zeros above the blocks: estimates and variances near 0, while the blocks' are free."""

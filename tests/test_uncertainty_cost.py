@@ -1,4 +1,4 @@
-"""The cost benchmarks of issue 31 item 5: benchmarks/uncertainty_cost.py's rows and ratios, and the chunk task
+"""The cost benchmark benchmarks/uncertainty_cost.py's rows and ratios, and the chunk task
 that gives its freed memory back."""
 from __future__ import annotations
 

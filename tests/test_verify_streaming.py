@@ -1,4 +1,4 @@
-"""``topdown verify`` one group at a time (issue 30 item 4): on a run of three states it finds what reading
+"""``topdown verify`` one group at a time: on a run of three states it finds what reading
 every level whole finds (one group), never reads a level below the root into memory whole, and groups a
 state's nodes together."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A census as data: the typed objects a census declaration (a TOML file, README "Declaring a census") is
+"""A census as data: the typed objects a census declaration (a TOML file, docs/reference/census.md) is
 resolved into once, at load, and then passed along. No module looks a product or a schema up by its name.
 
 * :class:`Census`: a name, one :class:`Hierarchy` and its :class:`Product` objects in processing order.
@@ -63,7 +63,7 @@ class Records:
 class UnitBounds:
     """Unit-based bounds on the answers of ``attribute`` (its levels are the unit types of the units records'
     ``type_column``): persons of type k >= units of type k x ``min_per_unit[k]`` and <= units x ``cap[k]``,
-    tightened where the node's total is invariant (README, "Declaring a census")."""
+    tightened where the node's total is invariant (docs/reference/census.md)."""
 
     attribute: str
     min_per_unit: tuple[int, ...]

@@ -1,5 +1,5 @@
-"""Histogram schemas: named dimensions and recodes (a census declaration's attributes and recodes, README
-"Declaring a census"; the schemas themselves are declared in conf/census/, not here).
+"""Histogram schemas: named dimensions and recodes (a census declaration's attributes and recodes,
+docs/reference/census.md; the schemas themselves are declared in conf/census/, not here).
 
 Cells are flattened row-major (C order) over the dimensions in schema order, so for the P.L. 94-171 persons
 ``cell = ((hhgq*2 + votingage)*2 + hispanic)*63 + cenrace``.

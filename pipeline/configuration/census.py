@@ -1,4 +1,4 @@
-"""The census declaration loader: a ``[census]`` TOML table (README, "Declaring a census") into the typed
+"""The census declaration loader: a ``[census]`` TOML table (docs/reference/census.md) into the typed
 objects of :mod:`topdown.vocab.census`, checked once, here.
 
 :func:`load_census` reads a declaration file or a preset (``conf/census/NAME.toml``); :func:`census_from_dict`
@@ -32,6 +32,26 @@ SENSES = ("==", "<=", ">=")
 UNIT_RHS = ("unit_lower", "unit_upper", "occupied", "housing_units")
 UNIT_INVARIANTS = ("unit_counts", "unit_total", "housing_units")
 _UNSET = object()
+
+
+#: The keys each table of a declaration may hold (any other is refused with the closest valid one), by its
+#: dotted key; ``P`` is a product's name, ``[]`` an array of tables. A product's ``synth`` holds the shape of
+#: ``topdown synth --census`` input (test data, not the census: read and checked by ``inputs.synth``, not carried
+#: by :class:`Product`).
+DECLARATION_KEYS: dict[str, tuple[str, ...]] = {
+    "census": ("name", "hierarchy", "units", "products"),
+    "census.hierarchy": ("levels", "geocode", "pattern", "root_code", "us", "state"),
+    "census.hierarchy.levels[]": ("name", "width", "column"),
+    "census.units": ("name", "type_column", "types", "occupied_column"),
+    "census.products.P": ("records", "mdf", "evaluation_queries", "uncertainty_queries", "attributes", "recodes",
+                          "invariants", "constraints", "unit_bounds", "synth"),
+    "census.products.P.records": ("name", "where"),
+    "census.products.P.attributes[]": ("name", "size", "column", "labels", "values"),
+    "census.products.P.recodes.NAME": ("attribute", "groups"),
+    "census.products.P.constraints.NAME": ("query", "sense", "rhs"),
+    "census.products.P.unit_bounds": ("attribute", "min_per_unit", "cap"),
+}
+PRODUCT_KEYS = DECLARATION_KEYS["census.products.P"]
 
 
 def census_dir() -> Path:
@@ -150,7 +170,7 @@ def census_from_dict(data: dict, source: str = "<memory>") -> Census:
     r = _Reader(source)
     if set(data) == {"census"}:
         data = data["census"]
-    data = r.table(data, "census", ("name", "hierarchy", "units", "products"))
+    data = r.table(data, "census", DECLARATION_KEYS["census"])
     name = r.string(data.get("name"), "census.name")
     if "hierarchy" not in data:
         raise r.fail("census.hierarchy", "missing: declare the levels of the geography")
@@ -175,14 +195,14 @@ def _pattern_width(r: _Reader, pattern: str, key: str) -> int | None:
 
 def _hierarchy(r: _Reader, data: Any) -> Hierarchy:
     key = "census.hierarchy"
-    data = r.table(data, key, ("levels", "geocode", "pattern", "root_code", "us", "state"))
+    data = r.table(data, key, DECLARATION_KEYS["census.hierarchy"])
     raw = r.items(data.get("levels"), f"{key}.levels")
     if len(raw) < 2:
         raise r.fail(f"{key}.levels", "declare the root and at least one level below it", raw)
     levels: list[Level] = []
     for i, item in enumerate(raw):
         lk = f"{key}.levels[{i}]"
-        item = r.table(item, lk, ("name", "width", "column"))
+        item = r.table(item, lk, DECLARATION_KEYS["census.hierarchy.levels[]"])
         lname = r.string(item.get("name"), f"{lk}.name")
         if lname in (lv.name for lv in levels):
             raise r.fail(f"{lk}.name", "a level of this name is declared twice", lname)
@@ -228,7 +248,7 @@ def _hierarchy(r: _Reader, data: Any) -> Hierarchy:
 
 def _units(r: _Reader, data: Any) -> Units:
     key = "census.units"
-    data = r.table(data, key, ("name", "type_column", "types", "occupied_column"))
+    data = r.table(data, key, DECLARATION_KEYS["census.units"])
     default = Units()
     types = r.integer(data.get("types", default.types), f"{key}.types", 1)
     if types > MAX_UNIT_TYPES:
@@ -239,10 +259,6 @@ def _units(r: _Reader, data: Any) -> Units:
                  occupied_column=r.string(data.get("occupied_column", default.occupied_column), f"{key}.occupied_column"))
 
 
-#: ``synth`` holds the shape of ``topdown synth --census`` input (test data, not the census: read and checked by
-#: ``inputs.synth``, not carried by :class:`Product`).
-PRODUCT_KEYS = ("records", "mdf", "evaluation_queries", "uncertainty_queries", "attributes", "recodes", "invariants",
-                "constraints", "unit_bounds", "synth")
 
 
 def _records(r: _Reader, data: Any, key: str, default: str) -> Records:
@@ -250,14 +266,14 @@ def _records(r: _Reader, data: Any, key: str, default: str) -> Records:
         return Records(default)
     if isinstance(data, str):
         return Records(r.string(data, key))
-    data = r.table(data, key, ("name", "where"))
+    data = r.table(data, key, DECLARATION_KEYS["census.products.P.records"])
     where = r.table(data.get("where", {}), f"{key}.where")
     pairs = tuple((col, tuple(v if isinstance(v, list) else [v])) for col, v in where.items())
     return Records(r.string(data.get("name"), f"{key}.name"), pairs)
 
 
 def _attribute(r: _Reader, data: Any, key: str) -> Attribute:
-    data = r.table(data, key, ("name", "size", "column", "labels", "values"))
+    data = r.table(data, key, DECLARATION_KEYS["census.products.P.attributes[]"])
     name = r.name(data.get("name"), f"{key}.name")
     size = r.integer(data.get("size"), f"{key}.size", 1)
     labels = data.get("labels")
@@ -301,7 +317,7 @@ def _levels(r: _Reader, data: Any, key: str, attribute: str, size: int) -> tuple
 
 
 def _recode(r: _Reader, data: Any, key: str, sizes: dict[str, int]) -> tuple[str, tuple[tuple[int, ...], ...]]:
-    data = r.table(data, key, ("attribute", "groups"))
+    data = r.table(data, key, DECLARATION_KEYS["census.products.P.recodes.NAME"])
     attr = data.get("attribute")
     if attr not in sizes:
         raise r.fail(f"{key}.attribute", f"unknown attribute (attributes: {', '.join(sizes)})", attr,
@@ -386,7 +402,7 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
     bounds = None
     if "unit_bounds" in data:
         bkey = f"{key}.unit_bounds"
-        bdata = r.table(data["unit_bounds"], bkey, ("attribute", "min_per_unit", "cap"))
+        bdata = r.table(data["unit_bounds"], bkey, DECLARATION_KEYS["census.products.P.unit_bounds"])
         if units is None:
             raise r.fail(bkey, "unit bounds need unit records: declare [census.units]")
         attr = bdata.get("attribute")
@@ -412,7 +428,7 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
         if cname in zero_queries:
             constraints[cname] = ConstraintSpec(cname, zero_queries[cname], "==", "zero")
             continue
-        cdata = r.table(cdata, ckey, ("query", "sense", "rhs"))
+        cdata = r.table(cdata, ckey, DECLARATION_KEYS["census.products.P.constraints.NAME"])
         query = _query(r, schema, cdata.get("query"), f"{ckey}.query")
         sense, rhs = cdata.get("sense"), cdata.get("rhs")
         if sense not in SENSES:

@@ -3,7 +3,7 @@
 Layout of a configuration file (see ``conf/demo.toml``)::
 
     [run]                      name, census, products, spine, mode, seed, input, baf, algorithm, weaken_privacy
-    [census.*]                 the census inline, instead of [run] census (README, "Declaring a census")
+    [census.*]                 the census inline, instead of [run] census (docs/reference/census.md)
     [persons.budget]           mechanism, rho (zCDP) or epsilon (pure DP), delta, measure
     [persons.budget.levels]    geolevel proportions, top-down
     [persons.budget.queries.<Level>]   query proportions within a level
@@ -102,13 +102,16 @@ class BudgetConfig(_Strict):
     """Privacy budget of one product: total, mechanism, level and query proportions. The total, typed:
     :attr:`total` (``privacy/budget.py``)."""
 
-    mechanism: Literal["discrete_gaussian", "geometric"] = "discrete_gaussian"
+    mechanism: Literal["discrete_gaussian", "geometric"] = Field(default="discrete_gaussian", description=(
+        "discrete_gaussian (zCDP, budget rho) or geometric (pure DP, budget epsilon)"))
     rho: TotalBudget | None = Field(default=None, description="total rho (zCDP), or 'inf' for no noise")
     epsilon: TotalBudget | None = Field(default=None, description="total epsilon (pure DP, geometric)")
-    delta: FractionField = Fraction(1, 10**10)
-    levels: dict[str, FractionField]
-    queries: dict[str, dict[str, FractionField]]
-    infinite: bool = False
+    delta: FractionField = Field(default=Fraction(1, 10**10), description=(
+        "the delta at which the certificate states epsilon, in (0, 1)"))
+    levels: dict[str, FractionField] = Field(description="each level's share of the total, top-down, by level name")
+    queries: dict[str, dict[str, FractionField]] = Field(description=(
+        "per level, each measured query's share of the level's budget (queries.<Level>.\"<query>\")"))
+    infinite: bool = Field(default=False, description="set from rho = \"inf\": no noise (test mode only)")
     measure: Literal["declared", "in_play"] = Field(default="declared", description=(
         "declared: every answer of every measured query; in_play: below the root, only the answers that count "
         "a cell of the parent's published estimate (the same noise and budget per answer; DESIGN.md item 30)"))
@@ -192,8 +195,10 @@ PYOMO_SOLVER = "highs"
 class EstimationConfig(_Strict):
     """Query orderings of the multi-pass L2 estimation and rounder, per child level."""
 
-    l2_passes: dict[str, list[list[str]]]
-    rounder_passes: dict[str, list[list[str]]]
+    l2_passes: dict[str, list[list[str]]] = Field(description=(
+        "per level: the least-squares passes, each a list of measured queries"))
+    rounder_passes: dict[str, list[list[str]]] = Field(description=(
+        "per level: the rounder's passes, each a list of queries"))
     tau_slack: float = Field(default=0.1, ge=0, allow_inf_nan=False,
                              description="relative slack of the L2 passes' tau constraints (finite, >= 0)")
     split_above: int = Field(default=300, ge=0, description=(
@@ -253,16 +258,18 @@ class EstimationConfig(_Strict):
 class ProductConfig(_Strict):
     """Everything about one product (persons or units)."""
 
-    budget: BudgetConfig
-    estimation: EstimationConfig
-    invariants: dict[str, list[str]] = Field(default_factory=dict)
-    constraints: dict[str, list[str]] = Field(default_factory=dict)
+    budget: BudgetConfig = Field(description="the product's privacy budget (its own table, below)")
+    estimation: EstimationConfig = Field(description="how the product is estimated (its own table, below)")
+    invariants: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "per level: the names of the census's declared invariants that hold there"))
+    constraints: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "per level: the names of the census's declared constraints that hold there (and above)"))
 
 
-#: The production checks a run may waive by name in ``[run] weaken_privacy`` (README, "Test and production
-#: mode"): a budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input
-#: whose housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the
-#: block assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
+#: The production checks a run may waive by name in ``[run] weaken_privacy`` (docs/how-to/production.md): a
+#: budget above the ceiling or a query whose noise is below the floor (privacy/accounting.py), input whose
+#: housing units ``topdown ingest blocks`` derived from the person counts, and blocks missing from the block
+#: assignment files. A waived run's certificate says ``private: false`` and lists the waivers.
 WAIVERS = ("budget_ceiling", "derived_housing_units", "blocks_missing_from_baf")
 
 
@@ -273,20 +280,25 @@ def waiver_hint(check: str) -> str:
 
 
 class RunSection(_Strict):
-    name: str = "topdown"
+    name: str = Field(default="topdown", description="the run's name (in its manifest and certificate)")
     census: str = Field(default=DEFAULT_CENSUS, description=(
-        "the census declaration: a preset under conf/census/ or a TOML file (README, \"Declaring a census\"); "
+        "the census declaration: a preset under conf/census/ or a TOML file (docs/reference/census.md); "
         "read when the configuration loads, which then carries the declaration itself (Config.census, "
         "Config.census_table) and leaves this the default"))
     products: list[str] = Field(min_length=1, description="products to run (default: the census's first)")
-    spine: Literal["standard", "aian", "optimized"] = "standard"
+    spine: Literal["standard", "aian", "optimized"] = Field(default="standard", description=(
+        "the geographic spine: the census's hierarchy, or for a U.S. census the AIAN or optimized spine"))
     mode: Literal["test", "production"] = Field(default="production", description=(
         "production (the default): noise from the OS CSPRNG, no seed; test: seeded, reproducible noise that "
         "gives no privacy"))
-    seed: Annotated[int, Strict()] | None = None  # strict: `seed = true` or `seed = 1.5` is refused
-    input: str = "demo"
-    baf: str | None = None
-    algorithm: Literal["topdown", "block_by_block"] = "topdown"
+    seed: Annotated[int, Strict()] | None = Field(default=None, description=(  # strict: `seed = true` is refused
+        "test mode's seed of the noise (0 to 2^63 - 1); refused in production"))
+    input: str = Field(default="demo", description="the input directory (--input overrides it)")
+    baf: str | None = Field(default=None, description=(
+        "the block assignment files' directory (the AIAN and optimized spines)"))
+    algorithm: Literal["topdown", "block_by_block"] = Field(default="topdown", description=(
+        "topdown, or block_by_block: every block its own problem with the whole budget on the leaf level, the levels "
+        "above it sums of blocks (TDA paper, Appendix A)"))
     build_demo_input: bool = Field(default=False, description="write the bundled demo input to `input` when missing")
     weaken_privacy: list[Literal[WAIVERS]] = Field(default=[], description=(  # type: ignore[valid-type]
         "production checks waived by name (WAIVERS); the certificate then says private: false"))

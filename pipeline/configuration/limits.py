@@ -1,4 +1,4 @@
-"""The limits of what topdown accepts (README, "Limits"), in one place: every request is bounded, and one
+"""The limits of what topdown accepts (docs/reference/exit-codes.md), in one place: every request is bounded, and one
 beyond a limit is refused before any work with a configuration error (exit 2) of one line naming the file,
 key or flag, the value and the limit.
 """

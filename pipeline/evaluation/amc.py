@@ -16,8 +16,7 @@ microdata (PPMF0) as its input; for one published count q0 and its replicate cou
   interval"): 2.015 at 90 %, 2.571 at 95 % (the notebook's function at ``ci_level=0.95``); the upper bound is
   not clipped (it is at least q0 >= 0 anyway, since RMSE >= |BIAS|).
 
-The notebook's demonstration used 25 replicates of 2010 data; issue 31 asks for 50 by default
-(``topdown replicates --n``). In the uncertainty table an ``amc`` row has ``estimate`` = the point estimate,
+The notebook's demonstration used 25 replicates of 2010 data; ``topdown replicates --n`` defaults to 50. In the uncertainty table an ``amc`` row has ``estimate`` = the point estimate,
 ``variance`` = MSE (so the interval is estimate +- t sqrt(variance) before rounding), ``rep_bias`` = BIAS,
 ``rep_rmse`` = RMSE and ``rep_n`` = n.
 
@@ -57,7 +56,7 @@ MIN_CORRECTED, MIN_CORRECTED_POSITIVE = 5, 25
 #: |BIAS| / STD at or above which the bias correction applies.
 BIAS_RATIO = 0.5
 
-#: The uncertainty table's columns (README "Uncertainty"), one row per method, node, query and cell.
+#: The uncertainty table's columns (docs/how-to/uncertainty.md), one row per method, node, query and cell.
 SCHEMA = pa.schema([("product", pa.string()), ("level", pa.string()), ("geocode", pa.string()),
                     ("query", pa.string()), ("cell", pa.int32()), ("method", pa.string()),
                     ("published", pa.float64()), ("estimate", pa.float64()), ("variance", pa.float64()),

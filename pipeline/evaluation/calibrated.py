@@ -1,5 +1,5 @@
 """Intervals for published counts calibrated on two generations of replicates by size (``method`` =
-``calibrated``; issue 31 item 1): the replicates' error, pooled over counts of similar size, as a function of
+``calibrated``): the replicates' error, pooled over counts of similar size, as a function of
 the true count, extrapolated one generation back and inverted into a confidence interval (Neyman's
 construction).
 

@@ -25,7 +25,7 @@ Writes (into ``out``)::
 Only summaries over geounits are written: a per-geounit error next to the published estimate would disclose
 the confidential count.
 
-No task reads a level or the truth whole (issue 30 item 4): the truth is tabulated one read task at a time and,
+No task reads a level or the truth whole: the truth is tabulated one read task at a time and,
 with each run's spine and levels, routed to groups of whole states (:mod:`.grouped`, verify's groups); one
 Dask task per group computes every run's and every sample's metrics there, as mergeable parts
 (:class:`LevelPart`: per query the distribution of residuals as distinct values and counts, exact sums), which
@@ -719,7 +719,7 @@ def replicate_spread(results: list[dict]) -> pd.DataFrame:
     return frame[lead + [c for c in frame.columns if c not in lead]]
 
 
-# -- suppression of small statistics (issue 13 item 6) --------------------------------------------------
+# -- suppression of small statistics --------------------------------------------------
 
 def suppress_small(frame: pd.DataFrame, min_nodes: int = MIN_NODES) -> pd.DataFrame:
     """Blank every statistic of a row computed over fewer than ``min_nodes`` geounits (column ``n``; for the
@@ -784,7 +784,8 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
                                 Path(entities))
     from .eval_report import write_report
 
-    # computed from the true counts: the user's alone, private (README); a new folder: complete or absent
+    # computed from the true counts: the user's alone, private (docs/reference/output-layout.md); a new folder:
+    # complete or absent
     with claimed(out, "evaluate") as claim, removed_on_failure(out) if not claim.earlier else nullcontext():
         tmp = out / SPILL_DIR
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The inputs of ``topdown evaluate`` routed to groups of whole states (issue 30 item 4), so that no task holds
+"""The inputs of ``topdown evaluate`` routed to groups of whole states, so that no task holds
 a level or the truth whole: verify's groups (``verify._Groups``: consecutive states - a state's AIAN parts
 together - of about ``verify.GROUP_BLOCKS`` blocks or ``verify.GROUP_RECORDS`` records, at most
 ``verify.MAX_GROUPS``; a declared hierarchy's nodes of its first level below the root). Every kind of rows

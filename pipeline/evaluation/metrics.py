@@ -34,7 +34,7 @@ COUNTY_BINS: tuple[int, ...] = (0, 1001, 10000, 100000, 1000000)  # <=1000, 1001
 #: Off-spine entity bins: the AIAN-area bins of DAS-2020 accuracy_metrics.py (0-99, 100-999, 1000-9999, 10000+).
 ENTITY_BINS: tuple[int, ...] = (0, 100, 1000, 10000)
 
-#: Statistics over fewer geounits than this are suppressed (issue 13 item 6): evaluate.suppress_small, the report.
+#: Statistics over fewer geounits than this are suppressed: evaluate.suppress_small, the report.
 MIN_NODES = 3
 
 #: Largest-share tolerance: 5 percentage points (DAS-2020 "L1 relative", share <= 0.05).
@@ -116,7 +116,7 @@ def bin_rows(stats: list[ErrorStats], edges: Sequence[int], qs: Sequence[float] 
     return pd.DataFrame(rows)
 
 
-# -- mergeable summaries: a level evaluated group by group (issue 30 item 4) ----------------------------
+# -- mergeable summaries: a level evaluated group by group ----------------------------
 
 class ExactSum:
     """The exact sum of float64 values, added an array at a time in any order, so that a level's sums do not

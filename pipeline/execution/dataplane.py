@@ -1,4 +1,4 @@
-"""The partitioned data plane (issue 16): input records are read, checked and tabulated on the Dask workers,
+"""The partitioned data plane: input records are read, checked and tabulated on the Dask workers,
 partition by partition, and every level's true histograms stay on the workers.
 
 * Input: ``persons.parquet`` or a directory ``persons/`` of Parquet files (hive-partitioned by state, or any

@@ -241,7 +241,7 @@ def estimate_level(
         batch = batches[b]
         # A batch's chunks pickled here, together: their product and configuration once a task, and the driver's
         # scheduler keeps bytes, a third of the objects they unpickle to (benchmarks/RESULTS.md, "Driver memory,
-        # third round").
+        # third round", measures it).
         chunks = pickle.dumps([plan.build(i) for i in batch], protocol=5)
         args = [chunk_args(i) for i in batch]
         shards, where = shared_values([a[1] for a in args] + [a[4] for a in args])  # each shard named once

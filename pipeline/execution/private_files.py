@@ -1,4 +1,4 @@
-"""Files only their owner may read: confidential outputs and a run's working files (README, "Who can read what").
+"""Files only their owner may read: confidential outputs and a run's working files (docs/reference/output-layout.md).
 
 Confidential are: the CEF-like input ``topdown ingest`` writes, ``topdown evaluate``'s and ``topdown audit``'s
 outputs (computed from the true counts), a run's staging (``.staging/``: chunks not yet published) and

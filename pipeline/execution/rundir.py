@@ -1,12 +1,22 @@
 """The run directory: layout, one-writer lock, atomic level writes, and the manifest.
 
-Layout (README, "The run directory")::
+Layout::
 
-    manifest.json  certificate.json  config.json  spine.parquet
-    invariants/<product>.parquet            declared-public invariants per node (level, geocode, ...)
+    manifest.json          the directory's marker (format "census-topdown", command, output_id), status, levels
+                           (top-down), config hash, SHA-256 of every input file, seed mode,
+                           budgets, timings, parents solved per level, parents that needed the failsafe,
+                           SHA-256 of every committed level's files (sha256) and of the configuration,
+                           certificate, spine, invariants and MDF files (output_sha256)
+    certificate.json       privacy accounting (rho as an exact fraction, epsilon at delta, per level/query;
+                           earlier draws of this directory and their composition, see --redraw)
+    config.json            the resolved configuration, with its census declaration (its digest is the manifest's
+                           config hash)
+    spine.parquet          geoid + one column per level (the node of each block at that level)
+    invariants/<product>.parquet            declared-public invariants: unit and GQ-facility counts of every node,
+                                            the US total, each whole state's total (level "whole_state")
     noisy_measurements/<product>/level=<L>/ geocode, query, answer, value, variance
     histograms/<product>/level=<L>/         geocode, cell, count
-    mdf/<product>/                          one row per person / unit, tabulation geography
+    mdf/<product>/county=<SSCCC>/           one row per person / unit, tabulation geography
 
 Every directory is written under ``.staging/`` and renamed into place when complete, so a reader
 never sees half a level. :class:`RunReader` is the one reader of a run directory (verify, evaluate, the CLI,

@@ -61,8 +61,8 @@ SINGLE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_N
 #: Setting it also turns off glibc's adaptive mmap threshold: every array above 128 kB is mapped and
 #: unmapped anew, and a quarter of a worker's CPU went to the kernel's page faults (RI 2010: 7 of 27 CPU
 #: seconds per worker; 1.9 with glibc's defaults, for 20-50 MB more resident). The embedded cluster's workers
-#: keep glibc's defaults (benchmarks/RESULTS_cpu.md); README, "A national run on an existing Dask cluster", says how
-#: to do the same there.
+#: keep glibc's defaults (benchmarks/RESULTS_cpu.md); docs/how-to/clusters.md says how to do the same on a
+#: cluster of your own.
 GLIBC_ENV = ("MALLOC_TRIM_THRESHOLD_",)
 GLIBC_DEFAULTS = {f"distributed.nanny.pre-spawn-environ.{name}": None for name in GLIBC_ENV}
 #: The embedded cluster's workers allocate Arrow's buffers with glibc (``system``), whose freed memory the next

@@ -96,7 +96,7 @@ GROUP_PRIORITY = 1 << 40
 def map_on_cluster(backend, compiler=None) -> Callable | None:
     """Inside a Dask task: a ``map_solve`` for ``solve_parent`` that runs a split parent's second-stage
     groups as tasks of the same cluster (the waiting task secedes from its worker's thread), so a huge
-    parent is spread over the workers instead of running alone (issue 20). None outside a worker."""
+    parent is spread over the workers instead of running alone. None outside a worker."""
     try:
         from distributed import get_worker
 
@@ -239,7 +239,7 @@ def batch_chunks(costs: list[int], todo: list[int], workers: int) -> list[list[i
     consecutive chunks (neighbouring geography: the batch reads few shards) of summed cost up to the level's
     cost over ``TASKS_PER_WORKER`` tasks per worker and at most ``BATCH_CHUNKS`` chunks; a chunk above that cost
     alone. Each chunk still writes its own part and record, so outputs and --resume do not depend on the
-    batches; the driver and the scheduler handle a task per batch instead of one per chunk (issue 30 item 5).
+    batches; the driver and the scheduler handle a task per batch instead of one per chunk.
     The MDF batches its counties the same way, by their blocks."""
     target = sum(costs[i] for i in todo) / (TASKS_PER_WORKER * max(1, workers))
     batches: list[list[int]] = []
@@ -258,7 +258,7 @@ def shared_values(groups: list[list | None]) -> tuple[list, list[list[int] | Non
     """Each distinct object of ``groups`` (lists of Dask futures or other objects; None: no list) once, in order of
     first appearance, and each group as positions into them. A task then names each future once, in one flat
     list, and carries the rest pickled: the scheduler's cost grows with every future named in a task's nested
-    arguments (a batch's chunks name the same few shards again and again; issue 30 item 5)."""
+    arguments (a batch's chunks name the same few shards again and again)."""
     values: list = []
     seen: dict = {}
     out: list[list[int] | None] = []

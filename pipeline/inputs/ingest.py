@@ -1,4 +1,4 @@
-"""Build CEF-like input (persons.parquet, units.parquet, README "Input") from published block tables.
+"""Build CEF-like input (persons.parquet, units.parquet, docs/reference/input.md) from published block tables.
 
 Both readers write one row per person and one row per unit, sorted by geoid and then by the codes in column
 order (persons: hhgq, votingage, hispanic, cenrace; units: unit_type, occupied with False first). The output
@@ -62,7 +62,7 @@ reproduced exactly; everybody lives in a household (hhgq 0).
   GEOID order, block b gets floor(C_b / 9) - floor(C_{b-1} / 9) vacant units. The block housing-unit counts,
   invariants of a production run, are then a function of the person counts and would publish them: units.parquet
   records it in its schema metadata (:data:`DERIVED_UNITS_KEY`) and a production run refuses such input
-  unless waived (README, "Test and production mode").
+  unless waived (docs/how-to/production.md).
 * Housing units given by the table replace these: ``hu_occupied`` and ``hu_vacant`` are used as they are
   (a populated block needs an occupied unit, and an occupied unit a person); ``hu`` alone is split into
   occupied = min(hu, ceil(persons / 2.5)) and the rest vacant. A block with housing units but no persons
@@ -735,4 +735,4 @@ def _blocks_derived(hu: list[str], races: str) -> tuple[str, ...]:
         units,
         "group quarters: the table has none; everybody lives in a household",
         f"race combinations of the two-or-more-races and Hispanic persons: not in "
-        f"the table; {way} (--races {races}; README 'Input')") if d)
+        f"the table; {way} (--races {races}; docs/reference/input.md)") if d)

@@ -1,4 +1,4 @@
-"""Read and check the CEF-like input contract (README "Input"; DAS-2020 ``cef_validator_classes.py``).
+"""Read and check the CEF-like input contract (docs/reference/input.md; DAS-2020 ``cef_validator_classes.py``).
 
 persons.parquet: ``geoid`` (15-digit block GEOID), ``hhgq`` 0..7, ``votingage`` 0..1, ``hispanic`` 0..1,
 ``cenrace`` 0..62. units.parquet: ``geoid``, ``unit_type`` 0..7 (0 housing unit, 1..7 GQ major types in

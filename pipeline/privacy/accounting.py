@@ -191,7 +191,7 @@ def check_release_ceiling(config: Config) -> None:
     raise ConfigError(f"{config.source}: the run's budgets ({' + '.join(parts)}) compose to rho = "
                       f"{shown(total.as_rho().value)}, above the "
                       f"release ceiling of rho = {float(RELEASE_CEILING.rho):.4f}, the Census Bureau's whole 2020 budget "
-                      "for its TopDown releases (redistricting data and DHC; README, \"Test and production mode\"); lower "
+                      "for its TopDown releases (redistricting data and DHC; docs/how-to/production.md); lower "
                       f"the budgets, {waiver_hint(BUDGET_WAIVER)}")
 
 

@@ -365,7 +365,7 @@ def _shown_epsilon(eps: float | None) -> str:
 
 def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
     """audit.parquet (one row per audited count), audit.json (settings, timing) and report.txt, atomically."""
-    private_dir(out)  # computed from the true counts: the user's alone (README, "Who can read what")
+    private_dir(out)  # computed from the true counts: the user's alone (docs/reference/output-layout.md)
     write_table(result.table, out / "audit.parquet")
     write_json_atomic(out / "audit.json", {"confidential": CONFIDENTIAL_BANNER, **meta,
                                             "seconds": round(result.seconds, 2), "runs": result.runs})

@@ -196,7 +196,7 @@ NOT_PRIVATE_WARNING = ("test mode: the noise is reproducible from the seed, so t
 def waived_warning(waivers: list[str]) -> str:
     """What a run that waives production checks is (the run warns of it, the certificate records it)."""
     return (f"[run] weaken_privacy = {waivers!r} waives production privacy checks: these outputs are NOT "
-            "certified private (README, \"Test and production mode\")")
+            "certified private (docs/how-to/production.md)")
 
 
 class NotPrivateWarning(UserWarning):

@@ -211,7 +211,7 @@ def _discrete_laplace(source: RandomSource | Callable[[int], RandomSource], word
 # ------------------------------------------------------------------- many streams, one vectorized round
 #: Draws per vectorized batch: a round takes the sources a batch at a time, so that its arrays stay in the
 #: processor's cache (one round over all the nodes of a task, megabytes per array, cost 1.5-2x more per
-#: draw; issue 20). Each source reads the same words whatever the batches.
+#: draw). Each source reads the same words whatever the batches.
 _BATCH_DRAWS = 1 << 13
 
 
