@@ -154,19 +154,25 @@ def test_verify_detects_swapped_and_added_files(tmp_path, demo_run, capsys):
 
 
 def test_verify_of_a_run_without_recorded_sums_notes_what_it_did_not_check(tmp_path, demo_run, capsys):
-    """A run of an older version recorded no SHA-256 of its run-wide outputs (or of its levels): it still
-    verifies, and a note names what no sum covers."""
+    """A run of an older version recorded no SHA-256 of its run-wide outputs: it still verifies, and a note names
+    what no sum covers. A completed level whose sums were removed from the manifest fails."""
     copy = _copy(demo_run, tmp_path)
     manifest = json.loads((copy / "manifest.json").read_text())
-    del manifest["output_sha256"], manifest["sha256"]["units"]
+    del manifest["output_sha256"]
     (copy / "manifest.json").write_text(json.dumps(manifest))
     code, out = _verify_cli(copy, capsys)
     assert code == 0, out
     (note,) = [line for line in out.splitlines() if "not checked" in line]
     for group in ("config.json", "certificate.json", "spine.parquet", "invariants/persons.parquet", "mdf/persons",
-                  "mdf/units", "histograms/units", "noisy_measurements/units"):
+                  "mdf/units"):
         assert group in note
     assert "histograms/persons" not in note
+    del manifest["sha256"]["units"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    code, out = _verify_cli(copy, capsys)
+    assert code == 1
+    assert "  - units Block: a completed level whose SHA-256 sums the manifest does not record (removed from it)" \
+        in out.splitlines()
 
 
 def test_block_by_block_run_records_the_sums_of_its_rolled_up_levels(tmp_path, demo_input, dask_client, capsys):
