@@ -244,7 +244,7 @@ def _compare_all(items: list, every: int = 1) -> dict[str, int]:
 @pytest.mark.slow
 def test_rhode_island_parents_equal_on_both_paths(tmp_path):
     """Rhode Island 2010 (persons and units): every parent above the Block level and every 8th Block_Group
-    parent, on both paths (benchmarks/RESULTS_pyomo.md has every parent)."""
+    parent, on both paths (benchmarks/pyomo_ri_all.sh compares every parent)."""
     from topdown.pipeline.inputs.ingest import ingest_blocks
 
     inp = tmp_path / "ri-input"
