@@ -67,6 +67,11 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used (locked, not writable, or inconsistent)."""
 
 
+class LevelsMismatch(RunDirError):
+    """The manifest's levels are not the levels of the run's census: every path below the run is named by them,
+    so nothing of the run can be read."""
+
+
 class RunDir:
     """Paths and atomic writes inside one run directory."""
 
@@ -699,7 +704,7 @@ class RunReader(RunDir):
                               f"{manifest.data.get('config_hash', '?')[:12]}")
         names = list(config.census.hierarchy.names)
         if manifest.levels != names:
-            raise RunDirError(f"{manifest.path}: levels {manifest.levels} are not the levels of census "
+            raise LevelsMismatch(f"{manifest.path}: levels {manifest.levels} are not the levels of census "
                               f"{config.census.name!r} ({', '.join(names)})")
         return config
 

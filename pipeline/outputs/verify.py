@@ -39,7 +39,7 @@ from topdown.vocab.queries import build_query
 
 from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
-from ..execution.rundir import LOCK, Manifest, RunDirError, RunReader, changed_files
+from ..execution.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files
 
 
 @dataclass
@@ -206,6 +206,12 @@ def verify_run(root: str | Path) -> VerifyReport:
     one). Raises :class:`RunDirError` when ``root`` holds no complete run to verify."""
     reader = RunReader(root)
     manifest = reader.complete_manifest()
+    try:
+        reader.config()
+    except LevelsMismatch:
+        raise  # no file of the run can be named: nothing to verify
+    except RunDirError:
+        pass  # a changed or unreadable configuration: the checks below report it
     rep = VerifyReport()
     try:
         _verify_sums(reader, manifest, rep)
