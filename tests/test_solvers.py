@@ -417,3 +417,17 @@ def test_huge_budget_solves():
     sol = solve_parent(problem)
     np.testing.assert_array_equal(sol.hist, truth)
     assert sol.failsafe == []
+
+
+@pytest.mark.parametrize("answers, t_star, shortcut", [((5.0, 5.0), 0.0, True), ((6.0, 6.0), 1.0, False),
+                                                       ((-1.0, 11.0), 1.0, False)])
+def test_tau_lp_zero_band_shortcut(answers, t_star, shortcut):
+    """t* = 0 from the feasibility LP with the band fixed; otherwise the LP with t gives the smallest band."""
+    from topdown.solvers.tau import tau_lp, zero_band
+
+    a = sp.csr_matrix(np.array([[1.0, 1.0]]))
+    args = (a, np.array([10.0]), np.array([10.0]), np.zeros(2), np.full(2, np.inf), np.arange(2), np.array(answers))
+    zero = zero_band(DEFAULT_BACKEND, *args)
+    assert (zero is not None and zero.ok) == shortcut
+    res = tau_lp(DEFAULT_BACKEND, *args)
+    assert res.ok and res.objective == pytest.approx(t_star, abs=1e-9)
