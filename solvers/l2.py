@@ -24,6 +24,12 @@ from .tau import tau_lp
 #: Target magnitude of a scaled count.
 SCALE_TARGET = 1e4
 
+#: The smallest variance a weight 1/var is taken from. A very large budget gives a discrete Gaussian variance
+#: that underflows (about 1e-304 at rho 1,400 per query, subnormal or 0 above), whose reciprocal overflows the
+#: QP; below this floor a measurement is as good as exact (its noise is non-zero with probability < 1e-6), so
+#: its weight is capped at 1e6. Every variance of a budget below about rho 14 per query is above it.
+VARIANCE_FLOOR = 1e-6
+
 
 class SolveFailure(RuntimeError):
     """A pass, LP or check that failed; the failsafe catches it and relaxes."""
@@ -61,6 +67,11 @@ def problem_scale(layout: Layout) -> float:
     return max(1.0, magnitude / SCALE_TARGET)
 
 
+def measurement_variance(variance: np.ndarray) -> np.ndarray:
+    """The variances the L2 weights are taken from: the measurement's, floored at ``VARIANCE_FLOOR``."""
+    return np.maximum(np.asarray(variance, float), VARIANCE_FLOOR)
+
+
 def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: float
               ) -> tuple[np.ndarray, np.ndarray]:
     """Diagonal P and linear q of 1/2 z'Pz + q'z for the pass, in scaled columns (z = x / s)."""
@@ -76,7 +87,7 @@ def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: fl
         cols = layout.cols(name)
         answers = layout.answers_of(name)
         at = answers if meas.answers is None else positions(np.asarray(meas.answers), answers)
-        var = np.asarray(meas.variance, float)
+        var = measurement_variance(meas.variance)
         have = (cols >= 0) & np.isfinite(var)[:, None] & (at >= 0)[None, :]  # an answer not measured: no term
         idx = cols[have]  # distinct columns: one per (child, answer)
         w = np.broadcast_to((1.0 / var)[:, None], cols.shape)[have]

@@ -1,6 +1,8 @@
 """The tau LP of eq. 7.6: the smallest uniform band around pass k's query answers that stays feasible."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -12,8 +14,16 @@ def tau_lp(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, l
     """min t s.t. the structural rows, the current column bounds and |z[band_cols] - answers| <= t.
 
     ``answers`` are pass k's values of the band columns (``Q x*_k``). Returns the LP result; its
-    objective is t* (DAS-2020 ``findOptimalTol``).
+    objective is t* (DAS-2020 ``findOptimalTol``). Since t >= 0, t* = 0 exactly when the rows and bounds
+    can be met with the band columns fixed at ``answers``: that feasibility LP (:func:`zero_band`) is tried
+    first, and only where it fails is the LP with t solved. Pass k's solution meets its rows to the QP's
+    tolerance, so t* is 0 nearly always, and the feasibility LP, whose fixed columns presolve removes,
+    costs a small part of the LP with t (a Block parent of the DHC-P: 0.07 s instead of 4.6 s of CPU).
     """
+    t0 = time.perf_counter()
+    zero = zero_band(backend, a, lo, hi, lb, ub, band_cols, answers)
+    if zero is not None and zero.ok:
+        return Result(True, zero.status, np.append(zero.x, 0.0), 0.0, time.perf_counter() - t0)
     m, n = a.shape
     nb = band_cols.size
     rows = np.repeat(np.arange(nb), 2)
@@ -26,4 +36,16 @@ def tau_lp(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, l
     c[n] = 1.0
     row_lo = np.concatenate([lo, np.full(nb, -np.inf), answers])
     row_hi = np.concatenate([hi, answers, np.full(nb, np.inf)])
-    return backend.lp(c, full, row_lo, row_hi, np.append(lb, 0.0), np.append(ub, np.inf))
+    res = backend.lp(c, full, row_lo, row_hi, np.append(lb, 0.0), np.append(ub, np.inf))
+    return Result(res.ok, res.status, res.x, res.objective, time.perf_counter() - t0)
+
+
+def zero_band(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
+              ub: np.ndarray, band_cols: np.ndarray, answers: np.ndarray) -> Result | None:
+    """The feasibility LP of the tau LP at t = 0: the rows and bounds with each band column fixed at its
+    answer (None where an answer lies outside its column's bounds, so t = 0 is infeasible)."""
+    if ((answers < lb[band_cols]) | (answers > ub[band_cols])).any():
+        return None
+    fixed_lb, fixed_ub = lb.copy(), ub.copy()
+    fixed_lb[band_cols] = fixed_ub[band_cols] = answers
+    return backend.lp(np.zeros(a.shape[1]), a, lo, hi, fixed_lb, fixed_ub)

@@ -394,3 +394,40 @@ def test_restricted_rows_and_columns_equal_scipy_indexing(m: int, n: int, seed: 
     assert got.shape == want.shape
     for x, y in ((got.indptr, want.indptr), (got.indices, want.indices), (got.data, want.data)):
         assert np.array_equal(x, y)
+
+
+def test_huge_budget_solves():
+    """rho = 10000 shared among five queries: the discrete Gaussian variances underflow (1e-304 and subnormal),
+    and the L2 weights stay finite, so the parent solves to the truth its near-exact measurements give."""
+    from fractions import Fraction
+
+    from topdown.pipeline.privacy.budget import NEIGHBOURS
+    from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance
+
+    shares = dict(zip(MEASURED, (Fraction(7, 50), Fraction(29, 200), Fraction(37, 250), Fraction(143, 1000),
+                                 Fraction(147, 1000))))
+    variance = {q: discrete_gaussian_variance(NEIGHBOURS.sigma2(10000 * share)) for q, share in shares.items()}
+    assert 0 < min(variance.values()) < 1e-320 and max(variance.values()) < 1e-300
+    assert np.isinf(1.0 / min(variance.values()))
+    rng = np.random.default_rng(5)
+    truth = random_truth(rng, k=4, n_cells=12, people=30)
+    problem = make_problem(truth, rng, noise=0.0)
+    problem.measurements = [Measurement(m.query, m.values, np.full(truth.shape[0], variance[m.query]))
+                            for m in problem.measurements]
+    sol = solve_parent(problem)
+    np.testing.assert_array_equal(sol.hist, truth)
+    assert sol.failsafe == []
+
+
+@pytest.mark.parametrize("answers, t_star, shortcut", [((5.0, 5.0), 0.0, True), ((6.0, 6.0), 1.0, False),
+                                                       ((-1.0, 11.0), 1.0, False)])
+def test_tau_lp_zero_band_shortcut(answers, t_star, shortcut):
+    """t* = 0 from the feasibility LP with the band fixed; otherwise the LP with t gives the smallest band."""
+    from topdown.solvers.tau import tau_lp, zero_band
+
+    a = sp.csr_matrix(np.array([[1.0, 1.0]]))
+    args = (a, np.array([10.0]), np.array([10.0]), np.zeros(2), np.full(2, np.inf), np.arange(2), np.array(answers))
+    zero = zero_band(DEFAULT_BACKEND, *args)
+    assert (zero is not None and zero.ok) == shortcut
+    res = tau_lp(DEFAULT_BACKEND, *args)
+    assert res.ok and res.objective == pytest.approx(t_star, abs=1e-9)
