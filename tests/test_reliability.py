@@ -130,7 +130,7 @@ def test_resume_refuses_another_configuration(tmp_path, planted, dask_client):
         run(load_config("demo"), out, input_dir=planted, client=dask_client, resume=True)
     # A run started before a default changed (the QP back end) is told which key differs and how it was set.
     config = load_config("demo")
-    before = config.model_dump(mode="json")
+    before = config.with_overrides(input=str(planted), build_demo_input=False).model_dump(mode="json")
     before["persons"]["estimation"]["backend"] = "clarabel-highs"
     (out / "config.json").write_text(json.dumps(before))
     with pytest.raises(RunDirError, match=r"differs in persons\.estimation\.backend \(run: 'clarabel-highs'\)\)$"):

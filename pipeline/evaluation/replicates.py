@@ -119,7 +119,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
 def _replicates(run: Path, config, seeds: list[int], out: Path, client, scheduler: str | None, workers: int | None,
                 parallel: int) -> dict:
     """:func:`replicates` into the folder ``out`` it holds."""
-    from ..execution.runner import dask_client, prepare
+    from ..execution.runner import dask_client, prepare, with_input
 
     record_path = out / "replicates.json"
     record = _read_record(record_path, run)
@@ -127,12 +127,13 @@ def _replicates(run: Path, config, seeds: list[int], out: Path, client, schedule
     write_json_atomic(record_path, record)
     if not todo:
         return record
-    rep_configs = {i: config.with_overrides(mode="test", seed=seeds[i], name=f"{config.run.name}-rep{i:03d}")
-                   for i in todo}
     cancel = _Either(threading.Event(), reporter().cancel)  # set on an error here, or the job's cancel
     with dask_client(client, scheduler, workers) as dclient:
         # On a worker: the conversion holds the MDF's columns, a driver's whole peak otherwise.
         inp = dclient.submit(_replicate_input, run, out / "input", pure=False).result()
+        rep_configs = {i: with_input(config, inp).with_overrides(mode="test", seed=seeds[i],
+                                                                   name=f"{config.run.name}-rep{i:03d}")
+                       for i in todo}
         prep = prepare(rep_configs[todo[0]], inp, dclient)
         pool = ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="replicate")
         try:
