@@ -324,8 +324,8 @@ def _quiet_arg(p: argparse.ArgumentParser) -> None:
 #: The arguments that name files or folders (checked against the file system's name limits before a command runs).
 PATH_ARGUMENTS = ("config", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty", "source", "baf",
                   "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file", "tls_cert", "tls_key")
-#: The path arguments that take an object store's URL (``s3://``, ``gs://``, ``abfs://``; README "Object
-#: storage"), by command; any other path argument is local (a URL there is refused, exit 2).
+#: The path arguments that take an object store's URL (``s3://``, ``gs://``, ``abfs://``;
+#: docs/how-to/clusters.md "Object storage"), by command; any other path argument is local (a URL there is refused, exit 2).
 STORE_ARGUMENTS = {"run": ("out", "input"), "verify": ("run",), "demo-data": ("out",), "reprocess": ("run", "out"),
                    "nmf": ("run", "out"), "uncertainty": ("run", "out")}
 
@@ -349,8 +349,8 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
                     check_path(item, name)
                 if is_url(item) and action.dest not in STORE_ARGUMENTS.get(args.command, ()):
                     raise ConfigError(f"{name} {item}: `topdown {args.command}` takes a local path there, not a "
-                                      f"storage URL (taken by `topdown {' / '.join(STORE_ARGUMENTS)}`; README "
-                                      '"Object storage")')
+                                      f"storage URL (taken by `topdown {' / '.join(STORE_ARGUMENTS)}`; "
+                                      'docs/how-to/clusters.md "Object storage")')
                 if is_url(item):
                     location(item)  # an unknown scheme or a missing extra: refused here
 

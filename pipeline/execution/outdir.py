@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import pyarrow.parquet as pq
 
 from .private_files import private_dir, private_file
-from .rundir import (LOCK, RunDir, RunDirError, held, read_manifest_file, refuse_if_held, replace_dir,
-                     writable_dir, write_json_atomic, writing)
+from .rundir import (LOCK, RunDir, RunDirError, held, read_manifest_file, refuse_if_held, remove_tree,
+                     removed_on_failure, replace_dir, writable_dir, write_json_atomic, writing)
 from .storage import StorePath, location
 
 #: The project's format name in every marker.
@@ -250,6 +250,28 @@ class Claim:
         _write_marker(new, self.marker)
         os.link(self.path / LOCK, new / LOCK)
         replace_dir(new, self.path)
+
+
+    @contextmanager
+    def building(self) -> Iterator[Path | StorePath]:
+        """Where to build this output whole: a temporary sibling (``.<name>.partial``) put in this output's place
+        at once when the block ends (:meth:`replace_with`), removed if it fails. A store has no rename: the
+        output is built in place (the file the command writes last marks it complete), and what the block wrote
+        is removed if it fails."""
+        if isinstance(self.path, StorePath):
+            try:
+                yield self.path
+            except BaseException:
+                for entry in self.path.iterdir():
+                    if not bookkeeping(entry.name) and entry.name != "manifest.json":
+                        remove_tree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
+                raise
+            return
+        tmp = self.path.with_name(f".{self.path.name}.partial")
+        remove_tree(tmp)
+        with removed_on_failure(tmp):  # complete or absent
+            yield tmp
+            self.replace_with(tmp)
 
 
 def _write_marker(folder: Path, marker: dict[str, str]) -> None:

@@ -22,7 +22,8 @@ DIR_MODE = 0o700
 
 def _local(path: object) -> bool:
     """A local path (an object store's path, ``storage.StorePath``, has no file modes: what protects its objects
-    is the bucket's policy and the encryption every write requests; README "Object storage")."""
+    is the bucket's policy and the encryption every write requests; docs/how-to/clusters.md "Object
+    storage")."""
     return isinstance(path, (str, os.PathLike))
 
 

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..configuration.limits import read_text
-from .storage import StorePath, arrow, location
+from .storage import StorePath, arrow, copy_files, location
 
 log = logging.getLogger("topdown")
 
@@ -476,13 +476,10 @@ def _move_objects(staged: StorePath, final: StorePath) -> None:
     """Put a staged file or folder of a store in the place of ``final``: what was there is removed, the staged
     objects are copied in (server-side) and removed. Not atomic: the manifest, written after, is what a reader
     trusts (a level or file it does not list as complete is not part of the run)."""
-    sources = [staged] if staged.is_file() else list(staged.rglob("*"))
     if final.is_file():
         final.unlink()
     final.rmtree()
-    for source in sources:
-        target = final if source == staged else final / source.relative_to(staged)
-        source.fs.copy(source.key, target.key)
+    copy_files(staged, final)
     staged.rmtree() if staged.is_dir() else staged.unlink(missing_ok=True)
 
 

@@ -30,7 +30,8 @@ SCHEMES: dict[str, tuple[str, str]] = {
 }
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
 #: What every object written to an S3 store requests: server-side encryption (no ACL is set, so an object is
-#: private to the bucket's owner unless the bucket policy says otherwise; README "Object storage").
+#: private to the bucket's owner unless the bucket policy says otherwise; docs/how-to/clusters.md "Object
+#: storage").
 S3_WRITE = {"ServerSideEncryption": "AES256"}
 
 
@@ -298,3 +299,24 @@ def dataset(path: str | Path | StorePath, **options: Any):
 
     source, fs = arrow(location(path))
     return ds.dataset(source, format="parquet", filesystem=fs, **options)
+
+
+def read_frame(path: str | Path | StorePath, **options: Any):
+    """``pandas.read_parquet`` of a Parquet file or folder, local or in a store."""
+    import pandas as pd
+
+    source, fs = arrow(location(path))
+    return pd.read_parquet(source, filesystem=fs, **options)
+
+
+def copy_files(src: Path | StorePath, dst: Path | StorePath) -> None:
+    """Copy the file ``src``, or every file below the folder ``src``, to the same place under ``dst`` (within one
+    store: server-side copies)."""
+    files = [src] if src.is_file() else [f for f in src.rglob("*") if f.is_file()]
+    for f in files:
+        target = dst if f == src else dst / f.relative_to(src)
+        if isinstance(f, StorePath) and isinstance(target, StorePath) and f.scheme == target.scheme:
+            f.fs.copy(f.key, target.key)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(f.read_bytes())
