@@ -327,7 +327,7 @@ PATH_ARGUMENTS = ("config", "out", "input", "run", "runs", "truth", "entities", 
 #: The path arguments that take an object store's URL (``s3://``, ``gs://``, ``abfs://``;
 #: docs/how-to/clusters.md "Object storage"), by command; any other path argument is local (a URL there is refused, exit 2).
 STORE_ARGUMENTS = {"run": ("out", "input"), "verify": ("run",), "demo-data": ("out",), "reprocess": ("run", "out"),
-                   "nmf": ("run", "out"), "uncertainty": ("run", "out")}
+                   "nmf": ("run", "out")}
 
 
 def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -605,8 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     # --quiet: no bars and no INFO lines, so that stderr holds warnings and errors only
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    for store_client in ("botocore", "aiobotocore", "s3fs"):  # an object store's client: its INFO lines are noise
-        logging.getLogger(store_client).setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    from .execution.storage import CLIENT_LOGGERS
+
+    for store_client in CLIENT_LOGGERS:  # an object store's client: its INFO lines are noise (DEBUG: storage.py)
+        logging.getLogger(store_client).setLevel(logging.INFO if args.verbose else logging.WARNING)
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
     from .execution.progress import command_reporting

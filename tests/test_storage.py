@@ -8,7 +8,6 @@ line or error may contain. The runs are compared byte for byte with the pinned o
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -29,7 +28,7 @@ from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.execution import storage
 from topdown.pipeline.execution.rundir import Locked, RunDir, RunDirError, held
 from topdown.pipeline.execution.storage import MissingExtra, StorePath, location
-from test_output_hashes import PINNED
+from test_output_hashes import PINNED, output_hashes
 
 #: The test credentials: no file, log line or message may hold them.
 KEY_ID, SECRET = "AKIATOPDOWNTESTKEY42", "topdown/Test+Secret/Access0Key0Never0Written"
@@ -68,15 +67,9 @@ def bucket(s3_server) -> str:
     return f"s3://{name}"
 
 
-def sha256_tree(root) -> dict[str, str]:
-    root = location(root)
-    files = root.rglob("*") if isinstance(root, StorePath) else (f for f in root.rglob("*") if f.is_file())
-    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-
-
 def assert_pinned(run: str) -> None:
-    """The run's outputs are the pinned demo run's, byte for byte."""
-    found = sha256_tree(run)
+    """The run's outputs are the pinned demo run's, byte for byte (as tests/test_output_hashes.py reads them)."""
+    found = output_hashes(location(run))
     assert sorted(found) == sorted(PINNED), sorted(set(found) ^ set(PINNED))
     assert {k: found[k] for k in SAME_BYTES} == {k: PINNED[k] for k in SAME_BYTES}
 

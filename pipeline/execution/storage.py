@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import posixpath
 import re
 from pathlib import Path, PurePosixPath
@@ -33,6 +34,9 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.S)
 #: private to the bucket's owner unless the bucket policy says otherwise; docs/how-to/clusters.md "Object
 #: storage").
 S3_WRITE = {"ServerSideEncryption": "AES256"}
+
+#: The loggers of the stores' clients.
+CLIENT_LOGGERS = ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "azure")
 
 
 class MissingExtra(ConfigError):
@@ -77,6 +81,9 @@ def filesystem(scheme: str):
     except ImportError:
         raise MissingExtra(f"{scheme}:// URLs need the optional extra [{extra}]: pip install "
                            f"'census-topdown[{extra}]'") from None
+    for client in CLIENT_LOGGERS:  # their DEBUG lines carry request headers (the access key's id): never emitted
+        logger = logging.getLogger(client)
+        logger.setLevel(max(logger.level, logging.INFO))
     options: dict[str, Any] = ({"s3_additional_kwargs": dict(S3_WRITE), "use_listings_cache": False}
                                if module == "s3fs" else {})
     return fsspec.filesystem(scheme, skip_instance_cache=True, **options)
