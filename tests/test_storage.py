@@ -8,6 +8,7 @@ line or error may contain. The runs are compared byte for byte with the pinned o
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.execution import storage
 from topdown.pipeline.execution.rundir import Locked, RunDir, RunDirError, held
 from topdown.pipeline.execution.storage import MissingExtra, StorePath, location
-from test_output_hashes import PINNED, output_hashes
+from test_output_hashes import PINNED, _canonical_certificate, output_hashes
 
 #: The test credentials: no file, log line or message may hold them.
 KEY_ID, SECRET = "AKIATOPDOWNTESTKEY42", "topdown/Test+Secret/Access0Key0Never0Written"
@@ -67,11 +68,23 @@ def bucket(s3_server) -> str:
     return f"s3://{name}"
 
 
-def assert_pinned(run: str) -> None:
-    """The run's outputs are the pinned demo run's, byte for byte (as tests/test_output_hashes.py reads them)."""
+def assert_pinned(run: str, cli_input: str | None = None) -> None:
+    """The run's outputs are the pinned demo run's, byte for byte (as tests/test_output_hashes.py reads them).
+    A run of `topdown run demo --input DIR` (``cli_input``) has another configuration hash than the pinned run
+    of the Python API (its configuration records that the input is given): its certificate is compared with
+    the hash put back."""
     found = output_hashes(location(run))
     assert sorted(found) == sorted(PINNED), sorted(set(found) ^ set(PINNED))
-    assert {k: found[k] for k in SAME_BYTES} == {k: PINNED[k] for k in SAME_BYTES}
+    if cli_input is not None:
+        from topdown.pipeline import load_config
+        from topdown.pipeline.execution.runner import configure_run
+
+        cert = json.loads((location(run) / "certificate.json").read_text())
+        assert cert["config_sha256"] == configure_run("demo", cli_input).digest()
+        cert["config_sha256"] = load_config("demo").digest()
+        found["certificate.json"] = hashlib.sha256(_canonical_certificate(json.dumps(cert).encode())).hexdigest()
+    changed = [k for k in SAME_BYTES if found[k] != PINNED[k]]
+    assert not changed, changed
 
 
 def no_credentials(*texts: str) -> None:
@@ -252,7 +265,8 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
     """A `dask scheduler` process and two `dask worker` processes, each in its own working and temporary
     directory, and every command a process of its own: the demo input, the run and everything read after it go
     through ``s3://`` alone. The first run is killed (SIGKILL) mid-way; `--resume` finishes it while one worker
-    is killed; the outputs are the pinned demo run's bytes and `topdown verify` passes."""
+    is killed; the outputs are the pinned demo run's bytes and `topdown verify` passes; `topdown nmf` and
+    `topdown reprocess` read it from the bucket and write theirs there."""
     env = {**os.environ, **s3_server, "PYTHONUNBUFFERED": "1"}
     dask = str(Path(sys.executable).with_name("dask"))
     address = f"tcp://127.0.0.1:{_free_port()}"
@@ -296,7 +310,18 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
         verify = _topdown("verify", f"{bucket}/run", env=env, cwd=cwd)
         out, _ = verify.communicate(timeout=120)
         assert verify.returncode == 0 and "verify: OK" in out, out
-        assert_pinned(f"{bucket}/run")
+        assert_pinned(f"{bucket}/run", cli_input=f"{bucket}/in")
+
+        nmf = _topdown("nmf", f"{bucket}/run", "--out", f"{bucket}/nmf", env=env, cwd=cwd)
+        out, _ = nmf.communicate(timeout=300)
+        assert nmf.returncode == 0 and location(f"{bucket}/nmf/nmf.json").is_file(), out
+        again = _topdown("reprocess", f"{bucket}/run", "--out", f"{bucket}/reprocessed", "--scheduler", address,
+                         env=env, cwd=cwd)
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, out
+        verify = _topdown("verify", f"{bucket}/reprocessed", env=env, cwd=cwd)
+        out, _ = verify.communicate(timeout=120)
+        assert verify.returncode == 0 and "verify: OK" in out, out
         for place in places.values():  # nothing of the run on any process's disk
             assert not any(p.suffix == ".parquet" or p.name == "manifest.json" for p in place.rglob("*"))
     finally:

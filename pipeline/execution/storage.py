@@ -133,6 +133,13 @@ class StorePath:
         return PurePosixPath(self.key).suffix
 
     @property
+    def stem(self) -> str:
+        return PurePosixPath(self.key).stem
+
+    def as_posix(self) -> str:
+        return str(self)
+
+    @property
     def parts(self) -> tuple[str, ...]:
         return tuple(self.key.split("/"))
 
