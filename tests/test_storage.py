@@ -27,6 +27,7 @@ from conftest import end_process_groups
 
 from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.execution import storage
+from topdown.pipeline.execution.outdir import claimed
 from topdown.pipeline.execution.rundir import Locked, RunDir, RunDirError, held
 from topdown.pipeline.execution.storage import MissingExtra, StorePath, location
 from test_output_hashes import PINNED, _canonical_certificate, output_hashes
@@ -326,3 +327,18 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
             assert not any(p.suffix == ".parquet" or p.name == "manifest.json" for p in place.rglob("*"))
     finally:
         end_process_groups(procs)
+
+
+def test_confidential_output_refused_in_a_public_bucket(bucket):
+    """A bucket whose ACL lets everyone read is refused for the input and for a run (its staging holds
+    confidential chunks), before anything is written."""
+    from topdown.pipeline.inputs.demo_data import write_demo_input
+
+    fs = storage.filesystem("s3")
+    fs.call_s3("put_bucket_acl", Bucket=bucket.removeprefix("s3://"), ACL="public-read")
+    with pytest.raises(RunDirError, match="grants READ to everyone; nothing was written"):
+        write_demo_input(f"{bucket}/in")
+    with pytest.raises(RunDirError, match="a run's staging"):
+        with claimed(f"{bucket}/run", "run"):
+            pass
+    assert fs.find(bucket.removeprefix("s3://")) == []

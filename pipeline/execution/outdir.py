@@ -308,12 +308,24 @@ def made_then_removed_on_failure(path: Path) -> Iterator[None]:
         raise
 
 
+def refuse_public(path: StorePath, command: str) -> None:
+    """Confidential files (an input, an evaluation, a run's staging) are never written to a bucket anyone can
+    read; raises :class:`RunDirError` before anything is written."""
+    why = path.public()
+    if why is not None:
+        what = WRITERS[command].what if WRITERS[command].confidential else "a run's staging (confidential)"
+        raise RunDirError(f"{path}: cannot write {what}: {why}; nothing was written (make the bucket private: "
+                          "docs/how-to/clusters.md \"Object storage\")")
+
+
 @contextmanager
 def claimed(path: str | Path, command: str) -> Iterator[Claim]:
     """Hold the folder ``path`` for ``command`` while the block writes it: checked by the rule (:func:`check`),
     made (private for a confidential output), locked, checked again under the lock, and marked. A block that
     fails leaves no marker in a folder it found absent or empty, nor a folder it made that stayed empty."""
     path, _ = check(path, command)
+    if isinstance(path, StorePath) and (WRITERS[command].confidential or command in RUN_COMMANDS):
+        refuse_public(path, command)
     with made_then_removed_on_failure(path):
         if WRITERS[command].confidential:
             with writing(path):

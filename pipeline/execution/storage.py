@@ -237,6 +237,26 @@ class StorePath:
             raise NotImplementedError(f"{self}: the store cannot create an object only if absent") from None
         return True
 
+    def public(self) -> str | None:
+        """Why the bucket of this path can be read by anyone (its policy or ACL says so), or None: private, or
+        the store cannot tell (only S3 is asked; a bucket we may not inspect is taken as its owner set it)."""
+        if SCHEMES[self.scheme][0] != "s3fs":
+            return None
+        bucket = self.key.partition("/")[0]
+        try:
+            status = self.fs.call_s3("get_bucket_policy_status", Bucket=bucket)
+            if status.get("PolicyStatus", {}).get("IsPublic"):
+                return f"the policy of bucket {bucket!r} makes it public"
+        except Exception:  # no policy, or not allowed to read it
+            pass
+        try:
+            grants = self.fs.call_s3("get_bucket_acl", Bucket=bucket).get("Grants", [])
+        except Exception:
+            return None
+        everyone = [g for g in grants if g.get("Grantee", {}).get("URI", "").endswith(("/AllUsers",
+                                                                                          "/AuthenticatedUsers"))]
+        return f"the ACL of bucket {bucket!r} grants {everyone[0]['Permission']} to everyone" if everyone else None
+
     def unlink(self, missing_ok: bool = False) -> None:
         try:
             self.fs.rm_file(self.key)
