@@ -8,7 +8,6 @@ line or error may contain. The runs are compared byte for byte with the pinned o
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -30,13 +29,10 @@ from topdown.pipeline.execution import storage
 from topdown.pipeline.execution.outdir import claimed
 from topdown.pipeline.execution.rundir import Locked, RunDir, RunDirError, held
 from topdown.pipeline.execution.storage import MissingExtra, StorePath, location
-from test_output_hashes import PINNED, _canonical_certificate, output_hashes
+from test_output_hashes import PINNED, output_hashes
 
 #: The test credentials: no file, log line or message may hold them.
 KEY_ID, SECRET = "AKIATOPDOWNTESTKEY42", "topdown/Test+Secret/Access0Key0Never0Written"
-#: Outputs whose bytes do not depend on where the input lies (config.json records the input's path; the manifest
-#: its timings and id).
-SAME_BYTES = sorted(k for k in PINNED if k not in ("config.json", "manifest.json"))
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +65,12 @@ def bucket(s3_server) -> str:
     return f"s3://{name}"
 
 
-def assert_pinned(run: str, cli_input: str | None = None) -> None:
-    """The run's outputs are the pinned demo run's, byte for byte (as tests/test_output_hashes.py reads them).
-    A run of `topdown run demo --input DIR` (``cli_input``) has another configuration hash than the pinned run
-    of the Python API (its configuration records that the input is given): its certificate is compared with
-    the hash put back."""
+def assert_pinned(run: str) -> None:
+    """The run's outputs are the pinned demo run's, byte for byte (as tests/test_output_hashes.py reads them:
+    config.json and the manifest without the input's location)."""
     found = output_hashes(location(run))
     assert sorted(found) == sorted(PINNED), sorted(set(found) ^ set(PINNED))
-    if cli_input is not None:
-        from topdown.pipeline import load_config
-        from topdown.pipeline.execution.runner import configure_run
-
-        cert = json.loads((location(run) / "certificate.json").read_text())
-        assert cert["config_sha256"] == configure_run("demo", cli_input).digest()
-        cert["config_sha256"] = load_config("demo").digest()
-        found["certificate.json"] = hashlib.sha256(_canonical_certificate(json.dumps(cert).encode())).hexdigest()
-    changed = [k for k in SAME_BYTES if found[k] != PINNED[k]]
+    changed = [k for k in PINNED if found[k] != PINNED[k]]
     assert not changed, changed
 
 
@@ -311,7 +297,7 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
         verify = _topdown("verify", f"{bucket}/run", env=env, cwd=cwd)
         out, _ = verify.communicate(timeout=120)
         assert verify.returncode == 0 and "verify: OK" in out, out
-        assert_pinned(f"{bucket}/run", cli_input=f"{bucket}/in")
+        assert_pinned(f"{bucket}/run")
 
         nmf = _topdown("nmf", f"{bucket}/run", "--out", f"{bucket}/nmf", env=env, cwd=cwd)
         out, _ = nmf.communicate(timeout=300)
