@@ -185,11 +185,12 @@ class Spine:
         pq.write_table(self.to_arrow(), path)
 
     @classmethod
-    def read_parquet(cls, path: Path | str, standard_levels: list[str] | None = None) -> Spine:
+    def read_parquet(cls, path: Path | str, standard_levels: list[str] | None = None, filesystem=None) -> Spine:
         """Read a spine written by ``to_parquet``; a file without its metadata (a run's spine of an older
-        version: the table only) is read as a standard spine of ``standard_levels`` when they are given."""
+        version: the table only) is read as a standard spine of ``standard_levels`` when they are given.
+        ``filesystem``: pyarrow's, where ``path`` is not local."""
         try:
-            table = pq.read_table(path)
+            table = pq.read_table(path, filesystem=filesystem)
         except pa.ArrowException as exc:
             raise GeographyError(f"{path}: not a readable spine file ({one_line(exc)})") from None
         raw = (table.schema.metadata or {}).get(METADATA_KEY)
@@ -208,10 +209,10 @@ def _state(meta: dict) -> str | None:
     return meta.get("state", STATE)
 
 
-def spine_state(path: Path | str) -> str | None:
+def spine_state(path: Path | str, filesystem=None) -> str | None:
     """The state level of the spine file at ``path``, from its schema's metadata only (a file of an older
     version, without metadata, is a U.S. spine)."""
-    raw = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
+    raw = (pq.read_schema(path, filesystem=filesystem).metadata or {}).get(METADATA_KEY)
     return STATE if raw is None else _state(json.loads(raw))
 
 

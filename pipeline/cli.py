@@ -154,7 +154,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 def cmd_demo_data(args: argparse.Namespace) -> int:
     from .inputs.demo_data import write_demo_input
 
-    write_demo_input(Path(args.out))
+    write_demo_input(args.out)
     print(f"demo input written to {args.out}/persons.parquet and {args.out}/units.parquet")
     return EXIT_OK
 
@@ -263,7 +263,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_nmf(args: argparse.Namespace) -> int:
     from .execution.nmf import write_nmf
 
-    out = write_nmf(Path(args.run), Path(args.out))
+    out = write_nmf(args.run, args.out)
     print(f"noisy measurement file written to {out} (layout: pipeline/execution/nmf.py, docs/how-to/uncertainty.md)")
     return EXIT_OK
 
@@ -324,12 +324,18 @@ def _quiet_arg(p: argparse.ArgumentParser) -> None:
 #: The arguments that name files or folders (checked against the file system's name limits before a command runs).
 PATH_ARGUMENTS = ("config", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty", "source", "baf",
                   "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file", "tls_cert", "tls_key")
+#: The path arguments that take an object store's URL (``s3://``, ``gs://``, ``abfs://``;
+#: docs/how-to/clusters.md "Object storage"), by command; any other path argument is local (a URL there is refused, exit 2).
+STORE_ARGUMENTS = {"run": ("out", "input"), "verify": ("run",), "demo-data": ("out",), "reprocess": ("run", "out"),
+                   "nmf": ("run", "out")}
 
 
 def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Every path argument within the file system's name limits and every seed within its range
     (configuration/limits.py), refused by name (exit 2) before the command starts."""
+    from .configuration.config import ConfigError
     from .configuration.limits import check_path, check_seed
+    from .execution.storage import is_url, location
 
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
     for action in sub._actions:
@@ -341,6 +347,12 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, str):
                     check_path(item, name)
+                if is_url(item) and action.dest not in STORE_ARGUMENTS.get(args.command, ()):
+                    raise ConfigError(f"{name} {item}: `topdown {args.command}` takes a local path there, not a "
+                                      f"storage URL (taken by `topdown {' / '.join(STORE_ARGUMENTS)}`; "
+                                      'docs/how-to/clusters.md "Object storage")')
+                if is_url(item):
+                    location(item)  # an unknown scheme or a missing extra: refused here
 
 
 @contextmanager
@@ -593,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     # --quiet: no bars and no INFO lines, so that stderr holds warnings and errors only
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    from .execution.storage import CLIENT_LOGGERS
+
+    for store_client in CLIENT_LOGGERS:  # an object store's client: its INFO lines are noise (DEBUG: storage.py)
+        logging.getLogger(store_client).setLevel(logging.INFO if args.verbose else logging.WARNING)
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
     from .execution.progress import command_reporting
@@ -642,7 +658,9 @@ def _no_new_empty_out(args: argparse.Namespace) -> Iterator[None]:
         return
     from .execution.outdir import made_then_removed_on_failure
 
-    with made_then_removed_on_failure(Path(out)):
+    from .execution.storage import location
+
+    with made_then_removed_on_failure(location(out)):
         yield
 
 

@@ -46,6 +46,15 @@ def read_text(path: str | Path, what: str) -> str:
     """The text of ``path``, a regular file of at most :data:`MAX_FILE_BYTES` bytes of UTF-8 (``what`` names it in
     the error, e.g. "the configuration"). Opened without blocking and checked on the open file, so a FIFO, a
     device or a folder is refused without being read."""
+    if not isinstance(path, (str, os.PathLike)):  # an object in a store (execution/storage.py): no FIFO nor device
+        try:
+            size = path.fs.size(path.key)
+            data = path.read_bytes() if size <= MAX_FILE_BYTES else b""
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: cannot read {what}: {size:,} bytes, above the limit of {MAX_FILE_BYTES:,}")
+        return _utf8(data, path, what)
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -66,6 +75,10 @@ def read_text(path: str | Path, what: str) -> str:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:  # grew since the check
         raise ConfigError(f"{path}: cannot read {what}: above the limit of {MAX_FILE_BYTES:,} bytes")
+    return _utf8(data, path, what)
+
+
+def _utf8(data: bytes, path: object, what: str) -> str:
     try:
         return data.decode()
     except UnicodeDecodeError as exc:

@@ -25,6 +25,7 @@ from ..inputs.validate import InputError
 from ..privacy.measure import (MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeasurements, from_table, measure,
                                root_cells)
 from ..execution.rundir import write_table
+from ..execution.storage import arrow, location, parquet_file
 from topdown.vocab.problem import SparseHist
 
 
@@ -114,10 +115,10 @@ class Draw(MeasurementSource):
     @staticmethod
     def _stage(chunk: "Chunk", table: pa.Table) -> None:
         if chunk.measurements_path is not None:  # None: kept in memory (the audit's repeated runs)
-            write_table(table, Path(chunk.measurements_path), **MEASUREMENT_PARQUET)
+            write_table(table, location(chunk.measurements_path), **MEASUREMENT_PARQUET)
 
     def staged(self, chunk: "Chunk") -> bool:
-        return Path(chunk.measurements_path).exists()
+        return location(chunk.measurements_path).exists()
 
 
 DRAW = Draw()
@@ -132,7 +133,7 @@ class Published(MeasurementSource):
     @classmethod
     def of_level(cls, directory: Path) -> "Published":
         """The parts of one level's measurement directory, with their geocode range from the file statistics."""
-        files = sorted(Path(directory).glob("*.parquet"))
+        files = sorted(location(directory).glob("*.parquet"))
         if not files:
             raise FileNotFoundError(f"{directory}: no noisy measurements (no .parquet files)")
         return cls(tuple((str(f), *_geocode_range(f)) for f in files))
@@ -159,16 +160,17 @@ class Published(MeasurementSource):
     def _read(self, chunk: "Chunk") -> tuple[pd.DataFrame, str]:
         files = [p[0] for p in self.parts]
         if files:
-            table = ds.dataset(files, format="parquet").to_table(filter=ds.field("geocode").isin(chunk.children))
+            sources = [arrow(location(f)) for f in files]
+            table = ds.dataset([s for s, _ in sources], format="parquet", filesystem=sources[0][1]).to_table(filter=ds.field("geocode").isin(chunk.children))
             table = table.to_pandas()
         else:
             table = pd.DataFrame(columns=["geocode", "query", "answer", "value", "variance"])
-        return table, (f"{Path(files[0]).parent}" if files else f"published measurements of {chunk.level}")
+        return table, (f"{location(files[0]).parent}" if files else f"published measurements of {chunk.level}")
 
 
 def _geocode_range(path: Path) -> tuple[str | None, str | None]:
     """The lowest and highest geocode of a Parquet file from its row-group statistics (None: unknown)."""
-    meta = pq.ParquetFile(path).metadata
+    meta = parquet_file(path).metadata
     if meta.num_rows == 0:
         return "\uffff", ""  # an empty part overlaps nothing
     col = meta.schema.names.index("geocode") if "geocode" in meta.schema.names else None

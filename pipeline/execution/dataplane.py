@@ -48,6 +48,7 @@ from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, 
                      node_answers, total_is_invariant)
 from .memory import release_memory
 from .rundir import sha256_file, write_frames, write_json_atomic, write_table
+from .storage import location, parquet_file, read_table
 from topdown.pipeline.configuration.census import PERSONS
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
@@ -94,7 +95,7 @@ def find_input(root: Path | str, census: Census | None = None) -> InputFiles:
     """The input files under ``root`` (of ``census``'s records: those its products count, and its unit records
     when it declares them; None: P.L. 94-171's persons and units); a missing kind is a FileNotFoundError
     naming what is expected."""
-    root = Path(root)
+    root = location(root)
     names = (PERSON_RECORDS, UNIT_RECORDS) if census is None else census_files(census)
     found = {}
     for kind in names:
@@ -133,7 +134,7 @@ def read_tasks(files: tuple[Path, ...]) -> list[tuple[str, list[int]]]:
     tasks = []
     for f in files:
         try:
-            meta = pq.ParquetFile(f).metadata
+            meta = parquet_file(f).metadata
         except (OSError, ValueError) as exc:
             raise InputError(f"{f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
         groups: list[int] = []
@@ -168,7 +169,7 @@ class BlockPart:
 
 def read_persons(path: str, row_groups: list[int]) -> BlockPart:
     """Read, check and tabulate person records of one file's row groups."""
-    _, persons = check_persons(Path(path), row_groups)
+    _, persons = check_persons(location(path), row_groups)
     codes, blocks = pd.factorize(persons["geoid"], sort=True)
     cells = PERSONS.cell_index(*(persons[name].to_numpy() for name in PERSONS.dim_names))
     hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, np.asarray(cells, np.int64))),
@@ -180,7 +181,7 @@ def read_persons(path: str, row_groups: list[int]) -> BlockPart:
 
 def read_records(path: str, row_groups: list[int], product: Product, hierarchy: Hierarchy) -> BlockPart:
     """Read, check and tabulate the records of a declared ``product`` in one file's row groups."""
-    leaf, cells, geography = check_records(Path(path), product, hierarchy, row_groups)
+    leaf, cells, geography = check_records(location(path), product, hierarchy, row_groups)
     codes, blocks = pd.factorize(leaf, sort=True)
     ncells = product.schema.ncells
     hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, cells)), shape=(len(blocks), ncells), dtype=np.int64)
@@ -202,9 +203,9 @@ def read_units(path: str, row_groups: list[int], census: Census | None = None) -
     """Read and check unit records of one file's row groups; per block u0..u7 and occupied (tabulate.block_units),
     and a column hierarchy's level codes per block in ``attrs["geography"]``."""
     if census is None:
-        _, units = check_units(Path(path), row_groups)
+        _, units = check_units(location(path), row_groups)
         return _narrow_counts(block_units(units))
-    _, units = check_units(Path(path), row_groups, census.hierarchy, census.units)
+    _, units = check_units(location(path), row_groups, census.hierarchy, census.units)
     frame = _narrow_counts(block_units(units))
     frame.attrs["geography"] = units.attrs["geography"]
     return frame
@@ -503,7 +504,7 @@ def read_rows(files: list[str], nodes: list[str], ncells: int) -> sp.csr_matrix:
     wanted = pa.array(nodes, type=pa.string())
     rows, cells, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for f in files:
-        table = pq.read_table(f)
+        table = read_table(f)
         if pa.types.is_null(table.schema.field("geocode").type):
             continue
         at = pc.index_in(table.column("geocode").cast(pa.string()), value_set=wanted)
@@ -530,7 +531,7 @@ def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta],
     those blocks, for the generic layout)."""
     meta = meta_rows(metas, rows)
     hist = read_rows(files, list(meta.units.index), product.schema.ncells)
-    write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), Path(path), **MDF_PARQUET)
+    write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), location(path), **MDF_PARQUET)
 
 
 def write_counties_mdf(product: Product, counties: bytes, metas: list) -> None:
@@ -559,9 +560,9 @@ def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | Non
         for task, hist in zip(chunk.parents, hists):
             task.parent_hist = hist
     result = run_chunk(chunk)
-    write_table(hist_table(pd.Index(result.children), result.hist), Path(hist_path))
+    write_table(hist_table(pd.Index(result.children), result.hist), location(hist_path))
     return dataclasses.replace(result, hist=None, nnz=np.diff(result.hist.indptr).astype(np.int32),
-                               hist_sha256=sha256_file(Path(hist_path)))
+                               hist_sha256=sha256_file(location(hist_path)))
 
 
 def run_part_chunks(chunks: bytes, args: bytes, shards: list, records: str) -> list[ChunkResult]:
@@ -576,7 +577,7 @@ def run_part_chunks(chunks: bytes, args: bytes, shards: list, records: str) -> l
     for rows, parts, parent_files, hist_path, meta in pickle.loads(args):
         res = run_part_chunk(batch.pop(), rows, taken(shards, parts), parent_files, hist_path,  # a finished chunk
                              taken(shards, meta))                                             # is dropped
-        record_chunk(Path(records), res)
+        record_chunk(location(records), res)
         results.append(dataclasses.replace(res, children=[]))
     release_memory()
     return results
@@ -959,4 +960,4 @@ def write_invariants_table(frames: list[pd.DataFrame], metas: list[BlockMeta], l
     blocks = (invariant_rows(m.units, level, (np.nan if m.totals is None else m.totals) if with_tot else None)
               for m in metas)
     first = pd.concat(frames + [next(blocks)], ignore_index=True)  # the columns' types of the whole table
-    write_frames(itertools.chain([first], blocks), Path(path))
+    write_frames(itertools.chain([first], blocks), location(path))

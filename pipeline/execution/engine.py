@@ -26,6 +26,7 @@ from ..configuration.config import Config
 from .levels import Level, Shares, holding, node_names
 from .progress import reporter
 from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_table
+from .storage import location, read_table
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunks
@@ -351,7 +352,7 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
         return None
     files = {"histograms": part}
     if chunk.source.draws:  # a reprocessing reads published measurements: nothing of its own to check
-        files["measurements"] = Path(chunk.measurements_path)
+        files["measurements"] = location(chunk.measurements_path)
     meta, problem = _unverified(record, files)
     if problem is not None:
         distrust(problem, chunk.mode, f"chunk {chunk.index} of {chunk.product.name} {chunk.level}",
@@ -364,7 +365,7 @@ def _finished_chunk(rundir: RunDir, hdir, records, chunk: Chunk) -> ChunkResult 
 
 def _part_nnz(path: Path, nodes: list[str]) -> np.ndarray:
     """Non-zero cells of each node of a histogram part (one row per non-zero cell; only the geocodes are read)."""
-    geocodes = pq.read_table(path, columns=["geocode"]).column("geocode").to_pandas().astype(str)
+    geocodes = read_table(path, columns=["geocode"]).column("geocode").to_pandas().astype(str)
     return np.bincount(pd.Index(nodes).get_indexer(geocodes), minlength=len(nodes)).astype(np.int32)
 
 
@@ -392,7 +393,7 @@ def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, 
 
 def read_level_histograms(rundir: RunDir, product: Product, level: Level) -> sp.csr_matrix:
     """Estimated histograms of a level already written, in the driver (the block-by-block roll-up)."""
-    table = pq.read_table(rundir.histograms(product.name, level.name)).to_pandas()
+    table = read_table(rundir.histograms(product.name, level.name)).to_pandas()
     rows = level.nodes.get_indexer(table["geocode"].astype(str))
     return sp.csr_matrix((table["count"].to_numpy(np.int64), (rows, table["cell"].to_numpy())),
                          shape=(len(level), product.schema.ncells), dtype=np.int64)
@@ -404,7 +405,7 @@ def read_level_output(rundir: RunDir, product: str, level: Level) -> LevelOutput
     part_of = np.zeros(len(level), dtype=np.int32)
     nnz = np.zeros(len(level), dtype=np.int32)
     for f in sorted(hdir.glob("part-*.parquet")):
-        geocodes = pq.read_table(f, columns=["geocode"]).column("geocode").to_pandas().astype(str)
+        geocodes = read_table(f, columns=["geocode"]).column("geocode").to_pandas().astype(str)
         rows, counts = np.unique(level.nodes.get_indexer(geocodes), return_counts=True)
         part_of[rows] = int(f.stem.split("-")[1])
         nnz[rows] = counts

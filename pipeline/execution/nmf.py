@@ -63,7 +63,6 @@ names are mapped to ours by :data:`BUREAU_NAMES` and, failing that, by their ter
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -85,7 +84,8 @@ from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import level_constraints, published_units
 from .progress import track
 from .outdir import claimed
-from .rundir import MEASURED, RunReader, removed_on_failure, write_json_atomic, write_table
+from .rundir import MEASURED, RunReader, write_json_atomic, write_table
+from .storage import location, read_frame, read_schema, read_table
 
 FORMAT = "topdown-nmf/2"
 #: The parts of a level folder: the Bureau's two, and ours (the declared invariants; the Bureau's reader
@@ -224,25 +224,24 @@ def _invariant_table(product: Product, nodes: pd.Index, units: pd.DataFrame,
 def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write the noisy measurement file of a complete run into ``out_dir`` (absent or empty: ``outdir.claimed``).
 
-    The directory is built under a temporary sibling and put in place at once, so it is complete or absent.
+    The directory is built under a temporary sibling and put in place at once, so it is complete or absent (on
+    an object store: built in place, ``nmf.json`` written last; ``outdir.Claim.building``).
     """
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    run_dir, out_dir = location(run_dir), location(out_dir)
     reader = RunReader(run_dir)
     config = reader.config()
     with claimed(out_dir, "nmf") as claim:
         reader.check_sums(MEASURED, "writing the noisy measurement file")
         spine = reader.spine()
         cert = reader.certificate().data
-        tmp = out_dir.with_name(f".{out_dir.name}.partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        with removed_on_failure(tmp):  # complete or absent
+        with claim.building() as tmp:
             meta = {"format": FORMAT, "run": config.run.name, "config_sha256": config.digest(),
                     "levels": spine.levels, "spine": spine.kind, "products": {}}
             for spec in config.run_products:
                 product, schema = spec.name, spec.schema
                 cfg = config.product(product)
                 inv_path = reader.invariants(product)
-                units, parents, _, state_total = published_units(spine, pd.read_parquet(inv_path),
+                units, parents, _, state_total = published_units(spine, read_frame(inv_path),
                                                                  where=str(inv_path))
                 # occupied units are not a declared invariant: a constraint that needs them has no right-hand side
                 units = [u.assign(occupied=np.nan) for u in units]
@@ -256,7 +255,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
                     parts = sorted(reader.measurements(product, lv).glob("part-*.parquet"))
                     (base / DPQUERY).mkdir(parents=True, exist_ok=True)
                     for i, part in enumerate(parts):  # part by part, as the run wrote them
-                        long = pq.read_table(part).to_pandas()
+                        long = read_table(part).to_pandas()
                         if len(long):
                             write_table(_dpquery_table(long, shares, qshares, schema),
                                         base / DPQUERY / f"part-{i:05d}.parquet")
@@ -271,7 +270,6 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
                     "queries": {lv: list(cfg.budget.queries.get(lv, {})) for lv in spine.levels},
                 }
             write_json_atomic(tmp / "nmf.json", meta)
-            claim.replace_with(tmp)
     return out_dir
 
 
@@ -279,7 +277,7 @@ def write_nmf(run_dir: str | Path, out_dir: str | Path) -> Path:
 def _checked(path: Path, part: str, columns: list[str] | None = None) -> pa.Table:
     """A part file's table, its required columns (:data:`REQUIRED`) checked first: one clear error each."""
     try:
-        schema = pq.read_schema(path)
+        schema = read_schema(path)
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({type(exc).__name__})") from None
     for name, (ok, what) in REQUIRED[part].items():
@@ -287,7 +285,7 @@ def _checked(path: Path, part: str, columns: list[str] | None = None) -> pa.Tabl
             raise InputError(f"{path}: no column {name!r} (a {part} part has {', '.join(REQUIRED[part])})")
         if not ok(schema.field(name).type):
             raise InputError(f"{path}: column {name!r} is {schema.field(name).type}, not {what}")
-    return pq.read_table(path, columns=columns)
+    return read_table(path, columns=columns)
 
 
 def _name_map(raw: Iterable[str], known: Iterable[str], suffix: str, where: str) -> dict[str, str]:
@@ -388,7 +386,7 @@ class NoisyMeasurementFile:
 
     def measurement_table(self, product: str, level: str, part: Path) -> pa.Table:
         """One DPQuery part as a run's measurement table (Arrow; :meth:`measurement_part` as pandas)."""
-        names = pq.read_schema(part).names
+        names = read_schema(part).names
         dpq = _checked(part, DPQUERY, ["geocode", "query_name", "value", "variance",
                                        *(["query_shape"] if "query_shape" in names else [])])
         names = _name_map(dpq.column("query_name").unique().to_pylist(),
@@ -516,7 +514,7 @@ def _bureau_meta(config, spine: Spine) -> dict:
 
 def nmf_meta(nmf_dir: str | Path) -> dict | None:
     """The ``nmf.json`` of a file of our layout (checked), or None for a folder of the Bureau's layout."""
-    meta_path = Path(nmf_dir) / "nmf.json"
+    meta_path = location(nmf_dir) / "nmf.json"
     if not meta_path.exists():
         return None
     try:
@@ -532,7 +530,7 @@ def nmf_meta(nmf_dir: str | Path) -> dict | None:
 def is_bureau_nmf(path: str | Path) -> bool:
     """A folder of the Bureau's layout: ``<Level>.parquet`` folders with a Constraint part, directly or one
     folder down."""
-    path = Path(path)
+    path = location(path)
     return path.is_dir() and any(path.glob(f"*.parquet/{CONSTRAINT}")) or any(path.glob(f"*/*.parquet/{CONSTRAINT}"))
 
 
@@ -540,7 +538,7 @@ def read_nmf(nmf_dir: str | Path, config=None, spine: Spine | None = None) -> No
     """Open a noisy measurement file: ours (``nmf.json`` present), or a folder of the Bureau's layout, which
     needs the ``config`` and ``spine`` it was measured with (see :class:`NoisyMeasurementFile`). Constraint
     parts are read; DPQuery parts are listed and read on demand."""
-    nmf_dir = Path(nmf_dir)
+    nmf_dir = location(nmf_dir)
     meta = nmf_meta(nmf_dir)
     if meta is None:
         if not is_bureau_nmf(nmf_dir):
@@ -590,7 +588,7 @@ def read_nmf(nmf_dir: str | Path, config=None, spine: Spine | None = None) -> No
             out.part_nodes.setdefault(product, {})[level] = [np.asarray(g, dtype=str) for g in geocodes]
             everything = [frame["geocode"].to_numpy(dtype=str), *out.part_nodes[product][level]]
             if (base / INVARIANT).is_dir():
-                everything.append(pq.read_table(base / INVARIANT, columns=["geocode"]).column("geocode")
+                everything.append(read_table(base / INVARIANT, columns=["geocode"]).column("geocode")
                                   .to_numpy(zero_copy_only=False).astype(str))
             out.nodes[product][level] = pd.Index(np.unique(np.concatenate(everything)) if everything else [])
         if meta["format"] == "bureau":

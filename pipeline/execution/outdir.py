@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow.parquet as pq
 
-from .private_files import FILE_MODE, private_dir
-from .rundir import (LOCK, RunDir, RunDirError, held, read_manifest_file, refuse_if_held, replace_dir,
-                     writable_dir, write_json_atomic, writing)
+from .private_files import private_dir, private_file
+from .rundir import (LOCK, RunDir, RunDirError, held, read_manifest_file, refuse_if_held, remove_tree,
+                     removed_on_failure, replace_dir, writable_dir, write_json_atomic, writing)
+from .storage import StorePath, location
 
 #: The project's format name in every marker.
 FORMAT = "census-topdown"
@@ -107,7 +108,7 @@ def _json(path: Path) -> Any:
 def read_marker(path: Path) -> dict[str, str] | None:
     """The marker of the output at ``path`` (None: it carries none). A run directory's is its manifest's;
     a manifest.json that cannot be read raises :class:`RunDirError` naming it."""
-    path = Path(path)
+    path = location(path)
     if path.is_dir():
         own = _valid(_json(path / MARKER), folder=True)
         if own is not None or not (path / "manifest.json").is_file():
@@ -117,10 +118,12 @@ def read_marker(path: Path) -> dict[str, str] | None:
     if not path.is_file():
         return None
     try:
-        with open(path, "rb") as fh:
+        with path.open("rb") as fh:
             head = fh.read(4)
-        if head == b"PAR1":
-            meta = (pq.read_schema(path).metadata or {}).get(MARKER_KEY.encode())
+            fh.seek(0)
+            schema = pq.read_schema(fh) if head == b"PAR1" else None
+        if schema is not None:
+            meta = (schema.metadata or {}).get(MARKER_KEY.encode())
             return _valid(json.loads(meta), folder=False) if meta else None
     except (OSError, ValueError, RuntimeError):  # pyarrow's errors are OSError/ValueError subclasses
         return None
@@ -143,6 +146,8 @@ def _published(folder: Path) -> str | None:
 
 def _ancestors(path: Path) -> list[Path]:
     """The folders above ``path``, as written and with links resolved (nearest first)."""
+    if isinstance(path, StorePath):
+        return path.parents
     literal = Path(os.path.abspath(path))
     real = Path(os.path.realpath(path))
     seen: list[Path] = []
@@ -187,7 +192,7 @@ def check(path: str | Path, command: str, *, file: bool = False, holding: bool =
     ``command`` that no other writer holds (``holding``: the caller holds its lock); no output inside a run
     directory, nothing confidential around a published one. Returns the path and the earlier output's marker
     (None: nothing there); raises :class:`RunDirError` otherwise."""
-    path, writer = Path(path), WRITERS[command]
+    path, writer = location(path), WRITERS[command]
     _refuse_published(path, command)
     if not path.exists() and not path.is_symlink():
         return path, None
@@ -247,6 +252,28 @@ class Claim:
         replace_dir(new, self.path)
 
 
+    @contextmanager
+    def building(self) -> Iterator[Path | StorePath]:
+        """Where to build this output whole: a temporary sibling (``.<name>.partial``) put in this output's place
+        at once when the block ends (:meth:`replace_with`), removed if it fails. A store has no rename: the
+        output is built in place (the file the command writes last marks it complete), and what the block wrote
+        is removed if it fails."""
+        if isinstance(self.path, StorePath):
+            try:
+                yield self.path
+            except BaseException:
+                for entry in self.path.iterdir():
+                    if not bookkeeping(entry.name) and entry.name != "manifest.json":
+                        remove_tree(entry) if entry.is_dir() else entry.unlink(missing_ok=True)
+                raise
+            return
+        tmp = self.path.with_name(f".{self.path.name}.partial")
+        remove_tree(tmp)
+        with removed_on_failure(tmp):  # complete or absent
+            yield tmp
+            self.replace_with(tmp)
+
+
 def _write_marker(folder: Path, marker: dict[str, str]) -> None:
     command = marker["command"]
     if command in RUN_COMMANDS:
@@ -254,7 +281,7 @@ def _write_marker(folder: Path, marker: dict[str, str]) -> None:
         return
     write_json_atomic(folder / MARKER, marker)
     if WRITERS[command].confidential:
-        os.chmod(folder / MARKER, FILE_MODE)
+        private_file(folder / MARKER)
 
 
 def _only_marker(folder: Path, command: str) -> bool:
@@ -267,7 +294,7 @@ def _only_marker(folder: Path, command: str) -> bool:
 def made_then_removed_on_failure(path: Path) -> Iterator[None]:
     """The folders of ``path`` and above it that the block makes are removed again, deepest first, if it fails
     and they are empty."""
-    made = [p for p in (path, *path.parents) if not os.path.lexists(p)]
+    made = [p for p in (path, *path.parents) if isinstance(p, Path) and not os.path.lexists(p)]
     try:
         yield
     except BaseException:
@@ -281,12 +308,24 @@ def made_then_removed_on_failure(path: Path) -> Iterator[None]:
         raise
 
 
+def refuse_public(path: StorePath, command: str) -> None:
+    """Confidential files (an input, an evaluation, a run's staging) are never written to a bucket anyone can
+    read; raises :class:`RunDirError` before anything is written."""
+    why = path.public()
+    if why is not None:
+        what = WRITERS[command].what if WRITERS[command].confidential else "a run's staging (confidential)"
+        raise RunDirError(f"{path}: cannot write {what}: {why}; nothing was written (make the bucket private: "
+                          "docs/how-to/clusters.md \"Object storage\")")
+
+
 @contextmanager
 def claimed(path: str | Path, command: str) -> Iterator[Claim]:
     """Hold the folder ``path`` for ``command`` while the block writes it: checked by the rule (:func:`check`),
     made (private for a confidential output), locked, checked again under the lock, and marked. A block that
     fails leaves no marker in a folder it found absent or empty, nor a folder it made that stayed empty."""
     path, _ = check(path, command)
+    if isinstance(path, StorePath) and (WRITERS[command].confidential or command in RUN_COMMANDS):
+        refuse_public(path, command)
     with made_then_removed_on_failure(path):
         if WRITERS[command].confidential:
             with writing(path):

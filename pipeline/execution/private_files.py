@@ -20,8 +20,17 @@ FILE_MODE = 0o600
 DIR_MODE = 0o700
 
 
+def _local(path: object) -> bool:
+    """A local path (an object store's path, ``storage.StorePath``, has no file modes: what protects its objects
+    is the bucket's policy and the encryption every write requests; docs/how-to/clusters.md "Object
+    storage")."""
+    return isinstance(path, (str, os.PathLike))
+
+
 def private_dir(path: str | Path) -> Path:
     """Create ``path`` (and its missing parents) or take it as it is, and make it a private folder (0700)."""
+    if not _local(path):
+        return path
     path = Path(path)
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     os.chmod(path, DIR_MODE)
@@ -30,6 +39,8 @@ def private_dir(path: str | Path) -> Path:
 
 def private_file(path: str | Path) -> Path:
     """Create ``path`` empty if absent, and make it private (0600): write into it afterwards."""
+    if not _local(path):
+        return path
     path = Path(path)
     fd = os.open(path, os.O_CREAT | os.O_WRONLY, FILE_MODE)
     os.close(fd)
@@ -39,6 +50,8 @@ def private_file(path: str | Path) -> Path:
 
 def seal(path: str | Path) -> Path:
     """Make ``path`` and everything below it private (files 0600, folders 0700); links are left alone."""
+    if not _local(path):
+        return path
     path = Path(path)
     for p in (path, *path.rglob("*")) if path.is_dir() else (path,):
         mode = os.lstat(p).st_mode
@@ -51,4 +64,6 @@ def seal(path: str | Path) -> Path:
 
 def is_private(path: str | Path) -> bool:
     """True when nobody but the owner may read, write or enter ``path``."""
+    if not _local(path):
+        return True
     return os.lstat(path).st_mode & 0o077 == 0

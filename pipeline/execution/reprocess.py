@@ -36,7 +36,8 @@ from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
 from .outdir import bookkeeping, check
-from .rundir import MEASURED, RunDir, RunDirError, RunReader, sha256_file, write_table
+from .rundir import MEASURED, RunDir, RunDirError, RunReader, remove_tree, sha256_file, write_table
+from .storage import StorePath, copy_files, location, read_frame
 from .runner import Plan, execute, opened
 from ..configuration.preflight import check_levels
 from ..configuration.sources import Published
@@ -96,7 +97,7 @@ def _unit_donors(product: Product, products: list[Product]) -> list[Product]:
 def read_invariants(src: RunReader, product: Product, products: list[Product]) -> pd.DataFrame:
     """The published invariants of ``product``, with the unit counts it lacks taken from another product's
     (:func:`_unit_donors`)."""
-    inv = pd.read_parquet(src.invariants(product.name))
+    inv = read_frame(src.invariants(product.name))
     inv["geocode"] = inv["geocode"].astype(str)
     if not set(UNIT_COLUMNS) <= set(inv.columns):
         other = next((src.invariants(p.name) for p in _unit_donors(product, products)
@@ -106,7 +107,7 @@ def read_invariants(src: RunReader, product: Product, products: list[Product]) -
                 raise FileNotFoundError(f"{src.invariants(product.name)}: no GQ-facility counts (u1..u7), and no "
                                         "invariants of another product to take them from")
             return inv
-        gq = pd.read_parquet(other, columns=["level", "geocode", *UNIT_COLUMNS[1:]])
+        gq = read_frame(other, columns=["level", "geocode", *UNIT_COLUMNS[1:]])
         gq["geocode"] = gq["geocode"].astype(str)
         inv = inv.merge(gq, on=["level", "geocode"], how="left")
     return inv
@@ -131,7 +132,11 @@ def source_hashes(src: RunReader) -> dict[str, str]:
 
 def link_tree(src: Path, dst: Path) -> None:
     """Hard-link (or copy, across file systems) every file of ``src`` to the same place under ``dst``:
-    the published bytes, unchanged."""
+    the published bytes, unchanged (an object store has no links: its objects are copied)."""
+    if isinstance(src, StorePath) or isinstance(dst, StorePath):
+        copy_files(src, dst)
+        return
+
     def link(a: str, b: str) -> None:
         try:
             os.link(a, b)
@@ -179,7 +184,7 @@ def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
         for name in names:
             final = rd.root / name
             staged = rd.staging(final)
-            shutil.rmtree(staged, ignore_errors=True) if staged.is_dir() else staged.unlink(missing_ok=True)
+            remove_tree(staged) if staged.is_dir() else staged.unlink(missing_ok=True)
             link_tree(src.root / name, staged)
             rd.commit(final)
 
@@ -275,7 +280,7 @@ def write_measurement_parts(nmf: NoisyMeasurementFile, product: str, level: str,
             for c, rows in long.groupby(chunk.reindex(long["geocode"]).to_numpy(), sort=True):
                 write_table(rows, pieces / f"{int(c):05d}" / f"{i:05d}.parquet")
         for c in sorted(pieces.iterdir()):
-            rows = pd.concat([pd.read_parquet(f) for f in sorted(c.glob("*.parquet"))], ignore_index=True)
+            rows = pd.concat([read_frame(f) for f in sorted(c.glob("*.parquet"))], ignore_index=True)
             rows = rows.sort_values(["geocode", "query", "answer"], kind="stable").reset_index(drop=True)
             write_table(rows, directory / f"part-{c.name}.parquet", **MEASUREMENT_PARQUET)
     finally:
@@ -289,7 +294,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
     config, spine, nmf = open_nmf(nmf_dir, spine_path, config_path)
     spine_path = Path(spine_path)
     invariants = {p.name: invariants_of_nmf(nmf, p, config.run_products, spine) for p in config.run_products}
-    of = {"noisy_measurement_file": str(Path(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
+    of = {"noisy_measurement_file": str(location(nmf_dir).resolve()), "config_sha256": nmf.meta.get("config_sha256"),
           "spine": str(spine_path.resolve())}
     cert = reprocessing_certificate(
         certificate(config, path_shares(spine, config)), config, of)
@@ -304,19 +309,19 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
                 write_measurement_parts(nmf, product, level, rd.staging(final), spine)
                 rd.commit(final)
 
-    return _Source(config, spine, invariants, cert, nmf_hashes(Path(nmf_dir), spine_path), publish)
+    return _Source(config, spine, invariants, cert, nmf_hashes(location(nmf_dir), spine_path), publish)
 
 
 def is_nmf(path: str | Path) -> bool:
     """A noisy measurement file: ours (``nmf.json``) or a folder of the Bureau's layout."""
-    return (Path(path) / "nmf.json").exists() or is_bureau_nmf(path)
+    return (location(path) / "nmf.json").exists() or is_bureau_nmf(path)
 
 
 def identity(source: str | Path, changes: str | Path | None = None, spine: str | Path | None = None
              ) -> tuple[str, dict[str, str]]:
     """The configuration hash and input hashes a reprocessing of ``source`` records (for ``topdown batch``)."""
     if is_nmf(source):
-        return load_config(changes).digest(), nmf_hashes(Path(source), Path(spine))
+        return load_config(changes).digest(), nmf_hashes(location(source), Path(spine))
     before = RunReader(source).config()
     return (apply_changes(before, changes) if changes else before).digest(), source_hashes(RunReader(source))
 
@@ -332,10 +337,10 @@ def reprocess(
     spine file) and ``changes`` (the full configuration it was measured with, post-processing free to
     change). Cluster arguments as :func:`runner.run`. Returns the new run directory's path."""
     t0 = time.perf_counter()
-    if Path(out).resolve() == Path(source).resolve():
+    if location(out).resolve() == location(source).resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
     check(out, "reprocess")
-    src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
+    src = _from_nmf(location(source), spine, changes) if is_nmf(source) else _from_run(location(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}
     check_levels(config, src.spine.levels)

@@ -19,7 +19,9 @@ Layout::
     mdf/<product>/county=<SSCCC>/           one row per person / unit, tabulation geography
 
 Every directory is written under ``.staging/`` and renamed into place when complete, so a reader
-never sees half a level. :class:`RunReader` is the one reader of a run directory (verify, evaluate, the CLI,
+never sees half a level. On an object store (:mod:`.storage`), which has no rename, a staged folder is copied into
+place object by object and the manifest, written last, lists what is complete with its SHA-256: a reader trusts
+only what the manifest lists. :class:`RunReader` is the one reader of a run directory (verify, evaluate, the CLI,
 reprocessing, the noisy measurement file): its paths, its typed :class:`Manifest` and :class:`Certificate`
 (both carry ``schema_version``), its spine and its tables.
 """
@@ -44,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..configuration.limits import read_text
+from .storage import StorePath, arrow, copy_files, location
 
 log = logging.getLogger("topdown")
 
@@ -75,8 +78,8 @@ class LevelsMismatch(RunDirError):
 class RunDir:
     """Paths and atomic writes inside one run directory."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
+    def __init__(self, root: str | Path | StorePath):
+        self.root = location(root)
 
     # -- paths -----------------------------------------------------------------------------------
     @property
@@ -124,7 +127,7 @@ class RunDir:
 
     def clear_staging(self) -> None:
         """Remove half-written output of an interrupted run (call only while holding the lock)."""
-        shutil.rmtree(self.root / STAGING, ignore_errors=True)
+        remove_tree(self.root / STAGING)
 
     def write_marker(self, marker: dict[str, str]) -> None:
         """Write a manifest that holds the run's marker alone (``outdir.read_marker``: a run not yet started)."""
@@ -138,7 +141,7 @@ class RunDir:
         for name in OUTPUTS:
             path = self.root / name
             if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
+                remove_tree(path, strict=True)
             else:
                 path.unlink(missing_ok=True)
 
@@ -158,6 +161,9 @@ class RunDir:
         staged = self.staging(final)
         if not staged.exists():
             raise RunDirError(f"nothing staged for {final}")
+        if isinstance(final, StorePath):
+            _move_objects(staged, final)
+            return
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():
             old = final.with_name(final.name + ".old")
@@ -299,9 +305,15 @@ def _locked(path: Path, output: Path, owner: str, holder: str) -> Locked:
     return Locked(f"{output} is locked by another {owner} ({holder}). If none is active, delete {path}.", path, holder)
 
 
-def _try_create(path: Path, text: str) -> bool:
+def _try_create(path: Path | StorePath, text: str) -> bool:
     """Create the lock file holding ``text`` unless one exists: written beside it and linked into place
-    (atomic, so a lock file is never empty; a full disk leaves no lock)."""
+    (atomic, so a lock file is never empty; a full disk leaves no lock). On a store: one conditional PUT."""
+    if isinstance(path, StorePath):
+        try:
+            return path.create(text.encode())
+        except NotImplementedError as exc:
+            raise RunDirError(f"{exc}: the one-writer lock cannot be held there; nothing was written (use a store "
+                              "with conditional writes, or a local --out)") from None
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         with writing(path):
@@ -315,7 +327,14 @@ def _try_create(path: Path, text: str) -> bool:
 
 
 def _take_over(path: Path, holder: str, output: Path) -> None:
-    """Move a stale lock aside (atomic rename) and delete it if it is still the one judged stale."""
+    """Move a stale lock aside (atomic rename) and delete it if it is still the one judged stale. A store has
+    no rename: the lock is deleted if it still holds the stale text (a writer that took it over in the moment
+    between the read and the delete loses it; the conditional create after decides between the rest)."""
+    if isinstance(path, StorePath):
+        if _read_lock(path) == holder:
+            path.unlink(missing_ok=True)
+            log.warning("%s: took over the stale lock of a writer that no longer exists (%s)", output, holder)
+        return
     aside = path.with_name(f"{path.name}.stale-{os.getpid()}")
     try:
         os.rename(path, aside)
@@ -359,7 +378,7 @@ def _is_stale(holder: str) -> bool:
 def sha256_file(path: Path) -> str:
     """The SHA-256 of a file's bytes (hex)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with location(path).open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -420,12 +439,12 @@ def writing(path: str | Path) -> Iterator[None]:
 @contextmanager
 def removed_on_failure(path: str | Path) -> Iterator[None]:
     """Whatever is written at ``path`` (a file or a folder) is removed if the block fails: nothing half-written."""
-    path = Path(path)
+    path = location(path)
     try:
         yield
     except BaseException:
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
         else:
             with suppress(OSError):  # e.g. a file where a folder of ``path`` belongs: nothing was written
                 path.unlink(missing_ok=True)
@@ -433,11 +452,35 @@ def removed_on_failure(path: str | Path) -> Iterator[None]:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON through a temporary file and an atomic rename."""
+    """Write JSON through a temporary file and an atomic rename (on a store: one PUT, as atomic)."""
+    path = location(path)
+    if isinstance(path, StorePath):
+        with writing(path):
+            path.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     with writing(path), removed_on_failure(tmp):
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
         os.replace(tmp, path)
+
+
+def remove_tree(path: Path | StorePath, strict: bool = False) -> None:
+    """Remove the folder ``path`` and everything below it (errors ignored unless ``strict``)."""
+    if isinstance(path, StorePath):
+        path.rmtree()
+    else:
+        shutil.rmtree(path, ignore_errors=not strict)
+
+
+def _move_objects(staged: StorePath, final: StorePath) -> None:
+    """Put a staged file or folder of a store in the place of ``final``: what was there is removed, the staged
+    objects are copied in (server-side) and removed. Not atomic: the manifest, written after, is what a reader
+    trusts (a level or file it does not list as complete is not part of the run)."""
+    if final.is_file():
+        final.unlink()
+    final.rmtree()
+    copy_files(staged, final)
+    staged.rmtree() if staged.is_dir() else staged.unlink(missing_ok=True)
 
 
 def replace_dir(new: Path, final: Path) -> None:
@@ -470,8 +513,15 @@ def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:
     """Write a pandas frame or Arrow table as one Parquet file (directories created), deterministically and
     atomically (a temporary file renamed into place, so a killed run never leaves half a file); ``options``
     go to ``pq.write_table`` (e.g. ``measure.MEASUREMENT_PARQUET``)."""
+    path = location(path)
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
+    if isinstance(path, StorePath):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **{"compression": "zstd", "write_statistics": True, **options})
+        with writing(path):
+            path.write_bytes(sink.getvalue().to_pybytes())
+        return
     tmp = path.with_name(f".{path.name}.tmp")
     with writing(path), removed_on_failure(tmp):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -487,8 +537,10 @@ def write_frames(frames: Iterable[Any], path: Path, rows_per_group: int = ROW_GR
     """Write pandas frames one after the other as one Parquet file: the bytes :func:`write_table` writes of
     their concatenation, without holding it (a row group at a time; the schema is the first frame's, whose
     columns must have the concatenation's types). Atomic like :func:`write_table`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path), removed_on_failure(tmp):
+    path = location(path)
+    store = isinstance(path, StorePath)
+    tmp = pa.BufferOutputStream() if store else path.with_name(f".{path.name}.tmp")
+    with writing(path), removed_on_failure(path if store else tmp):
         path.parent.mkdir(parents=True, exist_ok=True)
         writer, schema, pending, held = None, None, [], 0
         try:
@@ -510,7 +562,10 @@ def write_frames(frames: Iterable[Any], path: Path, rows_per_group: int = ROW_GR
         finally:
             if writer is not None:
                 writer.close()
-        os.replace(tmp, path)
+        if store:
+            path.write_bytes(tmp.getvalue().to_pybytes())
+        else:
+            os.replace(tmp, path)
 
 
 def _schema_version(data: dict[str, Any], path: Path) -> int:
@@ -667,7 +722,8 @@ class RunReader(RunDir):
         manifest = self.manifest()
         standard = manifest.spine == "standard"
         try:
-            return Spine.read_parquet(self.spine_path, standard_levels=manifest.levels if standard else None)
+            source, fs = arrow(self.spine_path)
+            return Spine.read_parquet(source, standard_levels=manifest.levels if standard else None, filesystem=fs)
         except GeographyError as exc:
             older = "" if standard else (f" (a run of an older version records no budget moves for the "
                                          f"{manifest.spine!r} spine: rerun with this version)")
@@ -734,9 +790,10 @@ class RunReader(RunDir):
 
     def spine_table(self):
         """``spine.parquet`` as a frame of strings (geoid + one column per level)."""
-        return pq.read_table(self.spine_path).to_pandas().astype(str)
+        return self.table(self.spine_path).astype(str)
 
-    def table(self, path: Path, columns: list[str] | None = None):
+    def table(self, path: Path | StorePath, columns: list[str] | None = None):
         """A Parquet file or folder of this run as a frame."""
-        return pq.read_table(path, columns=columns).to_pandas()
+        source, fs = arrow(path)
+        return pq.read_table(source, columns=columns, filesystem=fs).to_pandas()
 

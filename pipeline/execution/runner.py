@@ -45,6 +45,7 @@ from ..privacy.release import prior_draws
 from .private_files import private_dir
 from .outdir import MARKER_FIELDS, check, claimed, read_marker
 from .rundir import SCHEMA_VERSION, STAGING, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
+from .storage import StorePath, location
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
@@ -168,8 +169,8 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
                 quiet()  # the client and the cluster close next
 
 
-def _input_dir(config: Config, input_dir: str | Path | None) -> Path:
-    path = Path(input_dir or config.run.input)
+def _input_dir(config: Config, input_dir: str | Path | None) -> Path | StorePath:
+    path = location(input_dir or config.run.input)
     if config.run.build_demo_input and not (path / "persons.parquet").exists():
         from ..inputs.demo_data import write_demo_input
 
@@ -469,7 +470,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
             release_memory()
             timings[f"{product.name}.mdf"] = time.perf_counter() - t
             rundir.write_manifest(manifest)
-    shutil.rmtree(rundir.root / STAGING, ignore_errors=True)
+    rundir.clear_staging()
     manifest["output_sha256"] = rundir.output_digests(list(config.run.products))  # verify re-checks them
     manifest["status"] = "complete"
     timings["total"] = time.perf_counter() - t0

@@ -19,6 +19,7 @@ from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentPro
 from ..configuration.config import ProductConfig
 from .memory import release_memory
 from .rundir import sha256_file
+from .storage import location
 from topdown.vocab.census import Product
 from ..configuration.sources import DRAW, MeasurementSource
 from ..privacy.measure import root_cells
@@ -151,7 +152,7 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
     schema = chunk.product.schema
     cfg = chunk.cfg
     measured = chunk.source.by_parent(chunk)
-    measurements_sha256 = (sha256_file(Path(chunk.measurements_path))
+    measurements_sha256 = (sha256_file(location(chunk.measurements_path))
                            if chunk.source.draws and chunk.measurements_path is not None else "")
     l2 = cfg.estimation.l2_passes.get(chunk.level, [])
     rounder = cfg.estimation.rounder_passes.get(chunk.level, [])

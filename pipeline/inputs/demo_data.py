@@ -13,6 +13,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+from ..execution.storage import StorePath, location
 from .ingest import Summary, ingest_pl94_files
 
 DEMO_FILES = {
@@ -23,11 +24,11 @@ DEMO_FILES = {
 }
 
 
-def write_demo_input(out: Path) -> Summary:
+def write_demo_input(out: Path | StorePath) -> Summary:
     """Write out/persons.parquet and out/units.parquet from the bundled prototype P.L. 94-171 files."""
     data = files("topdown.pipeline.data")
     src = {key: data.joinpath(name) for key, name in DEMO_FILES.items()}
-    return ingest_pl94_files(src["geo"], src["seg1"], src["seg2"], src["seg3"], Path(out), command="demo-data")
+    return ingest_pl94_files(src["geo"], src["seg1"], src["seg2"], src["seg3"], location(out), command="demo-data")
 
 
 def demo_baf() -> Path:

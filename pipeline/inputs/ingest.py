@@ -98,6 +98,7 @@ from ..execution.private_files import private_dir, seal
 from ..execution.progress import Steps
 from ..execution.outdir import claimed
 from ..execution.rundir import writable_dir
+from ..execution.storage import StorePath
 from . import RACE_CHOICES
 from topdown.pipeline.configuration.census import PERSONS
 
@@ -186,6 +187,12 @@ def write_cef(out: Path, geoids: np.ndarray, person_block: np.ndarray, person_ce
                                     unit_occupied, unit_count)
         if units_derived:
             units = units.replace_schema_metadata({**(units.schema.metadata or {}), DERIVED_UNITS_KEY: DERIVED_UNITS})
+        if isinstance(claim.path, StorePath):  # each object appears whole; no folder to put in place
+            for name, table in zip(CEF_FILES, (persons, units)):
+                sink = pa.BufferOutputStream()
+                pq.write_table(table, sink)
+                (claim.path / name).write_bytes(sink.getvalue().to_pybytes())
+            return persons.num_rows, units.num_rows
         tmp = claim.path.with_name(f".{claim.path.name}.ingest-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:

@@ -34,6 +34,7 @@ from topdown.geo.spine import US_HIERARCHY, nesting_problem
 from topdown.vocab.census import Hierarchy, Product, Units
 
 from ..configuration.census import PL94
+from ..execution.storage import parquet_file, read_table
 
 #: The input's two record files (kinds): persons.parquet (or persons/) and units.parquet (or units/).
 PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
@@ -71,9 +72,9 @@ def _read(path: Path, columns: tuple[str, ...], row_groups: list[int] | None = N
     """The ``columns`` of a Parquet file (only ``row_groups`` when given: one task's share of a big file)."""
     try:
         if row_groups is None:
-            table = pq.read_table(path)
+            table = read_table(path)
         else:
-            table = pq.ParquetFile(path).read_row_groups(row_groups)
+            table = parquet_file(path).read_row_groups(row_groups)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
     missing = [c for c in columns if c not in table.column_names]

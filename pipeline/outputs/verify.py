@@ -39,6 +39,7 @@ from topdown.vocab.queries import build_query
 
 from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
+from ..execution.storage import arrow, dataset, read_schema, read_table
 from ..execution.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files
 
 
@@ -112,7 +113,7 @@ class _Groups:
     group, whose checks then fail on it as they would on the whole level)."""
 
     def __init__(self, spine_path: Path, levels: list[str], us: bool, records: dict[str, int] | None = None):
-        self.spine = pq.read_table(spine_path, read_dictionary=levels[:-1])
+        self.spine = read_table(spine_path, read_dictionary=levels[:-1])
         key = (pc.utf8_slice_codeunits(self.spine.column("geoid"), 0, PREFIX[STATE]) if us
                else self.spine.column(levels[1]).cast(pa.large_string()))
         keys = pc.unique(key).sort()
@@ -186,10 +187,15 @@ class _Spill:
             yield batch.to_pandas()
 
 
+def hive_dataset(path: Path):
+    """A run's Parquet file or folder as a dataset (hive partitions, as ``pq.read_table`` reads them)."""
+    return dataset(path, partitioning="hive")
+
+
 def _batches(path: Path):
     """A Parquet file or folder (hive partitions as ``pq.read_table`` reads them) as tables of about
     :data:`ROUTE_BATCH` rows (small files' batches together)."""
-    dataset = ds.dataset(path, format="parquet", partitioning="hive")
+    dataset = hive_dataset(path)
     held, rows = [], 0
     for batch in dataset.to_batches(batch_size=ROUTE_BATCH):
         held.append(batch)
@@ -288,7 +294,7 @@ def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> No
 
 def _verify(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> None:
     levels = manifest.levels
-    columns = [c for c in pq.read_schema(reader.spine_path).names if not c.startswith("__index_level_")]
+    columns = [c for c in read_schema(reader.spine_path).names if not c.startswith("__index_level_")]
     rep.check(columns == ["geoid", *levels], "spine.parquet columns are not geoid + the manifest's levels")
     relaxed = {(f["product"], f["level"], f["parent"]) for f in manifest.failsafe if f.get("parent_relaxed")}
     for product, level, parent in sorted(relaxed):
@@ -310,7 +316,7 @@ def _records(reader: RunReader, products: list[Product], level: str) -> dict[str
     most: dict[str, int] = {}
     for product in products:
         try:
-            table = ds.dataset(reader.histograms(product.name, level), format="parquet", partitioning="hive")
+            table = hive_dataset(reader.histograms(product.name, level))
             sums = table.to_table(columns=["geocode", "count"]).group_by("geocode").aggregate([("count", "sum")])
         except (OSError, pa.ArrowException, KeyError):  # a lost or damaged level: its own checks name it
             continue
@@ -358,7 +364,7 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
     product, schema = spec.name, spec.schema
     root, below = levels[0], levels[1:]
     merged = _Merged()
-    state = spine_state(reader.spine_path)
+    state = spine_state(*arrow(reader.spine_path))
     with tempfile.TemporaryDirectory(prefix="topdown-verify-") as tmp:
         hist = {level: _route(groups, reader.histograms(product, level), Path(tmp) / level, level) for level in below}
         inv, inv_top = _route_invariants(groups, reader.invariants(product), Path(tmp) / "invariants", root, below)
@@ -404,7 +410,7 @@ def _route(groups: _Groups, path: Path, folder: Path, column: str, codes=None) -
     """Route the rows of the Parquet file or folder ``path`` to their groups by their codes of the spine's
     ``column`` (``codes(table)``; default the ``geocode`` column)."""
     spill = _Spill(folder)
-    spill.schema = ds.dataset(path, format="parquet", partitioning="hive").schema
+    spill.schema = hive_dataset(path).schema
     for table in _batches(path):
         spill.add(table, groups.route(column, table.column("geocode") if codes is None else codes(table)))
     spill.close()
@@ -415,7 +421,7 @@ def _route_invariants(groups: _Groups, path: Path, folder: Path, root: str, belo
                       ) -> tuple[_Spill, pd.DataFrame]:
     """The invariants routed to their groups (a whole state's by its code), and the root level's rows."""
     spill = _Spill(folder)
-    spill.schema = pq.read_schema(path)
+    spill.schema = read_schema(path)
     top = []
     for table in _batches(path):
         level = np.asarray(table.column("level").to_numpy(zero_copy_only=False), dtype=str)
@@ -506,7 +512,7 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
     product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
     levels = list(hists)
     if state is _SPINE_STATE:
-        state = spine_state(reader.spine_path)
+        state = spine_state(*arrow(reader.spine_path))
     type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
     zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
     active = _active_zeros(reader, spec, run_levels or levels) if zeros else None

@@ -1,0 +1,330 @@
+"""Inputs and run directories on object storage (pipeline/execution/storage.py; docs/how-to/clusters.md
+"Object storage").
+
+A local S3-compatible server (moto's, on 127.0.0.1) stands in for S3; the client finds it through the standard
+``AWS_ENDPOINT_URL`` and takes test credentials from the standard environment variables, which no output, log
+line or error may contain. The runs are compared byte for byte with the pinned outputs of the demo run
+(tests/test_output_hashes.py): a run through ``s3://`` writes the same bytes as one on local disk.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import redirect_stderr
+from pathlib import Path
+
+import pytest
+from conftest import end_process_groups
+
+from topdown.pipeline.configuration.config import ConfigError
+from topdown.pipeline.execution import storage
+from topdown.pipeline.execution.outdir import claimed
+from topdown.pipeline.execution.rundir import Locked, RunDir, RunDirError, held
+from topdown.pipeline.execution.storage import MissingExtra, StorePath, location
+from test_output_hashes import PINNED, output_hashes
+
+#: The test credentials: no file, log line or message may hold them.
+KEY_ID, SECRET = "AKIATOPDOWNTESTKEY42", "topdown/Test+Secret/Access0Key0Never0Written"
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """A moto S3 server on 127.0.0.1 and the standard environment that points every client at it."""
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    storage.filesystem.cache_clear()
+    try:
+        yield env
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        storage.filesystem.cache_clear()
+
+
+@pytest.fixture
+def bucket(s3_server) -> str:
+    """A new empty bucket's URL."""
+    name = f"topdown-{uuid.uuid4().hex[:12]}"
+    storage.filesystem("s3").mkdir(name)
+    return f"s3://{name}"
+
+
+def assert_pinned(run: str) -> None:
+    """The run's outputs are the pinned demo run's, byte for byte (as tests/test_output_hashes.py reads them:
+    config.json and the manifest without the input's location)."""
+    found = output_hashes(location(run))
+    assert sorted(found) == sorted(PINNED), sorted(set(found) ^ set(PINNED))
+    changed = [k for k in PINNED if found[k] != PINNED[k]]
+    assert not changed, changed
+
+
+def no_credentials(*texts: str) -> None:
+    for text in texts:
+        assert KEY_ID not in text and SECRET not in text
+
+
+# ------------------------------------------------------------------------------------------- no server
+
+
+def test_location_keeps_local_paths_and_names_store_objects():
+    assert location("runs/demo") == Path("runs/demo") and type(location("runs/demo")) is type(Path("x"))
+    assert location("file:///tmp/run") == Path("/tmp/run")
+    p = Path("x")
+    assert location(p) is p
+    pytest.importorskip("s3fs")
+    run = location("s3://bucket/prefix/run/")
+    assert isinstance(run, StorePath) and str(run) == "s3://bucket/prefix/run"
+    assert str(run / "histograms" / "level=US") == "s3://bucket/prefix/run/histograms/level=US"
+    assert (run / "a/b.parquet").relative_to(run).as_posix() == "a/b.parquet"
+    assert run.parent == location("s3://bucket/prefix") and run.name == "run"
+    assert pickle.loads(pickle.dumps(run)) == run  # a worker gets the URL alone, never a credential
+    assert KEY_ID not in repr(pickle.dumps(run))
+
+
+def test_unknown_scheme_is_a_configuration_error():
+    with pytest.raises(ConfigError, match="unknown storage scheme 'ftp'"):
+        location("ftp://host/run")
+    with pytest.raises(ConfigError, match="names a bucket"):
+        location("s3://")
+
+
+@pytest.mark.parametrize("url, extra", [("s3://bucket/run", "s3"), ("gs://bucket/run", "gcs"),
+                                        ("abfs://container/run", "azure")])
+def test_missing_extra_exits_2_naming_it(monkeypatch, url, extra):
+    """The store's client not installed: one line naming the extra to install, exit 2, nothing started."""
+    from topdown.pipeline import cli
+
+    real = storage.importlib.import_module
+
+    def without_clients(name, *args):
+        if name in ("s3fs", "gcsfs", "adlfs"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(storage.importlib, "import_module", without_clients)
+    storage.filesystem.cache_clear()
+    try:
+        with pytest.raises(MissingExtra, match=rf"\[{extra}\]"):
+            location(url)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            code = cli.main(["verify", url])
+    finally:
+        storage.filesystem.cache_clear()
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1, err.getvalue()
+    assert f"pip install 'census-topdown[{extra}]'" in lines[0] and url.split(":")[0] in lines[0]
+
+
+def test_url_refused_by_a_command_that_writes_locally_only(tmp_path, capsys, monkeypatch):
+    from topdown.pipeline import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["synth", "--blocks", "10", "--seed", "1", "s3://bucket/synth"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "takes a local path there, not a storage URL" in err[0]
+    assert list(tmp_path.iterdir()) == []  # no local folder named like the URL
+
+
+# ------------------------------------------------------------------------------------------- S3 server
+
+
+def test_lock_is_a_conditional_create(bucket):
+    """One writer: the lock is created only if absent (If-None-Match); a live holder refuses the second writer,
+    a dead process's lock of this host is taken over, and the lock is gone after the run."""
+    run = RunDir(f"{bucket}/run")
+    lock = run.root / ".lock"
+    with run.lock():
+        assert "pid" in lock.read_text()
+        with pytest.raises(Locked, match="locked by another run"):
+            with held(lock, run.root, "run"):
+                pass
+    assert not lock.exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(f"pid {dead.stdout.strip()} on {os.uname().nodename} since 2026-01-01T00:00:00")
+    with run.lock():
+        assert f"pid {os.getpid()}" in lock.read_text()
+    lock.write_text("pid 1 on another-host since 2026-01-01T00:00:00")
+    with pytest.raises(Locked, match="another-host"):
+        with run.lock():
+            pass
+
+
+def test_store_without_conditional_create_is_refused(bucket, monkeypatch):
+    def cannot(self, data):
+        raise NotImplementedError(f"{self}: the store cannot create an object only if absent")
+
+    monkeypatch.setattr(StorePath, "create", cannot)
+    with pytest.raises(RunDirError) as info:
+        with RunDir(f"{bucket}/run").lock():
+            pass
+    assert "lock cannot be held" in str(info.value) and "\n" not in str(info.value)
+    assert not location(f"{bucket}/run").exists()
+
+
+def test_demo_through_s3_is_byte_identical_and_leaks_no_credential(bucket, caplog):
+    """The smoke test: demo input written to the bucket, the demo run from and to ``s3://`` on an in-process
+    cluster, verified; its outputs are the pinned local run's bytes, every object was written with server-side
+    encryption requested, and no object, log line or error holds the credentials."""
+    from distributed import Client, LocalCluster
+
+    from topdown.pipeline import load_config, run
+    from topdown.pipeline.inputs.demo_data import write_demo_input
+    from topdown.pipeline.outputs.verify import verify_run
+
+    caplog.set_level(logging.DEBUG)
+    write_demo_input(f"{bucket}/in")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        out = run(load_config("demo"), f"{bucket}/run", input_dir=f"{bucket}/in", client=client)
+    assert str(out) == f"{bucket}/run"
+    assert verify_run(out).ok
+    assert_pinned(f"{bucket}/run")
+    fs = storage.filesystem("s3")
+    objects = fs.find(bucket.removeprefix("s3://"))
+    assert any(o.endswith("in/persons.parquet") for o in objects) and not any(".staging" in o for o in objects)
+    for key in objects:  # the confidential input included
+        b, _, k = key.partition("/")
+        assert fs.call_s3("head_object", Bucket=b, Key=k).get("ServerSideEncryption") == "AES256", key
+    with pytest.raises(RunDirError) as missing:
+        verify_run(f"{bucket}/no-such-run")
+    no_credentials(caplog.text, str(missing.value), *(fs.cat_file(o).decode("latin-1") for o in objects))
+
+
+# ------------------------------------------------------------------------------------------- no shared disk
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _topdown(*args: str, env: dict, cwd: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "topdown.pipeline.cli", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            **kwargs)
+
+
+def _completed(run: str) -> int:
+    """Levels the run's manifest records as complete (0: none yet, or no manifest)."""
+    manifest = location(run) / "manifest.json"
+    try:
+        data = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return 0
+    return sum(len(v) for v in data.get("completed", {}).values())
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.2)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.slow
+def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
+    """A `dask scheduler` process and two `dask worker` processes, each in its own working and temporary
+    directory, and every command a process of its own: the demo input, the run and everything read after it go
+    through ``s3://`` alone. The first run is killed (SIGKILL) mid-way; `--resume` finishes it while one worker
+    is killed; the outputs are the pinned demo run's bytes and `topdown verify` passes; `topdown nmf` and
+    `topdown reprocess` read it from the bucket and write theirs there."""
+    env = {**os.environ, **s3_server, "PYTHONUNBUFFERED": "1"}
+    dask = str(Path(sys.executable).with_name("dask"))
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    places = {name: tmp_path / name for name in ("scheduler", "w0", "w1", "client")}
+    for place in places.values():
+        (place / "tmp").mkdir(parents=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", address.rsplit(":", 1)[1],
+                                       "--no-dashboard"], cwd=places["scheduler"], env=env, start_new_session=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        workers = [subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                                     "--name", name, "--local-directory", str(places[name] / "work")],
+                                    cwd=places[name], env={**env, "TMPDIR": str(places[name] / "tmp")},
+                                    start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for name in ("w0", "w1")]
+        procs += workers
+        from distributed import Client
+
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+        cwd = places["client"]
+        data = _topdown("demo-data", f"{bucket}/in", env=env, cwd=cwd)
+        assert data.wait(120) == 0, data.stdout.read()
+        run_args = ("run", "demo", "--input", f"{bucket}/in", "--out", f"{bucket}/run", "--scheduler", address)
+
+        first = _topdown(*run_args, env=env, cwd=cwd)
+        procs.append(first)
+        _wait_for(lambda: _completed(f"{bucket}/run") >= 3, first)
+        _kill(first)  # its lock stays behind, held by a process that no longer exists
+
+        resumed = _topdown(*run_args, "--resume", env=env, cwd=cwd)
+        procs.append(resumed)
+        _wait_for(lambda: _completed(f"{bucket}/run") >= 5, resumed)
+        _kill(workers[1])
+        out, _ = resumed.communicate(timeout=300)
+        assert resumed.returncode == 0, out
+        assert "took over the stale lock" in out
+        no_credentials(out)
+
+        verify = _topdown("verify", f"{bucket}/run", env=env, cwd=cwd)
+        out, _ = verify.communicate(timeout=120)
+        assert verify.returncode == 0 and "verify: OK" in out, out
+        assert_pinned(f"{bucket}/run")
+
+        nmf = _topdown("nmf", f"{bucket}/run", "--out", f"{bucket}/nmf", env=env, cwd=cwd)
+        out, _ = nmf.communicate(timeout=300)
+        assert nmf.returncode == 0 and location(f"{bucket}/nmf/nmf.json").is_file(), out
+        again = _topdown("reprocess", f"{bucket}/run", "--out", f"{bucket}/reprocessed", "--scheduler", address,
+                         env=env, cwd=cwd)
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, out
+        verify = _topdown("verify", f"{bucket}/reprocessed", env=env, cwd=cwd)
+        out, _ = verify.communicate(timeout=120)
+        assert verify.returncode == 0 and "verify: OK" in out, out
+        for place in places.values():  # nothing of the run on any process's disk
+            assert not any(p.suffix == ".parquet" or p.name == "manifest.json" for p in place.rglob("*"))
+    finally:
+        end_process_groups(procs)
+
+
+def test_confidential_output_refused_in_a_public_bucket(bucket):
+    """A bucket whose ACL lets everyone read is refused for the input and for a run (its staging holds
+    confidential chunks), before anything is written."""
+    from topdown.pipeline.inputs.demo_data import write_demo_input
+
+    fs = storage.filesystem("s3")
+    fs.call_s3("put_bucket_acl", Bucket=bucket.removeprefix("s3://"), ACL="public-read")
+    with pytest.raises(RunDirError, match="grants READ to everyone; nothing was written"):
+        write_demo_input(f"{bucket}/in")
+    with pytest.raises(RunDirError, match="a run's staging"):
+        with claimed(f"{bucket}/run", "run"):
+            pass
+    assert fs.find(bucket.removeprefix("s3://")) == []
