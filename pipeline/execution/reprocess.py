@@ -335,6 +335,9 @@ def reprocess(
     if Path(out).resolve() == Path(source).resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
     check(out, "reprocess")
+    if spine is not None and not is_nmf(source):
+        raise ConfigError(f"--spine {spine}: only for a noisy measurement file; the run directory {source} carries "
+                          "its own spine")
     src = _from_nmf(Path(source), spine, changes) if is_nmf(source) else _from_run(Path(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}
