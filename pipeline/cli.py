@@ -325,8 +325,9 @@ def _quiet_arg(p: argparse.ArgumentParser) -> None:
 OUTPUT_ARGUMENTS = ("out", "summary")
 #: The arguments that name files or folders (checked against the file system's name limits before a command runs,
 #: and those read for their kind: a regular file or a folder).
-PATH_ARGUMENTS = ("config", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty", "source", "baf",
-                  "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file", "tls_cert", "tls_key")
+PATH_ARGUMENTS = ("config", "census", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty",
+                  "source", "baf", "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file",
+                  "tls_cert", "tls_key")
 
 
 def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -954,6 +954,8 @@ FIXED: dict[str, str] = {
     "crash:api:run-config-not-a-config": "`run(42, ...)`: a TypeError (exit 6), now a configuration error",
     "silent:run:resume-and-force": "`run --resume --force` was accepted; on a complete run it recomputed nothing",
     "silent:uncertainty/chile:spine-without-nmf": "`uncertainty RUN --spine FILE` (or --config) ignored it silently",
+    "crash:synth:census-fifo": "`synth --census FIFO` said \"no such census declaration file\" of a file that "
+                               "exists; --census is now checked as the other path arguments",
     "crash:batch:wait=-1": "`batch --wait -1` was accepted (and `--wait nan` waited forever on a held lock); "
                            "--wait is now 0 to a week",
 }
