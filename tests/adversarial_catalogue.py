@@ -956,6 +956,8 @@ FIXED: dict[str, str] = {
     "silent:uncertainty/chile:spine-without-nmf": "`uncertainty RUN --spine FILE` (or --config) ignored it silently",
     "crash:synth:census-fifo": "`synth --census FIFO` said \"no such census declaration file\" of a file that "
                                "exists; --census is now checked as the other path arguments",
+    "crash:privacy:rho-long-digits": "a 5,000-digit budget was refused with the whole number in the message; the "
+                                     "value shown is now cut short",
     "crash:batch:wait=-1": "`batch --wait -1` was accepted (and `--wait nan` waited forever on a held lock); "
                            "--wait is now 0 to a week",
 }

@@ -640,6 +640,12 @@ def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(annotation.model_fields) if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
 
 
+def _shown(value: object) -> str:
+    """A value as a message shows it: its repr, cut short past 80 characters (a 5,000-digit number stays one line)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
+
+
 def _format_validation_error(path: Path | str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
     """One line for one error, else a header and one indented line per error. Keys are named as written in the
     file (a product's table is ``[persons]``, not ``products.persons``); a misspelt key gets the closest key of its
@@ -661,7 +667,7 @@ def _format_validation_error(path: Path | str, exc: ValidationError, model: type
             continue
         if err["type"] == "missing" and tuple(err["loc"]) in meant:
             continue
-        shown = f" (got {got!r})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
+        shown = f" (got {_shown(got)})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
         lines.append(f"{loc}: {err['msg']}{shown}")
     if len(lines) == 1:
         return f"{path}: invalid configuration: {lines[0]}"
