@@ -46,6 +46,8 @@ def _read_one(path: Path, entity: str) -> pd.DataFrame:
         raise GeographyError(f"{path}: not a readable block assignment file ({one_line(exc)})") from None
     if "BLOCKID" not in frame.columns:
         raise GeographyError(f"{path}: no BLOCKID column in the header {list(frame.columns)}")
+    if frame.empty:
+        raise GeographyError(f"{path}: no blocks (a header without rows)")
     bad = frame.loc[~frame["BLOCKID"].str.fullmatch(r"\d{15}"), "BLOCKID"]
     if len(bad):
         raise GeographyError(f"{path}: row {bad.index[0] + 2} has BLOCKID {bad.iloc[0]!r}, not 15 digits")

@@ -321,9 +321,13 @@ def _quiet_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-#: The arguments that name files or folders (checked against the file system's name limits before a command runs).
-PATH_ARGUMENTS = ("config", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty", "source", "baf",
-                  "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file", "tls_cert", "tls_key")
+#: The path arguments that name what a command writes (outdir.py's rules apply to them); the others are read.
+OUTPUT_ARGUMENTS = ("out", "summary")
+#: The arguments that name files or folders (checked against the file system's name limits before a command runs,
+#: and those read for their kind: a regular file or a folder).
+PATH_ARGUMENTS = ("config", "census", "out", "input", "run", "runs", "truth", "entities", "audit", "uncertainty",
+                  "source", "baf", "units", "spine", "replicates", "calibrate", "jobs", "summary", "tls_ca_file",
+                  "tls_cert", "tls_key")
 #: The path arguments that take an object store's URL (``s3://``, ``gs://``, ``abfs://``;
 #: docs/how-to/clusters.md "Object storage"), by command; any other path argument is local (a URL there is refused, exit 2).
 STORE_ARGUMENTS = {"run": ("out", "input"), "verify": ("run",), "demo-data": ("out",), "reprocess": ("run", "out"),
@@ -331,10 +335,12 @@ STORE_ARGUMENTS = {"run": ("out", "input"), "verify": ("run",), "demo-data": ("o
 
 
 def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Every path argument within the file system's name limits and every seed within its range
-    (configuration/limits.py), refused by name (exit 2) before the command starts."""
+    """Every path argument named (an empty one is not the current directory) and within the file system's name
+    limits, every one read a regular file or a folder (or a storage URL where the command takes one), every seed
+    and ``--wait`` within its range (configuration/limits.py) and ``--workers`` a positive number within the
+    machine's (preflight.py), refused by name (exit 2) before the command starts."""
     from .configuration.config import ConfigError
-    from .configuration.limits import check_path, check_seed
+    from .configuration.limits import MAX_WAIT, check_file_kind, check_path, check_seconds, check_seed
     from .execution.storage import is_url, location
 
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
@@ -343,10 +349,21 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         name = action.option_strings[-1] if action.option_strings else action.dest.upper()
         if action.dest == "seed":
             check_seed(value, name)
+        elif action.dest == "wait":
+            check_seconds(value, name, MAX_WAIT)
+        elif action.dest == "workers" and value is not None:
+            from .configuration.preflight import check_workers
+
+            check_workers(value)
         elif action.dest in PATH_ARGUMENTS:
             for item in value if isinstance(value, list) else [value]:
+                if item == "":
+                    verb = "write" if action.dest in OUTPUT_ARGUMENTS else "read"
+                    raise ConfigError(f"{name} is empty: name the file or folder to {verb}")
                 if isinstance(item, str):
                     check_path(item, name)
+                    if action.dest not in OUTPUT_ARGUMENTS and not is_url(item):
+                        check_file_kind(item, name)
                 if is_url(item) and action.dest not in STORE_ARGUMENTS.get(args.command, ()):
                     raise ConfigError(f"{name} {item}: `topdown {args.command}` takes a local path there, not a "
                                       f"storage URL (taken by `topdown {' / '.join(STORE_ARGUMENTS)}`; "
@@ -357,12 +374,8 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 @contextmanager
 def _command_setup(args: argparse.Namespace) -> Iterator[None]:
-    """What every command runs under: ``--out ""`` refused (a usage error, not the current directory); for the
-    commands with a cluster, ``--dashboard`` and the --tls-* flags as Dask configuration."""
-    if getattr(args, "out", None) == "":
-        from .configuration.config import ConfigError
-
-        raise ConfigError("--out is empty: name the file or folder to write")
+    """What every command runs under: for the commands with a cluster, ``--dashboard`` and the --tls-* flags as
+    Dask configuration."""
     if not hasattr(args, "dashboard"):  # no cluster: neither Dask nor its configuration is needed
         yield
         return

@@ -44,7 +44,7 @@ from topdown.vocab.census import Census, Hierarchy, Product
 from .census import (DEFAULT_CENSUS, census_from_dict, census_path, default_census, read_as_declared,
                      read_declaration)
 from .errors import ConfigError, closest, did_you_mean, toml_files_beside
-from .limits import MAX_INCLUDES, MAX_SEED, check_number_text, read_toml_file
+from .limits import MAX_INCLUDES, MAX_SEED, check_number_text, read_toml_file, unsafe_name
 
 
 def parse_fraction(value: Any) -> Fraction:
@@ -328,6 +328,8 @@ class RunSection(_Strict):
             raise ValueError("mode = \"test\" needs an integer 'seed'")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed {self.seed} is outside 0..{MAX_SEED}")
+        if (why := unsafe_name(self.name, "name")) is not None:  # it names outputs' folders (runs/<name>-...)
+            raise ValueError(why)
         return self
 
 
@@ -638,6 +640,12 @@ def _keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(annotation.model_fields) if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
 
 
+def _shown(value: object) -> str:
+    """A value as a message shows it: its repr, cut short past 80 characters (a 5,000-digit number stays one line)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text):,} characters)"
+
+
 def _format_validation_error(path: Path | str, exc: ValidationError, model: type[BaseModel] | None = None) -> str:
     """One line for one error, else a header and one indented line per error. Keys are named as written in the
     file (a product's table is ``[persons]``, not ``products.persons``); a misspelt key gets the closest key of its
@@ -659,7 +667,7 @@ def _format_validation_error(path: Path | str, exc: ValidationError, model: type
             continue
         if err["type"] == "missing" and tuple(err["loc"]) in meant:
             continue
-        shown = f" (got {got!r})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
+        shown = f" (got {_shown(got)})" if isinstance(got, (str, int, float)) and err["type"] != "missing" else ""
         lines.append(f"{loc}: {err['msg']}{shown}")
     if len(lines) == 1:
         return f"{path}: invalid configuration: {lines[0]}"
@@ -668,6 +676,8 @@ def _format_validation_error(path: Path | str, exc: ValidationError, model: type
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a configuration file (or shipped preset name)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"load_config({path!r}): expected a configuration file or a shipped preset name")
     p = resolve_config_path(path)
     data = read_toml(p)
     return config_from_dict(data, source=str(p))

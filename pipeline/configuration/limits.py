@@ -36,6 +36,12 @@ MAX_PERSONS = 400_000_000
 MAX_BLOCKS = 10_000_000
 #: ``topdown replicates --n``.
 MAX_REPLICATES = 1_000
+#: ``topdown audit --runs`` (runs on each of the two databases).
+MAX_AUDIT_RUNS = 10_000
+#: ``topdown batch --wait``: seconds, at most a week.
+MAX_WAIT = 7 * 24 * 3600
+#: The longest name (a run's, a batch job's, a level's, a product's) that becomes part of a path.
+MAX_NAME = 100
 #: A seed (``--seed``, ``[run] seed``): an integer from 0 to TOML's largest integer.
 MAX_SEED = 2**63 - 1
 
@@ -128,9 +134,38 @@ def check_count(value: int, flag: str, low: int, high: int) -> int:
     return value
 
 
+def check_seconds(value: float, flag: str, high: float) -> float:
+    """A number of seconds from 0 to ``high`` (not NaN, not infinite), else a :class:`ConfigError`."""
+    if not 0 <= value <= high:  # False for NaN
+        raise ConfigError(f"{flag} {value}: must be a number of seconds from 0 to {high:,}")
+    return value
+
+
 def check_seed(value: int | None, flag: str = "--seed") -> int | None:
     """A seed from 0 to :data:`MAX_SEED` (None: no seed)."""
     return None if value is None else check_count(value, flag, 0, MAX_SEED)
+
+
+def unsafe_name(name: str, what: str) -> str | None:
+    """Why ``name`` cannot be part of a path (a folder's or file's name in an output), or None when it can: 1 to
+    :data:`MAX_NAME` characters, not ``.`` or ``..``, no path separator or control character."""
+    if not 1 <= len(name) <= MAX_NAME:
+        return f"{what} {name[:40]!r}{'...' if len(name) > 40 else ''} should be 1 to {MAX_NAME} characters"
+    if name in (".", "..") or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"{what} {name!r} would leave its folder (no '/', '\\', control characters, '.' or '..')"
+    return None
+
+
+def check_file_kind(value: str | os.PathLike, flag: str) -> None:
+    """A path argument that exists is a regular file or a folder: a device, a FIFO or a socket (read, it would
+    block or never end) is refused by name. Checked with ``stat``, without opening it."""
+    try:
+        mode = os.stat(value).st_mode
+    except (OSError, ValueError):
+        return  # absent or unreadable: the command says so where it reads it
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ConfigError(f"{flag} {os.fsdecode(value)}: not a regular file or a folder (a device, a FIFO or a "
+                          "socket)")
 
 
 def check_path(value: str | os.PathLike, flag: str) -> None:

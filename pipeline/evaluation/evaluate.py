@@ -61,6 +61,7 @@ from .grouped import (SPILL_DIR, group_rows, route_entities, route_level, route_
 from topdown.geo import one_line
 from topdown.geo.spine import PREFIX, STATE
 from topdown.vocab.queries import build_query
+from ..configuration.errors import ConfigError
 from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import Steps, compute, reporter
@@ -771,6 +772,10 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     runs = [Path(r) for r in run_dirs]
     if not runs:
         raise EvaluationError("evaluate needs at least one run directory")
+    seen: dict[Path, Path] = {}
+    for r in runs:  # several runs are replicates: the same one twice would count as two
+        if (first := seen.setdefault(r.resolve(), r)) is not r:
+            raise ConfigError(f"{r}: the run {first} named twice (several runs are replicates of different seeds)")
     labels = _labels(runs)
     heads = [RunHead(r, lab) for r, lab in zip(runs, labels)]  # fail fast, naming the offending directory
     if opts.uncertainty is not None:

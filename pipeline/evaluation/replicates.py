@@ -109,8 +109,7 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     if len(seeds) != n:
         raise ConfigError(f"--n {n}: but {len(seeds)} seeds")
     parallel = PARALLEL if parallel is None else parallel
-    if parallel < 1:
-        raise ConfigError(f"--parallel {parallel}: at least one replicate at a time")
+    check_count(parallel, "--parallel", 1, MAX_REPLICATES)
     config = RunReader(run).config()
     with claimed(out, "replicates"):
         return _replicates(run, config, seeds, out, client, scheduler, workers, parallel)

@@ -473,6 +473,11 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
         from ..configuration.config import ConfigError
 
         raise ConfigError(f"{run}: --replicates needs the run directory (its published MDF), not a noisy measurement file")
+    if not from_nmf and (spine is not None or config is not None):
+        from ..configuration.config import ConfigError
+
+        flag = "--spine" if spine is not None else "--config"
+        raise ConfigError(f"{flag}: only with a noisy measurement file; the run directory {run} carries its own")
     converted = out.with_name(f".{out.name}.nmf")
     shutil.rmtree(converted, ignore_errors=True)
     with removed_on_failure(converted):  # the file's measurements as a run's parts, removed when done

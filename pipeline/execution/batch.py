@@ -56,7 +56,8 @@ from ..configuration.config import ConfigError, _format_validation_error, read_t
 from .cluster import credential_flags, tls_security
 from .outdir import MARKER_KEY, claimed, claimed_file
 from .progress import reporter
-from .rundir import Locked, RunDir, unsafe_name, write_json_atomic
+from ..configuration.limits import unsafe_name
+from .rundir import Locked, RunDir, write_json_atomic
 from .signals import Interrupted, signals_interrupt
 
 log = logging.getLogger("topdown")

@@ -161,8 +161,8 @@ def check_scheduler(address: str, security: Security | None = None) -> Security 
     """Check a scheduler address and its credentials before anything is written or connected.
 
     Returns the Security to connect with (for a TLS address without one: the Dask configuration's);
-    raises :class:`ConfigError` for an unknown scheme, a TLS address without a CA certificate and client
-    certificate, or TLS credentials given for a plain address.
+    raises :class:`ConfigError` for an unknown scheme, a TCP or TLS address that is not host:port, a TLS address
+    without a CA certificate and client certificate, or TLS credentials given for a plain address.
     """
     scheme, sep, rest = address.partition("://")
     if not sep:  # "host:port": distributed's default protocol
@@ -172,6 +172,13 @@ def check_scheduler(address: str, security: Security | None = None) -> Security 
     if scheme not in SCHEMES:
         raise ConfigError(f"--scheduler {address}: unknown address scheme {scheme!r} "
                           f"(expected {', '.join(s + '://host:port' for s in SCHEMES[:2])}, or {', '.join(SCHEMES[2:])})")
+    if scheme in ("tcp", "tls"):
+        from distributed.comm.addressing import parse_host_port
+
+        try:
+            parse_host_port(rest)
+        except ValueError as exc:
+            raise ConfigError(f"--scheduler {address}: not a host:port ({exc})") from None
     if scheme not in TLS_SCHEMES:
         if security is not None and security.require_encryption:
             raise ConfigError(f"--scheduler {address}: TLS credentials were given for a plain {scheme}:// address; "

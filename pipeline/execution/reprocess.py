@@ -340,6 +340,9 @@ def reprocess(
     if location(out).resolve() == location(source).resolve():
         raise RunDirError(f"{out}: reprocessing writes a new run directory, not into the one it reads")
     check(out, "reprocess")
+    if spine is not None and not is_nmf(source):
+        raise ConfigError(f"--spine {spine}: only for a noisy measurement file; the run directory {source} carries "
+                          "its own spine")
     src = _from_nmf(location(source), spine, changes) if is_nmf(source) else _from_run(location(source), changes)
     config = src.config
     levels: dict[str, list[Level]] = {}

@@ -45,7 +45,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..configuration.limits import read_text
+from ..configuration.limits import read_text, unsafe_name
 from .storage import StorePath, arrow, copy_files, location
 
 log = logging.getLogger("topdown")
@@ -59,8 +59,6 @@ SCHEMA_VERSION = 1
 #: first).
 OUTPUTS = ("certificate.json", "config.json", "spine.parquet", "invariants", "noisy_measurements", "histograms", "mdf",
            STAGING)
-#: The longest name (a batch job's, a level's, a product's) that becomes part of a path.
-MAX_NAME = 100
 #: The published part of a run that post-processing reads (reprocess, nmf): the measurements and what they were
 #: measured with. Each file is checked against the run's recorded SHA-256 before it is used (:meth:`RunReader.check_sums`).
 MEASURED = ("config.json", "certificate.json", "spine.parquet", "invariants", "noisy_measurements")
@@ -235,16 +233,6 @@ def read_manifest_file(path: Path) -> dict[str, Any]:
         if (why := unsafe_name(name, "name")) is not None:
             raise RunDirError(f"{path}: key '{key}': {why}")
     return manifest
-
-
-def unsafe_name(name: str, what: str) -> str | None:
-    """Why ``name`` cannot be part of a path (a folder's or file's name in an output), or None when it can: 1 to
-    :data:`MAX_NAME` characters, not ``.`` or ``..``, no path separator or control character."""
-    if not 1 <= len(name) <= MAX_NAME:
-        return f"{what} {name[:40]!r}{'...' if len(name) > 40 else ''} should be 1 to {MAX_NAME} characters"
-    if name in (".", "..") or any(c in "/\\" or ord(c) < 32 or ord(c) == 127 for c in name):
-        return f"{what} {name!r} would leave its folder (no '/', '\\', control characters, '.' or '..')"
-    return None
 
 
 def _json_type(kind: type) -> str:

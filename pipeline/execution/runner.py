@@ -234,7 +234,11 @@ def opened(rundir: RunDir, config: Config, hashes: dict[str, str], resume: bool,
     yield the manifest to continue (--resume: same configuration and inputs) or {}, and, for a run that
     ``draws`` noise, the earlier draws of this directory it composes with (release.py).
 
-    A complete run is refused without ``force`` (or ``redraw``)."""
+    A complete run is refused without ``force`` (or ``redraw``); ``resume`` with ``force`` is refused (resuming a
+    complete run would recompute nothing)."""
+    if resume and force:
+        raise ConfigError("--resume and --force together: --resume continues an interrupted run, --force recomputes "
+                          "a complete one; give one")
     with claimed(rundir.root, command):
         rundir.check_layout(config.run.products)
         manifest = rundir.read_manifest()

@@ -43,6 +43,7 @@ from scipy.stats import beta
 from topdown.geo.spine import build_spine
 
 from ..configuration.config import BudgetConfig, Config, ConfigError
+from ..configuration.limits import MAX_AUDIT_RUNS, check_count
 from ..execution.engine import make_chunks
 from ..execution.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
@@ -311,8 +312,7 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
           queries: tuple[str, ...] = AUDIT_QUERIES, seed: int = 0, alpha: float = AUDIT_ALPHA,
           batch: int = BATCH) -> AuditResult:
     """Run the audit on ``client`` (a Dask client); returns the per-target table (no true counts in it)."""
-    if runs < 1:
-        raise AuditError(f"--runs {runs}: must be at least 1")
+    check_count(runs, "--runs", 1, MAX_AUDIT_RUNS)
     start = time.perf_counter()
     plans = build_plans(config, input_dir, move, queries, product)
     futures = []
@@ -393,6 +393,7 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     from ..configuration.config import load_config
     from ..execution.runner import dask_client
 
+    check_count(runs, "--runs", 1, MAX_AUDIT_RUNS)
     config = load_config(config_path)
     target, _ = check(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "audit")
     src_dst = parse_move(move)
