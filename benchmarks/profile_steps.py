@@ -310,6 +310,7 @@ def _problem(chunk, task):
 
 def profile_parent(clock: StepClock, problem, repeats: int) -> dict:
     from topdown.solvers import solve_parent
+    from topdown.vocab.problem import SparseHist
 
     runs = []
     for _ in range(repeats):
@@ -324,7 +325,7 @@ def profile_parent(clock: StepClock, problem, repeats: int) -> dict:
     keys = runs[0].keys()
     med = {k: round(statistics.median(r.get(k, 0.0) for r in runs), 4) for k in keys}
     return {"parent_level": None, "children": problem.n_children,
-            "nonzero_parent_cells": int((problem.parent_hist > 0).sum()), "columns": sol.stats.n_cols,
+            "nonzero_parent_cells": int(SparseHist.of(problem.parent_hist).cells.size), "columns": sol.stats.n_cols,
             "rows": sol.stats.n_rows, "failsafe": sol.stats.level, "cpu_s": med}
 
 
