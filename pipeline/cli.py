@@ -364,11 +364,11 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
                     check_path(item, name)
                     if action.dest not in OUTPUT_ARGUMENTS and not is_url(item):
                         check_file_kind(item, name)
-                if is_url(item) and action.dest not in STORE_ARGUMENTS.get(args.command, ()):
-                    raise ConfigError(f"{name} {item}: `topdown {args.command}` takes a local path there, not a "
-                                      f"storage URL (taken by `topdown {' / '.join(STORE_ARGUMENTS)}`; "
-                                      'docs/how-to/clusters.md "Object storage")')
                 if is_url(item):
+                    if action.dest not in STORE_ARGUMENTS.get(args.command, ()):
+                        raise ConfigError(f"{name} {item}: `topdown {args.command}` takes a local path there, not a "
+                                          f"storage URL (taken by `topdown {' / '.join(STORE_ARGUMENTS)}`; "
+                                          'docs/how-to/clusters.md "Object storage")')
                     location(item)  # an unknown scheme or a missing extra: refused here
 
 
