@@ -966,17 +966,10 @@ XFAIL: dict[str, str] = {}
 
 
 def catalogue() -> list[Case]:
-    """Every case, in a fixed order (the default run takes every sixteenth: :func:`sample`)."""
+    """Every case, in a fixed order."""
     cases = (wrong_kinds() + numbers() + configurations() + declarations() + hangs() + silent() + escapes() + api()
              + corners() + standalone() + two_writers() + published_tree() + data_loss())
     ids = {c.id for c in cases}
     assert set(FIXED) <= ids and set(XFAIL) <= ids, (set(FIXED) | set(XFAIL)) - ids
     return [replace(c, fixed=FIXED.get(c.id, ""), xfail=XFAIL.get(c.id, "")) for c in cases]
 
-
-SAMPLE_EVERY = 16
-
-
-def sample(cases: list[Case]) -> set[str]:
-    """The cases the default run takes: every sixteenth of the catalogue (the others are ``slow``)."""
-    return {c.id for i, c in enumerate(cases) if i % SAMPLE_EVERY == 0}

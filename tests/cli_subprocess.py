@@ -6,11 +6,16 @@ handling and its own exit code, which is what a user or a scheduler sees.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,15 +58,91 @@ class Outcome:
 
 def topdown(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300,
             preexec_fn=None) -> Outcome:
-    """``python -m topdown.pipeline.cli ARGV`` in a subprocess (no standard input), its outcome."""
+    """``python -m topdown.pipeline.cli ARGV`` in a process of its own (no standard input), its outcome."""
     args = tuple(str(a) for a in argv)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    done = subprocess.run([sys.executable, "-m", "topdown.pipeline.cli", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                          preexec_fn=preexec_fn)
-    outcome = Outcome(args, done.returncode, done.stdout, done.stderr)
+    cmd = [sys.executable, "-m", "topdown.pipeline.cli", *args]
+    code, stdout, stderr = _FORKS.run("cli", args, cmd, cwd, full_env, timeout,
+                                      fresh=preexec_fn is not None or _changes_imports(env), preexec_fn=preexec_fn)
+    outcome = Outcome(args, code, stdout, stderr)
     _tally(outcome)
     return outcome
+
+
+def _changes_imports(env: dict[str, str] | None) -> bool:
+    """An environment that could change what an interpreter imports or how: run it in a fresh interpreter."""
+    return any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in env or ())
+
+
+def _text(data: bytes) -> str:
+    """Bytes as ``subprocess.run(text=True)`` reads them (the locale's encoding, universal newlines)."""
+    return io.TextIOWrapper(io.BytesIO(data)).read()
+
+
+class ForkServer:
+    """Runs each command in a child forked from one process that has imported the package once
+    (tests/forkserver.py); a fresh interpreter instead when asked to, when the server is busy with another
+    thread's command, or when ``TOPDOWN_TEST_FRESH=1`` (every command in a new interpreter, as a user starts it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._to = self._from = None
+
+    def _start(self) -> None:
+        server_in, client_out = os.pipe()
+        client_in, server_out = os.pipe()
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("forkserver.py")), str(server_in), str(server_out)],
+            pass_fds=(server_in, server_out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parent)
+        os.close(server_in)
+        os.close(server_out)
+        self._to = os.fdopen(client_out, "w")
+        self._from = os.fdopen(client_in, "rb", buffering=0)
+
+    def _reply(self, deadline: float | None) -> dict | None:
+        """The server's next line, or None when ``deadline`` (seconds) passes first."""
+        line = b""
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([self._from], [], [], deadline)
+            if not ready:
+                return None
+            chunk = self._from.read(1)
+            if not chunk:
+                raise ConnectionError("the fork server ended")
+            line += chunk
+        return json.loads(line)
+
+    def run(self, kind: str, argv: tuple[str, ...], cmd: list[str], cwd, env: dict[str, str], timeout: float,
+            fresh: bool = False, preexec_fn=None) -> tuple[int, str, str]:
+        if fresh or os.environ.get("TOPDOWN_TEST_FRESH") == "1" or not self._lock.acquire(blocking=False):
+            done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
+            return done.returncode, done.stdout, done.stderr
+        try:
+            return self._forked(kind, argv, cmd, cwd, env, timeout)
+        finally:
+            self._lock.release()
+
+    def _forked(self, kind, argv, cmd, cwd, env, timeout) -> tuple[int, str, str]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        with tempfile.TemporaryDirectory(prefix="topdown-fork-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            self._to.write(json.dumps({"kind": kind, "argv": list(argv), "cwd": str(cwd or os.getcwd()),
+                                       "env": env, "stdout": str(out), "stderr": str(err)}) + "\n")
+            self._to.flush()
+            pid = self._reply(60)["pid"]
+            reply = self._reply(timeout)
+            if reply is None:
+                os.kill(pid, signal.SIGKILL)
+                self._reply(None)
+                raise subprocess.TimeoutExpired(cmd, timeout, out.read_bytes(), err.read_bytes())
+            return reply["status"], _text(out.read_bytes()), _text(err.read_bytes())
+
+
+_FORKS = ForkServer()
 
 
 def _tally(outcome: Outcome) -> None:
@@ -109,10 +190,10 @@ except Exception as exc:
 
 
 def api(code: str, cwd: Path | None = None, timeout: float = 300) -> Outcome:
-    """The Python API ``code`` run in a subprocess (no standard input), its outcome judged as a command's."""
-    done = subprocess.run([sys.executable, "-c", _API_DRIVER, code], cwd=cwd,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-    outcome = Outcome(("api", code), done.returncode, done.stdout, done.stderr)
+    """The Python API ``code`` run in a process of its own (no standard input), its outcome judged as a command's."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    returncode, stdout, stderr = _FORKS.run("api", (_API_DRIVER, code), [sys.executable, "-c", _API_DRIVER, code],
+                                            cwd, env, timeout)
+    outcome = Outcome(("api", code), returncode, stdout, stderr)
     _tally(outcome)
     return outcome

@@ -9,8 +9,8 @@ collected test with its kind, so ``pytest -m unit`` runs the quick inner loop).
   (``run``, ``evaluate``, ``audit``...), ``submit``, a ``Job`` or a ``Batch``.
 * ``unit``: everything else: functions called in process on small inputs.
 
-A parametrized ``cli`` test runs its first parameter set by default and the others are marked ``slow`` (CI
-runs them all), unless its parameter sets carry ``slow`` marks of their own (a sample chosen by the test file).
+Every ``system`` test is also marked ``slow`` (outside the default selection; CI runs it) unless it is marked
+``smoke`` by hand: the default runs the unit tests and that small sample of system tests.
 
 The reading follows the test's bytecode: the global names and module attributes it loads, the modules it
 imports inside the function, and, transitively, the functions of the test folder (and of the repository's
@@ -20,6 +20,7 @@ scripts: notebooks/, benchmarks/) it calls. A test marked
 from __future__ import annotations
 
 import dis
+import functools
 import importlib
 import inspect
 import types
@@ -52,11 +53,16 @@ def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
 
 
+@functools.lru_cache(maxsize=None)
+def _file_in_repository(filename: str) -> bool:
+    return REPO in Path(filename).resolve().parents
+
+
 def _in_repository(func: Any) -> bool:
     """A function of the test folder or of the repository's scripts (notebooks/, benchmarks/), not of the package."""
     code = getattr(func, "__code__", None)
     return (code is not None and not (getattr(func, "__module__", None) or "").startswith("topdown")
-            and REPO in Path(code.co_filename).resolve().parents)
+            and _file_in_repository(code.co_filename))
 
 
 def _is_cli_helper(obj: Any) -> bool:
@@ -197,20 +203,17 @@ def kind_of_item(item, cache: dict | None = None) -> str:
 
 
 def mark_items(items: list) -> None:
-    """Mark each test with its kind (a ``cli`` test is ``system`` too), and every parameter set of a
-    parametrized ``cli`` test but its first ``slow``, unless the test chose its sample with ``slow`` marks."""
+    """Mark each test with its kind (a ``cli`` test is ``system`` too), and every ``system`` test ``slow``
+    unless it is marked ``smoke`` (the few the default selection keeps: the demo run against its pins, the
+    in-process refusals). The default selection, ``-m "not slow"``, is then the unit tests and the smoke tests;
+    ``-m slow`` is the rest of the suite (CI runs both)."""
     import pytest
 
     cache: dict = {}
-    groups: dict[tuple, list] = {}
     for item in items:
         kind = kind_of_item(item, cache)
         item.add_marker(kind)
         if kind == "cli":
             item.add_marker("system")
-            if getattr(item, "callspec", None) is not None:
-                groups.setdefault((item.path, getattr(item.cls, "__name__", None), item.originalname), []).append(item)
-    for group in groups.values():
-        if not any(item.get_closest_marker("slow") for item in group):
-            for item in group[1:]:
-                item.add_marker(pytest.mark.slow)
+        if kind != "unit" and not item.get_closest_marker("smoke") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)

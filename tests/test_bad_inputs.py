@@ -482,6 +482,7 @@ def test_no_case_is_an_internal_error():
     assert {c.code for c in CASES} == {EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR}
 
 
+@pytest.mark.smoke  # in process: the default selection's sample of refusals
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog, dask_client, monkeypatch):
     if case.without_module and importlib.util.find_spec(case.without_module):
@@ -498,40 +499,11 @@ def test_bad_case(case: Case, tmp_path: Path, planted: Path, capsys, caplog, das
     assert leaked_secrets(caplog.text) == [], caplog.text
 
 
-def _kind(case: Case) -> str:
-    """What a case breaks: a command other than ``run`` (by the helper that builds its command line), the run
-    directory, the input, or the configuration."""
-    if case.argv:
-        return "command " + case.argv.__qualname__.split(".")[0]
-    if case.out:
-        return "run directory"
-    return "input" if case.persons or case.units or case.files or case.input_dir else "configuration"
-
-
-def cli_sample(cases: list[Case]) -> set[str]:
-    """The cases the default run also takes through the command line: the first of each kind and exit code.
-    The others are marked slow (CI runs them all); in process, every case runs by default."""
-    first: dict[tuple[str, int], str] = {}
-    for case in cases:
-        first.setdefault((_kind(case), case.code), case.name)
-    return set(first.values())
-
-
-CLI_SAMPLE = cli_sample(CASES)
-
-
-def test_the_command_line_sample_covers_every_kind_and_code_and_stays_small():
-    sampled = [c for c in CASES if c.name in CLI_SAMPLE]
-    assert {(_kind(c), c.code) for c in sampled} == {(_kind(c), c.code) for c in CASES}
-    assert len(sampled) == len({(_kind(c), c.code) for c in CASES}) <= 15
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name, marks=() if c.name in CLI_SAMPLE else pytest.mark.slow)
-                                  for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_case_through_the_command_line(case: Case, tmp_path: Path, planted: Path):
     """The same case as a user meets it: its own process and cluster, whose workers print to the same stderr (in
     process, a worker's copy of an error is not seen); the documented code, one line, no traceback, nothing
-    changed, nothing leaked. The default run takes a sample (``cli_sample``), ``-m slow`` the rest."""
+    changed, nothing leaked (outside the default selection: ``-m slow``)."""
     if case.without_module and importlib.util.find_spec(case.without_module):
         pytest.skip(f"{case.without_module} is installed here")
     judge(case, *run_case(case, tmp_path, planted, in_a_subprocess))

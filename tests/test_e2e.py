@@ -42,6 +42,7 @@ def test_zero_noise_reproduces_every_level(zero_noise_run, demo_input):
             assert np.array_equal(got["count"].to_numpy(), want["count"].to_numpy()), (product, level)
 
 
+@pytest.mark.smoke  # the default selection's run, verified
 def test_demo_run_verifies(demo_run, demo_input):
     report = verify_run(demo_run)
     assert report.ok, report.failures

@@ -29,6 +29,8 @@ from topdown.pipeline.configuration.limits import MAX_DEPTH, MAX_INCLUDES, depth
 EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR = 1, 2, 3, 4
 LONG = "x" * 300
 
+pytestmark = pytest.mark.smoke  # refusals in process: in the default selection (its subprocess cases are slow)
+
 
 @pytest.fixture
 def cli(capsys, monkeypatch):

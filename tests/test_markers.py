@@ -73,3 +73,27 @@ def test_the_strongest_kind_of_a_test_and_its_fixtures_wins():
 
 def test_this_file_is_marked_unit(request):
     assert request.node.get_closest_marker("unit") and not request.node.get_closest_marker("system")
+
+
+class _Item:
+    """The little of a collected pytest item that ``mark_items`` reads and writes."""
+
+    def __init__(self, func, *marks: str):
+        self.function, self.fixturenames, self.marks = func, (), set(marks)
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+    def add_marker(self, mark):
+        self.marks.add(mark if isinstance(mark, str) else mark.name)
+
+
+def test_system_tests_leave_the_default_selection_unless_marked_smoke():
+    from markers import mark_items
+
+    unit, system, cli, smoke = (_Item(_only_arithmetic), _Item(_a_pipeline_run), _Item(_through_the_cli),
+                                _Item(_a_pipeline_run, "smoke"))
+    mark_items([unit, system, cli, smoke])
+    assert unit.marks == {"unit"}
+    assert system.marks == {"system", "slow"} and cli.marks == {"cli", "system", "slow"}
+    assert smoke.marks == {"smoke", "system"}

@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from topdown.pipeline.execution.rundir import SCHEMA_VERSION
 
 PINNED = {
@@ -106,6 +108,7 @@ def output_hashes(run_dir: Path) -> dict[str, str]:
     return out
 
 
+@pytest.mark.smoke  # the default selection's one pipeline run
 def test_demo_outputs_are_byte_identical(demo_run: Path) -> None:
     got = output_hashes(demo_run)
     assert sorted(got) == sorted(PINNED), "the set of output files changed"

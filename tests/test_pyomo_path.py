@@ -232,7 +232,7 @@ def _compare_all(items: list, every: int = 1) -> dict[str, int]:
     for i, (level, problem) in enumerate(items):
         if len(problem.children[0]) == lowest and i % every:
             continue
-        if problem.parent_hist is not None and (problem.n_children == 1 or not problem.parent_hist.any()):
+        if problem.parent_hist is not None and (problem.n_children == 1 or problem.parent_hist.total() == 0):
             continue
         outcome = assert_equal_paths(problem, backend)
         counts[outcome] = counts.get(outcome, 0) + 1

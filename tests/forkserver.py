@@ -1,0 +1,101 @@
+"""A process that imports ``topdown``'s command line and its heavy dependencies once, then forks one child per
+command (cli_subprocess.py starts it and sends it the commands).
+
+Each child is a process of its own, set up as ``python -m topdown.pipeline.cli ARGV`` or ``python -c DRIVER CODE``
+would be: its own pid, working directory, environment, standard input (``/dev/null``) and output files, its
+command run as ``__main__`` (so the embedded cluster's spawned workers import it the same way) and its exit
+code from the interpreter's own handling of ``SystemExit`` and uncaught exceptions. What it saves is the
+second or so each new interpreter spends importing pandas, pyarrow, scipy, pydantic and Dask.
+
+Protocol, one JSON object a line: the client sends ``{"kind": "cli"|"api", "argv": [...], "cwd": ..., "env":
+{...}, "stdout": PATH, "stderr": PATH}``; the server answers ``{"pid": N}`` once the child is forked and
+``{"status": S}`` (the child's return code as ``subprocess`` gives it: ``-N`` for signal N) when it ends.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import types
+
+#: Imported once, before any fork.
+PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "pyarrow.dataset", "scipy.sparse", "pydantic",
+           "dask", "dask.dataframe", "distributed", "tqdm", "fsspec",
+           "topdown.pipeline.configuration.config", "topdown.pipeline.configuration.census",
+           "topdown.pipeline.execution.runner")
+
+
+def preload() -> None:
+    """Import :data:`PRELOAD` (not the command line itself: ``runpy`` runs it afresh as ``__main__``), then
+    freeze the heap, so a child's garbage collection does not copy every page it inherited."""
+    import gc
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a module this environment lacks is imported (or refused) by the child as usual
+            pass
+    sys.modules.pop("topdown.pipeline.cli", None)
+    gc.freeze()
+
+
+def _become(request: dict) -> None:
+    """In the child: the standard streams, directory and environment of a new process."""
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        opened = os.open(path, flags, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    os.chdir(request["cwd"])
+    # sys.path[0] as the interpreter sets it: the working directory for ``-m``, "" (the current one) for ``-c``
+    sys.path[0] = request["cwd"] if request["kind"] == "cli" else ""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    import dask.config
+
+    dask.config.refresh()  # Dask read its DASK_* settings from the server's environment when it was imported
+
+
+def serve(channel_in, channel_out) -> dict | None:
+    """Fork a child per request; return the request in the child (None in the server once its input ends)."""
+    for line in channel_in:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            channel_in.close()
+            channel_out.close()
+            _become(request)
+            return request
+        channel_out.write(json.dumps({"pid": pid}) + "\n")
+        channel_out.flush()
+        _, status = os.waitpid(pid, 0)
+        channel_out.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+        channel_out.flush()
+    return None
+
+
+def run(request: dict) -> None:
+    """The child's command, at the top level: exceptions and ``SystemExit`` end the process as they would
+    end ``python -m ...`` or ``python -c ...``."""
+    if request["kind"] == "cli":
+        import runpy
+
+        sys.argv = ["topdown.pipeline.cli", *request["argv"]]
+        runpy.run_module("topdown.pipeline.cli", run_name="__main__", alter_sys=True)
+    else:
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        sys.argv = ["-c", *request["argv"][1:]]
+        exec(compile(request["argv"][0], "<string>", "exec"), main.__dict__)
+
+
+if __name__ == "__main__":
+    # The protocol runs over two descriptors of its own (argv), so a child's 0, 1 and 2 are plain files.
+    preload()
+    found = serve(os.fdopen(int(sys.argv[1]), "r"), os.fdopen(int(sys.argv[2]), "w"))
+    if found is not None:
+        run(found)
