@@ -93,11 +93,16 @@ def _refused(capsys, argv: list[str]) -> tuple[int, str]:
 def test_every_level_equals_the_published_counts(tmp_path, inputs, pl_run, dask_client):
     """The DHC persons run (the preset's budget and passes; the root's in-play cells from its noisy answers, so
     few on this small input) has, at every level, the P.L. run's published hhgq x voting age x hispanic x
-    cenrace counts, which differ from the true ones, without the failsafe; verify accepts it; the manifest and
-    the certificate record the P.L. run's manifest digest, nothing added to the budget, and no count."""
+    cenrace counts, which differ from the true ones, without the failsafe and without the P.L. run's input;
+    verify accepts it; the manifest and the certificate record the P.L. run's manifest digest, nothing added to
+    the budget, and no count."""
     dhc_in, pl_in = inputs
-    out = run(load_config(_dhc_config(tmp_path / "dhc.toml", dhc_in, pl_run)), tmp_path / "dhc-run",
-              client=dask_client)
+    hidden = pl_in.rename(pl_in.with_name("pl-in-hidden"))  # the P.L. run's input is never read
+    try:
+        out = run(load_config(_dhc_config(tmp_path / "dhc.toml", dhc_in, pl_run)), tmp_path / "dhc-run",
+                  client=dask_client)
+    finally:
+        hidden.rename(pl_in)
     truth = pd.read_parquet(pl_in / "persons.parquet")
     differs = 0
     for level in LEVELS:
