@@ -115,13 +115,15 @@ def _model_rows(model: type) -> list[str]:
 
 
 def configuration_reference() -> str:
-    from topdown.pipeline.configuration.config import (BudgetConfig, EstimationConfig, ProductConfig,
-                                                        RunSection)
+    from topdown.pipeline.configuration.config import (BudgetConfig, EstimationConfig, MatchPublished,
+                                                        ProductConfig, RunSection)
 
     tables = [("[run]", RunSection, "what is run, on which input, in which mode"),
               ("[PRODUCT]", ProductConfig, "one table per product of the census (`persons`, `units`, ...)"),
               ("[PRODUCT.budget]", BudgetConfig, "the product's privacy budget"),
-              ("[PRODUCT.estimation]", EstimationConfig, "how the product's histograms are estimated")]
+              ("[PRODUCT.estimation]", EstimationConfig, "how the product's histograms are estimated"),
+              ("[PRODUCT.estimation.match_published]", MatchPublished,
+               "a marginal held equal, at every level, to the counts an earlier run on the same spine published")]
     out = []
     for title, model, what in tables:
         out += [f"## `{title}`", "", f"{what[0].upper()}{what[1:]}.", ""] + _model_rows(model) + [""]

@@ -89,6 +89,8 @@ def objective(layout: Layout, queries: list[str], with_detailed: bool, scale: fl
         at = answers if meas.answers is None else positions(np.asarray(meas.answers), answers)
         var = measurement_variance(meas.variance)
         have = (cols >= 0) & np.isfinite(var)[:, None] & (at >= 0)[None, :]  # an answer not measured: no term
+        if not have.any():  # no answer in play was measured (none may have been: an empty root support)
+            continue
         idx = cols[have]  # distinct columns: one per (child, answer)
         w = np.broadcast_to((1.0 / var)[:, None], cols.shape)[have]
         p_diag[idx] += 2.0 * w * scale * scale

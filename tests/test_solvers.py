@@ -356,6 +356,21 @@ def test_root_problem_fixes_total():
     assert np.abs(sol.hist - truth).sum() < 0.2 * truth.sum()
 
 
+def test_a_measurement_with_no_answer_in_play_adds_no_term():
+    """A root whose in-play cells no measured answer counts (an in-play measurement of no answers, cells held
+    by a constraint alone) is solved: the measurement adds nothing to the objective."""
+    rng = np.random.default_rng(2)
+    truth = random_truth(rng, k=1, n_cells=40, people=500)
+    problem = make_problem(truth, rng, noise=1.0, l2_passes=[MEASURED], rounder_passes=ROUNDER_PASSES)
+    problem.parent_hist = None
+    problem.measurements = [Measurement("detailed", np.zeros((1, 0)), np.ones(1), np.zeros(0, np.int64))]
+    problem.l2_passes, problem.rounder_passes = [["detailed"]], [["detailed"]]
+    problem.support = np.flatnonzero(truth[0])
+    problem.constraints = [Constraint("total", "total", "==", np.array([[float(truth.sum())]]))]
+    sol = solve_parent(problem)
+    assert sol.hist.sum() == truth.sum() and (sol.hist >= 0).all()
+
+
 def test_group_total_and_units_schema():
     rng = np.random.default_rng(4)
     truth = rng.integers(0, 30, size=(4, UNITS.ncells))

@@ -9,7 +9,8 @@ Layout of a configuration file (see ``conf/demo.toml``)::
     [persons.budget.queries.<Level>]   query proportions within a level
     [persons.estimation]       l2_passes.<Level>, rounder_passes.<Level> (lists of lists of query names), tau_slack,
                                split_above, split_cost, split_group, backend; compiler = "pyomo" with solver,
-                               qp_solver, solver_options (the Pyomo path)
+                               qp_solver, solver_options (the Pyomo path); match_published (an earlier run's
+                               published marginal, held equal)
     [persons.invariants]       <Level> = [invariant names]
     [persons.constraints]      <Level> = [constraint names]
     [units.*]                  the same for the housing-unit product (one table per product of the census)
@@ -192,6 +193,23 @@ SPLIT_COST = 160_000
 PYOMO_SOLVER = "highs"
 
 
+class MatchPublished(_Strict):
+    """A marginal held equal, in every geounit, to the counts an earlier run published (the 2020 DHC persons'
+    hhgq x voting age x hispanic x cenrace to the P.L. 94-171 release): equality constraints of every parent's
+    problem, in the L2 passes and the rounder (pipeline/execution/published.py)."""
+
+    run: StrictStr = Field(min_length=1, description=(
+        "the earlier run directory (a path or a storage URL) on the same spine; only its published histograms, "
+        "spine and configuration are read, each checked against its manifest's SHA-256"))
+    product: StrictStr = Field(min_length=1, description="the earlier run's product whose histograms are matched")
+    query: StrictStr = Field(min_length=1, description=(
+        "the marginal of this product held equal to them, a query of its schema (\"hhgq8lev * votingage * "
+        "hispanic * cenrace\")"))
+    attributes: dict[str, StrictStr] = Field(default_factory=dict, description=(
+        "each term of `query` -> the earlier product's attribute it recodes to (its groups in that attribute's "
+        "level order: hhgq8lev = \"hhgq\"); a term named like an attribute of the earlier product needs none"))
+
+
 class EstimationConfig(_Strict):
     """Query orderings of the multi-pass L2 estimation and rounder, per child level."""
 
@@ -222,6 +240,9 @@ class EstimationConfig(_Strict):
         "compiler = \"pyomo\": the solver of the L2 passes' QPs, where `solver` takes no QP (default: solver)"))
     solver_options: dict[str, StrictStr | StrictInt | StrictFloat | StrictBool] = Field(
         default_factory=dict, description="compiler = \"pyomo\": options given to every solve (e.g. Threads = 1)")
+    match_published: MatchPublished | None = Field(default=None, description=(
+        "a marginal of the product held equal to an earlier run's published counts at every level (public data: "
+        "no privacy cost); none: no such constraint"))
 
     @model_validator(mode="after")
     def _check_compiler(self) -> "EstimationConfig":
@@ -244,9 +265,12 @@ class EstimationConfig(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_direct_defaults(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No Pyomo-path keys on the direct path (config.json and the config hash stay those of a configuration
-        written before the keys existed), no ``backend`` on the Pyomo path (it chooses no solver there)."""
+        """No Pyomo-path keys on the direct path and no ``match_published`` key when unset (config.json and the
+        config hash stay those of a configuration written before the keys existed), no ``backend`` on the Pyomo
+        path (it chooses no solver there)."""
         data = handler(self)
+        if data.get("match_published") is None:
+            data.pop("match_published", None)
         if data.get("compiler") == "direct":
             for key in ("compiler", "solver", "qp_solver", "solver_options"):
                 data.pop(key, None)

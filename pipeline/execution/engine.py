@@ -162,7 +162,8 @@ def chunk_plan(
                      parents=[parent_task(int(starts[g]), int(ends[g]), lo, children, label)
                               for g, label in zip(groups, labels)],
                      measurements_path=None if staging_dir is None else f"{staging_dir}/part-{idx:05d}.parquet",
-                     cost=cost, source=source.for_children(children), **common)
+                     cost=cost, source=source.for_children(children),
+                     matched=None if level.matched is None else level.matched.take(rows), **common)
 
     for g, (s, e) in enumerate(zip(starts, ends)):
         c = int(e - s) * max(int(nnz[g]), 1)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
 from topdown.geo.spine import STATE
 from topdown.vocab.census import MAX_UNIT_TYPES, ConstraintSpec, Product, UnitBounds
@@ -58,6 +59,38 @@ class LevelConstraints:
     def take(self, idx: np.ndarray) -> list[Constraint]:
         """The constraints of the nodes at integer positions ``idx`` (a parent's children)."""
         return [replace(c, rhs=c.rhs[idx]) for c in self.rhs.values()]
+
+
+@dataclass
+class MatchedCounts:
+    """Published counts of a marginal that the estimates of some nodes must equal (``[<product>.estimation]
+    match_published``): ``counts[node row, answer]`` of the product's query ``query``, sparse. They enter each
+    parent's problem as the equality constraint ``name`` on its children, in the L2 passes and the rounder alike."""
+
+    name: str
+    query: str
+    counts: sp.csr_matrix  # int64[n_nodes, n_answers]
+
+    def take(self, rows: np.ndarray) -> "MatchedCounts":
+        """The counts of node ``rows`` (a chunk's children, in its order)."""
+        return MatchedCounts(self.name, self.query, self.counts[rows])
+
+    def constraint(self, rows: slice) -> Constraint:
+        """The equality constraint of node ``rows`` (a parent's children)."""
+        return Constraint(self.name, self.query, "==", self.counts[rows].toarray().astype(float))
+
+    def in_play(self, schema, cells: np.ndarray | None, row: int = 0) -> np.ndarray | None:
+        """``cells`` (a root's cells in play, sorted; None: all) with, for each positive count of node ``row`` that
+        no cell of ``cells`` is counted in, every cell of its answer: a choice from published counts only, without
+        which the equality would have no cell to hold it. Uses the query's schema-sized answer array."""
+        if cells is None:
+            return None
+        query = build_query(schema, self.query)
+        counts = self.counts[row]
+        missing = np.setdiff1d(counts.indices[counts.data > 0], query.answers_of(cells))
+        if not missing.size:
+            return cells
+        return np.union1d(cells, np.flatnonzero(np.isin(query.groups, missing))).astype(np.int64)
 
 
 def invariant_rows(units: pd.DataFrame, level: str, tot: np.ndarray | float | None) -> pd.DataFrame:

@@ -18,8 +18,8 @@ import scipy.sparse as sp
 from topdown.geo.spine import PREFIX, STATE, Spine, is_sorted, sorted_factorize
 
 from ..configuration.config import ConfigError, ProductConfig
-from .invariants import (UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, check_feasible, configured_below,
-                         level_rhs, total_invariants)
+from .invariants import (UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, MatchedCounts, check_feasible,
+                         configured_below, level_rhs, total_invariants)
 from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 
@@ -102,6 +102,7 @@ class Level:
     state_total: pd.Series | None = None  # State level with the 'tot' invariant: each real state's total
     parts: list[LevelPart] | None = None  # true histograms kept on the workers (dataplane.py); None: in ``hist``
     meta: list[LevelPart] | None = None  # the block level's unit counts and constraints on the workers
+    matched: MatchedCounts | None = None  # published counts the nodes' estimates equal (published.py)
 
     def __post_init__(self) -> None:
         self.nodes = one_chunk(self.nodes)

@@ -40,6 +40,7 @@ from .invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
 from .levels import Level, Shares, rollup, shares
 from .memory import limit_heaps, release_memory
 from .progress import Steps, chain, reporter
+from .published import check_matched, matched_levels
 from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from .private_files import private_dir
@@ -211,6 +212,7 @@ def run(
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, workers)
+    check_matched(config)  # the earlier runs named by match_published, before the input is read
     warn_not_private(config)
     bafs = [read_baf(config)]  # checked before anything is written; the spine's build takes it (_tabulate)
     if scheduler and client is None:  # a bad address or missing credentials: refused before anything is written
@@ -397,6 +399,7 @@ def prepare(config: Config, input_dir: str | Path, client) -> Prepared:
     if config.run.algorithm == "block_by_block":
         config = block_by_block_config(config)
     preflight(config, None)
+    check_matched(config)
     bafs = [read_baf(config)]
     inp = _input_dir(config, input_dir)
     check_derived_units(config, find_input(inp, declared_census(config)).units)
@@ -442,6 +445,10 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
     marker = read_marker(rundir.root)  # the run directory's own (outdir.claimed wrote it)
     if marker is None:
         raise RunDirError(f"{rundir.manifest_path}: the run directory's marker was removed while the run held it")
+    matched = check_matched(config)
+    matched_levels(matched, plan.spine, plan.levels)  # the spines compared before anything is written
+    for product, m in matched.items():  # public counts: recorded beside the product's budget, at no cost
+        plan.certificate[product] = {**plan.certificate[product], "match_published": m.record()}
     with dask_client(client, scheduler, workers, security) as dclient:
         if fresh:  # nothing of an earlier run survives beside this one's outputs
             rundir.clear_outputs(marker)
@@ -460,6 +467,7 @@ def execute(config: Config, rundir: RunDir, manifest: dict, plan: Plan, client, 
                         for p in config.run.products}, "completed": completed,
             "parents_solved": manifest.get("parents_solved", {}), "failsafe": manifest.get("failsafe", []),
             "timings": timings, **plan.manifest,
+            **({"match_published": {p: m.record() for p, m in matched.items()}} if matched else {}),
         })
         rundir.write_manifest(manifest)
 

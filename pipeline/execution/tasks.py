@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem, ParentSolution, SparseHist
 
 from ..configuration.config import ProductConfig
+from .invariants import MatchedCounts
 from .memory import release_memory
 from .rundir import sha256_file
 from .storage import location
@@ -58,6 +59,7 @@ class Chunk:
     measurements_path: str | None  # Parquet part file for this chunk's noisy measurements (None: not written)
     cost: int = 0  # sum over its parents of children x non-zero parent cells (engine.py: packing, priority)
     source: MeasurementSource = DRAW  # where the children's noisy answers come from (sources.py)
+    matched: MatchedCounts | None = None  # published counts the children's estimates equal (their rows here)
 
 
 @dataclass
@@ -167,16 +169,21 @@ def _run_chunk(chunk: Chunk) -> ChunkResult:
                 pieces.append((np.full(parent.cells.size, rows.start, dtype=np.int64), parent.cells, parent.counts))
             result.copied += 1
             continue
+        constraints = list(task.constraints or [])
+        support = (root_cells(schema, cfg.budget, noisy, 0)
+                   if task.parent_hist is None and cfg.budget.measure == "in_play" else None)
+        if chunk.matched is not None:
+            constraints.append(chunk.matched.constraint(rows))
+            if task.parent_hist is None:
+                support = chunk.matched.in_play(schema, support, rows.start)
         problem = ParentProblem(
             schema=schema, parent=task.parent, children=task.children, parent_hist=task.parent_hist,
             measurements=[Measurement(m.query, m.values, np.where(m.variance == 0, 1.0, m.variance), m.answers)
                           for m in noisy],
-            constraints=task.constraints, group_totals=task.group_totals,
+            constraints=constraints, group_totals=task.group_totals,
             l2_passes=l2, rounder_passes=rounder, tau_slack=cfg.estimation.tau_slack,
             split_above=cfg.estimation.split_above, split_cost=cfg.estimation.split_cost,
-            split_group=cfg.estimation.split_group,
-            support=(root_cells(schema, cfg.budget, noisy, 0)
-                     if task.parent_hist is None and cfg.budget.measure == "in_play" else None),
+            split_group=cfg.estimation.split_group, support=support,
         )
         t0 = time.perf_counter()
         spread = map_on_cluster(backend, compiler) if spreads else None
