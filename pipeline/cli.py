@@ -254,9 +254,7 @@ def cmd_spine(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluation.evaluate import evaluate_command
 
-    return evaluate_command([Path(r) for r in args.runs], Path(args.truth),
-                            entities=Path(args.entities) if args.entities else None,
-                            out=Path(args.out) if args.out else None, scheduler=args.scheduler, workers=args.workers,
+    return evaluate_command(args.runs, args.truth, entities=args.entities, out=args.out, scheduler=args.scheduler, workers=args.workers,
                             uncertainty=args.uncertainty, suppress=not args.no_suppress, audit=args.audit)
 
 
@@ -331,7 +329,8 @@ PATH_ARGUMENTS = ("config", "census", "out", "input", "run", "runs", "truth", "e
 #: The path arguments that take an object store's URL (``s3://``, ``gs://``, ``abfs://``;
 #: docs/how-to/clusters.md "Object storage"), by command; any other path argument is local (a URL there is refused, exit 2).
 STORE_ARGUMENTS = {"run": ("out", "input"), "verify": ("run",), "demo-data": ("out",), "reprocess": ("run", "out"),
-                   "nmf": ("run", "out")}
+                   "nmf": ("run", "out"), "uncertainty": ("run", "out", "replicates", "calibrate"),
+                   "replicates": ("run", "out"), "evaluate": ("runs", "truth", "out", "uncertainty")}
 
 
 def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -37,7 +37,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import scipy.sparse as sp
 from scipy import stats
 
@@ -47,6 +46,7 @@ from topdown.vocab.queries import build_query
 from ..execution.memory import release_memory
 from ..execution.progress import gather
 from ..execution.rundir import RunDirError
+from ..execution.storage import location, parquet_file, parquet_writer, read_table
 from .evaluate import EvaluationError
 
 #: Degrees of freedom of the Bureau's Student t.
@@ -150,7 +150,7 @@ def _stat(path: Path) -> tuple[str, int, int]:
 
 def _geocode_range(path: Path) -> tuple[str, str] | None:
     """The smallest and largest geocode of a histogram part (its footer's statistics; None without them)."""
-    meta = pq.read_metadata(path)
+    meta = parquet_file(path).metadata
     col = meta.schema.to_arrow_schema().get_field_index("geocode")
     lo = hi = None
     for g in range(meta.num_row_groups):
@@ -176,7 +176,7 @@ class Tabulator:
         self.aggs = aggregators(src, entities, nodes, self.cache)
         self.geoids = self.cache["geoids"]
         self.leaf = src.levels[-1]  # the block histograms' level, in the run and in its replicates
-        self.spine_file = Path(src.root) / "spine.parquet"
+        self.spine_file = location(src.root) / "spine.parquet"
         self.columns = {level: m.tocsc() for level, (_, m) in self.aggs.items()}  # sliced by block below
         #: The spine rows the nodes cover (None: every block).
         self.blocks = None if nodes is None else np.unique(np.concatenate(
@@ -199,7 +199,7 @@ class Tabulator:
         digest = _cached(self.cache, ("sha256", *_stat(path)), lambda: hashlib.sha256(path.read_bytes()).hexdigest())
 
         def read() -> pd.Series:
-            spine = pq.read_table(path).to_pandas().astype(str)
+            spine = read_table(path).to_pandas().astype(str)
             return pd.Series(self.geoids.get_indexer(spine["geoid"]), index=spine[spine.columns[-1]])
 
         return _cached(self.cache, ("block_rows", digest), read)
@@ -233,7 +233,7 @@ class Tabulator:
                               f"(histograms/{name}/level={self.leaf})")
         out = self.zeros(name)
         for part in self._needed(parts, rows_of):
-            table = pq.read_table(part, columns=["geocode", "cell", "count"]).to_pandas()
+            table = read_table(part, columns=["geocode", "cell", "count"]).to_pandas()
             rows = rows_of.reindex(table["geocode"].astype(str)).to_numpy()
             bad = np.isnan(rows) | (rows < 0)
             if bad.any():
@@ -328,7 +328,7 @@ class PartKeys:
 
     @classmethod
     def read(cls, part: Path) -> "PartKeys":
-        table = pq.read_table(part, columns=["product", "level", "geocode", "query", "cell"], read_dictionary=KEY_COLUMNS)
+        table = read_table(part, columns=["product", "level", "geocode", "query", "cell"], read_dictionary=KEY_COLUMNS)
         key, keys = key_codes(table)
         geo, geo_names = codes(table.column("geocode"))
         return cls(table, keys, key, geo, pd.Index(geo_names, dtype=object))
@@ -380,8 +380,8 @@ def _rewrite(part: Path, path: Path, pk: PartKeys, published: dict, s1: dict, s2
     at a time (the part is read by batches, never whole)."""
     q0 = pk.published(published, aggs) if published else np.full(len(pk.key), np.nan)
     start = 0
-    with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
-        for batch in pq.ParquetFile(part).iter_batches(batch_size=REWRITE_ROWS):
+    with parquet_writer(path, SCHEMA, compression="zstd") as writer:
+        for batch in parquet_file(part).iter_batches(batch_size=REWRITE_ROWS):
             gls = pa.Table.from_batches([batch])
             if "published" in gls.column_names:
                 gls = gls.drop_columns(["published"])
@@ -411,7 +411,7 @@ def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
     """Rewrite one output part (:func:`_rewrite`), tabulating the run's and its replicates' block histograms for
     the part's own nodes only (a Dask task: the arrays are those of one part); returns its CPU seconds."""
     cpu = time.process_time()
-    pk = PartKeys.read(Path(part))
+    pk = PartKeys.read(location(part))
     tab = Tabulator(ctx.src, ctx.entities, pk.keys, pk.nodes(), ctx.cache)
     published, s1, s2 = {}, {}, {}
     for spec in ctx.src.products:
@@ -430,7 +430,7 @@ def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
                     s2[k] += d * d
                 else:
                     s1[k], s2[k] = d, d * d
-    _rewrite(Path(part), Path(out), pk, published, s1, s2, len(ctx.reps), tab.aggs)
+    _rewrite(location(part), location(out), pk, published, s1, s2, len(ctx.reps), tab.aggs)
     del pk, tab, published, s1, s2
     release_memory()  # the worker's heap back to where it was before the task
     return time.process_time() - cpu

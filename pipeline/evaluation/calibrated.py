@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..execution.memory import release_memory
+from ..execution.storage import location, parquet_file, parquet_writer, read_table
 from .amc import KEY, SCHEMA, Tabulator, conform, replicate_dirs
 from .bounded import z_value
 from .evaluate import EvaluationError
@@ -194,7 +194,7 @@ BATCH_ROWS = 1 << 16
 
 def _amc_batches(part: Path, columns: list[str] | None = None):
     """The ``amc`` rows of an output part, :data:`BATCH_ROWS` at a time, as pandas frames."""
-    for batch in pq.ParquetFile(part).iter_batches(batch_size=BATCH_ROWS, columns=columns):
+    for batch in parquet_file(part).iter_batches(batch_size=BATCH_ROWS, columns=columns):
         frame = batch.to_pandas()
         frame = frame[frame["method"] == "amc"]
         if len(frame):
@@ -206,7 +206,7 @@ def second_generation(rep_dir: Path, second_dir: Path) -> tuple[Path, list[Path]
     its replicates whose seed differs from its own (one with the same seed has the same noise: not independent)."""
     dirs = replicate_dirs(second_dir)
     record = json.loads((second_dir / "replicates.json").read_text())
-    base = Path(str(record.get("run", "")))
+    base = location(str(record.get("run", "")))
     if base.resolve() not in {d.resolve() for d in replicate_dirs(rep_dir)}:
         raise EvaluationError(f"{second_dir}: its replicates are of {base}, not of a replicate in {rep_dir} "
                               f"(make them with `topdown replicates {rep_dir / 'rep-000'} --n 10 --out DIR`)")
@@ -244,7 +244,7 @@ def calibrated_parts(parts: list[Path], src, staging: Path, entities: pd.DataFra
     (C1) on the ``amc`` rows, (C1) on ``second_dir``'s replicates, (C4), then (C3) part by part."""
     base, reps = second_generation(rep_dir, second_dir)
     keys = sorted({tuple(r[c] for c in KEY) for p in parts
-                   for r in pq.read_table(p, columns=KEY).group_by(KEY).aggregate([]).to_pylist()})
+                   for r in read_table(p, columns=KEY).group_by(KEY).aggregate([]).to_pylist()})
     tab = Tabulator(src, entities, keys)
     first: dict = {}
     masks = {k: np.zeros_like(v, dtype=bool) for p in {k[0] for k in keys} for k, v in tab.zeros(p).items()}
@@ -261,7 +261,7 @@ def calibrated_parts(parts: list[Path], src, staging: Path, entities: pd.DataFra
     for i, part in enumerate(parts):
         path = staging / f"calibrated-{i:05d}.parquet"
         written = False
-        with pq.ParquetWriter(path, SCHEMA, compression="zstd") as writer:
+        with parquet_writer(path, SCHEMA, compression="zstd") as writer:
             for frame in _amc_batches(part):
                 writer.write_table(conform(pa.Table.from_pandas(rows(frame, models), preserve_index=False)))
                 written = True

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from contextlib import nullcontext
 from fractions import Fraction
 from dataclasses import dataclass, field
@@ -50,8 +49,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from . import metrics as M
 from .eval_report import first_product
@@ -66,7 +63,8 @@ from ..execution.dataplane import find_input
 from ..execution.private_files import private_dir, seal
 from ..execution.progress import Steps, compute, reporter
 from ..execution.outdir import check, claimed
-from ..execution.rundir import RunReader, removed_on_failure, write_table
+from ..execution.rundir import RunReader, remove_tree, removed_on_failure, write_table
+from ..execution.storage import StorePath, dataset, location, read_frame, read_schema, read_table, scratch
 from ..outputs.verify import _Groups, _records
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
 from topdown.vocab.census import Census, Product
@@ -201,12 +199,12 @@ class RunHead:
     """One run directory, without its spine: manifest, census, levels (what evaluate checks up front)."""
 
     def __init__(self, root: Path, label: str):
-        self.root, self.label = Path(root), label
+        self.root, self.label = location(root), label
         self.reader = RunReader(self.root)
         self.manifest = self.reader.complete_manifest("evaluating it")  # RunDirError: exit 4, as verify
         self.census = self.reader.census()
         self.levels: list[str] = list(self.manifest.levels)
-        columns = [c for c in pq.read_schema(self.reader.spine_path).names if not c.startswith("__index_level_")]
+        columns = [c for c in read_schema(self.reader.spine_path).names if not c.startswith("__index_level_")]
         if columns != ["geoid", *self.levels]:
             raise EvaluationError(f"{self.root / 'spine.parquet'}: columns are not geoid + the manifest's levels")
 
@@ -270,7 +268,7 @@ def read_estimates(path: Path, level: str, nodes: pd.Index) -> M.SparseHist:
     if not path.exists():
         raise EvaluationError(f"{path}: histograms of level {level} not found")
     units, cells, counts = [], [], []
-    for batch in ds.dataset(path, format="parquet").to_batches(columns=["geocode", "cell", "count"]):
+    for batch in dataset(path).to_batches(columns=["geocode", "cell", "count"]):
         geocode = batch.column("geocode").to_pandas().astype(str)
         rows = nodes.get_indexer(geocode)
         if (rows < 0).any():
@@ -751,9 +749,10 @@ def _labels(runs: list[Path]) -> list[str]:
     return labels
 
 
-def default_out(run: Path) -> Path:
+def default_out(run: Path | StorePath) -> Path | StorePath:
     """Where the evaluation of ``run`` goes without ``--out``: ``RUN-evaluation-CONFIDENTIAL`` beside it."""
-    run = Path(os.path.abspath(run))
+    run = location(run)
+    run = run if isinstance(run, StorePath) else Path(os.path.abspath(run))
     return run.with_name(run.name + CONFIDENTIAL_SUFFIX)
 
 
@@ -769,7 +768,7 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     removed at the end. ``entities``: a (geoid, entity_type, entity) CSV/Parquet table or a BAF directory.
     """
     opts = options or EvalOptions()
-    runs = [Path(r) for r in run_dirs]
+    runs = [location(r) for r in run_dirs]
     if not runs:
         raise EvaluationError("evaluate needs at least one run directory")
     seen: dict[Path, Path] = {}
@@ -780,11 +779,11 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     heads = [RunHead(r, lab) for r, lab in zip(runs, labels)]  # fail fast, naming the offending directory
     if opts.uncertainty is not None:
         _check_uncertainty_file(opts.uncertainty)
-    out = Path(out) if out is not None else default_out(runs[0])
+    out = location(out) if out is not None else default_out(runs[0])
     check(out, "evaluate")
     ent = None
     if entities is not None:
-        spine = pq.read_table(heads[0].reader.spine_path, columns=["geoid"]).column("geoid")
+        spine = read_table(heads[0].reader.spine_path, columns=["geoid"]).column("geoid")
         ent = entities_on_spine(load_entities(Path(entities)), pd.Index(spine.to_pandas(types_mapper=pd.ArrowDtype)),
                                 Path(entities))
     from .eval_report import write_report
@@ -792,12 +791,11 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
     # computed from the true counts: the user's alone, private (docs/reference/output-layout.md); a new folder:
     # complete or absent
     with claimed(out, "evaluate") as claim, removed_on_failure(out) if not claim.earlier else nullcontext():
-        tmp = out / SPILL_DIR
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = scratch(out, SPILL_DIR)
         try:
-            tables, run_results = _evaluate_grouped(heads, Path(truth), ent, private_dir(tmp), client, opts)
+            tables, run_results = _evaluate_grouped(heads, location(truth), ent, private_dir(tmp), client, opts)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
         steps = Steps("write the evaluation", 2 + bool(opts.figures) + (opts.uncertainty is not None))
         steps.start("tables")
         tables["replicates"] = replicate_spread(run_results)  # protected estimates only: nothing to suppress
@@ -828,7 +826,7 @@ def _check_uncertainty_file(path: Path) -> None:
     """``evaluate --uncertainty``: a Parquet file with the columns of a ``topdown uncertainty`` file, checked
     before the evaluation starts (:class:`EvaluationError` naming the file)."""
     try:
-        names = pq.read_schema(path).names
+        names = read_schema(path).names
     except (OSError, pa.ArrowException) as exc:
         raise EvaluationError(f"{path}: --uncertainty is not a readable Parquet file ({one_line(exc)})") from None
     missing = [c for c in UNCERTAINTY_COLUMNS if c not in names]
@@ -843,7 +841,7 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
     from .eval_report import _table
     from .intervals import coverage_summary, interval_caption, interval_figure, interval_table, truth_totals
 
-    unc = pd.read_parquet(opts.uncertainty)
+    unc = read_frame(opts.uncertainty)
     reader = RunReader(run)
     spine, product = reader.spine_table(), reader.products()[0].name  # the run's first product
     ent = load_entities(entities) if entities is not None else None
@@ -871,21 +869,21 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
                      suppress: bool = True, audit: str | None = None) -> int:
     """CLI helper for ``topdown evaluate RUN [RUN...] --truth INPUT [--entities TABLE] [--out DIR]``: evaluates
     (on a Dask scheduler if given, else threads), prints where the report is and the headline errors."""
-    opts = EvalOptions(uncertainty=Path(uncertainty) if uncertainty else None, suppress=suppress)
+    opts = EvalOptions(uncertainty=location(uncertainty) if uncertainty else None, suppress=suppress)
     if opts.uncertainty is not None:  # before the cluster starts
         _check_uncertainty_file(opts.uncertainty)
     audit_dir = Path(audit) if audit else None
-    check(Path(out) if out else default_out(Path(runs[0])), "evaluate")  # refused before the cluster starts
+    check(location(out) if out else default_out(runs[0]), "evaluate")  # refused before the cluster starts
     if scheduler or workers:
         from ..execution.runner import dask_client
 
         with dask_client(None, scheduler, workers) as client:
-            path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
-                            Path(out) if out else None, client=client, options=opts, audit=audit_dir)
+            path = evaluate(list(runs), location(truth), Path(entities) if entities else None,
+                            location(out) if out else None, client=client, options=opts, audit=audit_dir)
     else:
-        path = evaluate([Path(r) for r in runs], Path(truth), Path(entities) if entities else None,
-                        Path(out) if out else None, options=opts, audit=audit_dir)
-    summary = pd.read_parquet(path / "summary.parquet")
+        path = evaluate(list(runs), location(truth), Path(entities) if entities else None,
+                        location(out) if out else None, options=opts, audit=audit_dir)
+    summary = read_frame(path / "summary.parquet")
     main = first_product(summary)
     persons = summary["product"] == main if main is not None else True
     tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",

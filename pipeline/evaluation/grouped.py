@@ -10,7 +10,8 @@ lands in ``folder/<kind>/<group>-<part>.parquet``:
 * the off-spine entities' blocks.
 
 A group's rows are read back with :func:`group_rows`. The folder lies inside the evaluation's private output
-folder (it holds true counts) and is removed when the evaluation ends.
+folder (it holds true counts; on an object store, under the output's prefix, with the store's private settings)
+and is removed when the evaluation ends.
 """
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from topdown.geo.spine import PREFIX, STATE
 from topdown.pipeline.configuration.census import PL94, read_as_declared
 from topdown.vocab.census import Census, Product
 
 from ..execution.dataplane import InputFiles, read_tasks
+from ..execution.storage import StorePath, location, parquet_file, read_table, write_parquet
 from ..inputs.tabulate import sparse_counts, tabulate
 from ..inputs.validate import check_records
 from ..outputs.verify import _Groups, _route
@@ -42,12 +43,12 @@ def router(groups: _Groups) -> _Groups:
     return light
 
 
-def write_rows(frame: pd.DataFrame | pa.Table, group: np.ndarray, folder: Path, part: str) -> None:
+def write_rows(frame: pd.DataFrame | pa.Table, group: np.ndarray, folder: Path | StorePath, part: str) -> None:
     """The rows of ``frame`` into ``folder/<g>-<part>.parquet``, ``g`` each row's group (``group``)."""
     table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
     folder.mkdir(parents=True, exist_ok=True)
     for g in np.unique(group):
-        pq.write_table(table.filter(pa.array(group == g)), folder / f"{int(g)}-{part}.parquet")
+        write_parquet(table.filter(pa.array(group == g)), folder / f"{int(g)}-{part}.parquet")
 
 
 def group_rows(folder: Path, g: int, columns: dict[str, str]) -> pd.DataFrame:
@@ -55,7 +56,7 @@ def group_rows(folder: Path, g: int, columns: dict[str, str]) -> pd.DataFrame:
     files = sorted(folder.glob(f"{g}-*.parquet"))
     if not files:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in columns.items()})
-    return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default").to_pandas()
+    return pa.concat_tables([read_table(f) for f in files], promote_options="default").to_pandas()
 
 
 def truth_products(census: Census | None) -> list[Product]:
@@ -83,10 +84,10 @@ def tabulate_task(path: str, row_groups: list[int], product: Product, census: Ce
     """Block histograms (geocode, cell, count) of ``product`` from one read task's records: P.L. 94-171's
     tabulated from their columns, a declared census's read and checked as a run reads them."""
     if census is not None and read_as_declared(census):
-        leaf, cells, _ = check_records(Path(path), product, census.hierarchy, row_groups)
+        leaf, cells, _ = check_records(location(path), product, census.hierarchy, row_groups)
         return sparse_counts(pd.Series(leaf).astype(str), np.asarray(cells), product.schema.ncells)
     columns = list(dict.fromkeys(["geoid", *(a.column for a in product.attributes), *(c for c, _ in product.records.where)]))
-    frame = pq.ParquetFile(path).read_row_groups(row_groups, columns=columns).to_pandas()
+    frame = parquet_file(path).read_row_groups(row_groups, columns=columns).to_pandas()
     frame["geoid"] = frame["geoid"].astype(str)
     return tabulate(product, {product.records.name: frame})
 
@@ -119,9 +120,7 @@ def route_spine(groups: _Groups, folder: Path) -> None:
 
 def route_level(groups: _Groups, path: Path, folder: Path, level: str) -> None:
     """A level's histogram rows (``path``: its folder of parts) routed by geocode, a batch at a time."""
-    _route(groups, path, folder, level)
-    for f in folder.glob("*.parquet"):
-        f.rename(folder / f"{f.stem}-0.parquet")
+    _route(groups, path, folder, level, part="0")
 
 
 def route_entities(groups: _Groups, table: pd.DataFrame, folder: Path) -> None:

@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from topdown.pipeline.configuration.census import PERSONS, UNITS, read_as_declared
 from topdown.vocab.census import GENERIC_MDF, Census
@@ -31,7 +30,8 @@ from ..configuration.config import Config
 from ..execution.progress import Reporter, reporter, reporting, track
 from ..outputs.mdf import generic_levels
 from ..execution.outdir import claimed
-from ..execution.rundir import RunDirError, RunReader, write_json_atomic, write_table
+from ..execution.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
+from ..execution.storage import StorePath, location, read_table
 
 log = logging.getLogger("topdown")
 
@@ -50,7 +50,7 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     if read_as_declared(census):
         return _declared_input(reader, census, out)
     # Converted in Arrow, column by column: the MDF's strings as Python objects would be most of the peak.
-    persons = pq.read_table(reader.mdf(PERSONS.name), columns=[*MDF_GEOID, "GQTYPE_PL", "VOTING_AGE", "CENHISP",
+    persons = read_table(reader.mdf(PERSONS.name), columns=[*MDF_GEOID, "GQTYPE_PL", "VOTING_AGE", "CENHISP",
                                                                "CENRACE"])
     pframe = pa.table({"geoid": _geoid(persons), "hhgq": pc.cast(persons["GQTYPE_PL"], pa.int64()),
                        "votingage": _is(persons["VOTING_AGE"], "2"), "hispanic": _is(persons["CENHISP"], "2"),
@@ -61,7 +61,7 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
     geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
     if reader.mdf(UNITS.name).exists():  # housing units with their published occupancy
-        units = pq.read_table(reader.mdf(UNITS.name), columns=[*MDF_GEOID, "RTYPE", "HH_STATUS"])
+        units = read_table(reader.mdf(UNITS.name), columns=[*MDF_GEOID, "RTYPE", "HH_STATUS"])
         hu = units.filter(pc.equal(units["RTYPE"], "2"))
         frames = [pd.DataFrame({"geoid": _geoid(hu).to_numpy(zero_copy_only=False), "unit_type": 0,
                                 "occupied": pc.equal(hu["HH_STATUS"], "1").to_numpy(zero_copy_only=False)})]
@@ -99,11 +99,12 @@ def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | N
     replicates then run ``parallel`` (default :data:`PARALLEL`) at a time side by side on one cluster, each
     into ``.rep-XXX.partial`` renamed to ``rep-XXX`` when complete (the same files as a run of its seed
     alone). Resumable: a replicate recorded complete is kept, a partial one is redone. ``out`` is held by this
-    call alone (``outdir.claimed``)."""
+    call alone (``outdir.claimed``). On an object store (``run`` and ``out`` may be URLs), which has no rename,
+    each replicate is run in place and counts once ``replicates.json``, written after it, lists it."""
     from ..configuration.config import ConfigError
     from ..configuration.limits import MAX_REPLICATES, check_count
 
-    run, out = Path(run), Path(out)
+    run, out = location(run), location(out)
     check_count(n, "--n", 1, MAX_REPLICATES)
     seeds = list(seeds or [SEED_BASE + i for i in range(n)])
     if len(seeds) != n:
@@ -190,8 +191,12 @@ def _pending(out: Path, record: dict, seeds: list[int]) -> list[int]:
     return todo
 
 
-def _replicate_input(run: Path, path: Path) -> Path:
-    """The replicate input of ``run`` at ``path``, written once (through a partial folder renamed when complete)."""
+def _replicate_input(run: Path, path: Path | StorePath) -> Path | StorePath:
+    """The replicate input of ``run`` at ``path``, written once (through a partial folder renamed when complete;
+    on a store, which has no rename, written again by every call, before any replicate reads it)."""
+    if isinstance(path, StorePath):
+        remove_tree(path)
+        return mdf_input(run, path)
     if not path.is_dir():
         partial = path.with_name(f".{path.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -217,12 +222,14 @@ def _replicate(config: Config, target: Path, prep, client, cancel: _Either) -> d
     from ..execution.runner import run_prepared
 
     t0, c0 = time.perf_counter(), time.thread_time()
-    partial = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    store = isinstance(target, StorePath)  # no rename: run in place (replicates.json lists it once complete)
+    partial = target if store else target.with_name(f".{target.name}.partial")
+    remove_tree(partial)
     with reporting(Reporter(enabled=False, cancel=cancel)):  # type: ignore[arg-type]  # one bar for all replicates: the caller's
         run_prepared(config, partial, prep, client)
-    shutil.rmtree(target, ignore_errors=True)  # a replicate left incomplete by an earlier version
-    os.rename(partial, target)
+    if not store:
+        shutil.rmtree(target, ignore_errors=True)  # a replicate left incomplete by an earlier version
+        os.rename(partial, target)
     return {"dir": target.name, "seed": config.run.seed, "wall_seconds": round(time.perf_counter() - t0, 2),
             "client_cpu_seconds": round(time.thread_time() - c0, 2)}
 

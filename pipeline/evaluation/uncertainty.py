@@ -22,10 +22,10 @@ the data, so all blocks with the same measurements' variances under one parent s
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .bounded import count_interval, exact_count, z_value
 from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
@@ -47,7 +46,8 @@ from ..execution.levels import level_constraints, published_units
 from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants
 from ..execution.outdir import MARKER_KEY, claimed_file
-from ..execution.rundir import RunDirError, RunReader, removed_on_failure, writing
+from ..execution.rundir import RunDirError, RunReader, remove_tree, removed_on_failure, write_table, writing
+from ..execution.storage import StorePath, location, parquet_file, parquet_writer, read_table, scratch
 from ..execution.progress import gather, track
 from .amc import SCHEMA, codes, published_and_amc, replicate_dirs
 from .calibrated import calibrated_parts, second_generation
@@ -78,7 +78,7 @@ class Source:
 
     @classmethod
     def open(cls, path: str | Path) -> "Source":
-        path = Path(path)
+        path = location(path)
         reader = RunReader(path)
         reader.complete_manifest("computing its uncertainty")  # RunDirError: exit 4, as verify
 
@@ -96,7 +96,7 @@ class Source:
         ``staging`` as a run's parts, one DPQuery part at a time."""
         from ..execution.reprocess import invariants_of_nmf, open_nmf, write_measurement_parts
 
-        cfg, spine_obj, nmf = open_nmf(Path(nmf_dir), spine, config)
+        cfg, spine_obj, nmf = open_nmf(location(nmf_dir), spine, config)
         for product in cfg.run.products:
             for level in spine_obj.levels:
                 write_measurement_parts(nmf, product, level, staging / "noisy_measurements" / product / f"level={level}",
@@ -186,7 +186,7 @@ def public_structure(src: Source, spec: Product) -> Structure:
 def read_part(path: Path) -> pa.Table:
     """A measurement part in Arrow (its geocode and query columns hold a few distinct strings each: they are
     read as dictionaries, not as a Python string per row)."""
-    return pq.read_table(path, read_dictionary=["geocode", "query"])
+    return read_table(path, read_dictionary=["geocode", "query"])
 
 
 # ----------------------------------------------------------------------------------- measurement arrays
@@ -195,7 +195,7 @@ def measured_queries(src: Source, product: str) -> tuple[str, ...]:
     names: set[str] = set()
     for level in src.levels:
         for part in src.parts(product, level):
-            names |= set(codes(pq.read_table(part, columns=["query"], read_dictionary=["query"]).column("query"))[1])
+            names |= set(codes(read_table(part, columns=["query"], read_dictionary=["query"]).column("query"))[1])
     return tuple(sorted(names))
 
 
@@ -333,7 +333,7 @@ def leaf_signature(weights: np.ndarray, totals: np.ndarray | None) -> np.ndarray
 
 def _leaf_local(t: LeafTask):
     alg = KronAlgebra(t.product.schema, t.queries, t.zeros)
-    rows, weights, info = node_arrays(alg, read_part(Path(t.part)), t.nodes, f"{t.product.name} {t.level} {t.part}")
+    rows, weights, info = node_arrays(alg, read_part(t.part), t.nodes, f"{t.product.name} {t.level} {t.part}")
     total = None if t.totals is None else t.totals[rows]
     sig, inv_sig = np.unique(leaf_signature(weights, total), axis=0, return_inverse=True)
     inv_sig = inv_sig.ravel()
@@ -376,7 +376,7 @@ def leaf_pass2(t: LeafPass2) -> dict:
     """The leaves' final estimates and covariances: rows written to ``t.out``, entity sums returned."""
     cpu = time.process_time()
     alg, rows, _, sig, v_minus, b_minus, sig_exact, total = _leaf_local(t)
-    parent = {name: np.load(f"{t.parents_in}-{name}.npy", mmap_mode="r")[t.parent_rows] for name in PARENT_ARRAYS}
+    parent = {name: load_array(f"{t.parents_in}-{name}.npy")[t.parent_rows] for name in PARENT_ARRAYS}
     p = np.searchsorted(t.parent_rows, t.parents[rows])
     key, kinv = np.unique(np.stack([sig, p], axis=1), axis=0, return_inverse=True)
     kinv = kinv.ravel()
@@ -386,7 +386,7 @@ def leaf_pass2(t: LeafPass2) -> dict:
     snap(v_key, b, total, sig_exact[key[:, 0]])
     if t.write_rows:
         frame = _rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries, total)
-        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), t.out, compression="zstd")
+        write_table(frame, t.out, compression="zstd")
         del frame
     sums: dict[int, np.ndarray] = {}
     for r, bb in zip(rows, b):
@@ -452,7 +452,7 @@ def uncertainty(run: str | Path, out: str | Path, *, entities: pd.DataFrame | Pa
     ``calibrate``: replicates of one of the ``replicates`` (adds the ``calibrated`` rows). ``out`` must be absent
     or an earlier uncertainty table (``outdir.claimed_file``), held by this call alone while it runs."""
     with claimed_file(out, "uncertainty") as marker:
-        return _uncertainty(run, Path(out), marker, entities=entities, levels=levels, queries=queries, client=client,
+        return _uncertainty(run, location(out), marker, entities=entities, levels=levels, queries=queries, client=client,
                             scheduler=scheduler, workers=workers, replicates=replicates, spine=spine, config=config,
                             calibrate=calibrate)
 
@@ -478,8 +478,7 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
 
         flag = "--spine" if spine is not None else "--config"
         raise ConfigError(f"{flag}: only with a noisy measurement file; the run directory {run} carries its own")
-    converted = out.with_name(f".{out.name}.nmf")
-    shutil.rmtree(converted, ignore_errors=True)
+    converted = scratch(out.parent, f".{out.name}.nmf")
     with removed_on_failure(converted):  # the file's measurements as a run's parts, removed when done
         src = Source.from_nmf(run, spine, config, converted) if from_nmf else Source.open(run)
         if source is not None:
@@ -489,9 +488,9 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
 
             raise ConfigError("--calibrate needs --replicates (its replicates are of one of them)")
         if replicates is not None:
-            replicate_dirs(Path(replicates))  # a bad folder is reported before any work
+            replicate_dirs(location(replicates))  # a bad folder is reported before any work
             if calibrate is not None:
-                second_generation(Path(replicates), Path(calibrate))
+                second_generation(location(replicates), location(calibrate))
         has_hist = not from_nmf and (replicates is not None or (src.root / "histograms").exists())  # published counts
         if not from_nmf:
             RunReader(run).check_sums(("spine.parquet", "noisy_measurements", *(("histograms",) if has_hist else ())),
@@ -502,8 +501,7 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
         from ..configuration.config import ConfigError
 
         raise ConfigError(f"--levels: unknown level(s) {', '.join(sorted(unknown))}; levels are {', '.join(src.levels)}")
-    staging = out.with_name(f".{out.name}.parts")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = scratch(out.parent, f".{out.name}.parts")
     with writing(staging):
         staging.mkdir(parents=True)
     cost = Cost()
@@ -514,36 +512,59 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
             parts_written, cpu = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
-                                                   Path(replicates) if replicates is not None else None, dclient)
+                                                   location(replicates) if replicates is not None else None, dclient)
             cost.tasks += len(parts_written)
             cost.worker_cpu_seconds += cpu
             if calibrate is not None:
-                parts_written += calibrated_parts(parts_written, src, staging, entities, Path(replicates),
-                                                  Path(calibrate))
+                parts_written += calibrated_parts(parts_written, src, staging, entities, location(replicates),
+                                                  location(calibrate))
             if not parts_written:
                 raise GLSError(f"{run}: no rows to write")
-            cost.rows = sum(pq.read_metadata(part).num_rows for part in parts_written)
+            cost.rows = sum(parquet_file(part).metadata.num_rows for part in parts_written)
             cost.wall_seconds = time.perf_counter() - t0
             cost.client_cpu_seconds = time.process_time() - c0
             meta = json.dumps({"run": str(run), "cost": cost.__dict__, "z90": Z90, "z95": Z95})
-            tmp = out.with_name(f".{out.name}.tmp")
-            with writing(out), removed_on_failure(tmp):
-                dclient.submit(concatenate, [str(p) for p in parts_written], str(tmp),
-                               SCHEMA.with_metadata({META_KEY: meta, MARKER_KEY: json.dumps(marker)}),
-                               pure=False).result()
-                os.replace(tmp, out)
+            schema = SCHEMA.with_metadata({META_KEY: meta, MARKER_KEY: json.dumps(marker)})
+            parts = [str(p) for p in parts_written]
+            if isinstance(out, StorePath):  # one PUT: the object appears whole or not at all
+                with writing(out):
+                    dclient.submit(concatenate, parts, str(out), schema, pure=False).result()
+            else:
+                tmp = out.with_name(f".{out.name}.tmp")
+                with writing(out), removed_on_failure(tmp):
+                    dclient.submit(concatenate, parts, str(tmp), schema, pure=False).result()
+                    os.replace(tmp, out)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(converted, ignore_errors=True)
+        remove_tree(staging)
+        remove_tree(converted)
     return cost
+
+
+def save_array(path: str, array: np.ndarray) -> None:
+    """``np.save`` to a local file or a store's object."""
+    target = location(path)
+    if isinstance(target, StorePath):
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        target.write_bytes(buffer.getvalue())
+    else:
+        np.save(target, array)
+
+
+def load_array(path: str) -> np.ndarray:
+    """An array of :func:`save_array` (a local file memory-mapped, read only)."""
+    source = location(path)
+    if isinstance(source, StorePath):
+        return np.load(io.BytesIO(source.read_bytes()))
+    return np.load(source, mmap_mode="r")
 
 
 def concatenate(parts: list[str], path: str, schema: pa.Schema) -> None:
     """The parts' rows as one Parquet file, row group by row group (amc.REWRITE_ROWS rows at most); a Dask task,
     so that the reader's and writer's buffers (about 60 MB at the Hawaii size) stay out of the client."""
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+    with parquet_writer(path, schema, compression="zstd") as writer:
         for part in parts:
-            f = pq.ParquetFile(part)
+            f = parquet_file(part)
             for g in range(f.num_row_groups):
                 writer.write_table(f.read_row_group(g).cast(schema))
     release_memory()
@@ -615,12 +636,12 @@ def upper_pass(t: UpperTask, res1: list[dict]) -> dict:
     frames = [_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None,
                     t.out_queries, upper[i].total) for i in range(leaf) if src.levels[i] in t.want]
     if frames:
-        pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), t.rows_out)
+        write_table(pd.concat(frames, ignore_index=True), t.rows_out, compression="snappy")
     del frames
     release_memory()
     par = upper[-1]
     for name in PARENT_ARRAYS:
-        np.save(f"{t.parents_out}-{name}.npy", getattr(par, name))
+        save_array(f"{t.parents_out}-{name}.npy", getattr(par, name))
 
     entities = None
     if t.covers:
@@ -703,9 +724,9 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     cost.tasks += len(res2)
     cost.worker_cpu_seconds += sum(r["cpu"] for r in res2)
     if src.levels[leaf] in want:
-        out_parts += [Path(t.out) for t in tasks]
+        out_parts += [location(t.out) for t in tasks]
     for name in PARENT_ARRAYS:
-        Path(f"{parents_out}-{name}.npy").unlink(missing_ok=True)
+        location(f"{parents_out}-{name}.npy").unlink(missing_ok=True)
 
     if keys:
         est, cov, tot = res["entities"]
@@ -719,6 +740,6 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
             frames.append(_rows(alg, product, etype, np.array([k[1] for k in keys], dtype=object)[sel],
                                 est[sel], cov[sel], None, out_queries, tot[sel]))
         path = staging / f"{product}-entities.parquet"
-        pq.write_table(pa.Table.from_pandas(pd.concat(frames, ignore_index=True), preserve_index=False), path)
+        write_table(pd.concat(frames, ignore_index=True), path, compression="snappy")
         out_parts.append(path)
     return out_parts

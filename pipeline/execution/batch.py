@@ -19,7 +19,8 @@ A jobs file::
     # force = true            # run: recompute a complete output of another configuration or input
     # verify = false          # default true: `topdown verify OUT` after the job
 
-Paths are relative to the jobs file. A job whose output is complete with the same configuration hash and
+Paths are relative to the jobs file; a job's ``input`` and ``out`` may be object-store URLs (``s3://``...,
+docs/how-to/clusters.md "Object storage"), taken as they are. A job whose output is complete with the same configuration hash and
 input hashes is skipped; an interrupted one is resumed (``--resume``); a reprocessing whose output is of
 another configuration or source is recomputed (it costs no privacy), a run only with ``force = true``
 (a new draw of noise is a new release). A reprocessing whose input is another job's output waits for it.
@@ -58,6 +59,7 @@ from .outdir import MARKER_KEY, claimed, claimed_file
 from .progress import reporter
 from ..configuration.limits import unsafe_name
 from .rundir import Locked, RunDir, write_json_atomic
+from .storage import StorePath, is_url, location
 from .signals import Interrupted, signals_interrupt
 
 log = logging.getLogger("topdown")
@@ -116,7 +118,15 @@ def load_jobs(path: Path) -> JobsFile:
     except ValidationError as exc:
         raise ConfigError(_format_validation_error(path, exc, JobsFile)) from None
     names = [j.name for j in jobs.job]
-    outs = [str((path.parent / j.out).resolve()) for j in jobs.job]
+    for j in jobs.job:  # a URL where a job's command takes a local path, or one whose extra is missing: refused
+        for key in ("config", "spine"):
+            if is_url(getattr(j, key)):
+                raise ConfigError(f"{path}: job {j.name!r}: {key} {getattr(j, key)}: a local path (storage URLs are "
+                                  "taken by input and out)")
+        for value in (j.input, j.out):
+            if is_url(value):
+                location(value)
+    outs = [str(where(path.parent, j.out)) for j in jobs.job]
     for values, what in ((names, "name"), (outs, "out")):
         dup = next((v for v in values if values.count(v) > 1), None)
         if dup is not None:
@@ -130,8 +140,13 @@ def load_jobs(path: Path) -> JobsFile:
 
 
 def _path(base: Path, value: str | None) -> str | None:
-    """A path of the jobs file, relative to its folder."""
-    return None if value is None else str(base / value)
+    """A path of the jobs file, relative to its folder (a storage URL as it is)."""
+    return None if value is None else value if is_url(value) else str(base / value)
+
+
+def where(base: Path, value: str) -> Path | StorePath:
+    """A job's input or output: a storage URL's object, or a path relative to the jobs file's folder, resolved."""
+    return location(value) if is_url(value) else (base / value).resolve()
 
 
 def _config(base: Path, value: str | None) -> str | None:
@@ -157,7 +172,7 @@ def expected(job: Job, base: Path) -> tuple[str, dict[str, str]]:
 
 def plan(job: Job, base: Path) -> tuple[str, list[str]]:
     """What to do with a job's output: ("skip" | "run" | "resume" | "force" | "refuse", extra CLI flags)."""
-    manifest = RunDir(base / job.out).read_manifest() if (base / job.out / "manifest.json").exists() else {}
+    manifest = RunDir(where(base, job.out)).read_manifest()
     if not manifest:
         return "run", []
     try:
@@ -179,7 +194,7 @@ def plan(job: Job, base: Path) -> tuple[str, list[str]]:
 def command(job: Job, base: Path, scheduler: str | None, workers: int | None, flags: list[str]) -> list[str]:
     """The ``topdown`` command line of a job."""
     cli = [sys.executable, "-m", "topdown.pipeline.cli"]
-    out = str(base / job.out)
+    out = _path(base, job.out)
     if job.kind == "run":
         cmd = [*cli, "run", _config(base, job.config), "--out", out]
         if job.input:
@@ -227,7 +242,7 @@ class Batch:
         cfg = self.jobs.batch
         self.summary_path = summary or self.base / (cfg.summary or f"{self.path.stem}.summary.json")
         self.logs = self.base / (cfg.logs or f"{self.path.stem}.logs")
-        self.records = [{"name": j.name, "kind": j.kind, "out": str(self.base / j.out), "status": "pending"}
+        self.records = [{"name": j.name, "kind": j.kind, "out": _path(self.base, j.out), "status": "pending"}
                         for j in self.jobs.job]
         self.done = {j.name: threading.Event() for j in self.jobs.job}
         self.procs: set = set()
@@ -246,8 +261,8 @@ class Batch:
         job = self.jobs.job[i]
         if job.input is None:
             return []
-        target = (self.base / job.input).resolve()
-        return [d for d, j in enumerate(self.jobs.job[:i]) if (self.base / j.out).resolve() == target]
+        target = where(self.base, job.input)
+        return [d for d, j in enumerate(self.jobs.job[:i]) if where(self.base, j.out) == target]
 
     def _job(self, i: int, client, scheduler: str | None, workers: int | None) -> None:
         job, rec = self.jobs.job[i], self.records[i]

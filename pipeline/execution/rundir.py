@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..configuration.limits import read_text, unsafe_name
-from .storage import StorePath, arrow, copy_files, location
+from .storage import StorePath, arrow, copy_files, location, write_parquet
 
 log = logging.getLogger("topdown")
 
@@ -505,10 +505,8 @@ def write_table(table: pa.Table | Any, path: Path, **options: Any) -> None:
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
     if isinstance(path, StorePath):
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, **{"compression": "zstd", "write_statistics": True, **options})
         with writing(path):
-            path.write_bytes(sink.getvalue().to_pybytes())
+            write_parquet(table, path, **{"compression": "zstd", "write_statistics": True, **options})
         return
     tmp = path.with_name(f".{path.name}.tmp")
     with writing(path), removed_on_failure(tmp):

@@ -18,7 +18,11 @@ import importlib
 import logging
 import posixpath
 import re
+import shutil
+import uuid
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import IO, Any, Iterator
 
 from ..configuration.errors import ConfigError
@@ -182,6 +186,15 @@ class StorePath:
     def is_symlink(self) -> bool:
         return False
 
+    def stat(self) -> SimpleNamespace:
+        """The object's size and modification time (``st_size``, ``st_mtime_ns``; 0 where the store gives none)."""
+        size = int(self.fs.info(self.key).get("size") or 0)
+        try:
+            mtime = int(self.fs.modified(self.key).timestamp() * 1e9)
+        except (NotImplementedError, AttributeError, ValueError):
+            mtime = 0
+        return SimpleNamespace(st_size=size, st_mtime_ns=mtime)
+
     def iterdir(self) -> Iterator["StorePath"]:
         if not self.is_dir():
             return iter(())
@@ -333,6 +346,51 @@ def dataset(path: str | Path | StorePath, **options: Any):
 
     source, fs = arrow(location(path))
     return ds.dataset(source, format="parquet", filesystem=fs, **options)
+
+
+def scratch(folder: Path | StorePath, name: str) -> Path | StorePath:
+    """Where a command that holds an output's lock keeps its intermediate files: ``folder/name``, emptied first;
+    on a store, ``folder/name-<id>``, a prefix of this call's own (those of earlier calls, left by one that was
+    killed, removed first). The caller removes it when done."""
+    if not isinstance(folder, StorePath):
+        shutil.rmtree(folder / name, ignore_errors=True)
+        return folder / name
+    for earlier in folder.glob(f"{name}-*"):
+        earlier.rmtree()
+    return folder / f"{name}-{uuid.uuid4().hex}"
+
+
+def write_parquet(table: Any, path: str | Path | StorePath, **options: Any) -> None:
+    """``pyarrow.parquet.write_table`` of ``table`` to a local file, or to a store's object in one PUT (it appears
+    whole or not at all)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = location(path)
+    if isinstance(path, StorePath):
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, **options)
+        path.write_bytes(sink.getvalue().to_pybytes())
+    else:
+        pq.write_table(table, path, **options)
+
+
+@contextmanager
+def parquet_writer(path: str | Path | StorePath, schema: Any, **options: Any) -> Iterator[Any]:
+    """A ``pyarrow.parquet.ParquetWriter`` of a local file, or of a store's object put whole (one PUT) when the
+    block ends without an error (nothing is put otherwise)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = location(path)
+    if not isinstance(path, StorePath):
+        with pq.ParquetWriter(path, schema, **options) as writer:
+            yield writer
+        return
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, **options) as writer:
+        yield writer
+    path.write_bytes(sink.getvalue().to_pybytes())
 
 
 def read_frame(path: str | Path | StorePath, **options: Any):

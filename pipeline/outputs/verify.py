@@ -38,7 +38,7 @@ from topdown.vocab.queries import build_query
 
 from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
-from ..execution.storage import arrow, dataset, read_schema, read_table
+from ..execution.storage import StorePath, arrow, dataset, parquet_file, read_schema, read_table
 from ..execution.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files
 
 
@@ -152,37 +152,49 @@ class _Groups:
 
 
 class _Spill:
-    """Rows of one kind routed to one Parquet file per group in ``folder`` (written batch by batch)."""
+    """Rows of one kind routed to one Parquet file per group in ``folder`` (written batch by batch), named
+    ``<g>.parquet`` (``<g>-<part>.parquet`` with a ``part``); ``folder`` may be a store's prefix (a file is then
+    an object written as it streams: the spill is scratch, read by the command that wrote it alone)."""
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, folder: Path | StorePath, part: str | None = None):
+        self.folder, self.part = folder, part
         folder.mkdir(parents=True)
         self.writers: dict[int, pq.ParquetWriter] = {}
+        self.sinks: list = []  # a store's open objects, closed after their writers
         self.schema: pa.Schema | None = None
+
+    def path(self, g: int) -> Path | StorePath:
+        return self.folder / (f"{g}.parquet" if self.part is None else f"{g}-{self.part}.parquet")
 
     def add(self, table: pa.Table, group: np.ndarray) -> None:
         for g in np.unique(group):
             part = table.filter(pa.array(group == g))
             if g not in self.writers:
-                self.writers[g] = pq.ParquetWriter(self.folder / f"{g}.parquet", part.schema)
+                sink = self.path(g)
+                if isinstance(sink, StorePath):
+                    sink = sink.open("wb")
+                    self.sinks.append(sink)
+                self.writers[g] = pq.ParquetWriter(sink, part.schema)
             self.writers[g].write_table(part.cast(self.writers[g].schema))
 
     def close(self) -> None:
         for writer in self.writers.values():
             writer.close()
+        for sink in self.sinks:
+            sink.close()
 
     def frame(self, g: int) -> pd.DataFrame:
         """Group ``g``'s rows (none: an empty frame of the source's schema)."""
-        path = self.folder / f"{g}.parquet"
+        path = self.path(g)
         return (pq.read_table(path) if path.exists() else self.schema.empty_table()).to_pandas()
 
     def batches(self, g: int) -> Iterator[pd.DataFrame]:
         """Group ``g``'s rows, :data:`ROUTE_BATCH` at a time (none: one empty frame of the source's schema)."""
-        path = self.folder / f"{g}.parquet"
+        path = self.path(g)
         if not path.exists():
             yield self.schema.empty_table().to_pandas()
             return
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=ROUTE_BATCH):
+        for batch in parquet_file(path).iter_batches(batch_size=ROUTE_BATCH):
             yield batch.to_pandas()
 
 
@@ -405,10 +417,10 @@ def _mdf_geoids(spec: Product, hierarchy: Hierarchy):
                                                    ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]), pa.scalar("", pa.large_string()))
 
 
-def _route(groups: _Groups, path: Path, folder: Path, column: str, codes=None) -> _Spill:
+def _route(groups: _Groups, path: Path, folder: Path, column: str, codes=None, part: str | None = None) -> _Spill:
     """Route the rows of the Parquet file or folder ``path`` to their groups by their codes of the spine's
-    ``column`` (``codes(table)``; default the ``geocode`` column)."""
-    spill = _Spill(folder)
+    ``column`` (``codes(table)``; default the ``geocode`` column), into ``_Spill(folder, part)``."""
+    spill = _Spill(folder, part)
     spill.schema = hive_dataset(path).schema
     for table in _batches(path):
         spill.add(table, groups.route(column, table.column("geocode") if codes is None else codes(table)))
