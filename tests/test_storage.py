@@ -328,3 +328,267 @@ def test_confidential_output_refused_in_a_public_bucket(bucket):
         with claimed(f"{bucket}/run", "run"):
             pass
     assert fs.find(bucket.removeprefix("s3://")) == []
+
+
+# ------------------------------------------------------------------------------- post-processing commands
+#
+# One bucket for the module: the planted input (rel_inputs.py) in it and on disk, and the demo configuration run
+# on it once through s3:// and once on disk, on one in-process cluster that reads the test credentials from this
+# process's environment (its address is TCP, so that a batch's jobs join it).
+
+
+@pytest.fixture(scope="module")
+def s3_client(s3_server):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def shared(s3_server, s3_client, tmp_path_factory):
+    from types import SimpleNamespace
+
+    from rel_inputs import write_planted_input
+    from topdown.pipeline import load_config, run
+
+    name = f"topdown-{uuid.uuid4().hex[:12]}"
+    storage.filesystem("s3").mkdir(name)
+    url, disk = f"s3://{name}", tmp_path_factory.mktemp("shared")
+    planted = write_planted_input(disk / "in")
+    storage.copy_files(planted, location(f"{url}/in"))
+    run(load_config("demo"), disk / "planted", input_dir=planted, client=s3_client)
+    run(load_config("demo"), f"{url}/planted", input_dir=f"{url}/in", client=s3_client)
+    return SimpleNamespace(url=url, disk=disk, input=planted, run=disk / "planted", s3run=f"{url}/planted")
+
+
+def objects(url: str) -> list[str]:
+    """The keys below ``url``, relative to it."""
+    prefix = location(url)
+    return sorted(k.removeprefix(prefix.key + "/") for k in prefix.fs.find(prefix.key))
+
+
+def written(url: str, into: Path) -> Path:
+    """A local copy of every object below ``url`` (what a command wrote there), each checked to have been
+    written with server-side encryption requested and to hold no credential."""
+    fs, prefix = storage.filesystem("s3"), location(url)
+    for key in fs.find(prefix.key):
+        b, _, k = key.partition("/")
+        assert fs.call_s3("head_object", Bucket=b, Key=k).get("ServerSideEncryption") == "AES256", key
+        target = into / key.removeprefix(prefix.key + "/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(fs.cat_file(key))
+        no_credentials(target.read_bytes().decode("latin-1"))
+    return into
+
+
+def same_files(a: Path, b: Path, but: tuple[str, ...] = ()) -> None:
+    """The folders hold the same files with the same bytes (``but``: names compared for presence only)."""
+    files = {p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file()}
+    assert files == {p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file()}
+    changed = [f for f in sorted(files) if f not in but and (a / f).read_bytes() != (b / f).read_bytes()]
+    assert not changed, changed
+
+
+def test_a_run_from_and_to_s3_is_the_run_on_disk(shared):
+    assert output_hashes(location(shared.s3run)) == output_hashes(shared.run)
+
+
+def test_uncertainty_through_s3(shared, s3_client, tmp_path):
+    """From a run in the bucket into it: the table on disk's rows and schema, one object (the marker inside; no
+    parts, no lock left), nothing but noisy-measurement figures in it."""
+    from rel_inputs import SECRETS, scan_run_dir
+    from topdown.pipeline.evaluation.uncertainty import uncertainty
+    from topdown.pipeline.execution.outdir import read_marker
+
+    before = objects(shared.url)
+    uncertainty(shared.run, tmp_path / "u.parquet", client=s3_client)
+    uncertainty(shared.s3run, f"{shared.url}/u.parquet", client=s3_client)
+    assert sorted(set(objects(shared.url)) - set(before)) == ["u.parquet"]
+    got, want = (storage.read_table(p) for p in (f"{shared.url}/u.parquet", tmp_path / "u.parquet"))
+    assert got.replace_schema_metadata(None).equals(want.replace_schema_metadata(None))
+    assert read_marker(location(f"{shared.url}/u.parquet"))["command"] == "uncertainty"
+    copy = tmp_path / "copy"
+    (copy / "u").mkdir(parents=True)
+    (copy / "u" / "u.parquet").write_bytes(location(f"{shared.url}/u.parquet").read_bytes())
+    numbers = [f.name for f in got.schema if pa_numeric(f.type)]  # estimates from the noisy measurements alone
+    findings, scanned = scan_run_dir(copy, SECRETS, checked={"u/u.parquet": numbers})
+    assert scanned and not findings, findings
+
+
+def pa_numeric(kind) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
+
+
+def test_evaluate_through_s3(shared, s3_client, tmp_path):
+    """The run and the truth read from the bucket, the evaluation written there: the files on disk, byte for byte
+    (the marker's id aside), each written with the store's private settings, the spill of true counts gone."""
+    from topdown.pipeline.evaluation.evaluate import EvalOptions, evaluate
+
+    opts = EvalOptions(sampling_rates=(0.5,), figures=False)
+    evaluate([shared.run], shared.input, out=tmp_path / "eval", client=s3_client, options=opts)
+    out = evaluate([shared.s3run], f"{shared.url}/in", out=f"{shared.url}/eval", client=s3_client, options=opts)
+    assert str(out) == f"{shared.url}/eval"
+    copy = written(f"{shared.url}/eval", tmp_path / "copy")
+    assert not any(".groups-tmp" in k or k.endswith(".lock") for k in objects(f"{shared.url}/eval"))
+    same_files(copy, tmp_path / "eval", but=(".topdown-output.json",))
+
+
+@pytest.mark.slow
+def test_replicates_and_their_intervals_through_s3(shared, s3_client, tmp_path):
+    """Replicates of the run in the bucket, into it: each replicate the one on disk, byte for byte, listed by
+    replicates.json once complete; the uncertainty with their ``amc`` rows the same as on disk; nothing written
+    holds a planted count outside the protected outputs."""
+    from rel_inputs import SECRETS, scan_run_dir
+    from topdown.pipeline.evaluation.replicates import replicates
+    from topdown.pipeline.evaluation.uncertainty import uncertainty
+
+    record = replicates(shared.s3run, 2, f"{shared.url}/reps", client=s3_client)
+    replicates(shared.run, 2, tmp_path / "reps", client=s3_client)
+    assert [r["dir"] for r in record["replicates"]] == ["rep-000", "rep-001"]
+    for rep in ("rep-000", "rep-001"):
+        assert output_hashes(location(f"{shared.url}/reps/{rep}")) == output_hashes(tmp_path / "reps" / rep)
+    same_files(written(f"{shared.url}/reps/input", tmp_path / "input"), tmp_path / "reps" / "input")
+    for rep in ("rep-000", "rep-001"):
+        findings, _ = scan_run_dir(written(f"{shared.url}/reps/{rep}", tmp_path / rep), SECRETS)
+        assert not findings, findings
+    uncertainty(shared.run, tmp_path / "amc.parquet", replicates=tmp_path / "reps", client=s3_client)
+    uncertainty(shared.s3run, f"{shared.url}/amc.parquet", replicates=f"{shared.url}/reps", client=s3_client)
+    got, want = (storage.read_table(p) for p in (f"{shared.url}/amc.parquet", tmp_path / "amc.parquet"))
+    assert set(got.column("method").to_pylist()) == {"gls", "amc"}
+    assert got.replace_schema_metadata(None).equals(want.replace_schema_metadata(None))
+
+
+@pytest.mark.slow
+def test_batch_jobs_read_and_write_s3(shared, s3_client, tmp_path):
+    """A batch whose jobs read and write the bucket: a reprocessing of the run there, and one of its output (which
+    waits for it); a second batch skips both; the first job's output is the one on disk."""
+    from topdown.pipeline.execution.batch import Batch
+    from topdown.pipeline.execution.reprocess import reprocess
+
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(f"""[batch]
+scheduler = "{s3_client.scheduler.address}"
+
+[[job]]
+name = "again"
+kind = "reprocess"
+input = "{shared.s3run}"
+out = "{shared.url}/again"
+
+[[job]]
+name = "chained"
+kind = "reprocess"
+input = "{shared.url}/again"
+out = "{shared.url}/chained"
+verify = false
+""")
+    assert Batch(jobs).run() == 0
+    summary = json.loads((tmp_path / "jobs.summary.json").read_text())
+    assert [r["status"] for r in summary["jobs"]] == ["complete", "complete"], summary
+    assert "verify: OK" in (tmp_path / "jobs.logs" / "again.log").read_text()
+    reprocess(shared.run, tmp_path / "again", client=s3_client)
+    got, want = output_hashes(location(f"{shared.url}/again")), output_hashes(tmp_path / "again")
+    assert sorted(got) == sorted(want)
+    assert {k for k in got if got[k] != want[k]} == {"certificate.json", "manifest.json"}  # they name what was read
+    certificates = [json.loads(location(p).read_text()) for p in (f"{shared.url}/again/certificate.json",
+                                                                   tmp_path / "again" / "certificate.json")]
+    assert [c["reprocessing_of"].pop("run") for c in certificates] == [shared.s3run, str(shared.run)]
+    assert certificates[0] == certificates[1]
+    assert Batch(jobs).run() == 0
+    summary = json.loads((tmp_path / "jobs.summary.json").read_text())
+    assert [r["action"] for r in summary["jobs"]] == ["skip", "skip"]
+    no_credentials(*(p.read_text() for p in tmp_path.rglob("*") if p.is_file()))
+
+
+def test_batch_plans_jobs_whose_input_and_output_are_urls(shared, tmp_path):
+    """A job's input and out taken as URLs, not as paths under the jobs file's folder: a run job whose output
+    in the bucket is complete with the same configuration and input is skipped, and a job reading another's
+    output waits for it."""
+    from topdown.pipeline.execution.batch import Batch, Job, plan
+
+    job = Job(name="planted", kind="run", config="demo", input=f"{shared.url}/in", out=shared.s3run)
+    assert plan(job, tmp_path) == ("skip", [])
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(f'[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\ninput = "{shared.url}/in"\n'
+                    f'out = "{shared.url}/a"\n\n[[job]]\nname = "b"\nkind = "reprocess"\ninput = "{shared.url}/a"\n'
+                    f'out = "{shared.url}/b"\n')
+    batch = Batch(jobs)
+    assert [r["out"] for r in batch.records] == [f"{shared.url}/a", f"{shared.url}/b"]
+    assert batch._dependencies(1) == [0]
+
+
+def _one_line(capsys, *args: str) -> tuple[int, str]:
+    from topdown.pipeline import cli
+
+    code = cli.main(list(args))
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines()
+           if not ln.startswith("127.0.0.1 - - [")]  # the test server's own request log
+    assert len(err) == 1, err
+    no_credentials(err[0])
+    return code, err[0]
+
+
+@pytest.mark.parametrize("scheme, extra", [("gs", "gcs"), ("abfs", "azure")])
+@pytest.mark.parametrize("command", ["uncertainty", "uncertainty --out", "evaluate", "evaluate --truth",
+                                     "evaluate --out", "replicates", "replicates --out", "batch"])
+def test_each_command_names_a_missing_extra(monkeypatch, tmp_path, capsys, command, scheme, extra):
+    """A URL whose store's client is not installed, in each argument of each command that takes URLs: exit 2, one
+    line naming the extra, nothing written."""
+    real = storage.importlib.import_module
+
+    def without(name, *args):
+        if name in ("gcsfs", "adlfs"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(storage.importlib, "import_module", without)
+    monkeypatch.chdir(tmp_path)
+    storage.filesystem.cache_clear()
+    url = f"{scheme}://bucket/x"
+    (tmp_path / "run").mkdir()
+    args = {"uncertainty": ["uncertainty", url, "--out", "u.parquet"],
+            "uncertainty --out": ["uncertainty", "run", "--out", url],
+            "evaluate": ["evaluate", url, "--truth", "run"], "evaluate --truth": ["evaluate", "run", "--truth", url],
+            "evaluate --out": ["evaluate", "run", "--truth", "run", "--out", url],
+            "replicates": ["replicates", url, "--out", "r"], "replicates --out": ["replicates", "run", "--out", url],
+            "batch": ["batch", "jobs.toml"]}[command]
+    (tmp_path / "jobs.toml").write_text(f'[[job]]\nname = "a"\nkind = "run"\nconfig = "demo"\nout = "{url}"\n')
+    try:
+        code, line = _one_line(capsys, *args)
+    finally:
+        storage.filesystem.cache_clear()
+    assert code == 2 and f"pip install 'census-topdown[{extra}]'" in line and f"{scheme}://" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.toml", "run"]
+
+
+def test_post_processing_refusals_on_a_store(shared, bucket, monkeypatch, capsys, tmp_path):
+    """Where a guarantee cannot hold, one line and nothing written: the confidential evaluation into a bucket
+    anyone can read (exit 4), an uncertainty table or replicates where the one-writer lock cannot be held (exit 4),
+    a URL where a command or a batch job takes a local path (exit 2)."""
+    fs = storage.filesystem("s3")
+    fs.call_s3("put_bucket_acl", Bucket=bucket.removeprefix("s3://"), ACL="public-read")
+    code, line = _one_line(capsys, "evaluate", shared.s3run, "--truth", f"{shared.url}/in", "--out", f"{bucket}/eval")
+    assert code == 4 and "grants READ to everyone; nothing was written" in line and "evaluation" in line
+
+    def cannot(self, data):
+        raise NotImplementedError(f"{self}: the store cannot create an object only if absent")
+
+    monkeypatch.setattr(StorePath, "create", cannot)
+    code, line = _one_line(capsys, "uncertainty", shared.s3run, "--out", f"{bucket}/u.parquet")
+    assert code == 4 and "lock cannot be held" in line
+    code, line = _one_line(capsys, "replicates", shared.s3run, "--n", "2", "--out", f"{bucket}/reps")
+    assert code == 4 and "lock cannot be held" in line
+    assert fs.find(bucket.removeprefix("s3://")) == []
+    code, line = _one_line(capsys, "uncertainty", shared.s3run, "--out", str(tmp_path / "u.parquet"),
+                           "--entities", f"{bucket}/entities.csv")
+    assert code == 2 and "takes a local path there" in line
+    jobs = tmp_path / "jobs.toml"
+    jobs.write_text(f'[[job]]\nname = "a"\nkind = "reprocess"\ninput = "{shared.s3run}"\nspine = "{bucket}/s.parquet"\n'
+                    f'out = "{bucket}/a"\n')
+    code, line = _one_line(capsys, "batch", str(jobs))
+    assert code == 2 and "job 'a': spine" in line and "a local path" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.toml"]
