@@ -501,7 +501,7 @@ verify = false
     assert Batch(jobs).run() == 0
     summary = json.loads((tmp_path / "jobs.summary.json").read_text())
     assert [r["action"] for r in summary["jobs"]] == ["skip", "skip"]
-    no_credentials(*(p.read_text() for p in tmp_path.rglob("*") if p.is_file()))
+    no_credentials(*(p.read_bytes().decode("latin-1") for p in tmp_path.rglob("*") if p.is_file()))
 
 
 def test_batch_plans_jobs_whose_input_and_output_are_urls(shared, tmp_path):
