@@ -532,6 +532,7 @@ def _one_line(capsys, *args: str) -> tuple[int, str]:
     return code, err[0]
 
 
+@pytest.mark.smoke  # refusals in process, before any cluster or store is reached: in the default selection
 @pytest.mark.parametrize("scheme, extra", [("gs", "gcs"), ("abfs", "azure")])
 @pytest.mark.parametrize("command", ["uncertainty", "uncertainty --out", "evaluate", "evaluate --truth",
                                      "evaluate --out", "replicates", "replicates --out", "batch"])
