@@ -20,7 +20,14 @@ how many parents round identically, how many differently at the same objective (
 unique), and how many at a different objective (must be 0). Only solves at the exact failsafe level are
 compared pass by pass. ``--without pause_gc,bulk_columns,reuse`` switches off the Pyomo path's speed-ups
 (:func:`switch_off`) to measure each. ``--shard K/N`` takes every N-th parent from the K-th, for N processes
-side by side; ``merge FILE..`` combines their outputs as one ``compare`` prints them.
+side by side; ``--parents I,J`` takes only those indices of problems.pkl; ``--option KEY=VALUE`` (repeated) gives
+every Pyomo solve a solver option (the configuration's ``solver_options``). ``merge FILE..`` combines the
+outputs of ``--shard`` runs as one ``compare`` prints them.
+
+``profile DIR --parent I [--solver ..] [--qp-solver ..] [--option KEY=VALUE]``: parent I alone: the direct
+path's CPU, then one JSON line per Pyomo solve as it ends (:class:`Tracing`: the pass's class, rows, columns,
+status, CPU by where it goes, HiGHS's iterations), then the Pyomo path's total, the failsafe level reached and
+whether both paths gave the same integers. Sizes, statuses and times only: no count is printed.
 
 Usage (Rhode Island, persons):
   topdown ingest blocks data/ri2010/ri_2010_block_demographics.csv.gz --out ri2010-input
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -132,12 +140,13 @@ def compare_parent(problem, pyomo_backend) -> dict:
 
 
 class HighsClock:
-    """CPU seconds inside ``highspy.Highs.run`` (the solver's own share of a Pyomo solve)."""
+    """CPU seconds inside ``highspy.Highs.run`` (the solver's own share of a Pyomo solve) and HiGHS's
+    iterations there (active-set QP, simplex)."""
 
     def __init__(self) -> None:
         import highspy
 
-        self.seconds = 0.0
+        self.seconds, self.qp_iterations, self.simplex_iterations = 0.0, 0, 0
         run = highspy.Highs.run
 
         def timed(h, *a, **k):
@@ -146,8 +155,79 @@ class HighsClock:
                 return run(h, *a, **k)
             finally:
                 self.seconds += time.thread_time() - c0
+                info = h.getInfo()
+                self.qp_iterations += max(info.qp_iteration_count, 0)
+                self.simplex_iterations += max(info.simplex_iteration_count, 0)
 
         highspy.Highs.run = timed
+
+
+class Tracing:
+    """A Pyomo back end that prints one JSON line per solve as it ends: the pass's class and size, its status,
+    its CPU seconds by where they go (``compare``'s columns) and HiGHS's iterations."""
+
+    def __init__(self, inner, highs: HighsClock, out=sys.stdout) -> None:
+        self.inner, self.highs, self.out, self.calls, self.parent = inner, highs, out, 0, None
+
+    def qp(self, *args):
+        return self._traced("qp", args[2], lambda: self.inner.qp(*args))
+
+    def lp(self, *args, **kwargs):
+        kind = "milp" if kwargs.get("integer") is not None else "lp"
+        return self._traced(kind, args[1], lambda: self.inner.lp(*args, **kwargs))
+
+    def _traced(self, kind: str, a, call):
+        clock, highs = self.inner.clock, self.highs
+        before = (dict(clock), highs.seconds, highs.qp_iterations, highs.simplex_iterations)
+        c0 = time.thread_time()
+        res = call()
+        cpu = time.thread_time() - c0
+        spent = {k: clock[k] - before[0].get(k, 0.0) for k in ("build", "solve", "read")}
+        solver = highs.seconds - before[1]
+        print(json.dumps({"parent": self.parent, "call": self.calls, "kind": kind, "rows": a.shape[0],
+                          "columns": a.shape[1], "nnz": int(a.nnz), "status": res.status, "cpu_s": round(cpu, 3),
+                          "pass_model": round(spent["build"], 3), "transfer": round(spent["solve"] - solver, 3),
+                          "solver": round(solver, 3), "read": round(spent["read"], 3),
+                          "qp_iterations": highs.qp_iterations - before[2],
+                          "simplex_iterations": highs.simplex_iterations - before[3]}), file=self.out, flush=True)
+        self.calls += 1
+        return res
+
+
+def profile(folder: Path, index: int, solver: str, qp_solver: str | None, options: dict) -> None:
+    """Parent ``index`` of ``problems.pkl`` alone: the direct path's CPU, then the Pyomo path's solves one by
+    one as they end (:class:`Tracing`), then where the Pyomo path's time went and the failsafe level reached."""
+    from topdown.solvers import solve_parent
+    from topdown.solvers import model as model_module
+    from topdown.solvers.pyomo_path import PyomoBackend
+
+    items = pickle.loads((folder / "problems.pkl").read_bytes())
+    level, problem = items[index]
+    del items
+    c0 = time.thread_time()
+    direct = solve_parent(problem)
+    print(json.dumps({"parent": index, "level": level, "children": problem.n_children,
+                      "direct_cpu_s": round(time.thread_time() - c0, 3), "direct_level": direct.stats.level}),
+          flush=True)
+    highs = HighsClock()
+    backend = PyomoBackend(solver, qp_solver, options)
+    tracing = Tracing(backend, highs)
+    tracing.parent = index
+    compile_clock = [0.0]
+
+    def timed_compile(layout):
+        c0 = time.thread_time()
+        try:
+            return model_module.compile_pyomo(layout)
+        finally:
+            compile_clock[0] += time.thread_time() - c0
+
+    c0 = time.thread_time()
+    pyomo = solve_parent(problem, tracing, timed_compile)
+    print(json.dumps({"parent": index, "pyomo_cpu_s": round(time.thread_time() - c0, 3),
+                      "parent_model": round(compile_clock[0], 3), "solves": tracing.calls,
+                      "pyomo_level": pyomo.stats.level, "failsafe": [st.action for st in pyomo.failsafe],
+                      "identical_outputs": bool(np.array_equal(direct.hist, pyomo.hist))}), flush=True)
 
 
 #: What ``--without`` can switch off in solvers/pyomo_path.py, to measure what each is worth.
@@ -174,15 +254,20 @@ def switch_off(names: list[str]) -> None:
 
 
 def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check: bool,
-            levels: set[str] | None = None, shard: tuple[int, int] = (0, 1)) -> None:
+            levels: set[str] | None = None, shard: tuple[int, int] = (0, 1), parents: set[int] | None = None,
+            options: dict | None = None, trace: bool = False) -> None:
     from topdown.solvers import solve_parent
     from topdown.solvers import model as model_module
     from topdown.solvers.pyomo_path import PyomoBackend
 
     items = pickle.loads((folder / "problems.pkl").read_bytes())
+    warm = items[-1][1] if not levels else next(p for level, p in reversed(items) if level in levels)
+    if parents is not None:  # keep the indices: the shards are taken by them
+        items = [(level, p) if i in parents else ("", None) for i, (level, p) in enumerate(items)]
     if levels:
         items = [(level, p) for level, p in items if level in levels]
-    lowest = {level for level, problem in items if len(problem.children[0]) == max(len(p.children[0]) for _, p in items)}
+    kept = [(level, p) for level, p in items if p is not None]
+    lowest = {level for level, problem in kept if len(problem.children[0]) == max(len(p.children[0]) for _, p in kept)}
     highs = HighsClock()
     compile_clock = [0.0]
     compile_pyomo = model_module.compile_pyomo
@@ -195,10 +280,11 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
             compile_clock[0] += time.thread_time() - c0
 
     rows: dict[str, dict] = defaultdict(lambda: defaultdict(float))
-    backend = PyomoBackend(solver, qp_solver)
-    solve_parent(items[-1][1], backend, timed_compile)  # imports and first solver calls off the clock
+    backend = PyomoBackend(solver, qp_solver, options)
+    solve_parent(warm, backend, timed_compile)  # imports and first solver calls off the clock
+    solving = Tracing(backend, highs, sys.stderr) if trace else backend
     for i, (level, problem) in enumerate(items):
-        if (every > 1 and level in lowest and i % every) or i % shard[1] != shard[0]:
+        if problem is None or (every > 1 and level in lowest and i % every) or i % shard[1] != shard[0]:
             continue
         row = rows[level]
         c0 = time.thread_time()
@@ -207,7 +293,9 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
         backend.clock.clear()
         highs.seconds, compile_clock[0] = 0.0, 0.0
         c2 = time.thread_time()
-        pyomo = solve_parent(problem, backend, timed_compile)
+        if trace:
+            solving.parent = i
+        pyomo = solve_parent(problem, solving, timed_compile)
         c3 = time.thread_time()
         row["parents"] += 1
         row["children"] += problem.n_children
@@ -220,7 +308,7 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
         row["read"] += backend.clock["read"]
         row["identical_outputs"] += bool(np.array_equal(direct.hist, pyomo.hist))
         if check and not direct.stats.shortcut and direct.stats.level == pyomo.stats.level == "exact":
-            cmp = compare_parent(problem, backend)
+            cmp = compare_parent(problem, solving)
             if cmp:
                 row["compared"] += 1
                 row["l2_max_abs"] = max(row["l2_max_abs"], cmp["l2_max_abs"])
@@ -258,6 +346,20 @@ def merge(files: list[Path]) -> None:
         print(json.dumps(_shown(level, row)), flush=True)
 
 
+def solver_options(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs as solver options (a VALUE that parses as JSON is taken as such: 1e5, true)."""
+    out = {}
+    for pair in pairs:
+        key, sep, val = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--option: {pair!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(val)
+        except json.JSONDecodeError:
+            out[key] = val
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -275,6 +377,16 @@ def main() -> None:
     m.add_argument("--levels", default=None, help="comma-separated product.Level names (default: every level)")
     m.add_argument("--without", default="", help=f"comma-separated speed-ups to switch off: {', '.join(WITHOUT)}")
     m.add_argument("--shard", default="0/1", help="K/N: only the parents whose index is K modulo N (for N processes)")
+    m.add_argument("--trace", action="store_true", help="one JSON line per Pyomo solve on standard error (profile's)")
+    m.add_argument("--parents", default=None, help="comma-separated indices in problems.pkl: only these parents")
+    m.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a solver option for every Pyomo solve (solver_options; VALUE read as JSON where it parses)")
+    pr = sub.add_parser("profile")
+    pr.add_argument("folder", type=Path)
+    pr.add_argument("--parent", required=True, type=int, help="its index in problems.pkl")
+    pr.add_argument("--solver", default="highs")
+    pr.add_argument("--qp-solver", default=None)
+    pr.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="as compare's")
     g = sub.add_parser("merge")
     g.add_argument("files", nargs="+", type=Path, help="the outputs of compare --shard K/N, K = 0..N-1")
     args = ap.parse_args()
@@ -283,11 +395,15 @@ def main() -> None:
         print(json.dumps({"captured": n, "dir": str(args.out)}))
     elif args.cmd == "merge":
         merge(args.files)
+    elif args.cmd == "profile":
+        profile(args.folder, args.parent, args.solver, args.qp_solver, solver_options(args.option))
     else:
         switch_off([n for n in args.without.split(",") if n])
         k, n = (int(x) for x in args.shard.split("/"))
         compare(args.folder, args.solver, args.qp_solver, args.every, args.check,
-                set(args.levels.split(",")) if args.levels else None, (k, n))
+                set(args.levels.split(",")) if args.levels else None, (k, n),
+                {int(i) for i in args.parents.split(",")} if args.parents else None, solver_options(args.option),
+                args.trace)
 
 
 if __name__ == "__main__":

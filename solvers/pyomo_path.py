@@ -56,6 +56,14 @@ HIGHS_MILP = {"mip_rel_gap": 0.0}
 HIGHS_QP = {"qp_regularization_value": 0.0}
 
 
+def highs_qp_options(columns: int) -> dict:
+    """HiGHS options of a QP of ``columns`` columns: :data:`HIGHS_QP`, and no limit on its active-set solver's
+    nullspace (HiGHS gives up at 4,000 by default; a large parent's QP needs more: Rhode Island's largest
+    County -> Tract parent, 36k columns, about 5,300 at its optimum, and failed there after minutes; the
+    nullspace cannot exceed the number of columns)."""
+    return {**HIGHS_QP, "qp_nullspace_limit": max(int(columns), 1)}
+
+
 class SolverUnusable(ValueError):
     """A solver name Pyomo does not know, a solver not available here, or one that cannot solve a pass."""
 
@@ -135,13 +143,13 @@ class PyomoBackend:
             _only_bounds_and_objective_change(self._opts[key])
         return self._opts[key]
 
-    def _options(self, name: str, kind: str, presolve: bool) -> dict:
+    def _options(self, name: str, kind: str, presolve: bool, columns: int) -> dict:
         out: dict[str, Any] = {}
         for family, opts in FAMILY_OPTIONS.items():
             if family in name:
                 out.update(opts)
         if "highs" in name:
-            out.update(HIGHS_QP if kind == "qp" else HIGHS_LP)
+            out.update(highs_qp_options(columns) if kind == "qp" else HIGHS_LP)
             if kind == "milp":
                 out.update(HIGHS_MILP)
             if not presolve and kind == "lp":
@@ -190,7 +198,7 @@ class PyomoBackend:
         """Solve ``m`` with solver ``name``; a solver error or a status other than optimal is a failed
         Result (the failsafe's signal), with the solver's words as its status."""
         opt = self._opt(name, kind)
-        options = self._options(name, kind, presolve)
+        options = self._options(name, kind, presolve, len(z))
         c1 = time.thread_time()
         try:
             if _is_persistent_v1(opt):

@@ -173,6 +173,52 @@ def test_an_infeasible_pass_is_a_failed_result_not_an_error():
     assert not res.ok and res.x is None
 
 
+def test_highs_gets_no_nullspace_limit_below_the_qp_columns():
+    """HiGHS's active-set QP gives up when its nullspace passes 4,000 by default; a large parent's QP (Rhode
+    Island's largest County -> Tract parent: 36k columns, about 5,300 at its optimum) needs more, so the
+    limit HiGHS gets is the QP's column count (the nullspace cannot exceed it). Columns fixed by their bounds
+    keep this QP trivial."""
+    import scipy.sparse as sp
+
+    n = 4500
+    backend = PyomoBackend("highs")
+    a = sp.csr_matrix(np.ones((1, n)))
+    fixed = np.full(n, 0.5)
+    res = backend.qp(np.ones(n), np.zeros(n), a, np.array([-np.inf]), np.array([np.inf]), fixed, fixed)
+    assert res.ok and np.allclose(res.x, 0.5)
+    highs = backend._opts[("highs", True)]._solver_model  # the highspy.Highs that solved it
+    assert highs.getOptionValue("qp_nullspace_limit")[1] == n
+    assert highs.getOptionValue("qp_regularization_value")[1] == 0.0
+
+
+def test_the_benchmark_trace_shows_sizes_statuses_and_times_only():
+    """benchmarks/pyomo_path.py's per-solve trace (``profile``, ``compare --trace``): one JSON line per solve
+    with these keys only, every value a size, a time, an iteration count or the solver's status: no count
+    of the parent's histograms can appear."""
+    import io
+
+    bench = _bench()
+    rng = np.random.default_rng(5)
+    truth = random_truth(rng, k=3, n_cells=12, people=40)
+    problem = make_problem(truth, rng, noise=1.0)
+    out = io.StringIO()
+    tracing = bench.Tracing(PyomoBackend("highs"), bench.HighsClock(), out)
+    tracing.parent = 7
+    sol = solve_parent(problem, tracing, compile_pyomo)
+    assert sol.stats.level == "exact"
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == tracing.calls >= 3
+    keys = {"parent", "call", "kind", "rows", "columns", "nnz", "status", "cpu_s", "pass_model", "transfer",
+            "solver", "read", "qp_iterations", "simplex_iterations"}
+    for i, line in enumerate(lines):
+        assert set(line) == keys and line["parent"] == 7 and line["call"] == i
+        assert line["kind"] in ("qp", "lp", "milp") and line["status"] == "Optimal"
+        assert all(isinstance(line[k], float) for k in ("cpu_s", "pass_model", "transfer", "solver", "read"))
+        assert all(isinstance(line[k], int) for k in keys - {"kind", "status", "cpu_s", "pass_model", "transfer",
+                                                            "solver", "read"})
+    assert "qp" in {line["kind"] for line in lines}
+
+
 def _pyomo_on_worker(problem):
     from topdown.pipeline.execution.tasks import map_on_cluster
 
