@@ -696,6 +696,7 @@ RUN_DAMAGE: dict[str, Callable[[Path], None]] = {
 #: What verify must say of each damage: exit 1 (a check failed) or 4 (not a run it can read).
 VERIFY_CODES = {"manifest-not-json": EXIT_RUNDIR, "manifest-a-list": EXIT_RUNDIR,
                 "manifest-status-unknown": EXIT_RUNDIR, "manifest-levels-not-names": EXIT_RUNDIR,
+                "manifest-levels-unknown": EXIT_RUNDIR,
                 "manifest-schema-future": EXIT_RUNDIR, "manifest-sha-not-a-map": EXIT_RUNDIR}
 
 
