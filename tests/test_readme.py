@@ -164,7 +164,7 @@ def test_the_check_sees_a_wrong_flag(parsers):
 
 # -- the walks --------------------------------------------------------------------------------------------------
 
-def _walk(docs: list[Path], work: Path) -> None:
+def walk(docs: list[Path], work: Path) -> None:
     work.mkdir()
     for name in ("conf", "data"):
         (work / name).symlink_to(REPO / name)
@@ -187,9 +187,4 @@ def _walk(docs: list[Path], work: Path) -> None:
 
 @pytest.mark.slow
 def test_readme_commands_work_as_written_in_order(tmp_path: Path):
-    _walk([README], tmp_path / "clone")
-
-
-@pytest.mark.slow
-def test_docs_commands_work_as_written_in_order(tmp_path: Path):
-    _walk(doc_pages(), tmp_path / "clone")
+    walk([README], tmp_path / "clone")
