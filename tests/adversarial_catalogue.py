@@ -974,3 +974,11 @@ def catalogue() -> list[Case]:
     assert set(FIXED) <= ids and set(XFAIL) <= ids, (set(FIXED) | set(XFAIL)) - ids
     return [replace(c, fixed=FIXED.get(c.id, ""), xfail=XFAIL.get(c.id, "")) for c in cases]
 
+
+SAMPLE_EVERY = 32
+
+
+def sample(cases: list[Case]) -> set[str]:
+    """The cases the default selection takes (marked ``smoke``): every 32nd of the catalogue; the rest are slow."""
+    return {c.id for i, c in enumerate(cases) if i % SAMPLE_EVERY == 0}
+

@@ -6,8 +6,8 @@ shared runs and inputs untouched; no planted confidential count in what it print
 
 The shared runs are built once: the U.S. planted run and input (conftest.py), and here a Chilean synthetic input,
 a test-mode run of it, and a second run whose census is declared by a path relative to its configuration, made in
-its own folder and then moved (a run directory must stand alone). Every case is a system test, so outside the
-default selection (``-m slow`` runs them; ``python tests/adversarial_tally.py`` counts them by class and outcome).
+its own folder and then moved (a run directory must stand alone). The default selection takes every 32nd case
+(``smoke``); ``-m slow`` the others (``python tests/adversarial_tally.py`` counts them by class and outcome).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from adversarial_catalogue import EXIT_OK, EXIT_VERIFY, Case, catalogue
+from adversarial_catalogue import EXIT_OK, EXIT_VERIFY, Case, catalogue, sample
 from cli_subprocess import Outcome, api, topdown
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets
@@ -25,6 +25,7 @@ from test_adversarial_silent import block_csv
 from test_bad_inputs import _snapshot
 
 CASES = catalogue()
+SAMPLE = sample(CASES)
 CHILE_TEST = 'include = "chile_2017.toml"\n[run]\nmode = "test"\nseed = 7\n'
 _ARGPARSE = re.compile(r"^topdown [\w-]+: error: ")
 
@@ -77,7 +78,7 @@ def the_line(outcome: Outcome) -> str:
 
 
 def _marks(case: Case) -> list:
-    marks = []
+    marks = [pytest.mark.smoke] if case.id in SAMPLE else []  # a sample in the default selection
     if case.xfail:
         marks.append(pytest.mark.xfail(reason=case.xfail, strict=True))
     return marks
@@ -113,7 +114,7 @@ def test_case(case: Case, fields: dict[str, str], tmp_path: Path):
     assert _fingerprint(shared) == shared_before, f"a shared run or input changed:\n{outcome}"
 
 
-def test_the_catalogue_is_large_and_covers_every_command_and_class():
+def test_the_catalogue_is_large_covers_every_command_and_class_and_the_sample_is_small():
     from topdown.pipeline.cli import build_parser
     from adversarial_catalogue import CLASSES
 
@@ -122,3 +123,4 @@ def test_the_catalogue_is_large_and_covers_every_command_and_class():
     assert {c.target.split("/")[0] for c in CASES} == commands | {"api"}
     assert {c.klass for c in CASES} == set(CLASSES)
     assert sum("chile" in c.target or "{c" in " ".join(c.argv) for c in CASES) >= 100
+    assert 0 < len(SAMPLE) <= len(CASES) // 20
