@@ -60,13 +60,16 @@ def topdown(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | No
             preexec_fn=None) -> Outcome:
     """``python -m topdown.pipeline.cli ARGV`` in a process of its own (no standard input), its outcome."""
     args = tuple(str(a) for a in argv)
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "topdown.pipeline.cli", *args]
-    code, stdout, stderr = _FORKS.run("cli", args, cmd, cwd, full_env, timeout,
+    code, stdout, stderr = _FORKS.run([sys.executable, "-m", "topdown.pipeline.cli", *args], cwd, _env(env), timeout,
                                       fresh=preexec_fn is not None or _changes_imports(env), preexec_fn=preexec_fn)
     outcome = Outcome(args, code, stdout, stderr)
     _tally(outcome)
     return outcome
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A command's environment: this process's, unbuffered, with ``extra``."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 def _changes_imports(env: dict[str, str] | None) -> bool:
@@ -95,7 +98,7 @@ class ForkServer:
         self._proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).with_name("forkserver.py")), str(server_in), str(server_out)],
             pass_fds=(server_in, server_out), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=Path(__file__).parent)
+            stderr=subprocess.DEVNULL, env=_env(), cwd=Path(__file__).parent)
         os.close(server_in)
         os.close(server_out)
         self._to = os.fdopen(client_out, "w")
@@ -114,23 +117,25 @@ class ForkServer:
             line += chunk
         return json.loads(line)
 
-    def run(self, kind: str, argv: tuple[str, ...], cmd: list[str], cwd, env: dict[str, str], timeout: float,
-            fresh: bool = False, preexec_fn=None) -> tuple[int, str, str]:
+    def run(self, cmd: list[str], cwd, env: dict[str, str], timeout: float, fresh: bool = False,
+            preexec_fn=None) -> tuple[int, str, str]:
+        """``cmd`` (``python -m MODULE ARGS`` or ``python -c CODE ARGS``): its exit code, stdout and stderr."""
         if fresh or os.environ.get("TOPDOWN_TEST_FRESH") == "1" or not self._lock.acquire(blocking=False):
             done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
             return done.returncode, done.stdout, done.stderr
         try:
-            return self._forked(kind, argv, cmd, cwd, env, timeout)
+            return self._forked(cmd, cwd, env, timeout)
         finally:
             self._lock.release()
 
-    def _forked(self, kind, argv, cmd, cwd, env, timeout) -> tuple[int, str, str]:
+    def _forked(self, cmd, cwd, env, timeout) -> tuple[int, str, str]:
+        kind, argv = ("cli", cmd[3:]) if cmd[1] == "-m" else ("api", cmd[2:])
         if self._proc is None or self._proc.poll() is not None:
             self._start()
         with tempfile.TemporaryDirectory(prefix="topdown-fork-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            self._to.write(json.dumps({"kind": kind, "argv": list(argv), "cwd": str(cwd or os.getcwd()),
+            self._to.write(json.dumps({"kind": kind, "argv": argv, "cwd": str(cwd or os.getcwd()),
                                        "env": env, "stdout": str(out), "stderr": str(err)}) + "\n")
             self._to.flush()
             pid = self._reply(60)["pid"]
@@ -191,9 +196,7 @@ except Exception as exc:
 
 def api(code: str, cwd: Path | None = None, timeout: float = 300) -> Outcome:
     """The Python API ``code`` run in a process of its own (no standard input), its outcome judged as a command's."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    returncode, stdout, stderr = _FORKS.run("api", (_API_DRIVER, code), [sys.executable, "-c", _API_DRIVER, code],
-                                            cwd, env, timeout)
+    returncode, stdout, stderr = _FORKS.run([sys.executable, "-c", _API_DRIVER, code], cwd, _env(), timeout)
     outcome = Outcome(("api", code), returncode, stdout, stderr)
     _tally(outcome)
     return outcome
