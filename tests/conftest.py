@@ -1,6 +1,7 @@
 """Shared fixtures: the demo and planted inputs (built once), one embedded Dask cluster for the session,
 and one reference run of the demo configuration on each input; and each collected test marked with its
-kind, ``unit``, ``system`` or ``cli``, and all but a sample of the command-line cases ``slow`` (markers.py)."""
+kind, ``unit``, ``system`` or ``cli``, and all but a sample of the command-line cases ``slow`` (markers.py);
+under pytest-xdist, the files in the order CI's processes should take them (file_order.py)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,13 @@ def pytest_collection_modifyitems(config, items) -> None:
     from markers import mark_items
 
     mark_items(items)
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config, "workerinput"):  # a pytest-xdist process: the files longest first (file_order.py)
+        from file_order import LongestFirst
+
+        config.pluginmanager.register(LongestFirst(), "topdown-file-order")
 
 
 @pytest.fixture(scope="session")
