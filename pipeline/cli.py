@@ -605,7 +605,7 @@ def input_errors() -> tuple[type[ValueError], ...]:
     from .evaluation.gls import GLSError
     from .execution.invariants import InvariantError
     from .inputs.ingest import IngestError
-    from .inputs.validate import InputError
+    from .configuration.errors import InputError
 
     return InputError, IngestError, InvariantError, GeographyError, EvaluationError, GLSError
 

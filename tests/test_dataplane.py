@@ -29,7 +29,7 @@ from rel_inputs import no_partial_output
 from topdown.pipeline.execution import dataplane
 from topdown.pipeline import load_config, run
 from topdown.pipeline.inputs.synth import write_synthetic
-from topdown.pipeline.inputs.validate import InputError
+from topdown.pipeline.configuration.errors import InputError
 
 PINNED = json.loads((Path(__file__).parent / "pinned_outputs.json").read_text())
 STATES = ("09", "44")

@@ -17,7 +17,7 @@ from .errors import query_hint
 from ..privacy.accounting import check_budget, check_noise
 from topdown.vocab.queries import QueryError, build_query
 from ..inputs.ingest import derived_units
-from ..inputs.validate import InputError
+from .errors import InputError
 
 
 #: Most worker processes of an embedded cluster per CPU: more only compete for the CPUs (and each holds a Python

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ..inputs.validate import InputError
+from .errors import InputError
 from ..privacy.measure import (MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeasurements, from_table, measure,
                                root_cells)
 from ..execution.rundir import write_table

@@ -50,11 +50,12 @@ from .memory import release_memory
 from .rundir import sha256_file, write_frames, write_json_atomic, write_table
 from .storage import location, parquet_file, read_table
 from topdown.pipeline.configuration.census import PERSONS
+from ..configuration.errors import InputError
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
 from topdown.vocab.problem import SparseHist
-from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_records,
+from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, block_problem, check_persons, check_records,
                                check_units, nesting_error, raise_block_problem)
 
 #: Input records per read task (whole row groups; a bigger row group is a task alone).

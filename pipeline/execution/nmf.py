@@ -79,7 +79,7 @@ from topdown.vocab.census import Product
 from topdown.vocab.queries import CROSS, _axis_factor, build_query, canonical_name
 from topdown.vocab.schema import Schema
 
-from ..inputs.validate import InputError
+from ..configuration.errors import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import level_constraints, published_units
 from .progress import track

@@ -31,7 +31,7 @@ from ..configuration.config import (Config, ConfigError, _deep_merge, config_fro
 from .engine import ProgressFn
 from topdown.vocab.census import Product
 
-from ..inputs.validate import InputError
+from ..configuration.errors import InputError
 from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
