@@ -501,13 +501,10 @@ def derived_invariants(nmf: NoisyMeasurementFile, product: Product, spine: Spine
 
 
 def _bureau_meta(config, spine: Spine) -> dict:
-    from ..privacy.budget import KINDS
-
     products = {}
     for spec in config.run_products:
         budget = config.product(spec.name).budget
-        mechanism = next(k for k, cls in KINDS.items() if isinstance(budget.total, cls))
-        products[spec.name] = {"mechanism": mechanism, "rho": None, "schema": [list(d) for d in spec.schema.dims],
+        products[spec.name] = {"mechanism": budget.mechanism, "rho": None, "schema": [list(d) for d in spec.schema.dims],
                                "queries": {lv: list(budget.queries.get(lv, {})) for lv in spine.levels}}
     return {"format": "bureau", "levels": list(spine.levels), "spine": spine.kind, "products": products}
 

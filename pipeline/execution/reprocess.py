@@ -41,7 +41,7 @@ from .storage import StorePath, copy_files, location, read_frame
 from .runner import Plan, execute, opened
 from ..configuration.preflight import check_levels
 from ..configuration.sources import Published
-from ..privacy.budget import KINDS
+from ..privacy.budget import KINDS, of_config
 from ..privacy.measure import MEASUREMENT_PARQUET
 
 log = logging.getLogger("topdown")
@@ -219,7 +219,7 @@ def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
         if m is None:
             raise ConfigError(f"{where}: run.products lists {product!r}; the measurement file has no such product")
         budget = config.product(product).budget
-        total = budget.total
+        total = of_config(budget)
         recorded = KINDS.get(m["mechanism"])
         if recorded is None or not isinstance(total, recorded):
             raise ConfigError(f"{where}: {product}.budget.mechanism differs from the measurement file's {m['mechanism']!r}")

@@ -44,6 +44,7 @@ from topdown.geo.spine import build_spine
 
 from ..configuration.config import BudgetConfig, Config, ConfigError
 from ..configuration.limits import MAX_AUDIT_RUNS, check_count
+from .budget import of_config
 from ..execution.engine import make_chunks
 from ..execution.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
@@ -354,7 +355,7 @@ def theoretical_epsilons(config: Config, product: Product) -> dict[tuple[str, st
 def product_epsilon(budget: BudgetConfig) -> dict[str, Any]:
     """The ceiling of what one published count can show: the product's whole epsilon, as its certificate states
     it (``epsilon_product``; None for an infinite test budget), with the delta of a zCDP budget (``delta``)."""
-    total = budget.total
+    total = of_config(budget)
     eps = None if total.infinite else total.epsilon_at(budget.delta)
     return {"epsilon_product": eps, "delta": None if total.pure else str(budget.delta)}
 
