@@ -13,7 +13,7 @@ from scipy.stats import binomtest
 
 from topdown.pipeline.privacy import audit as A
 from topdown.pipeline.configuration.config import config_from_dict, load_config
-from topdown.pipeline.execution.rundir import write_table
+from topdown.pipeline.runtime.rundir import write_table
 from topdown.pipeline.configuration.census import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]

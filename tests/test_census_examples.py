@@ -352,7 +352,7 @@ def test_synth_writes_in_bounded_batches(tmp_path, monkeypatch):
 
 def test_synth_refuses_a_used_folder_and_bad_hints(tmp_path):
     from topdown.pipeline.configuration.config import ConfigError
-    from topdown.pipeline.execution.rundir import RunDirError
+    from topdown.pipeline.runtime.rundir import RunDirError
 
     census = load("e2e_1940")
     (tmp_path / "used").mkdir()

@@ -475,7 +475,7 @@ def test_the_read_parts_are_freed_before_the_units_are_tabulated(tmp_path, demo_
 def test_frames_written_one_after_the_other_give_the_bytes_of_their_concatenation(tmp_path_factory, sizes, group):
     """rundir.write_frames (the invariants file's block rows a shard at a time) writes the file write_table
     writes of the concatenated frame, row group for row group."""
-    from topdown.pipeline.execution.rundir import write_frames, write_table
+    from topdown.pipeline.runtime.rundir import write_frames, write_table
 
     rng = np.random.default_rng(sum(sizes) + group)
     frames = [pd.DataFrame({"geocode": pd.Index([f"{v:015d}" for v in rng.integers(0, 10**9, n)], dtype="str"),

@@ -12,8 +12,8 @@ import pytest
 from conftest import DATA
 from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, default_out, entities_on_spine,
                                                   evaluate, load_entities)
-from topdown.pipeline.execution.progress import Reporter, reporting
-from topdown.pipeline.execution.rundir import RunDirError, write_table
+from topdown.pipeline.runtime.progress import Reporter, reporting
+from topdown.pipeline.runtime.rundir import RunDirError, write_table
 from topdown.pipeline.configuration.census import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]

@@ -13,7 +13,7 @@ import pytest
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.evaluation import evaluate as E
 from topdown.pipeline.evaluation import metrics as M
-from topdown.pipeline.execution.outdir import MARKER
+from topdown.pipeline.runtime.outdir import MARKER
 from topdown.pipeline.inputs.synth import write_partitioned
 from topdown.pipeline.outputs import verify
 from topdown.vocab.queries import build_query

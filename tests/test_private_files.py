@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from test_evaluate import OPTS, _write_run, _write_truth, RUN_A
 
-from topdown.pipeline.execution.outdir import MARKER
-from topdown.pipeline.execution.private_files import is_private, private_dir, private_file, seal
+from topdown.pipeline.runtime.outdir import MARKER
+from topdown.pipeline.runtime.private_files import is_private, private_dir, private_file, seal
 
 
 @pytest.fixture(autouse=True)

@@ -60,11 +60,11 @@ from topdown.geo.spine import PREFIX, STATE
 from topdown.vocab.queries import build_query
 from ..configuration.errors import ConfigError
 from ..execution.dataplane import find_input
-from ..execution.private_files import private_dir, seal
-from ..execution.progress import Steps, compute, reporter
-from ..execution.outdir import check, claimed
-from ..execution.rundir import RunReader, remove_tree, removed_on_failure, write_table
-from ..execution.storage import StorePath, dataset, location, read_frame, read_schema, read_table, scratch
+from ..runtime.private_files import private_dir, seal
+from ..runtime.progress import Steps, compute, reporter
+from ..runtime.outdir import check, claimed
+from ..runtime.rundir import RunReader, remove_tree, removed_on_failure, write_table
+from ..runtime.storage import StorePath, dataset, location, read_frame, read_schema, read_table, scratch
 from ..outputs.verify import _Groups, _records
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
 from topdown.vocab.census import Census, Product

@@ -27,7 +27,7 @@ from topdown.pipeline.configuration.census import PL94, read_as_declared
 from topdown.vocab.census import Census, Product
 
 from ..execution.dataplane import InputFiles, read_tasks
-from ..execution.storage import StorePath, location, parquet_file, read_table, write_parquet
+from ..runtime.storage import StorePath, location, parquet_file, read_table, write_parquet
 from ..inputs.tabulate import sparse_counts, tabulate
 from ..inputs.validate import check_records
 from ..outputs.verify import _Groups, _route

@@ -27,11 +27,11 @@ from topdown.vocab.census import GENERIC_MDF, Census
 
 from ..configuration.config import Config
 
-from ..execution.progress import Reporter, reporter, reporting, track
+from ..runtime.progress import Reporter, reporter, reporting, track
 from ..outputs.mdf import generic_levels
-from ..execution.outdir import claimed
-from ..execution.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
-from ..execution.storage import StorePath, location, read_table
+from ..runtime.outdir import claimed
+from ..runtime.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
+from ..runtime.storage import StorePath, location, read_table
 
 log = logging.getLogger("topdown")
 

@@ -47,8 +47,8 @@ from topdown.vocab.queries import build_query
 from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, holding, levels_from_units,
                      node_answers, total_is_invariant)
 from .memory import release_memory
-from .rundir import sha256_file, write_frames, write_json_atomic, write_table
-from .storage import location, parquet_file, read_table
+from ..runtime.rundir import sha256_file, write_frames, write_json_atomic, write_table
+from ..runtime.storage import location, parquet_file, read_table
 from topdown.pipeline.configuration.census import PERSONS
 from ..configuration.errors import InputError
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed

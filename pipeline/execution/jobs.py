@@ -18,7 +18,7 @@ from typing import Any
 from ..evaluation.replicates import replicates
 from ..evaluation.uncertainty import uncertainty
 from .cluster import check_main_guarded
-from .progress import Cancelled, Reporter, chain, reporting
+from ..runtime.progress import Cancelled, Reporter, chain, reporting
 from .reprocess import reprocess
 from .runner import run
 

@@ -82,10 +82,10 @@ from topdown.vocab.schema import Schema
 from ..configuration.errors import InputError
 from .invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import level_constraints, published_units
-from .progress import track
-from .outdir import claimed
-from .rundir import MEASURED, RunReader, write_json_atomic, write_table
-from .storage import location, read_frame, read_schema, read_table
+from ..runtime.progress import track
+from ..runtime.outdir import claimed
+from ..runtime.rundir import MEASURED, RunReader, write_json_atomic, write_table
+from ..runtime.storage import location, read_frame, read_schema, read_table
 
 FORMAT = "topdown-nmf/2"
 #: The parts of a level folder: the Bureau's two, and ours (the declared invariants; the Bureau's reader

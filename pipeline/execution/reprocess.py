@@ -35,9 +35,9 @@ from ..configuration.errors import InputError
 from .invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
-from .outdir import bookkeeping, check
-from .rundir import MEASURED, RunDir, RunDirError, RunReader, remove_tree, sha256_file, write_table
-from .storage import StorePath, copy_files, location, read_frame
+from ..runtime.outdir import bookkeeping, check
+from ..runtime.rundir import MEASURED, RunDir, RunDirError, RunReader, remove_tree, sha256_file, write_table
+from ..runtime.storage import StorePath, copy_files, location, read_frame
 from .runner import Plan, execute, opened
 from ..configuration.preflight import check_levels
 from ..configuration.sources import Published

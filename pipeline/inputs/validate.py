@@ -35,7 +35,7 @@ from topdown.vocab.census import Hierarchy, Product, Units
 
 from ..configuration.census import PL94
 from ..configuration.errors import InputError
-from ..execution.storage import parquet_file, read_table
+from ..runtime.storage import parquet_file, read_table
 
 #: The input's two record files (kinds): persons.parquet (or persons/) and units.parquet (or units/).
 PERSON_RECORDS, UNIT_RECORDS = "persons", "units"

@@ -48,11 +48,11 @@ from .budget import of_config
 from ..execution.engine import make_chunks
 from ..execution.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
-from ..execution.progress import gather
+from ..runtime.progress import gather
 from topdown.vocab.queries import build_query
-from ..execution.private_files import private_dir, seal
-from ..execution.outdir import check, claimed
-from ..execution.rundir import write_json_atomic, write_table
+from ..runtime.private_files import private_dir, seal
+from ..runtime.outdir import check, claimed
+from ..runtime.rundir import write_json_atomic, write_table
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.vocab.census import Product
 from ..inputs.tabulate import block_histograms, block_units

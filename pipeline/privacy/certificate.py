@@ -19,8 +19,8 @@ from typing import Any, Mapping
 from .accounting import allocate, check_budget, check_noise, composed_budget
 from .budget import NEIGHBOURS, RELEASE_CEILING, Rho, compose, of_config, of_entry, zcdp_to_epsilon_bun_steinke
 from ..configuration.config import INFINITE, Config, ConfigError, ProductConfig
-from ..execution.outdir import MARKER_KEY, claimed_file
-from ..execution.rundir import SCHEMA_VERSION, write_json_atomic
+from ..runtime.outdir import MARKER_KEY, claimed_file
+from ..runtime.rundir import SCHEMA_VERSION, write_json_atomic
 from topdown.vocab.census import Product
 
 #: The deltas of the reported epsilon-delta curve.
