@@ -603,7 +603,7 @@ def input_errors() -> tuple[type[ValueError], ...]:
 
     from .evaluation.evaluate import EvaluationError
     from .evaluation.gls import GLSError
-    from .execution.invariants import InvariantError
+    from .inputs.invariants import InvariantError
     from .inputs.ingest import IngestError
     from .configuration.errors import InputError
 

@@ -357,7 +357,7 @@ def test_block_meta_gives_back_its_frames_exactly():
     units = pd.DataFrame({"u0": np.arange(7, dtype=np.int64) * 300, "occupied": np.arange(7, dtype=np.int64)},
                          index=geoids)
     from topdown.vocab.problem import Constraint
-    from topdown.pipeline.execution.invariants import LevelConstraints
+    from topdown.pipeline.inputs.invariants import LevelConstraints
 
     def rule(frame):  # a lower bound from u0, an upper bound with NaN ("no constraint") for odd counts
         u0 = frame[["u0"]].to_numpy(dtype=float)
@@ -393,7 +393,7 @@ def test_a_later_products_block_metadata_shares_the_first_ones_arrays():
 def test_tabulated_block_rules_give_the_constraints_the_tabulation_checked(tmp_path, demo_input, dask_client):
     """The shards' block metadata hold their rule only; it gives back the right-hand sides computed at
     tabulation (level_rhs of the blocks' unit counts) for any rows."""
-    from topdown.pipeline.execution.invariants import level_rhs
+    from topdown.pipeline.inputs.invariants import level_rhs
     from topdown.pipeline.execution.runner import configure_run, prepare
 
     config = configure_run("demo", demo_input)

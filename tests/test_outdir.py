@@ -25,7 +25,7 @@ from test_adversarial_silent import block_csv
 
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNDIR, EXIT_VERIFY, build_parser, main
 from topdown.pipeline.runtime.outdir import (MARKER, MARKER_KEY, WRITERS, check, claimed, claimed_file,
-                                               new_marker, read_marker)
+                                             new_marker, read_marker)
 from topdown.pipeline.configuration.limits import MAX_NAME, unsafe_name
 from topdown.pipeline.runtime.rundir import LOCK, RunDirError
 from topdown.pipeline.outputs.verify import verify_run

@@ -41,7 +41,7 @@ from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, e
 from topdown.geo.spine import Spine
 from topdown.vocab.queries import build_query
 from ..configuration.config import Config
-from ..execution.invariants import configured_below
+from ..inputs.invariants import configured_below
 from ..execution.levels import level_constraints, published_units
 from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants

@@ -1,1 +1,1 @@
-"""The run: levels and invariants, chunked per-parent tasks on Dask, resume, batches, reprocessing and the noisy measurement file; jobs started without blocking."""
+"""The run: levels, chunked per-parent tasks on Dask, resume, batches, reprocessing and the noisy measurement file; jobs started without blocking."""

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from .invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
+from ..inputs.invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
 from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_factorize
 from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
 from topdown.vocab.queries import build_query

@@ -80,7 +80,7 @@ from topdown.vocab.queries import CROSS, _axis_factor, build_query, canonical_na
 from topdown.vocab.schema import Schema
 
 from ..configuration.errors import InputError
-from .invariants import UNIT_COLUMNS, WHOLE_STATE
+from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import level_constraints, published_units
 from ..runtime.progress import track
 from ..runtime.outdir import claimed

@@ -28,7 +28,7 @@ from topdown.vocab.queries import CROSS, QueryError, Query, build_query, canonic
 
 from ..configuration.config import Config, ConfigError, MatchPublished, census_hierarchy
 from ..configuration.errors import did_you_mean
-from .invariants import MatchedCounts
+from ..inputs.invariants import MatchedCounts
 from .levels import Level
 from ..runtime.rundir import RunDirError, RunReader, sha256_file
 from ..runtime.storage import location

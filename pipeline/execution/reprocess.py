@@ -32,7 +32,7 @@ from .engine import ProgressFn
 from topdown.vocab.census import Product
 
 from ..configuration.errors import InputError
-from .invariants import UNIT_COLUMNS
+from ..inputs.invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
 from ..runtime.outdir import bookkeeping, check

@@ -36,7 +36,7 @@ from .dataplane import (find_input, input_geography, gq_presence, read_input, ta
                         write_mdf)
 from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level,
                      read_level_histograms, read_level_output, write_level_histograms)
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
+from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
 from .levels import Level, Shares, rollup, shares
 from .memory import limit_heaps, release_memory
 from ..runtime.progress import Steps, chain, reporter

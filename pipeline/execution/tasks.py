@@ -17,7 +17,7 @@ import scipy.sparse as sp
 from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem, ParentSolution, SparseHist
 
 from ..configuration.config import ProductConfig
-from .invariants import MatchedCounts
+from ..inputs.invariants import MatchedCounts
 from .memory import release_memory
 from ..runtime.rundir import sha256_file
 from ..runtime.storage import location

@@ -36,7 +36,7 @@ from topdown.geo.spine import PREFIX, STATE, spine_state
 from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
 from topdown.vocab.queries import build_query
 
-from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
+from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
 from ..runtime.storage import StorePath, arrow, dataset, parquet_file, read_schema, read_table
 from ..runtime.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files, level_digests

@@ -46,7 +46,7 @@ from ..configuration.config import BudgetConfig, Config, ConfigError
 from ..configuration.limits import MAX_AUDIT_RUNS, check_count
 from .budget import of_config
 from ..execution.engine import make_chunks
-from ..execution.invariants import InvariantError, LevelConstraints
+from ..inputs.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
 from ..runtime.progress import gather
 from topdown.vocab.queries import build_query
