@@ -351,7 +351,7 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         elif action.dest == "wait":
             check_seconds(value, name, MAX_WAIT)
         elif action.dest == "workers" and value is not None:
-            from .configuration.preflight import check_workers
+            from .execution.preflight import check_workers
 
             check_workers(value)
         elif action.dest in PATH_ARGUMENTS:

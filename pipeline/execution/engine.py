@@ -28,7 +28,7 @@ from ..runtime.progress import reporter
 from ..runtime.rundir import RunDir, RunDirError, changed_files, level_digests, sha256_file, write_table
 from ..runtime.storage import location, read_table
 from topdown.vocab.census import Product
-from ..configuration.sources import DRAW, MeasurementSource
+from .sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunks
 from .tasks import Chunk, ChunkResult, ParentTask, batch_chunks, shared_values, windowed
 

@@ -39,8 +39,8 @@ from ..runtime.outdir import bookkeeping, check
 from ..runtime.rundir import MEASURED, RunDir, RunDirError, RunReader, remove_tree, sha256_file, write_table
 from ..runtime.storage import StorePath, copy_files, location, read_frame
 from .runner import Plan, execute, opened
-from ..configuration.preflight import check_levels
-from ..configuration.sources import Published
+from .preflight import check_levels
+from .sources import Published
 from ..privacy.budget import KINDS, of_config
 from ..privacy.measure import MEASUREMENT_PARQUET
 

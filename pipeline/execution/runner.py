@@ -41,7 +41,7 @@ from .levels import Level, Shares, rollup, shares
 from .memory import limit_heaps, release_memory
 from ..runtime.progress import Steps, chain, reporter
 from .published import check_matched, matched_levels
-from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
+from .preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
 from ..runtime.private_files import private_dir
 from ..runtime.outdir import MARKER_FIELDS, check, claimed, read_marker
@@ -49,7 +49,7 @@ from ..runtime.rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, leve
                               write_json_atomic, write_table)
 from ..runtime.storage import StorePath, location
 from topdown.vocab.census import Product
-from ..configuration.sources import DRAW, MeasurementSource
+from .sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
 
 log = logging.getLogger("topdown")

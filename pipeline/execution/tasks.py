@@ -22,7 +22,7 @@ from .memory import release_memory
 from ..runtime.rundir import sha256_file
 from ..runtime.storage import location
 from topdown.vocab.census import Product
-from ..configuration.sources import DRAW, MeasurementSource
+from .sources import DRAW, MeasurementSource
 from ..privacy.measure import root_cells
 
 
