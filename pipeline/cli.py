@@ -289,7 +289,7 @@ def cmd_replicates(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .privacy.audit import AuditError, audit_command
+    from .evaluation.audit import AuditError, audit_command
     from topdown.vocab.queries import QueryError
 
     try:

@@ -1,4 +1,4 @@
-"""``topdown audit`` (pipeline/privacy/audit.py): threshold-event statistics, the path-restricted run, and the known
+"""``topdown audit`` (pipeline/evaluation/audit.py): threshold-event statistics, the path-restricted run, and the known
 answer of a one-level geometric configuration."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from topdown.pipeline.privacy import audit as A
+from topdown.pipeline.evaluation import audit as A
 from topdown.pipeline.configuration.config import config_from_dict, load_config
 from topdown.pipeline.runtime.rundir import write_table
 from topdown.pipeline.configuration.census import PERSONS
@@ -45,7 +45,7 @@ def one_level_config(epsilon: int = EPSILON):
 
 
 def analytic_loss(epsilon: float = EPSILON) -> float:
-    """The privacy loss one block's total shows (pipeline/privacy/audit.py docstring): the noise of a query with
+    """The privacy loss one block's total shows (pipeline/evaluation/audit.py docstring): the noise of a query with
     budget epsilon_q is exp(-epsilon_q |z| / 2) (bounded neighbours, L1 sensitivity 2), moving one person
     changes the count by 1, so the largest log-ratio over events on the count is epsilon_q / 2."""
     return epsilon / 2

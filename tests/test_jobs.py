@@ -1,4 +1,4 @@
-"""Jobs started without blocking (execution/jobs.py) and the progress of long commands (runtime/progress.py)."""
+"""Jobs started without blocking (jobs.py) and the progress of long commands (runtime/progress.py)."""
 from __future__ import annotations
 
 import io

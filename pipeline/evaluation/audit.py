@@ -44,7 +44,7 @@ from topdown.geo.spine import build_spine
 
 from ..configuration.config import BudgetConfig, Config, ConfigError
 from ..configuration.limits import MAX_AUDIT_RUNS, check_count
-from .budget import of_config
+from ..privacy.budget import of_config
 from ..execution.engine import make_chunks
 from ..inputs.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
@@ -340,7 +340,7 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
 def theoretical_epsilons(config: Config, product: Product) -> dict[tuple[str, str], float]:
     """Per (level, query) measured: the epsilon of that one measurement (pure DP epsilon_q; zCDP rho_q
     converted at the product's delta)."""
-    from .accounting import allocate
+    from ..privacy.accounting import allocate
 
     budget = config.product(product.name).budget
     out = {}
