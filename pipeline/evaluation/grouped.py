@@ -37,10 +37,24 @@ SPILL_DIR = ".groups-tmp"
 
 
 def router(groups: _Groups) -> _Groups:
-    """``groups`` without its spine: what routing a code needs (small enough to send to every task)."""
+    """``groups`` without its spine: what routing a code needs (small enough to send to every task), and for a
+    hierarchy other than the U.S. each block's key number (:func:`block_keys`)."""
     light = copy.copy(groups)
-    light.spine, light.row_group = None, None
+    light.block_key = None if groups.us else pd.Series(
+        groups.row_key, index=pd.Index(np.asarray(groups.spine.column("geoid").to_numpy(zero_copy_only=False), str)))
+    light.spine, light.row_group, light.row_key = None, None, None
     return light
+
+
+def block_keys(groups: _Groups, geocodes: pd.Series) -> np.ndarray:
+    """The key number of each block (an index into ``groups.runs["key"]``: its state on a U.S. spine, else its
+    node of the first level below the root) of a :func:`router`; a block not on the spine gets some key."""
+    keys = groups.runs["key"][0]
+    if groups.us:
+        key = np.searchsorted(keys, geocodes.str[:PREFIX[STATE]].to_numpy().astype(str))
+    else:
+        key = groups.block_key.reindex(geocodes.astype(str)).fillna(0).to_numpy()
+    return np.minimum(key, max(len(keys) - 1, 0)).astype(np.int64)
 
 
 def write_rows(frame: pd.DataFrame | pa.Table, group: np.ndarray, folder: Path | StorePath, part: str) -> None:
@@ -95,18 +109,14 @@ def tabulate_task(path: str, row_groups: list[int], product: Product, census: Ce
 def route_truth(path: str, row_groups: list[int], products: list[Product], census: Census | None, groups: _Groups,
                 folder: Path, part: int) -> dict[str, np.ndarray]:
     """Tabulate one read task's records into block histograms of each of ``products`` and route them to their
-    groups (``folder/<product>/``); returns each product's count per key of ``groups`` (per state; P.L. 94-171)."""
-    declared = census is not None and read_as_declared(census)
+    groups (``folder/<product>/``); returns each product's count per key of ``groups`` (:func:`block_keys`)."""
     keys = groups.runs["key"][0]
     totals = {}
     for product in products:
         hist = tabulate_task(path, row_groups, product, census)
         geocode = pa.array(hist["geocode"].to_numpy(), pa.large_string())
         write_rows(hist, groups.route("geoid", geocode), folder / product.name, str(part))
-        if declared:  # the sampling baselines are P.L. 94-171's: no totals per state needed
-            continue
-        key = np.searchsorted(keys, hist["geocode"].str[:PREFIX[STATE]].to_numpy().astype(str)) if len(keys) else []
-        totals[product.name] = np.bincount(np.minimum(key, max(len(keys) - 1, 0)), weights=hist["count"].to_numpy(),
+        totals[product.name] = np.bincount(block_keys(groups, hist["geocode"]), weights=hist["count"].to_numpy(),
                                            minlength=len(keys)).astype(np.int64)
     return totals
 
