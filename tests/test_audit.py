@@ -77,11 +77,11 @@ def test_threshold_event_loss_on_exact_geometric_samples():
 
 
 def test_move_and_plan_errors(tiny):
-    with pytest.raises(A.AuditError, match="GEOID_FROM:GEOID_TO"):
+    with pytest.raises(A.AuditError, match="BLOCK_FROM:BLOCK_TO"):
         A.parse_move("440010001001000")
-    with pytest.raises(A.AuditError, match="no person records"):
+    with pytest.raises(A.AuditError, match="no persons records"):
         A.build_plans(one_level_config(), tiny, ("440010001001003", DST))
-    with pytest.raises(A.AuditError, match="not a block of the input"):
+    with pytest.raises(A.AuditError, match="not a Block of the input"):
         A.build_plans(one_level_config(), tiny, (SRC, "440010001009999"))
 
 
@@ -92,7 +92,7 @@ def test_move_into_a_block_without_housing_is_refused(demo_input):
     empty = sorted(set(units["geoid"]) - set(units.loc[units["unit_type"] == 0, "geoid"]))
     if not empty:
         pytest.skip("every demo block has a housing unit")
-    with pytest.raises(A.AuditError, match="can live in block"):
+    with pytest.raises(A.AuditError, match="can live in Block"):
         A.build_plans(load_config("demo").with_overrides(mode="test", seed=1), demo_input, (src, empty[0]))
 
 
