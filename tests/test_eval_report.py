@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.configuration.census import PL94
+from topdown.pipeline.configuration.census import PL94, load_census
 from topdown.pipeline.evaluation import eval_report as R
 from topdown.pipeline.evaluation.intervals import coverage_summary, geounit_label, interval_caption
 
@@ -254,3 +254,17 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
     assert list(cov.columns) == ["level", "geounits", "gls_covers", "amc_covers"]
     assert cov["geounits"].tolist() == [2, 1, 1] and cov["amc_covers"].tolist() == [1, 1, 0]
     assert cov["gls_covers"].tolist() == [0.5, 1, 1]  # t2 (50) is outside [0, 10]
+
+
+def test_a_study_the_census_does_not_declare_is_left_out_with_one_line():
+    """P.L. 94-171 declares every study; chile_2017 none: one line each, naming the census and the key to declare."""
+    assert PL.undeclared() == [] and SC == "votingage * hispanic * cenrace"
+    chile = load_census("chile_2017")
+    notes = R.Declared(chile.name, chile.products).undeclared()
+    assert len(notes) == 4 and all("\n" not in n and "'chile_2017' declares no" in n for n in notes)
+    assert [k for k in ("diversity_query", "homogeneity", "share_query", "sample_queries") if any(k in n for n in notes)] \
+        == ["diversity_query", "homogeneity", "share_query", "sample_queries"]
+    figs, drawn = R.draw_figures(_tables(), R.Declared(chile.name, chile.products))
+    assert "epl_tradeoff" not in figs and not any("trade-off" in n for n in drawn)
+    for f in figs.values():
+        assert "votingage" not in f.caption
