@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from topdown.geo.spine import PREFIX, STATE
-from topdown.pipeline.configuration.census import PL94, read_as_declared
+from topdown.pipeline.configuration.census import default_census, read_as_declared
 from topdown.vocab.census import Census, Product
 
 from ..execution.dataplane import InputFiles, read_tasks
@@ -74,10 +74,11 @@ def group_rows(folder: Path, g: int, columns: dict[str, str]) -> pd.DataFrame:
 
 
 def truth_products(census: Census | None) -> list[Product]:
-    """The products whose truth is tabulated: P.L. 94-171's (persons and units), or a declared census's that
-    count its person records (a product counting the unit records is not evaluated from a declared truth yet)."""
+    """The products whose truth is tabulated: the default census's, read by the U.S. readers (None, or a census
+    not read as declared), or a declared census's that count its person records (a product counting the unit
+    records is not evaluated from a declared truth yet)."""
     if census is None or not read_as_declared(census):
-        return list(PL94.products)
+        return list(default_census().products)
     return [p for p in census.products if census.units is None or p.records.name != census.units.name]
 
 
