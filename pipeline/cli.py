@@ -572,8 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "audit", help="direct empirical privacy loss: N runs on the input and N with one person moved")
     p.add_argument("config", help="TOML configuration file or shipped preset name")
-    p.add_argument("--input", required=True, help="input directory with persons.parquet and units.parquet")
-    p.add_argument("--move", required=True, help="GEOID_FROM:GEOID_TO, the blocks one person moves between")
+    p.add_argument("--input", required=True, help="input directory of the census's records (persons.parquet, ...)")
+    p.add_argument("--move", required=True, help="FROM:TO, the leaf geocodes (U.S.: block GEOIDs) one record of the run's "
+                                                 "first product (a person) moves between")
     p.add_argument("--runs", type=int, required=True, help="runs on each database (N)")
     p.add_argument("--queries", default="total,detailed", help="audited queries, comma-separated (default total,detailed)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the runs (test-mode noise; default 0)")

@@ -126,6 +126,7 @@ class _Groups:
                 if name in node_key.index:
                     per_key[node_key[name]] += n
         key_group = _group_keys(blocks, per_key)
+        self.us, self.row_key = us, row_key  # each spine row's key number
         self.count = int(key_group[-1]) + 1 if len(keys) else 0
         self.row_group = key_group[row_key]
         self.runs = {name: self._runs(name) for name in ["geoid", *levels[1:]]}
