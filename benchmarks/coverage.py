@@ -30,7 +30,7 @@ from topdown.pipeline.evaluation.amc import Tabulator
 from topdown.pipeline.evaluation.bounded import z_value
 from topdown.pipeline.evaluation.evaluate import entities_on_spine, load_entities, load_truth
 from topdown.pipeline.evaluation.uncertainty import Source
-from topdown.pipeline.execution.rundir import RunReader
+from topdown.pipeline.runtime.rundir import RunReader
 
 BINS = [-0.5, 0.5, 9.5, 49.5, 99.5, 249.5, np.inf]
 BIN_LABELS = ["0", "1-9", "10-49", "50-99", "100-249", "250+"]

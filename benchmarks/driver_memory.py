@@ -19,7 +19,7 @@ import psutil
 import pyarrow as pa
 
 from topdown.pipeline.configuration.config import load_config
-from topdown.pipeline.configuration.preflight import read_baf
+from topdown.pipeline.execution.preflight import read_baf
 from topdown.pipeline.execution.memory import release_memory
 from topdown.pipeline.execution.runner import dask_client, prepare
 

@@ -2,7 +2,7 @@
 
 For each setting (the preset's rho, and rho scaled so that the persons epsilon at the preset's delta is 1, 4
 and 10), one seeded run of the persons product and the residual EPL (metrics.empirical_privacy_loss) of
-TOTAL and the detailed query per level; then, optionally, the direct audit (pipeline/privacy/audit.py) at the
+TOTAL and the detailed query per level; then, optionally, the direct audit (pipeline/evaluation/audit.py) at the
 production setting for one moved person. Prints Markdown tables, the commands' timings (wall and CPU) and the
 load. Everything runs in test mode with explicit seeds.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from topdown.pipeline.privacy import audit as A
+from topdown.pipeline.evaluation import audit as A
 from topdown.pipeline.privacy.budget import rho_for_epsilon, zcdp_to_epsilon
 from topdown.pipeline.configuration.config import config_from_dict, load_config
 from topdown.pipeline.evaluation.eval_report import _fmt_epl

@@ -42,9 +42,9 @@ from topdown.pipeline.cli import EXIT_INPUT, EXIT_RUNDIR, input_errors
 from topdown.pipeline.evaluation import metrics as M
 from topdown.pipeline.evaluation.evaluate import EvaluationError, RunView
 from topdown.pipeline.execution.dataplane import find_input
-from topdown.pipeline.execution.outdir import MARKER_KEY, claimed_file
-from topdown.pipeline.execution.private_files import private_file
-from topdown.pipeline.execution.rundir import RunDirError
+from topdown.pipeline.runtime.outdir import MARKER_KEY, claimed_file
+from topdown.pipeline.runtime.private_files import private_file
+from topdown.pipeline.runtime.rundir import RunDirError
 from topdown.pipeline.inputs.tabulate import sparse_counts
 from topdown.pipeline.inputs.validate import check_records
 from topdown.pipeline.privacy.budget import of_entry

@@ -2,7 +2,7 @@
 
 The Bureau bounds persons by hhgq type at the State level with each *part's* total T: a part without GQ
 facilities gets lb_0 = ub_0 = T, so the published total of that part is its true total, and the other
-part's is the state total minus it. This project bounds a part without its total (pipeline/execution/invariants.py);
+part's is the state total minus it. This project bounds a part without its total (pipeline/inputs/invariants.py);
 the whole state's total binds the parts as a group. For each rule and seed, one test-mode run (persons,
 2021 production budget, ``aian`` spine) of the input of tests/test_spines_e2e.py (synthetic persons on
 real RI 2020 blocks, AIAN area 2415 in its own part) prints one JSON line: rule, seed, and per part its GQ

@@ -164,7 +164,7 @@ def exit_codes_reference() -> str:
 
 
 def run_layout_reference() -> str:
-    from topdown.pipeline.execution import rundir
+    from topdown.pipeline.runtime import rundir
 
     doc = rundir.__doc__ or ""
     listing = doc.split("::", 1)[1].split("\n\n", 2)[1]

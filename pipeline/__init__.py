@@ -1,7 +1,7 @@
 """census-topdown pipeline: configuration, data contracts, measurement, estimation on Dask, outputs.
 
 ``from topdown.pipeline import run`` runs a configuration end to end (see :func:`topdown.pipeline.execution.runner.run`);
-``submit`` starts one without blocking and returns a Job (:mod:`topdown.pipeline.execution.jobs`).
+``submit`` starts one without blocking and returns a Job (:mod:`topdown.pipeline.jobs`).
 """
 from typing import Any
 
@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
 
         return run
     if name in ("submit", "submit_reprocess", "submit_uncertainty", "submit_replicates", "Job", "Cancelled"):
-        from .execution import jobs
+        from . import jobs
 
         return getattr(jobs, name)
     if name in ("load_config", "Config", "ConfigError"):

@@ -7,7 +7,7 @@ scheme, or tls:// without credentials); 3 bad input data (one of the declared er
 writable, already complete without --force, a second production draw without --redraw, a staged
 chunk that fails its SHA-256 check in production, a write refused by a full disk or a read-only place, an
 --out holding files that are not an earlier output of the command, an output inside a run directory or a
-confidential one inside a published output (execution/outdir.py), a source run's file that fails its recorded
+confidential one inside a published output (runtime/outdir.py), a source run's file that fails its recorded
 SHA-256); 5 estimation failed; 6 internal error (any other exception, a plain ValueError included, with its
 traceback); 130 interrupted by SIGINT, 143 by SIGTERM; 141 (quietly) when the reader of standard output closed it
 (``topdown ... | head``).
@@ -112,7 +112,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _print_summary(what: str, out: Path, start: float) -> None:
-    from .execution.rundir import RunReader
+    from .runtime.rundir import RunReader
 
     manifest = RunReader(out).manifest()
     print(f"{what} complete in {time.perf_counter() - start:.1f}s: {out}")
@@ -240,7 +240,7 @@ def cmd_spine(args: argparse.Namespace) -> int:
     from topdown.geo.report import spine_command
 
     from .configuration.config import ConfigError
-    from .execution.outdir import claimed
+    from .runtime.outdir import claimed
 
     if not Path(args.baf).is_dir():
         raise ConfigError(f"--baf {args.baf}: no such directory (a directory of BlockAssign_*.txt[.gz] files)")
@@ -289,7 +289,7 @@ def cmd_replicates(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from .privacy.audit import AuditError, audit_command
+    from .evaluation.audit import AuditError, audit_command
     from topdown.vocab.queries import QueryError
 
     try:
@@ -315,7 +315,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def _quiet_arg(p: argparse.ArgumentParser) -> None:
-    """--quiet: no progress bars (a long command shows them on stderr; execution/progress.py)."""
+    """--quiet: no progress bars (a long command shows them on stderr; runtime/progress.py)."""
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -340,7 +340,7 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     machine's (preflight.py), refused by name (exit 2) before the command starts."""
     from .configuration.config import ConfigError
     from .configuration.limits import MAX_WAIT, check_file_kind, check_path, check_seconds, check_seed
-    from .execution.storage import is_url, location
+    from .runtime.storage import is_url, location
 
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
     for action in sub._actions:
@@ -351,7 +351,7 @@ def _check_limits(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         elif action.dest == "wait":
             check_seconds(value, name, MAX_WAIT)
         elif action.dest == "workers" and value is not None:
-            from .configuration.preflight import check_workers
+            from .execution.preflight import check_workers
 
             check_workers(value)
         elif action.dest in PATH_ARGUMENTS:
@@ -572,8 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "audit", help="direct empirical privacy loss: N runs on the input and N with one person moved")
     p.add_argument("config", help="TOML configuration file or shipped preset name")
-    p.add_argument("--input", required=True, help="input directory with persons.parquet and units.parquet")
-    p.add_argument("--move", required=True, help="GEOID_FROM:GEOID_TO, the blocks one person moves between")
+    p.add_argument("--input", required=True, help="input directory of the census's records (persons.parquet, ...)")
+    p.add_argument("--move", required=True, help="FROM:TO, the leaf geocodes (U.S.: block GEOIDs) one record of the run's "
+                                                 "first product (a person) moves between")
     p.add_argument("--runs", type=int, required=True, help="runs on each database (N)")
     p.add_argument("--queries", default="total,detailed", help="audited queries, comma-separated (default total,detailed)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the runs (test-mode noise; default 0)")
@@ -603,9 +604,9 @@ def input_errors() -> tuple[type[ValueError], ...]:
 
     from .evaluation.evaluate import EvaluationError
     from .evaluation.gls import GLSError
-    from .execution.invariants import InvariantError
+    from .inputs.invariants import InvariantError
     from .inputs.ingest import IngestError
-    from .inputs.validate import InputError
+    from .configuration.errors import InputError
 
     return InputError, IngestError, InvariantError, GeographyError, EvaluationError, GLSError
 
@@ -617,13 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     # --quiet: no bars and no INFO lines, so that stderr holds warnings and errors only
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    from .execution.storage import CLIENT_LOGGERS
+    from .runtime.storage import CLIENT_LOGGERS
 
     for store_client in CLIENT_LOGGERS:  # an object store's client: its INFO lines are noise (DEBUG: storage.py)
         logging.getLogger(store_client).setLevel(logging.INFO if args.verbose else logging.WARNING)
     if hasattr(args, "workers") or args.command == "batch":  # the commands that start or join a Dask cluster
         _quiet_cluster_logs(args.verbose)
-    from .execution.progress import command_reporting
+    from .runtime.progress import command_reporting
 
     try:
         _check_limits(parser, args)
@@ -668,9 +669,9 @@ def _no_new_empty_out(args: argparse.Namespace) -> Iterator[None]:
     if not out:
         yield
         return
-    from .execution.outdir import made_then_removed_on_failure
+    from .runtime.outdir import made_then_removed_on_failure
 
-    from .execution.storage import location
+    from .runtime.storage import location
 
     with made_then_removed_on_failure(location(out)):
         yield
@@ -697,7 +698,7 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
 
     from .configuration.config import ConfigError
     from .configuration.limits import NAME_MAX
-    from .execution.rundir import RunDirError, unwritable
+    from .runtime.rundir import RunDirError, unwritable
     from .execution.tasks import EstimationError
 
     if isinstance(exc, ConfigError):

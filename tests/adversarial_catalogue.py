@@ -89,7 +89,7 @@ def both(*setups: Setup | None) -> Setup:
 
 
 def marker(command: str, **more) -> str:
-    from topdown.pipeline.execution.outdir import new_marker
+    from topdown.pipeline.runtime.outdir import new_marker
 
     return json.dumps({**new_marker(command), **more})
 

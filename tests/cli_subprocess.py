@@ -21,7 +21,7 @@ from pathlib import Path
 
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING, waived_warning
 
-#: Lines that are not part of a failure's message: progress bars (execution/progress.py BAR_FORMAT; stderr's
+#: Lines that are not part of a failure's message: progress bars (runtime/progress.py BAR_FORMAT; stderr's
 #: lines are split at the bars' carriage returns too), INFO log lines, the test-mode and the waiver warnings.
 PROGRESS = re.compile(r"^.+: +\d+%\|.*\| \d+/\d+ \w+ \[\d+:\d+.*\]\s*$")
 _WAIVED = waived_warning([]).split("[]", 1)[1]

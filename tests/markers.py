@@ -39,9 +39,9 @@ SYSTEM_MODULES = ("distributed", "subprocess", "multiprocessing", "concurrent.fu
 #: callable that takes a ``client``, ``dclient`` or ``scheduler`` argument.
 SYSTEM_ENTRY_POINTS = frozenset({
     "topdown.pipeline.cli.main",
-    "topdown.pipeline.execution.jobs.submit", "topdown.pipeline.execution.jobs.submit_reprocess",
-    "topdown.pipeline.execution.jobs.submit_uncertainty", "topdown.pipeline.execution.jobs.submit_replicates",
-    "topdown.pipeline.execution.jobs.Job", "topdown.pipeline.execution.batch.Batch",
+    "topdown.pipeline.jobs.submit", "topdown.pipeline.jobs.submit_reprocess",
+    "topdown.pipeline.jobs.submit_uncertainty", "topdown.pipeline.jobs.submit_replicates",
+    "topdown.pipeline.jobs.Job", "topdown.pipeline.execution.batch.Batch",
 })
 CLUSTER_ARGUMENTS = frozenset({"client", "dclient", "scheduler"})
 

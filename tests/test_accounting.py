@@ -10,7 +10,7 @@ import pytest
 
 from topdown.pipeline.privacy.accounting import Allocation, allocate, check_budget
 from topdown.pipeline.privacy.budget import (NEIGHBOURS, PureEpsilon, Rho, epsilon_delta_curve, rho_for_epsilon,
-                                             zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
+                                             of_config, zcdp_to_epsilon, zcdp_to_epsilon_bun_steinke)
 from topdown.pipeline.privacy.certificate import certificate, check_path_condition, render_certificate
 from topdown.pipeline.configuration.config import BudgetConfig, ConfigError, config_from_dict, load_config
 from topdown.pipeline.privacy.mechanisms import discrete_gaussian_variance, geometric_variance
@@ -148,7 +148,7 @@ def test_production_preset_matches_the_facts() -> None:
     b = config.product("persons").budget
     assert b.rho == PRODUCTION_RHO and config.run.products == ["persons", "units"]
     total = sum(allocate(b, lv, q).budget for lv in b.levels for q in b.queries[lv])
-    assert total == b.total == Rho(PRODUCTION_RHO)                              # strategies.py sanity
+    assert total == of_config(b) == Rho(PRODUCTION_RHO)                              # strategies.py sanity
     assert "total" not in b.queries["US"]
     level_rho = {lv: float(b.levels[lv] * b.rho) for lv in b.levels}
     assert level_rho["US"] == pytest.approx(0.06486, abs=1e-5)

@@ -29,8 +29,8 @@ from cli_subprocess import Outcome, assert_clean_failure, snapshot, topdown
 from conftest import DATA
 from test_output_hashes import output_hashes
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_RUNDIR, EXIT_TERMINATED
-from topdown.pipeline.configuration.preflight import max_workers
-from topdown.pipeline.execution.rundir import LOCK
+from topdown.pipeline.execution.preflight import max_workers
+from topdown.pipeline.runtime.rundir import LOCK
 
 RUN = ("--workers", "1")  # and the demo preset's seed, as the session's demo_run and planted_run
 

@@ -16,8 +16,8 @@ import pytest
 from cli_subprocess import assert_clean_failure, snapshot, topdown
 from test_bad_inputs import PL_GEO, _block_row, _ingest_pl94
 
-from topdown.pipeline.execution.outdir import MARKER
-from topdown.pipeline.execution.rundir import RunDirError, RunReader
+from topdown.pipeline.runtime.outdir import MARKER
+from topdown.pipeline.runtime.rundir import RunDirError, RunReader
 from topdown.pipeline.inputs.ingest import IngestError, ingest_blocks
 from topdown.pipeline.privacy.measure import MEASUREMENT_PARQUET
 
@@ -56,7 +56,7 @@ def test_an_edited_measurement_is_refused(edited, tmp_path, command, out):
 
 
 def test_the_sums_check_passes_an_untouched_run_and_names_an_added_file(demo_run, tmp_path):
-    from topdown.pipeline.execution.rundir import MEASURED
+    from topdown.pipeline.runtime.rundir import MEASURED
 
     run = tmp_path / "run"
     shutil.copytree(demo_run, run)
@@ -201,7 +201,7 @@ def test_ingest_out_must_be_absent_empty_or_an_earlier_ingest(tmp_path):
 def test_which_folders_a_run_may_write_into(tmp_path):
     """Absent, empty, or a run directory by its own marker (its manifest's format, command and id); never a folder
     that only looks like a run (a manifest with a status, a staging folder), nor one another host's run holds."""
-    from topdown.pipeline.execution.outdir import check, new_marker
+    from topdown.pipeline.runtime.outdir import check, new_marker
 
     def accepted(path: Path) -> bool:
         try:

@@ -1,4 +1,4 @@
-"""``topdown audit`` (pipeline/privacy/audit.py): threshold-event statistics, the path-restricted run, and the known
+"""``topdown audit`` (pipeline/evaluation/audit.py): threshold-event statistics, the path-restricted run, and the known
 answer of a one-level geometric configuration."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from topdown.pipeline.privacy import audit as A
+from topdown.pipeline.evaluation import audit as A
 from topdown.pipeline.configuration.config import config_from_dict, load_config
-from topdown.pipeline.execution.rundir import write_table
+from topdown.pipeline.runtime.rundir import write_table
 from topdown.pipeline.configuration.census import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
@@ -45,7 +45,7 @@ def one_level_config(epsilon: int = EPSILON):
 
 
 def analytic_loss(epsilon: float = EPSILON) -> float:
-    """The privacy loss one block's total shows (pipeline/privacy/audit.py docstring): the noise of a query with
+    """The privacy loss one block's total shows (pipeline/evaluation/audit.py docstring): the noise of a query with
     budget epsilon_q is exp(-epsilon_q |z| / 2) (bounded neighbours, L1 sensitivity 2), moving one person
     changes the count by 1, so the largest log-ratio over events on the count is epsilon_q / 2."""
     return epsilon / 2
@@ -77,11 +77,11 @@ def test_threshold_event_loss_on_exact_geometric_samples():
 
 
 def test_move_and_plan_errors(tiny):
-    with pytest.raises(A.AuditError, match="GEOID_FROM:GEOID_TO"):
+    with pytest.raises(A.AuditError, match="BLOCK_FROM:BLOCK_TO"):
         A.parse_move("440010001001000")
-    with pytest.raises(A.AuditError, match="no person records"):
+    with pytest.raises(A.AuditError, match="no persons records"):
         A.build_plans(one_level_config(), tiny, ("440010001001003", DST))
-    with pytest.raises(A.AuditError, match="not a block of the input"):
+    with pytest.raises(A.AuditError, match="not a Block of the input"):
         A.build_plans(one_level_config(), tiny, (SRC, "440010001009999"))
 
 
@@ -92,7 +92,7 @@ def test_move_into_a_block_without_housing_is_refused(demo_input):
     empty = sorted(set(units["geoid"]) - set(units.loc[units["unit_type"] == 0, "geoid"]))
     if not empty:
         pytest.skip("every demo block has a housing unit")
-    with pytest.raises(A.AuditError, match="can live in block"):
+    with pytest.raises(A.AuditError, match="can live in Block"):
         A.build_plans(load_config("demo").with_overrides(mode="test", seed=1), demo_input, (src, empty[0]))
 
 
@@ -189,3 +189,16 @@ def test_the_audit_ceiling_is_the_certificates_epsilon():
     assert ceiling["delta"] == str(budget.delta)
     assert ceiling["epsilon_product"] == pytest.approx(zcdp_to_epsilon(budget.rho, budget.delta))
     assert 17 < ceiling["epsilon_product"] < 17.3
+
+
+def test_a_move_is_between_two_leaves_of_the_census():
+    """--move names two leaf geocodes of the run's census: any codes of a column hierarchy, the declared pattern of
+    a prefix one (the error names the leaf level and the pattern)."""
+    from topdown.pipeline.configuration.census import load_census
+
+    assert A.parse_move("I101-01:I102-01", load_census("chile_2017").hierarchy) == ("I101-01", "I102-01")
+    assert A.parse_move("0100300006:0100900001", load_census("e2e_1940").hierarchy) == ("0100300006", "0100900001")
+    with pytest.raises(A.AuditError, match=r"ENUMDIST_FROM:ENUMDIST_TO, two different Enumdist geocodes matching"):
+        A.parse_move("1:2", load_census("e2e_1940").hierarchy)
+    with pytest.raises(A.AuditError, match="DISTRICT_FROM:DISTRICT_TO"):
+        A.parse_move("I101-01:I101-01", load_census("chile_2017").hierarchy)

@@ -31,9 +31,9 @@ from cli_subprocess import PROGRESS, topdown
 from conftest import DATA, PL94_DIR
 from rel_inputs import leaked_secrets, no_partial_output, persons_frame, units_frame, write_planted_input
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
-from topdown.pipeline.execution.outdir import new_marker
+from topdown.pipeline.runtime.outdir import new_marker
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_INTERNAL, EXIT_RUNDIR, EXIT_VERIFY, input_errors, main
-from topdown.pipeline.inputs.validate import InputError
+from topdown.pipeline.configuration.errors import InputError
 from topdown.pipeline.inputs.ingest import BLOCK_GROUPS
 from topdown.pipeline.configuration.config import ConfigError, load_config
 

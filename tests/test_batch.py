@@ -16,11 +16,11 @@ from rel_inputs import leaked_secrets
 from topdown.pipeline.execution import batch
 from topdown.pipeline.execution.batch import Batch, Job, expected, load_jobs, plan
 from topdown.pipeline.execution.cluster import credential_flags
-from topdown.pipeline.execution.progress import Reporter, reporting
+from topdown.pipeline.runtime.progress import Reporter, reporting
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_RUNDIR, main
 from topdown.pipeline.configuration.config import ConfigError
-from topdown.pipeline.execution.outdir import claimed, new_marker
-from topdown.pipeline.execution.rundir import RunDir, RunDirError, sha256_file
+from topdown.pipeline.runtime.outdir import claimed, new_marker
+from topdown.pipeline.runtime.rundir import RunDir, RunDirError, sha256_file
 from topdown.pipeline.execution.runner import configure_run, run
 
 

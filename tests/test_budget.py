@@ -13,9 +13,9 @@ from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topdown.pipeline.configuration.config import BudgetConfig, load_config
-from topdown.pipeline.privacy.budget import (INFINITE, KINDS, MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT,
-                                             RELEASE_CEILING, PureEpsilon, Rho, compose, of_entry)
+from topdown.pipeline.configuration.config import BUDGET_KEYS, INFINITE, BudgetConfig, load_config
+from topdown.pipeline.privacy.budget import (KINDS, MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT, RELEASE_CEILING,
+                                             PureEpsilon, Rho, compose, of_config, of_entry)
 from topdown.pipeline.privacy.certificate import certificate
 
 #: The 2021 redistricting release (conf/pl94_production_2021.toml): persons and units rho, delta 1e-10.
@@ -135,7 +135,7 @@ def test_the_2021_persons_state_total_noise() -> None:
     1.209); its noise is zero with probability 1 / sum_n exp(-n^2 / 2 sigma2) (about 0.36, under the
     production floor 1/2)."""
     b = load_config("pl94_production_2021").product("persons").budget
-    q = b.total * (b.levels["State"] * b.queries["State"]["total"])
+    q = of_config(b) * (b.levels["State"] * b.queries["State"]["total"])
     assert q == Rho(PERSONS_RHO * Fraction(1440, 4099) * Fraction(3773, 4097)) and q.sigma2() == 1 / q.value
     assert float(q.sigma2()) == pytest.approx(1.209, abs=1e-3)
     s2 = float(q.sigma2())
@@ -148,10 +148,10 @@ def test_the_2021_persons_state_total_noise() -> None:
 def test_pure_epsilon_noise_of_the_1940_e2e_preset() -> None:
     """Two-sided geometric with lambda = epsilon_q / Delta_1: variance 2q / (1 - q)^2, P(0) = tanh(lambda / 2)."""
     b = load_config("e2e_1940").product("persons").budget
-    assert b.total == PureEpsilon(Fraction(1, 4)) and b.total.as_rho() == Rho(Fraction(1, 32))
+    assert of_config(b) == PureEpsilon(Fraction(1, 4)) and of_config(b).as_rho() == Rho(Fraction(1, 32))
     level, queries = next(iter(b.queries.items()))
     share = b.levels[level] * next(iter(queries.values()))
-    q = b.total * share
+    q = of_config(b) * share
     assert q == PureEpsilon(Fraction(1, 4) * share)
     lam = float(q.value) / NEIGHBOURS.l1_sensitivity
     assert q.variance() == pytest.approx(2 * math.exp(-lam) / (1 - math.exp(-lam)) ** 2, rel=1e-12)
@@ -184,7 +184,7 @@ def test_the_release_ceiling_is_the_bureaus_2020_topdown_budget() -> None:
     parts = dict(RELEASE_CEILING.parts)
     preset = load_config("pl94_production_2021")
     redistricting = [v for k, v in parts.items() if k.startswith("2020 redistricting")]
-    assert redistricting == [preset.product(p).budget.total.value for p in ("persons", "units")]
+    assert redistricting == [of_config(preset.product(p).budget).value for p in ("persons", "units")]
     assert [v for k, v in parts.items() if "(DHC)" in k] == [Fraction(24811, 5000), Fraction(15401, 2000)]
     assert RELEASE_CEILING.rho == Fraction(2677677240811805083, 175081740127290000)
     assert round(float(RELEASE_CEILING.rho), 4) == 15.2939
@@ -206,7 +206,8 @@ def test_noise_floor_and_drawable_limit() -> None:
 
 # ------------------------------------------------------------------------------ names and the configuration
 def test_kinds_cover_the_configurable_mechanisms_and_entries_parse_back() -> None:
-    assert set(KINDS) == set(typing.get_args(BudgetConfig.model_fields["mechanism"].annotation))
+    assert set(KINDS) == set(BUDGET_KEYS) == set(typing.get_args(BudgetConfig.model_fields["mechanism"].annotation))
+    assert {name: kind.key for name, kind in KINDS.items()} == BUDGET_KEYS
     assert of_entry({"mechanism": "geometric", "epsilon": "1/4"}) == PureEpsilon(Fraction(1, 4))
     assert of_entry({"mechanism": "discrete_gaussian", "rho": "inf", "epsilon": "inf"}) == Rho(None)
     with pytest.raises(ValueError, match="unknown mechanism 'laplace'"):
@@ -221,14 +222,14 @@ def test_kinds_cover_the_configurable_mechanisms_and_entries_parse_back() -> Non
 ])
 def test_budget_config_total_is_typed_and_serialization_is_unchanged(data, expected) -> None:
     b = BudgetConfig.model_validate({**data, "levels": {"A": "1"}, "queries": {"A": {"total": "1"}}})
-    assert b.total == expected and b.infinite == expected.infinite
-    assert b.model_dump(mode="json")[b.total.key] == (None if expected.infinite else str(expected))
+    assert of_config(b) == expected and b.infinite == expected.infinite
+    assert b.model_dump(mode="json")[of_config(b).key] == (None if expected.infinite else str(expected))
     assert set(b.model_dump(mode="json")) == {"mechanism", "rho", "epsilon", "delta", "levels", "queries", "infinite"}
 
 
 def test_production_presets_have_typed_totals() -> None:
     config = load_config("pl94_production_2021")
-    assert (config.product("persons").budget.total, config.product("units").budget.total) == (Rho(PERSONS_RHO), Rho(UNITS_RHO))
+    assert (of_config(config.product("persons").budget), of_config(config.product("units").budget)) == (Rho(PERSONS_RHO), Rho(UNITS_RHO))
 
 
 # ------------------------------------------------------------------------------ no mechanism strings

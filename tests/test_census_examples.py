@@ -3,7 +3,9 @@ with the published settings, ``topdown synth --census`` writes inputs of their s
 fan-outs, feasible units, structural zeros, deterministic, bounded batches), and each runs end to end."""
 from __future__ import annotations
 
+import html
 import json
+import re
 import tomllib
 from fractions import Fraction
 from pathlib import Path
@@ -352,7 +354,7 @@ def test_synth_writes_in_bounded_batches(tmp_path, monkeypatch):
 
 def test_synth_refuses_a_used_folder_and_bad_hints(tmp_path):
     from topdown.pipeline.configuration.config import ConfigError
-    from topdown.pipeline.execution.rundir import RunDirError
+    from topdown.pipeline.runtime.rundir import RunDirError
 
     census = load("e2e_1940")
     (tmp_path / "used").mkdir()
@@ -415,6 +417,8 @@ def test_example_census_end_to_end(tmp_path, name):
     assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 0
     assert main(["evaluate", str(run), "--truth", str(data), "--out", str(tmp_path / "eval"), "--workers", "1",
                  "--uncertainty", str(tmp_path / "u.parquet"), "--quiet"]) == 0
+    _check_evaluation_speaks_the_census(tmp_path / "eval", load(name))
+    _check_audit_speaks_the_census(tmp_path, config, data, run, load(name))
     assert main(["nmf", str(run), "--out", str(tmp_path / "nmf")]) == 0
     assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", str(tmp_path / "again")]) == 0
@@ -435,6 +439,54 @@ def test_example_census_end_to_end(tmp_path, name):
     assert manifest["levels"] == list(load(name).hierarchy.names) and manifest["status"] == "complete"
     leaf = load(name).hierarchy.leaf
     assert (run / "histograms" / "persons" / f"level={leaf}").is_dir()
+
+
+#: Words of the U.S. P.L. 94-171 product that no other census's evaluation or audit may show (unless it declares
+#: a name of its own so spelled: dhc_1940's votingage recode).
+PL_WORDS = ("votingage", "cenrace", "majorRaces", "94-171", "P.L.")
+
+
+def _foreign_words(census) -> list[str]:
+    own = {n for p in census.products for n in (*p.schema.dim_names, *p.schema.recodes)}
+    return [w for w in PL_WORDS if w not in own]
+
+
+def _check_evaluation_speaks_the_census(out: Path, census) -> None:
+    """evaluate's tables and report name the census's own queries: its declared studies are computed (the
+    sampling baselines of its sample queries), an undeclared one is left out with a one-line note, and no
+    P.L. 94-171 word appears."""
+    roles = census.products[0].evaluation
+    sampling = pq.read_table(out / "sampling.parquet").to_pandas()
+    assert (set(sampling["query"]) if len(sampling) else set()) == set(roles.sample_queries)
+    assert (pq.read_table(out / "blau.parquet").num_rows > 0) == bool(roles.diversity_query)
+    assert (pq.read_table(out / "homogeneity.parquet").num_rows > 0) == roles.homogeneity
+    report = re.sub(r"data:image/png;base64,[^\"]+", "", (out / "report.html").read_text())
+    summary = pq.read_table(out / "summary.parquet").to_pandas()
+    for word in _foreign_words(census):
+        assert word not in report and not summary["query"].str.contains(word, regex=False).any(), word
+    notes = re.findall(r"<p><em>(.*?)</em></p>", report)
+    undeclared = [n for n in notes if "declares no" in n]
+    assert len(undeclared) == (not roles.diversity_query) + (not roles.homogeneity) + (not roles.share_query) + (
+        not roles.sample_queries or not roles.tradeoff_query)
+    assert all(html.unescape(n).count(census.name) == 1 for n in undeclared)
+
+
+def _check_audit_speaks_the_census(tmp_path: Path, config: Path, data: Path, run: Path, census) -> None:
+    """`topdown audit` moves one record between the run's two most populous leaves and audits a query of the
+    census's own (named on its first product's schema)."""
+    from topdown.pipeline.cli import main
+
+    leaf = census.hierarchy.leaf
+    totals = pq.read_table(run / "histograms" / "persons" / f"level={leaf}").to_pandas().groupby(
+        "geocode", observed=True)["count"].sum().sort_values(ascending=False, kind="stable")
+    src, dst = (str(g) for g in totals.index[:2])
+    query = next(q for q in census.products[0].evaluation_queries if q not in ("total", "detailed"))
+    out = tmp_path / "audit"
+    assert main(["audit", str(config), "--input", str(data), "--move", f"{src}:{dst}", "--runs", "2",
+                 "--queries", f"total,{query}", "--out", str(out), "--workers", "1"]) == 0
+    table = pq.read_table(out / "audit.parquet").to_pandas()
+    assert set(table["query"]) == {"total", query} and set(table["level"]) <= set(census.hierarchy.names)
+    assert not any(word in (out / "report.txt").read_text() for word in _foreign_words(census))
 
 
 def _synth_run_verify(tmp_path: Path, preset: str, persons: int) -> Path:

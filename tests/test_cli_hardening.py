@@ -17,7 +17,7 @@ import pytest
 
 from cli_subprocess import Outcome, assert_clean_failure, snapshot, topdown
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_OK, EXIT_RUNDIR, EXIT_TERMINATED
-from topdown.pipeline.execution.rundir import LOCK
+from topdown.pipeline.runtime.rundir import LOCK
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
 
 RUN = ("--workers", "1", "--seed", "1")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from topdown.pipeline.cli import EXAMPLES, EXIT_OK, build_parser, main
-from topdown.pipeline.execution.outdir import MARKER_KEY
+from topdown.pipeline.runtime.outdir import MARKER_KEY
 
 PARSER = build_parser()
 COMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices

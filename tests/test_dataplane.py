@@ -29,7 +29,7 @@ from rel_inputs import no_partial_output
 from topdown.pipeline.execution import dataplane
 from topdown.pipeline import load_config, run
 from topdown.pipeline.inputs.synth import write_synthetic
-from topdown.pipeline.inputs.validate import InputError
+from topdown.pipeline.configuration.errors import InputError
 
 PINNED = json.loads((Path(__file__).parent / "pinned_outputs.json").read_text())
 STATES = ("09", "44")
@@ -357,7 +357,7 @@ def test_block_meta_gives_back_its_frames_exactly():
     units = pd.DataFrame({"u0": np.arange(7, dtype=np.int64) * 300, "occupied": np.arange(7, dtype=np.int64)},
                          index=geoids)
     from topdown.vocab.problem import Constraint
-    from topdown.pipeline.execution.invariants import LevelConstraints
+    from topdown.pipeline.inputs.invariants import LevelConstraints
 
     def rule(frame):  # a lower bound from u0, an upper bound with NaN ("no constraint") for odd counts
         u0 = frame[["u0"]].to_numpy(dtype=float)
@@ -393,7 +393,7 @@ def test_a_later_products_block_metadata_shares_the_first_ones_arrays():
 def test_tabulated_block_rules_give_the_constraints_the_tabulation_checked(tmp_path, demo_input, dask_client):
     """The shards' block metadata hold their rule only; it gives back the right-hand sides computed at
     tabulation (level_rhs of the blocks' unit counts) for any rows."""
-    from topdown.pipeline.execution.invariants import level_rhs
+    from topdown.pipeline.inputs.invariants import level_rhs
     from topdown.pipeline.execution.runner import configure_run, prepare
 
     config = configure_run("demo", demo_input)
@@ -475,7 +475,7 @@ def test_the_read_parts_are_freed_before_the_units_are_tabulated(tmp_path, demo_
 def test_frames_written_one_after_the_other_give_the_bytes_of_their_concatenation(tmp_path_factory, sizes, group):
     """rundir.write_frames (the invariants file's block rows a shard at a time) writes the file write_table
     writes of the concatenated frame, row group for row group."""
-    from topdown.pipeline.execution.rundir import write_frames, write_table
+    from topdown.pipeline.runtime.rundir import write_frames, write_table
 
     rng = np.random.default_rng(sum(sizes) + group)
     frames = [pd.DataFrame({"geocode": pd.Index([f"{v:015d}" for v in rng.integers(0, 10**9, n)], dtype="str"),

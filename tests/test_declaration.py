@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from topdown.pipeline.configuration.census import census_from_dict, load_census
 from topdown.pipeline.configuration.errors import ConfigError
-from topdown.vocab.census import MAX_CELLS
+from topdown.vocab.census import MAX_CELLS, EvaluationRoles
 from topdown.vocab.queries import build_query
 
 #: A small valid declaration: a prefix hierarchy, unit records, one product with every kind of declaration.
@@ -169,7 +169,26 @@ BAD = {
     "unknown MDF layout": (
         {"products__people__mdf": "dhc"},
         ("census.products.people.mdf", "'dhc'", "generic")),
+    "unknown attribute in an evaluation study's query": (
+        {"products__people__evaluation": {"diversity_query": "kind * colour"}},
+        ("census.products.people.evaluation.diversity_query", "'colour'")),
+    "unknown evaluation study": (
+        {"products__people__evaluation": {"blau_query": "kind"}},
+        ("census.products.people.evaluation.blau_query", "unknown key", "diversity_query")),
+    "a trade-off query that is not sampled": (
+        {"products__people__evaluation": {"sample_queries": ["total"], "tradeoff_query": "kind * age"}},
+        ("census.products.people.evaluation.tradeoff_query", "sample_queries", "'kind * age'")),
 }
+
+
+def test_evaluation_studies_are_declared_per_product():
+    """A product's evaluation studies, each query parsed on its schema; none declared: every study left out."""
+    roles = census_from_dict(declare(products__people__evaluation={
+        "diversity_query": "kind * sex", "sample_queries": ["total", "kind * age"], "tradeoff_query": "kind * age",
+        "homogeneity": True})).product("people").evaluation
+    assert (roles.diversity_query, roles.share_query, roles.sample_queries, roles.tradeoff_query, roles.homogeneity) \
+        == ("kind * sex", None, ("total", "kind * age"), "kind * age", True)
+    assert census_from_dict(declare()).product("people").evaluation == EvaluationRoles()
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

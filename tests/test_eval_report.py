@@ -10,12 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from topdown.pipeline.configuration.census import PL94, load_census
 from topdown.pipeline.evaluation import eval_report as R
 from topdown.pipeline.evaluation.intervals import coverage_summary, geounit_label, interval_caption
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
 N = {"US": 1, "State": 1, "County": 2, "Tract": 15, "Block_Group": 40, "Block": 900}  # County: 2, suppressed
-SC = R.TRADEOFF_QUERY
+#: The report of a P.L. 94-171 run: its declared studies (trade-off query SC).
+PL = R.Declared(PL94.name, PL94.products, us=True)
+SC = PL.tradeoff_query
 QUERIES = ["total", "hhgq", SC]
 
 
@@ -88,7 +91,7 @@ def _drawn(ax) -> list:
 @pytest.fixture(scope="module")
 def drawn():
     pytest.importorskip("matplotlib")
-    figs, notes = R.draw_figures(_tables())
+    figs, notes = R.draw_figures(_tables(), PL)
     yield figs, notes
     import matplotlib.pyplot as plt
 
@@ -139,14 +142,14 @@ def test_tradeoff_figure_at_the_highest_level_with_both_or_left_out_with_a_note(
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    figs, notes = R.draw_figures(_tables(("Block_Group", "Block")))
+    figs, notes = R.draw_figures(_tables(("Block_Group", "Block")), PL)
     ax = figs["epl_tradeoff"].fig.axes[0]
     assert ax.get_title().startswith("Block_Group,") and "Block_Group" in figs["epl_tradeoff"].caption
     assert {t.get_text() for t in ax.get_legend().get_texts()} == {"simple random sample (rate)", "TopDown run"}
     assert not any("trade-off" in n for n in notes)
     for f in figs.values():
         plt.close(f.fig)
-    figs, notes = R.draw_figures(_tables(()))  # the sample's EPL estimated nowhere
+    figs, notes = R.draw_figures(_tables(()), PL)  # the sample's EPL estimated nowhere
     assert "epl_tradeoff" not in figs and any("trade-off figure is left out" in n for n in notes)
     for f in figs.values():
         plt.close(f.fig)
@@ -171,7 +174,7 @@ def _html_tables(body: str) -> dict[str, str]:
 
 def test_report_tables_top_down_integers_and_suppression_notes(tmp_path: Path):
     tables = _tables()
-    R.write_report(tmp_path, tables, ["r"], figures=False)
+    R.write_report(tmp_path, tables, ["r"], figures=False, declared=PL)
     body = (tmp_path / "report.html").read_text()
     found = _html_tables(body)
     mae = next(v for k, v in found.items() if k.startswith("Mean L1"))
@@ -181,7 +184,7 @@ def test_report_tables_top_down_integers_and_suppression_notes(tmp_path: Path):
     srs_title = next(k for k in found if k.startswith("Simple random sample"))
     assert srs_title.startswith("Simple random sample baselines at Block_Group")  # the trade-off figure's level
     assert "<td></td>" not in found[srs_title] and ">10%<" in found[srs_title]
-    R.write_report(tmp_path, _tables(()), ["r"], figures=False)  # no trade-off: the highest unsuppressed level
+    R.write_report(tmp_path, _tables(()), ["r"], figures=False, declared=PL)  # no trade-off: the highest unsuppressed level
     srs = _html_tables((tmp_path / "report.html").read_text())["Simple random sample baselines at Tract (mean over "
                                                                  "replicates)"]
     assert "<td></td>" not in srs and srs.count("too few residuals") == 4 and ">15<" in srs and ".000</td>" in srs
@@ -205,27 +208,27 @@ def test_report_tables_top_down_integers_and_suppression_notes(tmp_path: Path):
 
 def test_epl_title_counts_its_estimators_and_stars_values_above_epsilon_query(tmp_path: Path):
     tables = _tables()
-    R.write_report(tmp_path, tables, ["r"], figures=False)
+    R.write_report(tmp_path, tables, ["r"], figures=False, declared=PL)
     body = (tmp_path / "report.html").read_text()
     assert "two estimators" not in body and "the residual EPL (no audit given" in body
     assert "0.800 [0.700, 0.900] *" in body and "no breach of the guarantee" in body  # 0.8 > 0.6
     assert "0.500" not in re.findall(r"<td>([^<]*\*)</td>", body)
     tables["audit"] = pd.DataFrame({"product": "persons", "level": ["Block"], "query": "total", "epl_lower": [0.3]})
-    R.write_report(tmp_path, tables, ["r"], figures=False)
+    R.write_report(tmp_path, tables, ["r"], figures=False, declared=PL)
     assert "two estimators (residual EPL, direct audit lower bound)" in (tmp_path / "report.html").read_text()
 
 
 def test_every_figure_in_the_report_sits_in_a_figure_with_its_caption(tmp_path: Path):
     pytest.importorskip("matplotlib")
     extra = ({"intervals": (b"png", "Intervals, read this.")}, "")
-    R.write_report(tmp_path, _tables(), ["r"], extra=extra)
+    R.write_report(tmp_path, _tables(), ["r"], extra=extra, declared=PL)
     body = (tmp_path / "report.html").read_text()
     imgs = re.findall(r"<img [^>]*>", body)
     figures = re.findall(r"<figure><img [^>]*alt=\"(\w+)\"><figcaption>([^<]+)</figcaption></figure>", body)
     assert len(imgs) == len(figures) == 6 and all(c.strip() for _, c in figures)
     assert {n for n, _ in figures} == set(R.FIGURE_NAMES)
     assert (tmp_path / "epl_tradeoff.png").read_bytes()[:4] == b"\x89PNG"
-    R.write_report(tmp_path, _tables(()), ["r"])  # evaluated again into the same folder: no trade-off figure now
+    R.write_report(tmp_path, _tables(()), ["r"], declared=PL)  # evaluated again into the same folder: no trade-off figure now
     assert not (tmp_path / "epl_tradeoff.png").exists() and not (tmp_path / "intervals.png").exists()
     assert (tmp_path / "blau.png").exists()
 
@@ -251,3 +254,17 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
     assert list(cov.columns) == ["level", "geounits", "gls_covers", "amc_covers"]
     assert cov["geounits"].tolist() == [2, 1, 1] and cov["amc_covers"].tolist() == [1, 1, 0]
     assert cov["gls_covers"].tolist() == [0.5, 1, 1]  # t2 (50) is outside [0, 10]
+
+
+def test_a_study_the_census_does_not_declare_is_left_out_with_one_line():
+    """P.L. 94-171 declares every study; chile_2017 none: one line each, naming the census and the key to declare."""
+    assert PL.undeclared() == [] and SC == "votingage * hispanic * cenrace"
+    chile = load_census("chile_2017")
+    notes = R.Declared(chile.name, chile.products).undeclared()
+    assert len(notes) == 4 and all("\n" not in n and "'chile_2017' declares no" in n for n in notes)
+    assert [k for k in ("diversity_query", "homogeneity", "share_query", "sample_queries") if any(k in n for n in notes)] \
+        == ["diversity_query", "homogeneity", "share_query", "sample_queries"]
+    figs, drawn = R.draw_figures(_tables(), R.Declared(chile.name, chile.products))
+    assert "epl_tradeoff" not in figs and not any("trade-off" in n for n in drawn)
+    for f in figs.values():
+        assert "votingage" not in f.caption

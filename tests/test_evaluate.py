@@ -12,8 +12,8 @@ import pytest
 from conftest import DATA
 from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, default_out, entities_on_spine,
                                                   evaluate, load_entities)
-from topdown.pipeline.execution.progress import Reporter, reporting
-from topdown.pipeline.execution.rundir import RunDirError, write_table
+from topdown.pipeline.runtime.progress import Reporter, reporting
+from topdown.pipeline.runtime.rundir import RunDirError, write_table
 from topdown.pipeline.configuration.census import PERSONS
 
 LEVELS = ["US", "State", "County", "Tract", "Block_Group", "Block"]
@@ -87,6 +87,11 @@ def test_evaluate_tables(setup, tmp_path: Path):
     summary = pd.read_parquet(out / "summary.parquet").set_index(["run", "level", "query"])
     for col in ("seed", "n", "n_answers", "mean_abs_error", "median_abs_error", "q0.005", "q0.995"):
         assert col in summary.columns
+    # P.L. 94-171's queries, as evaluate named them before the census declared its studies
+    assert list(dict.fromkeys(summary.reset_index()["query"])) == [
+        "total", "votingage", "hispanic", "hhgq", "cenrace", "hispanic * cenrace", "majorRaces * hispanic", "detailed",
+        "votingage * hispanic * cenrace"]
+    assert set(pd.read_parquet(out / "sampling.parquet")["query"]) == {"total", "votingage * hispanic * cenrace"}
     assert summary.loc[("run_a", "Block", "total"), "mean_abs_error"] == 0.75
     assert summary.loc[("run_a", "Block", "total"), "n"] == 4
     assert summary.loc[("run_a", "County", "total"), "mean_abs_error"] == 1.5  # 44001: 17 vs 15, 44003: 0 vs 1

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.configuration.census import PERSONS
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.pipeline.evaluation import evaluate as E
 from topdown.pipeline.evaluation import metrics as M
-from topdown.pipeline.execution.outdir import MARKER
+from topdown.pipeline.runtime.outdir import MARKER
 from topdown.pipeline.inputs.synth import write_partitioned
 from topdown.pipeline.outputs import verify
 from topdown.vocab.queries import build_query
@@ -123,7 +123,7 @@ def test_the_merged_metrics_are_the_whole_levels(three_states, tmp_path, monkeyp
     exact = [c for c in want.columns if c != "mean_rel_abs_error"]
     pd.testing.assert_frame_equal(got[exact].reset_index(drop=True), want[exact], check_exact=True)
     np.testing.assert_allclose(got["mean_rel_abs_error"], want["mean_rel_abs_error"], rtol=1e-15)  # exactly rounded
-    blau_q = build_query(PERSONS, E.BLAU_QUERY)
+    blau_q = build_query(PERSONS, PERSONS_PRODUCT.evaluation.diversity_query)
     quint = M.blau_quintile_errors(M.blau_index(M.query_errors(true, true, blau_q).true), err)
     blau = pd.read_parquet(tmp_path / "states" / "blau.parquet")
     got = blau[(blau["run"] == "run") & (blau["level"] == "Block")].reset_index(drop=True)
@@ -134,9 +134,10 @@ def test_a_states_sample_does_not_depend_on_its_group() -> None:
     blocks = pd.DataFrame({"geocode": ["01001", "01001", "01002", "02001", "02002", "04001"],
                            "cell": [0, 5, 0, 1, 1, 3], "count": [4, 3, 9, 2, 6, 5]})
     keys, draws, seed = np.array(["01", "02", "04"]), np.array([7, 8, 0]), (0, 2500, 0)
-    drawn = E._sample(blocks, keys, draws, seed)
+    state = np.searchsorted(keys, blocks["geocode"].str[:2])  # each row's key number
+    drawn = E._sample(blocks, state, draws, seed)
     assert (drawn <= blocks["count"]).all()
     assert [drawn[blocks["geocode"].str[:2] == k].sum() for k in keys] == [7, 8, 0]
-    alone = E._sample(blocks.iloc[3:5].reset_index(drop=True), keys, draws, seed)  # state 02 in a group of its own
+    alone = E._sample(blocks.iloc[3:5].reset_index(drop=True), state[3:5], draws, seed)  # state 02 in a group of its own
     assert np.array_equal(alone, drawn[3:5])
-    assert np.array_equal(E._sample(blocks, keys, draws, seed), drawn)  # seeded: the same draw again
+    assert np.array_equal(E._sample(blocks, state, draws, seed), drawn)  # seeded: the same draw again

@@ -23,7 +23,8 @@ from topdown.geo import GeographyError
 from topdown.geo.spine import (LEVELS, PREFIX, US_HIERARCHY, build_spine, column_spine, spine_state, standard_spine)
 from topdown.pipeline.configuration.config import ConfigError, census_hierarchy, declared_census, load_config
 from topdown.pipeline.execution import dataplane
-from topdown.pipeline.inputs.validate import InputError, check_records
+from topdown.pipeline.configuration.errors import InputError
+from topdown.pipeline.inputs.validate import check_records
 from topdown.pipeline.outputs import verify
 from topdown.pipeline.outputs.mdf import RECORD_NUMBER, generic_mdf, tabulate_generic_mdf
 from topdown.pipeline.configuration.census import PERSONS, PL94, default_census, read_as_declared

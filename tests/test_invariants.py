@@ -5,7 +5,7 @@ import pytest
 
 from topdown.pipeline.configuration.config import config_from_dict
 from topdown.pipeline.configuration.census import PERSONS_PRODUCT
-from topdown.pipeline.execution.invariants import InvariantError, LevelConstraints, bind, check_feasible, level_rhs, unit_bounds
+from topdown.pipeline.inputs.invariants import InvariantError, LevelConstraints, bind, check_feasible, level_rhs, unit_bounds
 
 GQ_CAP = 99999  # the P.L. 94-171 declaration's cap on persons per unit
 

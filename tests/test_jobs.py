@@ -1,4 +1,4 @@
-"""Jobs started without blocking (execution/jobs.py) and the progress of long commands (execution/progress.py)."""
+"""Jobs started without blocking (jobs.py) and the progress of long commands (runtime/progress.py)."""
 from __future__ import annotations
 
 import io
@@ -16,7 +16,7 @@ import pytest
 from rel_inputs import differing_outputs
 from topdown.pipeline import Cancelled, Job, load_config, submit, submit_reprocess, submit_uncertainty
 from topdown.pipeline.cli import main
-from topdown.pipeline.execution.progress import (Reporter, Steps, chain, compute, reporter, reporting, track)
+from topdown.pipeline.runtime.progress import (Reporter, Steps, chain, compute, reporter, reporting, track)
 
 BAR = re.compile(r"(?P<desc>[^\r\n]+?): +\d+%\|[^|]*\| (?P<n>\d+)/(?P<total>\d+) (?P<unit>\w+) \[")
 

@@ -6,24 +6,31 @@ Checked on the source with ``ast`` (every import statement, also those inside fu
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from conftest import REPO
 
 
+def _import_statements(rel: str, source: str) -> list[tuple[int, set[str]]]:
+    """Per import statement of a file (``rel``: its path in the repository), its line and the absolute names
+    of the modules it imports (relative imports resolved against the file's package; a ``from`` import also
+    names ``module.name`` for each name, which is a module when the name is a submodule)."""
+    package = ["topdown", *Path(rel).parent.parts]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.append((node.lineno, {a.name for a in node.names}))
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - max(node.level - 1, 0)] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out.append((node.lineno, {mod} | {f"{mod}.{a.name}" for a in node.names}))
+    return out
+
+
 def _imported_modules(path) -> set[str]:
     """Absolute names of the modules a file imports (relative imports resolved against its package)."""
-    package = "topdown." + ".".join(path.relative_to(REPO).parent.parts)
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - max(node.level - 1, 0)] if node.level else []
-            mod = ".".join(base + ([node.module] if node.module else []))
-            out.add(mod)
-            out |= {f"{mod}.{a.name}" for a in node.names}
-    return out
+    return {m for _, mods in _import_statements(str(path.relative_to(REPO)), path.read_text()) for m in mods}
 
 
 #: DESIGN.md, "Layering": the top-level packages each one may import (besides the standard library and
@@ -31,6 +38,9 @@ def _imported_modules(path) -> set[str]:
 LAYERS = {"vocab": {"vocab"}, "geo": {"geo", "vocab"}, "solvers": {"solvers", "vocab"}, "conf": {"conf"},
           "pipeline": {"pipeline", "geo", "solvers", "vocab", "conf"}}
 
+#: DESIGN.md, "Layering": ``pipeline``'s folders, bottom first. A module may import its own folder and the
+#: folders before it; ``pipeline``'s top-level modules (cli.py, jobs.py, __init__.py) sit above them all.
+FOLDERS = ("configuration", "runtime", "privacy", "inputs", "outputs", "execution", "evaluation")
 
 
 def _module_files() -> dict[str, object]:
@@ -114,6 +124,56 @@ def test_packages_import_only_the_layers_below():
     bad = sorted(f"{m} imports {x}" for m, imported in graph.items() for x in imported
                  if x.split(".")[1] not in LAYERS[m.split(".")[1]])
     assert not bad, bad
+
+
+def _rank(module: str) -> int:
+    """A ``topdown.pipeline`` module's layer: its folder's place in :data:`FOLDERS`, or above them all for the
+    package itself and its top-level modules."""
+    parts = module.split(".")
+    return FOLDERS.index(parts[2]) if len(parts) > 2 and parts[2] in FOLDERS else len(FOLDERS)
+
+
+def _upward_imports(rel: str, source: str) -> list[str]:
+    """The import statements of a module of a ``pipeline`` folder that name a module of a folder above it (or
+    of the package's top), as ``file:line imports module`` (the module, not each name imported from it)."""
+    own = _rank("topdown." + ".".join(Path(rel).with_suffix("").parts))
+    out = []
+    for line, mods in _import_statements(rel, source):
+        above = {m for m in mods if m.split(".")[:2] == ["topdown", "pipeline"] and _rank(m) > own}
+        above = above - {"topdown.pipeline"} or above  # ``from .. import jobs``: name the module, jobs
+        out += [f"{rel}:{line} imports {m}" for m in sorted(above) if not any(m.startswith(f"{n}.") for n in above)]
+    return out
+
+
+def test_every_pipeline_folder_has_its_layer():
+    folders = {f.parent.name for f in (REPO / "pipeline").glob("*/*.py") if f.name != "__init__.py"}
+    assert folders == set(FOLDERS), sorted(folders ^ set(FOLDERS))
+
+
+def test_pipeline_folders_import_only_the_folders_below():
+    """Every import statement of every module in a ``pipeline`` folder (inside functions and under
+    ``TYPE_CHECKING`` too) names only its own folder or folders before it in :data:`FOLDERS`."""
+    files = [f for folder in FOLDERS for f in sorted((REPO / "pipeline" / folder).rglob("*.py"))]
+    assert len(files) > 50
+    bad = [hit for f in files for hit in _upward_imports(str(f.relative_to(REPO)), f.read_text())]
+    assert not bad, "imports of a folder above:\n" + "\n".join(bad)
+
+
+def test_the_folder_check_sees_upward_imports():
+    source = ("from ..configuration.config import Config\nfrom .budget import Rho\n"
+              "def f():\n    from ..execution.engine import make_chunks\n    from .. import jobs\n")
+    assert _upward_imports("pipeline/privacy/x.py", source) == [
+        "pipeline/privacy/x.py:4 imports topdown.pipeline.execution.engine",
+        "pipeline/privacy/x.py:5 imports topdown.pipeline.jobs"]
+    assert _upward_imports("pipeline/evaluation/x.py", source) == ["pipeline/evaluation/x.py:5 imports topdown.pipeline.jobs"]
+    assert _upward_imports("pipeline/inputs/x.py", "from topdown.pipeline import run\n") == [
+        "pipeline/inputs/x.py:1 imports topdown.pipeline.run"]
+    assert _upward_imports("pipeline/configuration/x.py", "import topdown.pipeline.runtime.rundir\n") == [
+        "pipeline/configuration/x.py:1 imports topdown.pipeline.runtime.rundir"]
+
+
+def test_design_states_the_folder_order():
+    assert " < ".join(f"`{f}`" for f in FOLDERS) in " ".join((REPO / "DESIGN.md").read_text().split())
 
 
 def test_nothing_imports_the_command_line():

@@ -1,4 +1,4 @@
-"""Where the commands write (pipeline/execution/outdir.py), one rule for all of them:
+"""Where the commands write (pipeline/runtime/outdir.py), one rule for all of them:
 
 * nothing of the user's is removed or overwritten: an output path is absent, empty, or an earlier output of the
   same command by its own marker (a folder that merely holds a run's file names is not one);
@@ -24,10 +24,10 @@ from rel_inputs import SECRETS, leaked_secrets
 from test_adversarial_silent import block_csv
 
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNDIR, EXIT_VERIFY, build_parser, main
-from topdown.pipeline.execution.outdir import (MARKER, MARKER_KEY, WRITERS, check, claimed, claimed_file,
-                                               new_marker, read_marker)
+from topdown.pipeline.runtime.outdir import (MARKER, MARKER_KEY, WRITERS, check, claimed, claimed_file,
+                                             new_marker, read_marker)
 from topdown.pipeline.configuration.limits import MAX_NAME, unsafe_name
-from topdown.pipeline.execution.rundir import LOCK, RunDirError
+from topdown.pipeline.runtime.rundir import LOCK, RunDirError
 from topdown.pipeline.outputs.verify import verify_run
 
 MOVE = "440070001001001:440070001001002"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from topdown.pipeline.execution.rundir import SCHEMA_VERSION
+from topdown.pipeline.runtime.rundir import SCHEMA_VERSION
 
 PINNED = {
     'certificate.json': '609a979b90490764a58972585585339ea264c2ec12dade7ee0a55d8109641fe1',

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from test_evaluate import OPTS, _write_run, _write_truth, RUN_A
 
-from topdown.pipeline.execution.outdir import MARKER
-from topdown.pipeline.execution.private_files import is_private, private_dir, private_file, seal
+from topdown.pipeline.runtime.outdir import MARKER
+from topdown.pipeline.runtime.private_files import is_private, private_dir, private_file, seal
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,7 @@ def test_an_evaluation_is_private(tmp_path):
 
 
 def test_an_audit_is_private(tmp_path):
-    from topdown.pipeline.privacy.audit import AuditResult, write_audit
+    from topdown.pipeline.evaluation.audit import AuditResult, write_audit
 
     table = pd.DataFrame({"level": ["US"], "geocode": ["US"], "query": ["total"], "epl_lower": [0.1]})
     out = write_audit(tmp_path / "audit", AuditResult(table, 1.0, 2), {"move": "a:b", "alpha": 0.05})

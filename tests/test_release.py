@@ -17,7 +17,7 @@ from topdown.pipeline.privacy.certificate import _composed_loss, render_certific
 from topdown.pipeline.cli import EXIT_RUNDIR, main
 from topdown.pipeline.privacy.release import SecondRelease
 from topdown.pipeline.outputs.verify import verify_run
-from topdown.pipeline.execution.outdir import new_marker
+from topdown.pipeline.runtime.outdir import new_marker
 
 PRODUCTION_TOML = 'include = "demo.toml"\n\n[run]\nname = "release"\nmode = "production"\n'
 

@@ -30,8 +30,8 @@ from conftest import end_process_groups
 from rel_inputs import differing_outputs, leaked_secrets
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import EXIT_OK, EXIT_RUNDIR, main
-from topdown.pipeline.execution.outdir import new_marker
-from topdown.pipeline.execution.rundir import RunDir, RunDirError
+from topdown.pipeline.runtime.outdir import new_marker
+from topdown.pipeline.runtime.rundir import RunDir, RunDirError
 
 TOPDOWN = [sys.executable, "-m", "topdown.pipeline.cli"]
 

@@ -11,8 +11,8 @@ import pytest
 from cli_subprocess import assert_clean_failure, snapshot, topdown
 from topdown.pipeline import load_config, run
 from topdown.pipeline.execution import runner
-from topdown.pipeline.execution.outdir import MARKER, new_marker
-from topdown.pipeline.execution.rundir import RunReader
+from topdown.pipeline.runtime.outdir import MARKER, new_marker
+from topdown.pipeline.runtime.rundir import RunReader
 from topdown.pipeline.evaluation.replicates import SEED_BASE, replicates
 
 EXIT_CONFIG, EXIT_RUNDIR = 2, 4

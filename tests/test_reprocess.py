@@ -23,7 +23,7 @@ from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR, main
 from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.privacy.measure import from_table, measure
 from topdown.pipeline.execution.reprocess import changed_keys, reprocess
-from topdown.pipeline.execution.rundir import sha256_file
+from topdown.pipeline.runtime.rundir import sha256_file
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.outputs.verify import verify_run
 

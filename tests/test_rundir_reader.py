@@ -9,7 +9,7 @@ import shutil
 import pytest
 from conftest import REPO
 
-from topdown.pipeline.execution.rundir import SCHEMA_VERSION, RunDirError, RunReader
+from topdown.pipeline.runtime.rundir import SCHEMA_VERSION, RunDirError, RunReader
 
 
 def test_a_run_reads_its_own_spine_and_typed_records_back(demo_run):

@@ -279,7 +279,7 @@ def test_reprocessing_and_the_measurement_file_keep_the_whole_state_totals(spine
     """A state split into AIAN / non-AIAN parts: reprocessing the run gives its estimates byte for byte (the
     whole-state totals are read back from the invariants file), and the noisy measurement file carries each
     whole state's total so that a reprocessing of the file enforces it too."""
-    from topdown.pipeline.execution.invariants import WHOLE_STATE
+    from topdown.pipeline.inputs.invariants import WHOLE_STATE
     from topdown.pipeline.execution.nmf import read_nmf, write_nmf
     from topdown.pipeline.execution.reprocess import invariants_of_nmf, reprocess
 

@@ -18,7 +18,7 @@ from cli_subprocess import assert_clean_failure, topdown
 
 from topdown.pipeline.configuration.census import census_dir, load_census
 from topdown.pipeline.configuration.config import _digest, load_config
-from topdown.pipeline.execution.rundir import RunDirError, RunReader, sha256_file
+from topdown.pipeline.runtime.rundir import RunDirError, RunReader, sha256_file
 
 LEAF_TOTAL = """include = "chile_2017.toml"
 [run]

@@ -1,4 +1,4 @@
-"""Inputs and run directories on object storage (pipeline/execution/storage.py; docs/how-to/clusters.md
+"""Inputs and run directories on object storage (pipeline/runtime/storage.py; docs/how-to/clusters.md
 "Object storage").
 
 A local S3-compatible server (moto's, on 127.0.0.1) stands in for S3; the client finds it through the standard
@@ -25,10 +25,10 @@ import pytest
 from conftest import end_process_groups
 
 from topdown.pipeline.configuration.config import ConfigError
-from topdown.pipeline.execution import storage
-from topdown.pipeline.execution.outdir import claimed
-from topdown.pipeline.execution.rundir import Locked, RunDir, RunDirError, held
-from topdown.pipeline.execution.storage import MissingExtra, StorePath, location
+from topdown.pipeline.runtime import storage
+from topdown.pipeline.runtime.outdir import claimed
+from topdown.pipeline.runtime.rundir import Locked, RunDir, RunDirError, held
+from topdown.pipeline.runtime.storage import MissingExtra, StorePath, location
 from test_output_hashes import PINNED, output_hashes
 
 #: The test credentials: no file, log line or message may hold them.
@@ -400,7 +400,7 @@ def test_uncertainty_through_s3(shared, s3_client, tmp_path):
     parts, no lock left), nothing but noisy-measurement figures in it."""
     from rel_inputs import SECRETS, scan_run_dir
     from topdown.pipeline.evaluation.uncertainty import uncertainty
-    from topdown.pipeline.execution.outdir import read_marker
+    from topdown.pipeline.runtime.outdir import read_marker
 
     before = objects(shared.url)
     uncertainty(shared.run, tmp_path / "u.parquet", client=s3_client)

@@ -12,7 +12,7 @@ from topdown.geo.baf import aian_flags, read_baf_dir
 from topdown.geo.states import STATE_FIPS
 from topdown.geo.us2020 import US2020
 from topdown.pipeline.execution.dataplane import find_input
-from topdown.pipeline.execution.outdir import MARKER
+from topdown.pipeline.runtime.outdir import MARKER
 from topdown.pipeline.inputs import synth
 from topdown.pipeline.inputs.validate import validate_input
 

@@ -19,7 +19,7 @@ from topdown.pipeline.configuration.config import load_config
 from topdown.pipeline.execution.levels import build_levels
 from topdown.pipeline.privacy.measure import measure
 from topdown.vocab.queries import build_query
-from topdown.pipeline.execution.rundir import RunDir, write_table
+from topdown.pipeline.runtime.rundir import RunDir, write_table
 from topdown.pipeline.execution.runner import _write_invariants
 from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.pipeline.inputs.tabulate import block_histograms, block_units

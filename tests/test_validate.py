@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from topdown.pipeline.inputs.validate import InputError, validate_input
+from topdown.pipeline.configuration.errors import InputError
+from topdown.pipeline.inputs.validate import validate_input
 
 A, B, C = "440070001011000", "440070001011001", "440070002002005"
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from topdown.pipeline.execution.rundir import RunReader
+from topdown.pipeline.runtime.rundir import RunReader
 from topdown.pipeline.inputs.synth import write_partitioned
 from topdown.pipeline.outputs import verify
 

@@ -89,6 +89,26 @@ class InvariantSpec:
 
 
 @dataclass(frozen=True)
+class EvaluationRoles:
+    """Which of a product's queries ``topdown evaluate`` uses for its studies beyond the errors of each query
+    (the ``[census.products.P.evaluation]`` table). A study whose role is not declared is left out, and the
+    report says so in one line.
+
+    ``diversity_query``: the groups whose shares give each geounit's Blau diversity index (TOTAL error by
+    diversity quintile); ``share_query``: the groups whose largest share the off-spine entities compare
+    (with ``--entities``); ``sample_queries``: the queries also computed for simple random samples of the
+    product's records (accuracy and empirical privacy loss baselines); ``tradeoff_query``: one of them, the
+    query of the accuracy / privacy trade-off figure; ``homogeneity``: whether TOTAL's bias is studied against
+    the homogeneity index (truly zero cells of the detailed histogram)."""
+
+    diversity_query: str | None = None
+    share_query: str | None = None
+    sample_queries: tuple[str, ...] = ()
+    tradeoff_query: str | None = None
+    homogeneity: bool = False
+
+
+@dataclass(frozen=True)
 class Product:
     """One product of a census: everything the pipeline does differently for it, as data."""
 
@@ -100,6 +120,7 @@ class Product:
     unit_bounds: UnitBounds | None = None
     evaluation_queries: tuple[str, ...] = ("total", "detailed")
     uncertainty_queries: tuple[str, ...] = ("total",)
+    evaluation: EvaluationRoles = EvaluationRoles()
     #: The MDF layout: "generic" (geocode per level and one column per attribute) or a named U.S. layout
     #: ("pl94_persons", "pl94_units").
     mdf: str = "generic"

@@ -1,1 +1,1 @@
-"""Configuration: the validated TOML strategy, preflight checks, measurement sources."""
+"""Configuration: the validated TOML strategy, census declarations, limits, and the errors of bad user files."""

@@ -18,6 +18,7 @@ from typing import Any
 import topdown.conf
 from topdown.geo.spine import US_HIERARCHY
 from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MAX_UNIT_TYPES, MDF_LAYOUTS, Attribute, Census,
+                                  EvaluationRoles,
                                   ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, Units)
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
@@ -43,8 +44,10 @@ DECLARATION_KEYS: dict[str, tuple[str, ...]] = {
     "census.hierarchy": ("levels", "geocode", "pattern", "root_code", "us", "state"),
     "census.hierarchy.levels[]": ("name", "width", "column"),
     "census.units": ("name", "type_column", "types", "occupied_column"),
-    "census.products.P": ("records", "mdf", "evaluation_queries", "uncertainty_queries", "attributes", "recodes",
-                          "invariants", "constraints", "unit_bounds", "synth"),
+    "census.products.P": ("records", "mdf", "evaluation_queries", "uncertainty_queries", "evaluation", "attributes",
+                          "recodes", "invariants", "constraints", "unit_bounds", "synth"),
+    "census.products.P.evaluation": ("diversity_query", "share_query", "sample_queries", "tradeoff_query",
+                                     "homogeneity"),
     "census.products.P.records": ("name", "where"),
     "census.products.P.attributes[]": ("name", "size", "column", "labels", "values"),
     "census.products.P.recodes.NAME": ("attribute", "groups"),
@@ -459,7 +462,22 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
     if mdf not in MDF_LAYOUTS:
         raise r.fail(f"{key}.mdf", f"unknown MDF layout (layouts: {', '.join(MDF_LAYOUTS)})", mdf)
     return Product(schema=schema, records=_records(r, data.get("records"), f"{key}.records", name), attributes=attrs,
-                   invariants=invariants, constraints=constraints, unit_bounds=bounds, mdf=mdf, **queries)
+                   invariants=invariants, constraints=constraints, unit_bounds=bounds, mdf=mdf,
+                   evaluation=_evaluation(r, schema, data.get("evaluation", {}), f"{key}.evaluation"), **queries)
+
+
+def _evaluation(r: _Reader, schema: Schema, data: Any, key: str) -> EvaluationRoles:
+    """A product's ``evaluation`` table: the queries of evaluate's studies, each parsed on its schema."""
+    data = r.table(data, key, DECLARATION_KEYS["census.products.P.evaluation"])
+    one = {k: _query(r, schema, data[k], f"{key}.{k}").name
+           for k in ("diversity_query", "share_query", "tradeoff_query") if k in data}
+    sample = tuple(_query(r, schema, q, f"{key}.sample_queries[{i}]").name
+                   for i, q in enumerate(r.items(data.get("sample_queries", []), f"{key}.sample_queries")))
+    if "tradeoff_query" in one and one["tradeoff_query"] not in sample:
+        raise r.fail(f"{key}.tradeoff_query", "the trade-off figure compares runs with simple random samples: "
+                                              "list its query in sample_queries too", one["tradeoff_query"])
+    homogeneity = r.boolean(data["homogeneity"], f"{key}.homogeneity") if "homogeneity" in data else False
+    return EvaluationRoles(sample_queries=sample, homogeneity=homogeneity, **one)
 
 
 

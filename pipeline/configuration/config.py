@@ -39,7 +39,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from topdown.pipeline.privacy.budget import INFINITE, KINDS, Budget, Rho
 from topdown.vocab.census import Census, Hierarchy, Product
 
 from .census import (DEFAULT_CENSUS, census_from_dict, census_path, default_census, read_as_declared,
@@ -67,9 +66,17 @@ def parse_fraction(value: Any) -> Fraction:
     raise ValueError(f"expected a fraction such as \"1/3\", got {value!r}")
 
 
+#: How an infinite budget is written (TOML, certificate).
+INFINITE = "inf"
+
+#: The configurable noise mechanisms (``[<product>.budget] mechanism``), each with the key of its total: the
+#: budget types of ``privacy/budget.py`` take their names and keys from here.
+BUDGET_KEYS: dict[str, str] = {"discrete_gaussian": "rho", "geometric": "epsilon"}
+
+
 def _parse_budget_total(value: Any) -> Fraction | None:
     """A total budget: an exact fraction, or ``"inf"`` (returned as None) for a zero-noise test run."""
-    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+    if isinstance(value, str) and value.strip().lower() in (INFINITE, "infinity"):
         return None
     return parse_fraction(value)
 
@@ -101,7 +108,7 @@ class _Strict(BaseModel):
 
 class BudgetConfig(_Strict):
     """Privacy budget of one product: total, mechanism, level and query proportions. The total, typed:
-    :attr:`total` (``privacy/budget.py``)."""
+    :func:`~topdown.pipeline.privacy.budget.of_config`."""
 
     mechanism: Literal["discrete_gaussian", "geometric"] = Field(default="discrete_gaussian", description=(
         "discrete_gaussian (zCDP, budget rho) or geometric (pure DP, budget epsilon)"))
@@ -137,19 +144,17 @@ class BudgetConfig(_Strict):
         return data
 
     @property
-    def total(self) -> Budget:
-        """The product's total budget: :class:`~topdown.pipeline.privacy.budget.Rho` for the discrete Gaussian,
-        :class:`~topdown.pipeline.privacy.budget.PureEpsilon` for the geometric mechanism; infinite for "inf"."""
-        kind = KINDS[self.mechanism]
-        return kind(None if self.infinite else getattr(self, kind.key))
+    def key(self) -> str:
+        """The key of the total under the configured mechanism (:data:`BUDGET_KEYS`: "rho" or "epsilon")."""
+        return BUDGET_KEYS[self.mechanism]
 
     @model_validator(mode="before")
     @classmethod
     def _mark_infinite(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            kind = KINDS.get(data.get("mechanism", Rho.mechanism))
-            total = data.get(kind.key) if kind is not None else None
-            if isinstance(total, str) and total.strip().lower() in ("inf", "infinity"):
+            key = BUDGET_KEYS.get(data.get("mechanism", cls.model_fields["mechanism"].default))
+            total = data.get(key) if key is not None else None
+            if isinstance(total, str) and total.strip().lower() in (INFINITE, "infinity"):
                 data = {**data, "infinite": True}
         return data
 
@@ -168,7 +173,7 @@ class BudgetConfig(_Strict):
             if value is not None and value > MAX_FLOAT:
                 raise ValueError(f"{key} = {shown(value)} is too large to compute with (above {MAX_FLOAT:.3g}); "
                                  "use \"inf\" for a zero-noise test run")
-        key = KINDS[self.mechanism].key
+        key = self.key
         value = getattr(self, key)
         if value is None and not self.infinite:
             raise ValueError(f"{self.mechanism} needs '{key}' (an exact fraction, or \"inf\" for a zero-noise test run)")
@@ -732,7 +737,7 @@ def check_production(config: Config) -> None:
     for product in config.run.products:
         budget = config.product(product).budget
         if budget.infinite:
-            raise ConfigError(f"{where}: {product}.budget.{budget.total.key} = \"inf\" is refused in mode = \"production\": "
+            raise ConfigError(f"{where}: {product}.budget.{budget.key} = \"inf\" is refused in mode = \"production\": "
                               "an infinite budget adds no noise and publishes exact counts (use mode = \"test\")")
         measured = [census_hierarchy(config).leaf] if config.run.algorithm == "block_by_block" else list(budget.levels)
         for level in measured:

@@ -1,4 +1,5 @@
-"""The configuration error (exit 2): a run configuration or a census declaration is invalid."""
+"""The errors of bad user files: :class:`ConfigError` (exit 2), a run configuration or a census declaration is
+invalid; :class:`InputError` (exit 3), an input file breaks the data contract."""
 from __future__ import annotations
 
 import difflib
@@ -10,6 +11,10 @@ from topdown.vocab.queries import QueryError
 
 class ConfigError(ValueError):
     """A configuration file is invalid; the message names the file and the key."""
+
+
+class InputError(ValueError):
+    """The input files break the data contract; the message names the file, the column and the value."""
 
 
 def closest(word: object, choices: Iterable[object]) -> str | None:

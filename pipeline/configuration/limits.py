@@ -52,7 +52,7 @@ def read_text(path: str | Path, what: str) -> str:
     """The text of ``path``, a regular file of at most :data:`MAX_FILE_BYTES` bytes of UTF-8 (``what`` names it in
     the error, e.g. "the configuration"). Opened without blocking and checked on the open file, so a FIFO, a
     device or a folder is refused without being read."""
-    if not isinstance(path, (str, os.PathLike)):  # an object in a store (execution/storage.py): no FIFO nor device
+    if not isinstance(path, (str, os.PathLike)):  # an object in a store (runtime/storage.py): no FIFO nor device
         try:
             size = path.fs.size(path.key)
             data = path.read_bytes() if size <= MAX_FILE_BYTES else b""

@@ -1,1 +1,1 @@
-"""Evaluation: accuracy metrics, GLS and uncertainty, intervals, replicates, reports."""
+"""Evaluation: accuracy metrics, GLS and uncertainty, intervals, replicates, reports, and the direct privacy audit."""

@@ -44,9 +44,9 @@ from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 
 from ..execution.memory import release_memory
-from ..execution.progress import gather
-from ..execution.rundir import RunDirError
-from ..execution.storage import location, parquet_file, parquet_writer, read_table
+from ..runtime.progress import gather
+from ..runtime.rundir import RunDirError
+from ..runtime.storage import location, parquet_file, parquet_writer, read_table
 from .evaluate import EvaluationError
 
 #: Degrees of freedom of the Bureau's Student t.

@@ -42,7 +42,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..execution.memory import release_memory
-from ..execution.storage import location, parquet_file, parquet_writer, read_table
+from ..runtime.storage import location, parquet_file, parquet_writer, read_table
 from .amc import KEY, SCHEMA, Tabulator, conform, replicate_dirs
 from .bounded import z_value
 from .evaluate import EvaluationError

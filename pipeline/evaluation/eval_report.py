@@ -3,7 +3,8 @@
 Every figure comes with a one-line caption saying what to read from it, draws only series that have data
 (its legend names nothing that is not drawn) and is left out, with a note saying why, when it would be empty.
 Tables print counts as integers, keep the levels top-down, and say "suppressed" where a statistic over fewer
-than :data:`~.metrics.MIN_NODES` geounits was blanked.
+than :data:`~.metrics.MIN_NODES` geounits was blanked. Queries and products are named as the census declares
+them (:class:`Declared`); a study the census declares no query for is left out with a one-line note.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from topdown.vocab.census import Product
+
 from .metrics import MIN_NODES
 
-#: Query of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: SC, at the county level).
-#: Its error axis is the mean |error| per answer: with 63 race combinations most SC answers are zero, so the
-#: median absolute error Petti & Flaxman plot (6 races) is 0 here and uninformative.
+#: Error axis of the accuracy/privacy trade-off figure (Petti & Flaxman 2020, Figure 2: their SC, at the county
+#: level; the query is the census's declared ``tradeoff_query``): the mean |error| per answer, since with many
+#: cells most answers are zero and the median absolute error Petti & Flaxman plot (6 races) is 0 and uninformative.
 TRADEOFF_ERROR = "mean_abs_cell_error"
-TRADEOFF_QUERY = "votingage * hispanic * cenrace"
 #: Text of a statistic blanked because it is over fewer than MIN_NODES geounits.
 SUPPRESSED = "suppressed"
 #: Columns that count geounits or answers (never blanked), and columns of observed errors (inverted-CDF
@@ -36,6 +38,51 @@ WHOLE_COLUMNS = (*COUNT_COLUMNS, "median_abs_error", "max_abs_error")
 #: Every figure the report can hold (``intervals``: evaluate --uncertainty); one left out this time has its PNG
 #: of an earlier evaluation into the same folder removed, so no stale figure lies beside the report.
 FIGURE_NAMES = ("mae_by_level", "errors_by_bin", "blau", "homogeneity", "epl_tradeoff", "intervals")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What the report takes from the census declaration: the census's name, the products evaluated in order
+    (the first is the headline one) with their declared studies, and whether the entities are the U.S. block
+    assignment files' kinds."""
+
+    census: str = "(undeclared)"
+    products: tuple[Product, ...] = ()
+    us: bool = False
+
+    @property
+    def main(self) -> Product | None:
+        return self.products[0] if self.products else None
+
+    @property
+    def sampled(self) -> Product | None:
+        """The product of the simple random sample baselines: the first declaring sample queries."""
+        return next((p for p in self.products if p.evaluation.sample_queries), None)
+
+    @property
+    def tradeoff_query(self) -> str | None:
+        return self.sampled.evaluation.tradeoff_query if self.sampled is not None else None
+
+    def undeclared(self) -> list[str]:
+        """One line per study left out because the census declares no query for it."""
+        main = self.main
+        if main is None:
+            return []
+        roles, where = main.evaluation, f"census {self.census!r} declares no"
+        key = f"[census.products.{main.name}.evaluation]"
+        notes = []
+        if not roles.diversity_query:
+            notes.append(f"The Blau diversity study is left out: {where} diversity_query in {key}.")
+        if not roles.homogeneity:
+            notes.append(f"The homogeneity study is left out: {where} homogeneity = true in {key}.")
+        if not roles.share_query:
+            notes.append(f"Off-spine entities (--entities) are not studied: {where} share_query in {key}.")
+        if self.sampled is None:
+            notes.append(f"The simple random sample baselines are left out: {where} sample_queries for any product.")
+        elif self.tradeoff_query is None:
+            notes.append(f"The accuracy/privacy trade-off figure is left out: {where} tradeoff_query in "
+                         f"[census.products.{self.sampled.name}.evaluation].")
+        return notes
 
 
 @dataclass
@@ -51,16 +98,17 @@ def _levels(frame: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(frame["level"])) if not frame.empty else []
 
 
-def _tradeoff(tables: dict[str, pd.DataFrame]) -> tuple[str, pd.DataFrame, pd.DataFrame] | None:
-    """The highest level (top-down) where a TopDown run and a sampling rate both have an estimated EPL of
-    TRADEOFF_QUERY: (level, the runs' points, the sample's points per rate); None if no level has both."""
+def _tradeoff(tables: dict[str, pd.DataFrame], declared: Declared) -> tuple[str, pd.DataFrame, pd.DataFrame] | None:
+    """The highest level (top-down) where a TopDown run and a sampling rate both have an estimated EPL of the
+    declared trade-off query: (level, the runs' points, the sample's points per rate); None if no level has both."""
     summary, epl, sampling = tables["summary"], tables["epl"], tables["sampling"]
-    if summary.empty or epl.empty or sampling.empty:
+    query = declared.tradeoff_query
+    if query is None or summary.empty or epl.empty or sampling.empty:
         return None
     keys = ["run", "product", "level", "query"]
-    runs = summary[summary["query"] == TRADEOFF_QUERY].merge(epl[[*keys, "epl"]], on=keys).dropna(
-        subset=["epl", TRADEOFF_ERROR])
-    srs = sampling[sampling["query"] == TRADEOFF_QUERY].dropna(subset=["epl", TRADEOFF_ERROR])
+    runs = summary[(summary["query"] == query) & (summary["product"] == declared.sampled.name)].merge(
+        epl[[*keys, "epl"]], on=keys).dropna(subset=["epl", TRADEOFF_ERROR])
+    srs = sampling[sampling["query"] == query].dropna(subset=["epl", TRADEOFF_ERROR])
     for level in _levels(summary):
         r, s = runs[runs["level"] == level], srs[srs["level"] == level]
         if len(r) and len(s):
@@ -84,11 +132,12 @@ def _merge_identical(rows: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
 
 
 def first_product(summary: pd.DataFrame) -> str | None:
-    """The product the headline figures show: the first one evaluated (the census's first: P.L. 94-171's persons)."""
+    """The product the headline figures show: the first one evaluated (the census's first)."""
     return None if summary.empty or "product" not in summary.columns else str(summary["product"].iloc[0])
 
 
-def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], list[str]]:
+def draw_figures(tables: dict[str, pd.DataFrame], declared: Declared = Declared()) -> tuple[dict[str, Figure],
+                                                                                          list[str]]:
     """The report's figures (name -> Figure) and a note for each figure left out for lack of data."""
     import matplotlib
 
@@ -99,12 +148,12 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
     notes: list[str] = []
     summary = tables["summary"]
     main = first_product(summary)
-    persons = summary[(summary["product"] == main) & summary["mean_abs_error"].notna()] \
+    headline = summary[(summary["product"] == main) & summary["mean_abs_error"].notna()] \
         if not summary.empty else summary
     levels = _levels(summary)
-    if not persons.empty:
-        shown = [lv for lv in levels if lv in set(persons["level"])]
-        mae = persons.groupby(["query", "level"], sort=False)["mean_abs_error"].mean().unstack().reindex(columns=shown)
+    if not headline.empty:
+        shown = [lv for lv in levels if lv in set(headline["level"])]
+        mae = headline.groupby(["query", "level"], sort=False)["mean_abs_error"].mean().unstack().reindex(columns=shown)
         fig, ax = plt.subplots(figsize=(7.5, 3.8), layout="constrained")
         for label, values in _merge_identical(mae):
             ax.plot(shown, values, marker="o", label=label)
@@ -113,7 +162,7 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
         ax.set_title("Error by level (mean over runs)")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
         figs["mae_by_level"] = Figure(fig, (
-            "How far each persons query is from the truth at each level, top-down (mean L1 error per geounit, log "
+            f"How far each {main} query is from the truth at each level, top-down (mean L1 error per geounit, log "
             "scale above 1; lower is better); queries with the same errors share one line, named 'a = b'."))
 
     bins = tables["errors_by_bin"]
@@ -121,7 +170,8 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
         run = bins["run"].iloc[0]
         first = bins[(bins["run"] == run) & (bins["product"] == main) & (bins["bin"] != "all")
                      & bins["q0.5"].notna()]
-        shown = [lv for lv in ("County", levels[-1]) if lv in set(first["level"])]
+        wanted = [lv for lv in ("County", levels[-1]) if lv in levels]
+        shown = [lv for lv in wanted if lv in set(first["level"])]
         if shown:
             fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.5), squeeze=False, layout="constrained")
             for ax, level in zip(axes[0], shown):
@@ -140,8 +190,8 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
                 f"TOTAL error of each geounit by its true population, run {run}: bar 25-75%, line 5-95%, dot the "
                 f"median; a box away from 0 is a bias; bins of fewer than {MIN_NODES} geounits are left out."))
         else:
-            notes.append(f"The figure of TOTAL error by true population is left out: no County or "
-                         f"{levels[-1] if levels else 'Block'} bin holds {MIN_NODES} or more geounits.")
+            notes.append(f"The figure of TOTAL error by true population is left out: no {' or '.join(wanted)} bin "
+                         f"holds {MIN_NODES} or more geounits.")
 
     blau = tables["blau"]
     blau = blau[blau["mean_signed_error"].notna()] if not blau.empty else blau
@@ -154,11 +204,13 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
         ax.axhline(0, color="grey", lw=0.5)
         ax.set_xticks(range(1, 6))
         ax.set_xlabel("Blau index quintile (1 = least diverse)")
+        diversity = declared.main.evaluation.diversity_query if declared.main is not None else None
         ax.set_ylabel("mean signed TOTAL error")
         ax.legend(fontsize=7)
         figs["blau"] = Figure(fig, (
-            "Mean signed TOTAL error by how diverse the geounits are (Blau index quintile): a line above 0 adds "
-            "people to such areas, below 0 takes them away."))
+            "Mean signed TOTAL error by how diverse the geounits are (Blau index quintile"
+            + (f" of {diversity}" if diversity else "") + "): a line above 0 adds people to such areas, below 0 "
+            "takes them away."))
 
     hom = tables["homogeneity"]
     hom = hom[hom["bias"].notna()] if not hom.empty else hom
@@ -178,7 +230,8 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
             "points above 0 gain people, below 0 lose them; a trend shows a bias tied to homogeneity (Petti & Flaxman "
             "2020, Figure 3)."))
 
-    trade = _tradeoff(tables)
+    trade = _tradeoff(tables, declared)
+    query = declared.tradeoff_query
     if trade is not None:
         level, runs, srs = trade
         fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
@@ -192,15 +245,15 @@ def draw_figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, Figure], li
                         fontsize=8, color="C3", weight="bold")
         ax.set_xlabel("empirical privacy loss (residual-based)")
         ax.set_ylabel("mean absolute error per answer")
-        ax.set_title(f"{level}, {TRADEOFF_QUERY}", fontsize=9)
+        ax.set_title(f"{level}, {query}", fontsize=9)
         ax.legend(fontsize=7)
         figs["epl_tradeoff"] = Figure(fig, (
-            f"Accuracy against empirical privacy loss at {level} ({TRADEOFF_QUERY}): each TopDown run beside simple "
-            "random samples of people at the rates labelled; lower and further left is better (the highest level "
-            "where both have an estimated EPL)."))
-    elif not tables["epl"].empty:
+            f"Accuracy against empirical privacy loss at {level} ({query}): each TopDown run beside simple "
+            f"random samples of {declared.sampled.name} at the rates labelled; lower and further left is better "
+            "(the highest level where both have an estimated EPL)."))
+    elif query is not None and not tables["epl"].empty:
         notes.append(f"The accuracy/privacy trade-off figure is left out: no level has an estimated empirical "
-                     f"privacy loss of {TRADEOFF_QUERY} both for a TopDown run and for a simple random sample "
+                     f"privacy loss of {query} both for a TopDown run and for a simple random sample "
                      "(too few residuals, or suppressed).")
     return figs, notes
 
@@ -214,9 +267,9 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _figures(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, tuple[bytes, str]], list[str]]:
+def _figures(tables: dict[str, pd.DataFrame], declared: Declared) -> tuple[dict[str, tuple[bytes, str]], list[str]]:
     """PNG bytes and caption per figure name, and the notes of figures left out."""
-    figs, notes = draw_figures(tables)
+    figs, notes = draw_figures(tables, declared)
     return {name: (_png(f.fig), f.caption) for name, f in figs.items()}, notes
 
 
@@ -360,7 +413,15 @@ def _sampling_table(sampling: pd.DataFrame, levels: list[str], level: str | None
     return table.astype({"n": int, "suppressed": bool}), level
 
 
-def _key_tables(tables: dict[str, pd.DataFrame], levels: list[str], trade_level: str | None) -> str:
+#: The entity kinds of the U.S. block assignment files (geo.baf), as the entities table's note explains them.
+BAF_ENTITIES_NOTE = ("entity_type: a kind of entity of the block assignment files (place: incorporated places and "
+                     "CDPs; mcd: county subdivisions; place_mcd: the county subdivision in a strong-MCD state, else "
+                     "the place (the targeted entity); cd: congressional districts; vtd: voting districts; aiannh: "
+                     "American Indian areas)")
+
+
+def _key_tables(tables: dict[str, pd.DataFrame], levels: list[str], trade_level: str | None,
+                declared: Declared) -> str:
     parts = []
     summary = tables["summary"]
     if not summary.empty:
@@ -394,20 +455,21 @@ def _key_tables(tables: dict[str, pd.DataFrame], levels: list[str], trade_level:
         ent = tables["entities"]
         cols = ["n", "mean_abs_error", "mean_signed_error", "n_share", "share_within_5pp",
                 *(["suppressed"] if "suppressed" in ent.columns else [])]
+        kinds = BAF_ENTITIES_NOTE if declared.us else "entity_type: a kind of entity of the --entities table"
+        share = ", ".join(dict.fromkeys(p.evaluation.share_query for p in declared.products
+                                        if p.evaluation.share_query))
         parts.append(_table(ent[ent["n"] > 0].set_index(["run", "entity_type", "bin"])[cols],
                             "Off-spine entities: TOTAL error and largest-group share within 5 points",
-                            "entity_type: a kind of entity of the block assignment files (place: incorporated "
-                            "places and CDPs; mcd: county subdivisions; place_mcd: the county subdivision in a "
-                            "strong-MCD state, else the place (the targeted entity); cd: congressional districts; "
-                            "vtd: voting districts; aiannh: American Indian areas); bin: true population of the "
-                            "entity; n_share: entities whose largest-group share is defined. Entities are counted, "
-                            "not named: the bundled block assignment files carry codes only."))
+                            f"{kinds}; bin: true population of the entity; n_share: entities whose largest-group "
+                            f"share ({share}) is defined. Entities are counted, not named"
+                            + (": the bundled block assignment files carry codes only." if declared.us else ".")))
     sampling = tables["sampling"]
     if not sampling.empty:
         table, level = _sampling_table(sampling, levels, trade_level)
+        sampled = declared.sampled.name if declared.sampled is not None else "records"
         parts.append(_table(table, f"Simple random sample baselines at {level} (mean over replicates)",
-                            "rate: share of persons sampled (counts scaled by 1 / rate); the empirical privacy loss "
-                            "is estimated as for the runs above."))
+                            f"rate: share of {sampled} sampled (counts scaled by 1 / rate); the empirical privacy "
+                            "loss is estimated as for the runs above."))
     rep = tables["replicates"]
     if not rep.empty:
         spread = rep.groupby(["product", "level", "query"], sort=False)["std_estimate"].agg(["mean", "max"])
@@ -426,17 +488,19 @@ def _figure_html(name: str, png: bytes, caption: str) -> str:
 
 def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], figures: bool = True,
                  suppressed: bool = True, extra: tuple[dict[str, tuple[bytes, str]], str] | None = None,
-                 step: Callable[[str], None] = lambda name: None) -> Path:
+                 step: Callable[[str], None] = lambda name: None, declared: Declared = Declared()) -> Path:
     """Write the PNG figures and report.html (figures embedded as data URIs, each with its caption) into
     ``out``; ``extra``: more figures (name -> PNG, caption) and HTML (the uncertainty intervals). ``step`` is
-    called with "report" once the figures are drawn (a progress bar's next step)."""
+    called with "report" once the figures are drawn (a progress bar's next step); ``declared``: the census's
+    names and studies."""
     imgs: dict[str, tuple[bytes, str]] = {}
-    notes: list[str] = []
+    notes: list[str] = declared.undeclared()
     if figures:
         try:
-            imgs, notes = _figures(tables)
+            imgs, drawn = _figures(tables, declared)
+            notes += drawn
         except ImportError:
-            notes = ["Figures need matplotlib (pip install 'census-topdown[plots]')."]
+            notes.append("Figures need matplotlib (pip install 'census-topdown[plots]').")
     imgs.update(extra[0] if extra else {})
     for name in FIGURE_NAMES:
         if name not in imgs:
@@ -451,7 +515,7 @@ def write_report(out: Path, tables: dict[str, pd.DataFrame], labels: list[str], 
     figs = "".join(_figure_html(name, png, caption) for name, (png, caption) in imgs.items())
     note = "".join(f"<p><em>{html.escape(n)}</em></p>" for n in notes)
     summary = tables["summary"]
-    trade = _tradeoff(tables)
+    trade = _tradeoff(tables, declared)
     doc = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>CONFIDENTIAL TopDown evaluation</title>
 <style>body{{font-family:sans-serif;font-size:12px;margin:1em}}
@@ -463,7 +527,7 @@ table.t{{border-collapse:collapse;font-size:11px;margin-bottom:1em}} .t td,.t th
 <h2>TopDown evaluation: {html.escape(', '.join(labels))}</h2>
 <p>Errors are protected minus true; only summaries over geounits are shown; levels run top-down. {html.escape(small)}</p>
 {note}{figs}
-{_key_tables(tables, _levels(summary), trade[0] if trade else None)}{extra[1] if extra else ""}
+{_key_tables(tables, _levels(summary), trade[0] if trade else None, declared)}{extra[1] if extra else ""}
 </body></html>
 """
     path = out / "report.html"

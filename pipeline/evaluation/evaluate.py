@@ -23,7 +23,9 @@ Writes (into ``out``)::
     *.png, report.html      figures and a one-page report
 
 Only summaries over geounits are written: a per-geounit error next to the published estimate would disclose
-the confidential count.
+the confidential count. The studies beyond each query's errors (Blau index, homogeneity, entities, sampling)
+use the queries each product declares for them (``[census.products.P.evaluation]``,
+:class:`~topdown.vocab.census.EvaluationRoles`); a product that declares none has those tables empty.
 
 No task reads a level or the truth whole: the truth is tabulated one read task at a time and,
 with each run's spine and levels, routed to groups of whole states (:mod:`.grouped`, verify's groups); one
@@ -53,32 +55,25 @@ import pyarrow.compute as pc
 from . import metrics as M
 from .eval_report import first_product
 from .metrics import MIN_NODES
-from .grouped import (SPILL_DIR, group_rows, route_entities, route_level, route_spine, route_truth, router,
-                      tabulate_task, truth_products, truth_tasks)
+from .grouped import (SPILL_DIR, block_keys, group_rows, route_entities, route_level, route_spine, route_truth,
+                      router, tabulate_task, truth_products, truth_tasks)
 from topdown.geo import one_line
-from topdown.geo.spine import PREFIX, STATE
 from topdown.vocab.queries import build_query
 from ..configuration.errors import ConfigError
 from ..execution.dataplane import find_input
-from ..execution.private_files import private_dir, seal
-from ..execution.progress import Steps, compute, reporter
-from ..execution.outdir import check, claimed
-from ..execution.rundir import RunReader, remove_tree, removed_on_failure, write_table
-from ..execution.storage import StorePath, dataset, location, read_frame, read_schema, read_table, scratch
+from ..runtime.private_files import private_dir, seal
+from ..runtime.progress import Steps, compute, reporter
+from ..runtime.outdir import check, claimed
+from ..runtime.rundir import RunReader, remove_tree, removed_on_failure, write_table
+from ..runtime.storage import StorePath, dataset, location, read_frame, read_schema, read_table, scratch
 from ..outputs.verify import _Groups, _records
-from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT, read_as_declared
+from topdown.pipeline.configuration.census import read_as_declared
 from topdown.vocab.census import Census, Product
 from ..privacy.budget import of_entry
 
 log = logging.getLogger("topdown")
 
-#: Blau index cells: hispanic x majorRaces, 14 cells (DAS-2020 accuracy_metrics.py).
-BLAU_QUERY = "hispanic * majorRaces"
-#: Largest-group share query for off-spine entities (DAS-2020 accuracy_metrics.py, "L1 relative").
-SHARE_QUERY = "hispanic * cenrace_7lev_two_comb"
 SAMPLING_RATES: tuple[float, ...] = (0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
-#: Petti & Flaxman's total count (TC) and age/race/ethnicity stratified count (SC).
-SAMPLING_QUERIES: tuple[str, ...] = ("total", "votingage * hispanic * cenrace")
 #: The default output folder's name: the first run's followed by this, beside it.
 CONFIDENTIAL_SUFFIX = "-evaluation-CONFIDENTIAL"
 #: Columns that identify a row (never suppressed).
@@ -100,7 +95,7 @@ class EvalOptions:
     sampling_rates: tuple[float, ...] = SAMPLING_RATES
     sampling_replicates: int = 1
     sampling_seed: int = 0
-    sampling_queries: tuple[str, ...] = SAMPLING_QUERIES
+    sampling_queries: tuple[str, ...] | None = None  # default: the sampled product's declared sample_queries
     replicate_queries: tuple[str, ...] = ("total",)
     entity_bins: tuple[int, ...] = M.ENTITY_BINS
     epl_factor: float = 0.1
@@ -328,9 +323,10 @@ def _names(nodes: pd.Index) -> np.ndarray:
 
 
 def _level_part(spec: Product, true: M.SparseHist, est: M.SparseHist, nodes: pd.Index, queries: Sequence[str],
-                edges: Sequence[int] | None, person_metrics: bool, replicate: set[str], rate: float = 1.0) -> LevelPart:
+                edges: Sequence[int] | None, replicate: set[str], rate: float = 1.0) -> LevelPart:
     """The metrics of one level at the geounits ``nodes`` (``true``, ``est`` their histograms); ``edges``: the
-    TOTAL's bins (None: no per-geounit metrics, as for the sampling baselines)."""
+    TOTAL's bins (None: no per-geounit metrics, as for the sampling baselines); the Blau and homogeneity
+    studies as ``spec`` declares them."""
     part = LevelPart({})
     err = true_total = None
     for name in queries:
@@ -346,12 +342,14 @@ def _level_part(spec: Product, true: M.SparseHist, est: M.SparseHist, nodes: pd.
     if edges is None:
         return part
     part.bins = M.bin_stats(true_total, err, edges)
-    if person_metrics:
-        blau_query = build_query(PERSONS, BLAU_QUERY)
+    roles = spec.evaluation
+    if roles.diversity_query:
+        blau_query = build_query(spec.schema, roles.diversity_query)
         blau = M.blau_index(M.query_errors(true, true, blau_query, true.n_units * blau_query.n_answers).true)
         kept = ~np.isnan(blau)
         part.blau = (_names(nodes)[kept], blau[kept], err[kept])
-        part.homogeneity = M.homogeneity_stats(M.homogeneity_index(M.nonzero_cells(true), PERSONS.ncells), err)
+    if roles.homogeneity:
+        part.homogeneity = M.homogeneity_stats(M.homogeneity_index(M.nonzero_cells(true), spec.schema.ncells), err)
     return part
 
 
@@ -365,6 +363,7 @@ def _merge_levels(parts: list[LevelPart]) -> LevelPart:
         names, blau, err = (np.concatenate([p.blau[i] for p in parts]) for i in range(3))
         order = np.argsort(names, kind="stable")  # the level's node order (nodes are numbered in sorted order)
         out.blau = (names[order], blau[order], err[order])
+    if parts[0].homogeneity is not None:
         keys = sorted({k for p in parts for k in p.homogeneity})
         out.homogeneity = {k: M.ErrorStats.merge([p.homogeneity[k] for p in parts if k in p.homogeneity])
                            for k in keys}
@@ -375,22 +374,25 @@ def _merge_levels(parts: list[LevelPart]) -> LevelPart:
 
 @dataclass
 class RunPlan:
-    """What a group's task evaluates of one run: its label, seed, spine levels and per product the queries,
-    whether the P.L. 94-171 person metrics apply and the replicate queries kept (dense arrays small enough)."""
+    """What a group's task evaluates of one run: its label, seed, spine levels and per product the queries
+    and the replicate queries kept (dense arrays small enough)."""
 
     label: str
     seed: Any
     levels: list[str]
-    products: dict[str, tuple[Product, list[str], bool, dict[str, set[str]]]]
+    products: dict[str, tuple[Product, list[str], dict[str, set[str]]]]
     root_nodes: pd.Index  # the root level's nodes (read whole)
 
 
 @dataclass
 class SamplePlan:
-    """The simple random samples: per (rate, replicate) the persons drawn from each state (key of the groups)."""
+    """The simple random samples of ``product``'s records: per (rate, replicate) the records drawn from each key
+    of the groups (:func:`.grouped.block_keys`: a state on the U.S. spine), and the ``queries`` compared."""
 
+    product: Product
+    queries: tuple[str, ...]
     draws: dict[tuple[float, int], np.ndarray]
-    keys: np.ndarray
+    groups: _Groups  # a router (.grouped.router): each block's key
     seed: int
 
 
@@ -411,10 +413,10 @@ def _root_rows(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, root: 
             .groupby(["unit", "cell"], as_index=False)["count"].sum())
 
 
-def _sample(blocks: pd.DataFrame, keys: np.ndarray, draws: np.ndarray, seed: tuple[int, ...]) -> np.ndarray:
-    """Persons drawn without replacement from each state's block histograms (``draws[k]`` of state ``keys[k]``):
-    the sampled count of each row. A state's draw depends on the seed and the state only, not on its group."""
-    state = np.searchsorted(keys, blocks["geocode"].str[:PREFIX[STATE]].to_numpy().astype(str))
+def _sample(blocks: pd.DataFrame, state: np.ndarray, draws: np.ndarray, seed: tuple[int, ...]) -> np.ndarray:
+    """Records drawn without replacement from each key's block histograms (``draws[k]`` of key k, ``state`` each
+    row's key number: :func:`.grouped.block_keys`, a state on the U.S. spine): the sampled count of each row. A
+    key's draw depends on the seed and the key only, not on its group."""
     counts = blocks["count"].to_numpy(np.int64)
     out = np.zeros(len(blocks), np.int64)
     for k in np.unique(state):
@@ -436,7 +438,7 @@ def evaluate_group(g: int, tmp: Path, runs: list[tuple[Path, RunPlan]], sampling
         top, below = plan.levels[0], plan.levels[1:]
         nodes = {level: _group_nodes(spine, level) for level in below}
         root_codes = plan.root_nodes.get_indexer(spine[top])
-        for product, (spec, queries, person_metrics, replicate) in plan.products.items():
+        for product, (spec, queries, replicate) in plan.products.items():
             if product not in truth:
                 truth[product] = _group_truth(tmp, product, g)
             blocks = truth[product]
@@ -449,20 +451,22 @@ def evaluate_group(g: int, tmp: Path, runs: list[tuple[Path, RunPlan]], sampling
                 true = _rolled_up(blocks, geoids, codes, len(names), root)
                 edges = M.BLOCK_BINS if level == plan.levels[-1] else M.COUNTY_BINS
                 out["runs"][(i, product, level)] = _level_part(spec, true, est, names, queries, edges,
-                                                             person_metrics, replicate[level])
-                if level == plan.levels[-1] and person_metrics and entity_kinds:
-                    out["entities"][i] = _entity_sums(tmp, g, blocks, spine, level, est, entity_kinds, root)
+                                                             replicate[level])
+                if level == plan.levels[-1] and spec.evaluation.share_query and entity_kinds:
+                    out["entities"][(i, product)] = _entity_sums(tmp, g, blocks, spine, level, est, entity_kinds,
+                                                                 root, spec)
         if i == 0 and sampling is not None:
-            blocks = truth[PERSONS.name]
+            blocks = truth[sampling.product.name]
+            state = block_keys(sampling.groups, blocks["geocode"])
             for (rate, rep), draws in sampling.draws.items():
-                sampled = blocks.assign(count=_sample(blocks, sampling.keys, draws,
+                sampled = blocks.assign(count=_sample(blocks, state, draws,
                                                       (sampling.seed, int(round(rate * 10000)), rep)))
                 out["srs_root"][(rate, rep)] = _root_rows(sampled, geoids, root_codes, root)
                 for level in below:
                     names, codes = nodes[level]
                     true, est = (_rolled_up(b, geoids, codes, len(names), root) for b in (blocks, sampled))
-                    out["srs"][(rate, rep, level)] = _level_part(PERSONS_PRODUCT, true, est, names,
-                                                                 opts.sampling_queries, None, False, set(), rate)
+                    out["srs"][(rate, rep, level)] = _level_part(sampling.product, true, est, names,
+                                                                 sampling.queries, None, set(), rate)
     return out
 
 
@@ -477,14 +481,16 @@ def _group_estimates(rows: pd.DataFrame, nodes: pd.Index, level: str, path: Path
                         len(nodes))
 
 
-#: The off-spine entity queries: TOTAL and the largest-group share's.
-ENTITY_QUERIES = ("total", SHARE_QUERY)
+def _entity_queries(spec: Product) -> tuple[str, str]:
+    """The off-spine entity queries of ``spec``: TOTAL and its declared largest-group share query."""
+    return "total", spec.evaluation.share_query
 
 
 def _entity_sums(tmp: Path, g: int, blocks: pd.DataFrame, spine: pd.DataFrame, leaf: str, est: M.SparseHist,
-                 kinds: int, root: Path) -> dict:
-    """Per entity kind and query, the group's sparse answer sums (keys entity x answer) of the truth and of the
-    estimates (exact integer sums: the groups' add up to the entities' whole)."""
+                 kinds: int, root: Path, spec: Product) -> dict:
+    """Per entity kind and query of ``spec`` (:func:`_entity_queries`), the group's sparse answer sums (keys
+    entity x answer) of the truth and of the estimates (exact integer sums: the groups' add up to the
+    entities' whole)."""
     leaf_nodes, leaf_codes = _group_nodes(spine, leaf)
     if len(leaf_nodes) != len(spine):
         raise EvaluationError(f"{root / 'spine.parquet'}: {leaf} nodes are not one per block GEOID")
@@ -501,19 +507,21 @@ def _entity_sums(tmp: Path, g: int, blocks: pd.DataFrame, spine: pd.DataFrame, l
         true = M.SparseHist(entity[t_rows[t_sel]], blocks["cell"].to_numpy(np.int64)[t_sel],
                             blocks["count"].to_numpy(np.int64)[t_sel], 0)
         esth = M.SparseHist(entity[e_rows[e_sel]], est.cell[e_sel], est.count[e_sel], 0)
-        out[kind] = {name: (M.answer_totals(true, build_query(PERSONS, name)),
-                            M.answer_totals(esth, build_query(PERSONS, name))) for name in ENTITY_QUERIES}
+        out[kind] = {name: (M.answer_totals(true, build_query(spec.schema, name)),
+                            M.answer_totals(esth, build_query(spec.schema, name))) for name in _entity_queries(spec)}
     return out
 
 
-def _entity_tables(label: str, seed: Any, parts: list[dict], kinds: list[tuple[str, int]], opts: EvalOptions
-                   ) -> list[pd.DataFrame]:
-    """The entity metrics of one run from its groups' answer sums (``kinds``: name and number of entities)."""
+def _entity_tables(label: str, seed: Any, spec: Product, parts: list[dict], kinds: list[tuple[str, int]],
+                   opts: EvalOptions) -> list[pd.DataFrame]:
+    """The entity metrics of one run and product from its groups' answer sums (``kinds``: name and number of
+    entities)."""
     frames = []
+    total, share = _entity_queries(spec)
     for k, (kind, n) in enumerate(kinds):
         dense = {}
-        for name in ENTITY_QUERIES:
-            a = build_query(PERSONS, name).n_answers
+        for name in (total, share):
+            a = build_query(spec.schema, name).n_answers
             pair = []
             for side in (0, 1):
                 keys = np.concatenate([p[k][name][side][0] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -522,7 +530,7 @@ def _entity_tables(label: str, seed: Any, parts: list[dict], kinds: list[tuple[s
                 np.add.at(values, keys, sums)
                 pair.append(values.reshape(n, a))
             dense[name] = pair
-        (tt, te), (st, se) = dense["total"], dense[SHARE_QUERY]
+        (tt, te), (st, se) = dense[total], dense[share]
         frame = M.entity_metrics(tt[:, 0], (te - tt)[:, 0], M.largest_share_error(se, st), opts.entity_bins)
         frames.append(frame.assign(run=label, seed=None if seed is None else str(seed), entity_type=kind,
                                    query="total"))
@@ -540,6 +548,7 @@ def _level_rows(label: str, seed: Any, spec: Product, level: str, part: LevelPar
     out["errors_by_bin"].append(M.bin_rows(part.bins, edges).assign(**_key(label, seed, product, level, query="total")))
     if part.blau is not None:
         out["blau"].append(M.blau_quintile_errors(part.blau[1], part.blau[2]).assign(**_key(label, seed, product, level)))
+    if part.homogeneity is not None:
         out["homogeneity"].append(M.homogeneity_rows(part.homogeneity).assign(**_key(label, seed, product, level)))
 
 
@@ -561,6 +570,13 @@ def _sum_rows(frames: list[pd.DataFrame], n: int) -> M.SparseHist:
                         rows["count"].to_numpy(np.int64), n)
 
 
+def _sample_queries(spec: Product, opts: EvalOptions) -> tuple[str, ...]:
+    """The queries compared with simple random samples of ``spec``'s records: its declared ``sample_queries``
+    (``opts.sampling_queries`` instead, when given, for a product that declares some); none: not sampled."""
+    declared = spec.evaluation.sample_queries
+    return declared if not declared or opts.sampling_queries is None else tuple(opts.sampling_queries)
+
+
 def _plan(head: RunHead, groups: _Groups, truth_names: set[str], n_runs: int, opts: EvalOptions) -> RunPlan:
     """What is evaluated of one run (:class:`RunPlan`); ``groups`` its spine's groups."""
     products = {}
@@ -568,21 +584,21 @@ def _plan(head: RunHead, groups: _Groups, truth_names: set[str], n_runs: int, op
     for spec in head.census.products:  # the truth is tabulated as the run's census's products
         if spec.name not in head.manifest.products or spec.name not in truth_names:
             continue
-        person_metrics = spec == PERSONS_PRODUCT  # metrics defined on P.L. 94-171 person records (metrics.py)
-        extra = opts.sampling_queries if person_metrics else ()
+        extra = _sample_queries(spec, opts)
         asked = opts.queries.get(spec.name, spec.evaluation_queries)
         queries = list(dict.fromkeys(["total", *asked, *extra, *opts.replicate_queries]))
         replicate = {level: {q for q in opts.replicate_queries if q in queries and n_runs > 1
                              and sizes[level] * build_query(spec.schema, q).n_answers <= opts.dense_limit}
                      for level in head.levels}
-        products[spec.name] = (spec, queries, person_metrics, replicate)
+        products[spec.name] = (spec, queries, replicate)
     root = groups.spine.column(head.levels[0]).cast(pa.large_string())
     return RunPlan(head.label, head.seed, head.levels, products, pd.Index(sorted(pc.unique(root).to_pylist())))
 
 
 def _evaluate_grouped(heads: list[RunHead], truth: Path, entities: pd.DataFrame | None, tmp: Path, client,
-                      opts: EvalOptions) -> tuple[dict[str, pd.DataFrame], list[dict]]:
-    """Every table of the evaluation, computed one group of states at a time (module :mod:`.grouped`)."""
+                      opts: EvalOptions) -> tuple[dict[str, pd.DataFrame], list[dict], tuple[Product, ...]]:
+    """Every table of the evaluation, computed one group of states at a time (module :mod:`.grouped`); and the
+    first run's products evaluated, in order."""
     import dask
 
     first = heads[0]
@@ -623,8 +639,9 @@ def _evaluate_grouped(heads: list[RunHead], truth: Path, entities: pd.DataFrame 
               for k, (path, rgs, prods) in enumerate(truth_tasks(files, census))]
     totals = compute(routed, client, "tabulate the truth by group of states")
     sampling = None
-    if census is None and PERSONS.name in plans[0].products:  # SRS samples P.L. 94-171 persons
-        per_key = np.sum([t[PERSONS.name] for t in totals if PERSONS.name in t], axis=0).astype(np.int64)
+    sampled = next((spec for spec, _, _ in plans[0].products.values() if _sample_queries(spec, opts)), None)
+    if sampled is not None:  # the first product declaring sample queries
+        per_key = np.sum([t[sampled.name] for t in totals if sampled.name in t], axis=0).astype(np.int64)
         draws = {}
         for rate in opts.sampling_rates:
             if not 0 < rate <= 1:
@@ -633,11 +650,12 @@ def _evaluate_grouped(heads: list[RunHead], truth: Path, entities: pd.DataFrame 
             for rep in range(opts.sampling_replicates):
                 rng = np.random.default_rng((opts.sampling_seed, int(round(rate * 10000)), rep))
                 draws[(rate, rep)] = rng.multivariate_hypergeometric(per_key, size, method="marginals")
-        sampling = SamplePlan(draws, groups0.runs["key"][0], opts.sampling_seed)
+        sampling = SamplePlan(sampled, _sample_queries(sampled, opts), draws, groups0, opts.sampling_seed)
     tasks = [dask.delayed(evaluate_group)(g, tmp, list(zip([h.root for h in heads], plans)), sampling, len(kinds), opts)
              for g in range(groups0.count)]
     parts = compute(tasks, client, "evaluate groups of states")
-    return _merged_tables(heads, plans, parts, sampling, kinds, opts)
+    return (*_merged_tables(heads, plans, parts, sampling, kinds, opts),
+            tuple(spec for spec, _, _ in plans[0].products.values()))
 
 
 def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict], sampling: SamplePlan | None,
@@ -651,35 +669,35 @@ def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict]
     for i, (head, plan) in enumerate(zip(heads, plans)):
         replicates: dict[tuple[str, str, str], pd.Series] = {}
         top = plan.levels[0]
-        for product, (spec, queries, person_metrics, replicate) in plan.products.items():
+        for product, (spec, queries, replicate) in plan.products.items():
             eps = head.theoretical_epsilon(product)
             for level in plan.levels:
                 edges = M.BLOCK_BINS if level == plan.levels[-1] else M.COUNTY_BINS
                 if level == top:
                     true = _sum_rows([p["root_truth"][(i, product)] for p in parts], len(plan.root_nodes))
                     est = read_estimates(head.reader.histograms(product, top), top, plan.root_nodes)
-                    part = _level_part(spec, true, est, plan.root_nodes, queries, edges, person_metrics,
-                                       replicate[top])
+                    part = _level_part(spec, true, est, plan.root_nodes, queries, edges, replicate[top])
                 else:
                     part = _merge_levels([p["runs"][(i, product, level)] for p in parts])
                 _level_rows(plan.label, plan.seed, spec, level, part, edges, eps, opts, out)
                 replicates.update({(product, level, name): s for name, s in part.replicates.items()})
                 progress.check()
                 bar.update(1)
-            if person_metrics and kinds:
-                out["entities"] += _entity_tables(plan.label, plan.seed, [p["entities"][i] for p in parts], kinds, opts)
+            if spec.evaluation.share_query and kinds:
+                out["entities"] += _entity_tables(plan.label, plan.seed, spec, [p["entities"][(i, product)]
+                                                                                for p in parts], kinds, opts)
         run_results.append({"replicates": replicates, "label": plan.label})
     tables = {k: _frame(v) for k, v in out.items()}
     rows = []
     if sampling is not None:
         plan = plans[0]
-        true_root = _sum_rows([p["root_truth"][(0, PERSONS.name)] for p in parts], len(plan.root_nodes))
+        true_root = _sum_rows([p["root_truth"][(0, sampling.product.name)] for p in parts], len(plan.root_nodes))
         for (rate, rep) in sampling.draws:
             for level in plan.levels:
                 if level == plan.levels[0]:
                     est = _sum_rows([p["srs_root"][(rate, rep)] for p in parts], len(plan.root_nodes))
-                    part = _level_part(PERSONS_PRODUCT, true_root, est, plan.root_nodes, opts.sampling_queries, None,
-                                       False, set(), rate)
+                    part = _level_part(sampling.product, true_root, est, plan.root_nodes, sampling.queries, None,
+                                       set(), rate)
                 else:
                     part = _merge_levels([p["srs"][(rate, rep, level)] for p in parts])
                 for name, rs in part.queries.items():
@@ -786,14 +804,15 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
         spine = read_table(heads[0].reader.spine_path, columns=["geoid"]).column("geoid")
         ent = entities_on_spine(load_entities(Path(entities)), pd.Index(spine.to_pandas(types_mapper=pd.ArrowDtype)),
                                 Path(entities))
-    from .eval_report import write_report
+    from .eval_report import Declared, write_report
 
     # computed from the true counts: the user's alone, private (docs/reference/output-layout.md); a new folder:
     # complete or absent
     with claimed(out, "evaluate") as claim, removed_on_failure(out) if not claim.earlier else nullcontext():
         tmp = scratch(out, SPILL_DIR)
         try:
-            tables, run_results = _evaluate_grouped(heads, location(truth), ent, private_dir(tmp), client, opts)
+            tables, run_results, evaluated = _evaluate_grouped(heads, location(truth), ent, private_dir(tmp), client,
+                                                               opts)
         finally:
             remove_tree(tmp)
         steps = Steps("write the evaluation", 2 + bool(opts.figures) + (opts.uncertainty is not None))
@@ -811,8 +830,9 @@ def evaluate(run_dirs: list[Path], truth: Path, entities: Path | None = None, ou
             steps.start("intervals")
             extra = _intervals(runs[0], truth, entities, opts, out)
         steps.start("figures" if opts.figures else "report")
+        census = heads[0].census
         write_report(out, tables, labels, figures=opts.figures, suppressed=opts.suppress, extra=extra,
-                     step=steps.start)
+                     step=steps.start, declared=Declared(census.name, evaluated, census.hierarchy.us))
         steps.close()
     return seal(out)
 

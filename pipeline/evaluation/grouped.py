@@ -23,11 +23,11 @@ import pandas as pd
 import pyarrow as pa
 
 from topdown.geo.spine import PREFIX, STATE
-from topdown.pipeline.configuration.census import PL94, read_as_declared
+from topdown.pipeline.configuration.census import default_census, read_as_declared
 from topdown.vocab.census import Census, Product
 
 from ..execution.dataplane import InputFiles, read_tasks
-from ..execution.storage import StorePath, location, parquet_file, read_table, write_parquet
+from ..runtime.storage import StorePath, location, parquet_file, read_table, write_parquet
 from ..inputs.tabulate import sparse_counts, tabulate
 from ..inputs.validate import check_records
 from ..outputs.verify import _Groups, _route
@@ -37,10 +37,24 @@ SPILL_DIR = ".groups-tmp"
 
 
 def router(groups: _Groups) -> _Groups:
-    """``groups`` without its spine: what routing a code needs (small enough to send to every task)."""
+    """``groups`` without its spine: what routing a code needs (small enough to send to every task), and for a
+    hierarchy other than the U.S. each block's key number (:func:`block_keys`)."""
     light = copy.copy(groups)
-    light.spine, light.row_group = None, None
+    light.block_key = None if groups.us else pd.Series(
+        groups.row_key, index=pd.Index(np.asarray(groups.spine.column("geoid").to_numpy(zero_copy_only=False), str)))
+    light.spine, light.row_group, light.row_key = None, None, None
     return light
+
+
+def block_keys(groups: _Groups, geocodes: pd.Series) -> np.ndarray:
+    """The key number of each block (an index into ``groups.runs["key"]``: its state on a U.S. spine, else its
+    node of the first level below the root) of a :func:`router`; a block not on the spine gets some key."""
+    keys = groups.runs["key"][0]
+    if groups.us:
+        key = np.searchsorted(keys, geocodes.str[:PREFIX[STATE]].to_numpy().astype(str))
+    else:
+        key = groups.block_key.reindex(geocodes.astype(str)).fillna(0).to_numpy()
+    return np.minimum(key, max(len(keys) - 1, 0)).astype(np.int64)
 
 
 def write_rows(frame: pd.DataFrame | pa.Table, group: np.ndarray, folder: Path | StorePath, part: str) -> None:
@@ -60,10 +74,11 @@ def group_rows(folder: Path, g: int, columns: dict[str, str]) -> pd.DataFrame:
 
 
 def truth_products(census: Census | None) -> list[Product]:
-    """The products whose truth is tabulated: P.L. 94-171's (persons and units), or a declared census's that
-    count its person records (a product counting the unit records is not evaluated from a declared truth yet)."""
+    """The products whose truth is tabulated: the default census's, read by the U.S. readers (None, or a census
+    not read as declared), or a declared census's that count its person records (a product counting the unit
+    records is not evaluated from a declared truth yet)."""
     if census is None or not read_as_declared(census):
-        return list(PL94.products)
+        return list(default_census().products)
     return [p for p in census.products if census.units is None or p.records.name != census.units.name]
 
 
@@ -95,18 +110,14 @@ def tabulate_task(path: str, row_groups: list[int], product: Product, census: Ce
 def route_truth(path: str, row_groups: list[int], products: list[Product], census: Census | None, groups: _Groups,
                 folder: Path, part: int) -> dict[str, np.ndarray]:
     """Tabulate one read task's records into block histograms of each of ``products`` and route them to their
-    groups (``folder/<product>/``); returns each product's count per key of ``groups`` (per state; P.L. 94-171)."""
-    declared = census is not None and read_as_declared(census)
+    groups (``folder/<product>/``); returns each product's count per key of ``groups`` (:func:`block_keys`)."""
     keys = groups.runs["key"][0]
     totals = {}
     for product in products:
         hist = tabulate_task(path, row_groups, product, census)
         geocode = pa.array(hist["geocode"].to_numpy(), pa.large_string())
         write_rows(hist, groups.route("geoid", geocode), folder / product.name, str(part))
-        if declared:  # the sampling baselines are P.L. 94-171's: no totals per state needed
-            continue
-        key = np.searchsorted(keys, hist["geocode"].str[:PREFIX[STATE]].to_numpy().astype(str)) if len(keys) else []
-        totals[product.name] = np.bincount(np.minimum(key, max(len(keys) - 1, 0)), weights=hist["count"].to_numpy(),
+        totals[product.name] = np.bincount(block_keys(groups, hist["geocode"]), weights=hist["count"].to_numpy(),
                                            minlength=len(keys)).astype(np.int64)
     return totals
 

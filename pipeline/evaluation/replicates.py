@@ -19,19 +19,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from topdown.pipeline.configuration.census import PERSONS, UNITS, read_as_declared
+from topdown.pipeline.configuration.census import read_as_declared
 from topdown.vocab.census import GENERIC_MDF, Census
 
 from ..configuration.config import Config
 
-from ..execution.progress import Reporter, reporter, reporting, track
-from ..outputs.mdf import generic_levels
-from ..execution.outdir import claimed
-from ..execution.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
-from ..execution.storage import StorePath, location, read_table
+from ..runtime.progress import Reporter, reporter, reporting, track
+from ..outputs.mdf import (PERSON_RECORD_COLUMNS, UNIT_RECORD_COLUMNS, generic_levels, housing_unit_records,
+                           person_records)
+from ..runtime.outdir import claimed
+from ..runtime.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
+from ..runtime.storage import StorePath, location, read_table
 
 log = logging.getLogger("topdown")
 
@@ -49,22 +48,22 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     census = reader.census()
     if read_as_declared(census):
         return _declared_input(reader, census, out)
-    # Converted in Arrow, column by column: the MDF's strings as Python objects would be most of the peak.
-    persons = read_table(reader.mdf(PERSONS.name), columns=[*MDF_GEOID, "GQTYPE_PL", "VOTING_AGE", "CENHISP",
-                                                               "CENRACE"])
-    pframe = pa.table({"geoid": _geoid(persons), "hhgq": pc.cast(persons["GQTYPE_PL"], pa.int64()),
-                       "votingage": _is(persons["VOTING_AGE"], "2"), "hispanic": _is(persons["CENHISP"], "2"),
-                       "cenrace": pc.subtract(pc.cast(persons["CENRACE"], pa.int64()), 1)}).to_pandas()
-    del persons
-    inv = reader.table(reader.invariants(PERSONS.name))
+    # The U.S. layouts: persons from the product whose MDF is "pl94_persons", housing units from the "pl94_units"
+    # one, when the run has it. Converted in Arrow: the MDF's strings as Python objects would be most of the peak.
+    products = reader.products()
+    persons_product = next((p for p in products if p.mdf == "pl94_persons"), None)
+    if persons_product is None:
+        raise RunDirError(f"{reader.root}: replicates rebuild the person records from a product of MDF layout "
+                          "pl94_persons; the run has none")
+    pframe = person_records(read_table(reader.mdf(persons_product.name), columns=list(PERSON_RECORD_COLUMNS))
+                            ).to_pandas()
+    inv = reader.table(reader.invariants(persons_product.name))
     spine = reader.spine_table()
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
     geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
-    if reader.mdf(UNITS.name).exists():  # housing units with their published occupancy
-        units = read_table(reader.mdf(UNITS.name), columns=[*MDF_GEOID, "RTYPE", "HH_STATUS"])
-        hu = units.filter(pc.equal(units["RTYPE"], "2"))
-        frames = [pd.DataFrame({"geoid": _geoid(hu).to_numpy(zero_copy_only=False), "unit_type": 0,
-                                "occupied": pc.equal(hu["HH_STATUS"], "1").to_numpy(zero_copy_only=False)})]
+    units_product = next((p for p in products if p.mdf == "pl94_units"), None)
+    if units_product is not None and reader.mdf(units_product.name).exists():  # housing units, published occupancy
+        frames = [housing_unit_records(read_table(reader.mdf(units_product.name), columns=list(UNIT_RECORD_COLUMNS)))]
     else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
         frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
                                 "occupied": True})]
@@ -77,18 +76,6 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     write_table(pframe, out / "persons.parquet")
     write_table(pd.concat(frames, ignore_index=True).astype({"unit_type": np.int64}), out / "units.parquet")
     return out
-
-
-#: The MDF columns whose concatenation is a block's GEOID.
-MDF_GEOID = ("TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK")
-
-
-def _geoid(mdf: pa.Table) -> pa.ChunkedArray:
-    return pc.binary_join_element_wise(*(mdf[c] for c in MDF_GEOID), "")
-
-
-def _is(column: pa.ChunkedArray, value: str) -> pa.ChunkedArray:
-    return pc.cast(pc.equal(column, value), pa.int64())
 
 
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,

@@ -41,14 +41,14 @@ from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, e
 from topdown.geo.spine import Spine
 from topdown.vocab.queries import build_query
 from ..configuration.config import Config
-from ..execution.invariants import configured_below
+from ..inputs.invariants import configured_below
 from ..execution.levels import level_constraints, published_units
 from ..execution.memory import release_memory
 from ..execution.nmf import nmf_invariants
-from ..execution.outdir import MARKER_KEY, claimed_file
-from ..execution.rundir import RunDirError, RunReader, remove_tree, removed_on_failure, write_table, writing
-from ..execution.storage import StorePath, location, parquet_file, parquet_writer, read_table, scratch
-from ..execution.progress import gather, track
+from ..runtime.outdir import MARKER_KEY, claimed_file
+from ..runtime.rundir import RunDirError, RunReader, remove_tree, removed_on_failure, write_table, writing
+from ..runtime.storage import StorePath, location, parquet_file, parquet_writer, read_table, scratch
+from ..runtime.progress import gather, track
 from .amc import SCHEMA, codes, published_and_amc, replicate_dirs
 from .calibrated import calibrated_parts, second_generation
 from .evaluate import entities_on_spine, load_entities

@@ -1,1 +1,2 @@
-"""The run: levels and invariants, chunked per-parent tasks on Dask, the run directory, resume, batches, reprocessing and the noisy measurement file; progress bars and jobs started without blocking."""
+"""The run: preflight checks, levels, measurement sources, chunked per-parent tasks on Dask, resume, batches,
+reprocessing and the noisy measurement file; jobs started without blocking."""

@@ -55,11 +55,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..configuration.config import ConfigError, _format_validation_error, read_toml
 from .cluster import credential_flags, tls_security
-from .outdir import MARKER_KEY, claimed, claimed_file
-from .progress import reporter
+from ..runtime.outdir import MARKER_KEY, claimed, claimed_file
+from ..runtime.progress import reporter
 from ..configuration.limits import unsafe_name
-from .rundir import Locked, RunDir, write_json_atomic
-from .storage import StorePath, is_url, location
+from ..runtime.rundir import Locked, RunDir, write_json_atomic
+from ..runtime.storage import StorePath, is_url, location
 from .signals import Interrupted, signals_interrupt
 
 log = logging.getLogger("topdown")

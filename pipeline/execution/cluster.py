@@ -23,7 +23,7 @@ from distributed import Security
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..configuration.config import ConfigError
-from .private_files import private_dir, private_file
+from ..runtime.private_files import private_dir, private_file
 
 #: Address schemes that reach a scheduler in another process (distributed also has ``inproc``, which
 #: cannot); the TLS ones need credentials.

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from .invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
+from ..inputs.invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
 from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_factorize
 from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
 from topdown.vocab.queries import build_query
@@ -47,14 +47,15 @@ from topdown.vocab.queries import build_query
 from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, holding, levels_from_units,
                      node_answers, total_is_invariant)
 from .memory import release_memory
-from .rundir import sha256_file, write_frames, write_json_atomic, write_table
-from .storage import location, parquet_file, read_table
+from ..runtime.rundir import sha256_file, write_frames, write_json_atomic, write_table
+from ..runtime.storage import location, parquet_file, read_table
 from topdown.pipeline.configuration.census import PERSONS
+from ..configuration.errors import InputError
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
 from topdown.vocab.problem import SparseHist
-from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, InputError, block_problem, check_persons, check_records,
+from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, block_problem, check_persons, check_records,
                                check_units, nesting_error, raise_block_problem)
 
 #: Input records per read task (whole row groups; a bigger row group is a task alone).

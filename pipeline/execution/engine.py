@@ -24,11 +24,11 @@ from topdown.vocab.problem import GroupTotal, SparseHist
 
 from ..configuration.config import Config
 from .levels import Level, Shares, holding, node_names
-from .progress import reporter
-from .rundir import RunDir, RunDirError, changed_files, sha256_file, write_table
-from .storage import location, read_table
+from ..runtime.progress import reporter
+from ..runtime.rundir import RunDir, RunDirError, changed_files, level_digests, sha256_file, write_table
+from ..runtime.storage import location, read_table
 from topdown.vocab.census import Product
-from ..configuration.sources import DRAW, MeasurementSource
+from .sources import DRAW, MeasurementSource
 from .dataplane import hist_table, run_part_chunks
 from .tasks import Chunk, ChunkResult, ParentTask, batch_chunks, shared_values, windowed
 
@@ -375,12 +375,6 @@ def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.
     hdir = rundir.histograms(product, level.name)
     write_table(hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
     rundir.commit(hdir)
-
-
-def level_digests(rundir: RunDir, product: str, level: str) -> dict[str, str]:
-    """SHA-256 of every file of a committed level (measurements and histograms), by path in the run directory."""
-    dirs = (rundir.measurements(product, level), rundir.histograms(product, level))
-    return {str(f.relative_to(rundir.root)): sha256_file(f) for d in dirs for f in sorted(d.rglob("*")) if f.is_file()}
 
 
 def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, str] | None) -> str | None:

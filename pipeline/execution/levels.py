@@ -18,8 +18,8 @@ import scipy.sparse as sp
 from topdown.geo.spine import PREFIX, STATE, Spine, is_sorted, sorted_factorize
 
 from ..configuration.config import ConfigError, ProductConfig
-from .invariants import (UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, MatchedCounts, check_feasible,
-                         configured_below, level_rhs, total_invariants)
+from ..inputs.invariants import (UNIT_COLUMNS, WHOLE_STATE, InvariantError, LevelConstraints, MatchedCounts, check_feasible,
+                                 configured_below, level_rhs, total_invariants)
 from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 

@@ -79,13 +79,13 @@ from topdown.vocab.census import Product
 from topdown.vocab.queries import CROSS, _axis_factor, build_query, canonical_name
 from topdown.vocab.schema import Schema
 
-from ..inputs.validate import InputError
-from .invariants import UNIT_COLUMNS, WHOLE_STATE
+from ..configuration.errors import InputError
+from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE
 from .levels import level_constraints, published_units
-from .progress import track
-from .outdir import claimed
-from .rundir import MEASURED, RunReader, write_json_atomic, write_table
-from .storage import location, read_frame, read_schema, read_table
+from ..runtime.progress import track
+from ..runtime.outdir import claimed
+from ..runtime.rundir import MEASURED, RunReader, write_json_atomic, write_table
+from ..runtime.storage import location, read_frame, read_schema, read_table
 
 FORMAT = "topdown-nmf/2"
 #: The parts of a level folder: the Bureau's two, and ours (the declared invariants; the Bureau's reader
@@ -501,13 +501,10 @@ def derived_invariants(nmf: NoisyMeasurementFile, product: Product, spine: Spine
 
 
 def _bureau_meta(config, spine: Spine) -> dict:
-    from ..privacy.budget import KINDS
-
     products = {}
     for spec in config.run_products:
         budget = config.product(spec.name).budget
-        mechanism = next(k for k, cls in KINDS.items() if isinstance(budget.total, cls))
-        products[spec.name] = {"mechanism": mechanism, "rho": None, "schema": [list(d) for d in spec.schema.dims],
+        products[spec.name] = {"mechanism": budget.mechanism, "rho": None, "schema": [list(d) for d in spec.schema.dims],
                                "queries": {lv: list(budget.queries.get(lv, {})) for lv in spine.levels}}
     return {"format": "bureau", "levels": list(spine.levels), "spine": spine.kind, "products": products}
 

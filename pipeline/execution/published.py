@@ -28,10 +28,10 @@ from topdown.vocab.queries import CROSS, QueryError, Query, build_query, canonic
 
 from ..configuration.config import Config, ConfigError, MatchPublished, census_hierarchy
 from ..configuration.errors import did_you_mean
-from .invariants import MatchedCounts
+from ..inputs.invariants import MatchedCounts
 from .levels import Level
-from .rundir import RunDirError, RunReader, sha256_file
-from .storage import location
+from ..runtime.rundir import RunDirError, RunReader, sha256_file
+from ..runtime.storage import location
 
 #: The name of the constraint the published counts bind (solvers' rows, failsafe messages).
 CONSTRAINT = "match_published"

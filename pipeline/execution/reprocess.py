@@ -31,17 +31,17 @@ from ..configuration.config import (Config, ConfigError, _deep_merge, config_fro
 from .engine import ProgressFn
 from topdown.vocab.census import Product
 
-from ..inputs.validate import InputError
-from .invariants import UNIT_COLUMNS
+from ..configuration.errors import InputError
+from ..inputs.invariants import UNIT_COLUMNS
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
-from .outdir import bookkeeping, check
-from .rundir import MEASURED, RunDir, RunDirError, RunReader, remove_tree, sha256_file, write_table
-from .storage import StorePath, copy_files, location, read_frame
+from ..runtime.outdir import bookkeeping, check
+from ..runtime.rundir import MEASURED, RunDir, RunDirError, RunReader, remove_tree, sha256_file, write_table
+from ..runtime.storage import StorePath, copy_files, location, read_frame
 from .runner import Plan, execute, opened
-from ..configuration.preflight import check_levels
-from ..configuration.sources import Published
-from ..privacy.budget import KINDS
+from .preflight import check_levels
+from .sources import Published
+from ..privacy.budget import KINDS, of_config
 from ..privacy.measure import MEASUREMENT_PARQUET
 
 log = logging.getLogger("topdown")
@@ -219,7 +219,7 @@ def check_nmf_measured(config: Config, meta: dict, where: str) -> None:
         if m is None:
             raise ConfigError(f"{where}: run.products lists {product!r}; the measurement file has no such product")
         budget = config.product(product).budget
-        total = budget.total
+        total = of_config(budget)
         recorded = KINDS.get(m["mechanism"])
         if recorded is None or not isinstance(total, recorded):
             raise ConfigError(f"{where}: {product}.budget.mechanism differs from the measurement file's {m['mechanism']!r}")

@@ -34,21 +34,22 @@ from ..configuration.config import (Config, ConfigError, census_hierarchy, confi
                                     differing_keys, leaves, load_config)
 from .dataplane import (find_input, input_geography, gq_presence, read_input, tabulate_levels, write_invariants_table,
                         write_mdf)
-from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level, level_digests,
+from .engine import (LevelReport, ProgressFn, changed_level, distrust, estimate_level,
                      read_level_histograms, read_level_output, write_level_histograms)
-from .invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
+from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE, invariant_rows
 from .levels import Level, Shares, rollup, shares
 from .memory import limit_heaps, release_memory
-from .progress import Steps, chain, reporter
+from ..runtime.progress import Steps, chain, reporter
 from .published import check_matched, matched_levels
-from ..configuration.preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
+from .preflight import check_baf_states, check_derived_units, check_workers, preflight, read_baf
 from ..privacy.release import prior_draws
-from .private_files import private_dir
-from .outdir import MARKER_FIELDS, check, claimed, read_marker
-from .rundir import SCHEMA_VERSION, STAGING, RunDir, RunDirError, sha256_file, write_json_atomic, write_table
-from .storage import StorePath, location
+from ..runtime.private_files import private_dir
+from ..runtime.outdir import MARKER_FIELDS, check, claimed, read_marker
+from ..runtime.rundir import (SCHEMA_VERSION, STAGING, RunDir, RunDirError, level_digests, sha256_file,
+                              write_json_atomic, write_table)
+from ..runtime.storage import StorePath, location
 from topdown.vocab.census import Product
-from ..configuration.sources import DRAW, MeasurementSource
+from .sources import DRAW, MeasurementSource
 from ..inputs.validate import UNIT_RECORDS
 
 log = logging.getLogger("topdown")

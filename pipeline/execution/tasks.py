@@ -17,12 +17,12 @@ import scipy.sparse as sp
 from topdown.vocab.problem import Constraint, GroupTotal, Measurement, ParentProblem, ParentSolution, SparseHist
 
 from ..configuration.config import ProductConfig
-from .invariants import MatchedCounts
+from ..inputs.invariants import MatchedCounts
 from .memory import release_memory
-from .rundir import sha256_file
-from .storage import location
+from ..runtime.rundir import sha256_file
+from ..runtime.storage import location
 from topdown.vocab.census import Product
-from ..configuration.sources import DRAW, MeasurementSource
+from .sources import DRAW, MeasurementSource
 from ..privacy.measure import root_cells
 
 

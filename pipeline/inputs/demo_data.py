@@ -13,7 +13,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from ..execution.storage import StorePath, location
+from ..runtime.storage import StorePath, location
 from .ingest import Summary, ingest_pl94_files
 
 DEMO_FILES = {

@@ -94,11 +94,11 @@ import pyarrow.parquet as pq
 from topdown.geo import DAMAGED_FILE_ERRORS
 from topdown.geo.states import STATE_FIPS
 
-from ..execution.private_files import private_dir, seal
-from ..execution.progress import Steps
-from ..execution.outdir import claimed
-from ..execution.rundir import writable_dir
-from ..execution.storage import StorePath
+from ..runtime.private_files import private_dir, seal
+from ..runtime.progress import Steps
+from ..runtime.outdir import claimed
+from ..runtime.rundir import writable_dir
+from ..runtime.storage import StorePath
 from . import RACE_CHOICES
 from topdown.pipeline.configuration.census import PERSONS
 

@@ -49,7 +49,7 @@ from ..configuration.census import read_declaration
 from ..configuration.config import ConfigError
 from ..configuration.limits import MAX_BLOCKS, MAX_PERSONS, check_count
 from .ingest import HISPANIC_RACE_WEIGHTS, SINGLE_RACE, TWO_RACE_WEIGHTS, cef_tables, write_cef
-from ..execution.outdir import writes
+from ..runtime.outdir import writes
 from .validate import PERSON_RECORDS, UNIT_RECORDS
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.pipeline.inputs.ingest import CENRACE_COMBOS

@@ -34,7 +34,8 @@ from topdown.geo.spine import US_HIERARCHY, nesting_problem
 from topdown.vocab.census import Hierarchy, Product, Units
 
 from ..configuration.census import PL94
-from ..execution.storage import parquet_file, read_table
+from ..configuration.errors import InputError
+from ..runtime.storage import parquet_file, read_table
 
 #: The input's two record files (kinds): persons.parquet (or persons/) and units.parquet (or units/).
 PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
@@ -46,10 +47,6 @@ PERSON_CODES: dict[str, tuple[int, int]] = {a.column: (0, a.size - 1) for a in P
 UNIT_CODES: dict[str, tuple[int, int]] = {PL94.units.type_column: (0, PL94.units.types - 1)}
 PERSON_COLUMNS = ("geoid", *PERSON_CODES)
 UNIT_COLUMNS = ("geoid", "unit_type", "occupied")
-
-
-class InputError(ValueError):
-    """The input files break the data contract."""
 
 
 def _fail(path: Path, column: str, block: str | None, problem: str, value: object = None) -> InputError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import scipy.sparse as sp
 
 from topdown.geo.spine import US_HIERARCHY
@@ -105,6 +106,43 @@ def tabulate_person_mdf(mdf: pd.DataFrame) -> pd.DataFrame:
                               (mdf["CENHISP"] == "2").to_numpy().astype(int), mdf["CENRACE"].astype(int).to_numpy() - 1)
     return (pd.DataFrame({"geocode": geoid, "cell": cell}).groupby(["geocode", "cell"]).size()
             .rename("count").reset_index())
+
+
+#: The MDF columns whose concatenation is a block's GEOID.
+MDF_GEOID = ("TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK")
+
+
+def mdf_geoid(mdf: pa.Table) -> pa.ChunkedArray:
+    """Each U.S. MDF record's block GEOID."""
+    return pc.binary_join_element_wise(*(mdf[c] for c in MDF_GEOID), "")
+
+
+def _is(column: pa.ChunkedArray, value: str) -> pa.ChunkedArray:
+    return pc.cast(pc.equal(column, value), pa.int64())
+
+
+#: What :func:`person_records` reads of a ``pl94_persons`` MDF.
+PERSON_RECORD_COLUMNS = (*MDF_GEOID, "GQTYPE_PL", "VOTING_AGE", "CENHISP", "CENRACE")
+
+
+def person_records(mdf: pa.Table) -> pa.Table:
+    """The input person records (geoid and one column per P.L. 94-171 persons attribute) of a ``pl94_persons``
+    MDF (its :data:`PERSON_RECORD_COLUMNS`), converted in Arrow, column by column."""
+    return pa.table({"geoid": mdf_geoid(mdf), "hhgq": pc.cast(mdf["GQTYPE_PL"], pa.int64()),
+                     "votingage": _is(mdf["VOTING_AGE"], "2"), "hispanic": _is(mdf["CENHISP"], "2"),
+                     "cenrace": pc.subtract(pc.cast(mdf["CENRACE"], pa.int64()), 1)})
+
+
+#: What :func:`housing_unit_records` reads of a ``pl94_units`` MDF.
+UNIT_RECORD_COLUMNS = (*MDF_GEOID, "RTYPE", "HH_STATUS")
+
+
+def housing_unit_records(mdf: pa.Table) -> pd.DataFrame:
+    """The housing units (unit_type 0) of a ``pl94_units`` MDF (its :data:`UNIT_RECORD_COLUMNS`) as input unit
+    records (geoid, unit_type, occupied); its group-quarters facilities carry no type."""
+    hu = mdf.filter(pc.equal(mdf["RTYPE"], "2"))
+    return pd.DataFrame({"geoid": mdf_geoid(hu).to_numpy(zero_copy_only=False), "unit_type": 0,
+                         "occupied": pc.equal(hu["HH_STATUS"], "1").to_numpy(zero_copy_only=False)})
 
 
 def generic_mdf(product: Product, codes: pd.DataFrame, hist: sp.csr_matrix) -> pa.Table:

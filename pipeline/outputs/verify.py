@@ -36,10 +36,10 @@ from topdown.geo.spine import PREFIX, STATE, spine_state
 from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
 from topdown.vocab.queries import build_query
 
-from ..execution.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
+from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
 from .mdf import tabulate_generic_mdf, tabulate_person_mdf
-from ..execution.storage import StorePath, arrow, dataset, parquet_file, read_schema, read_table
-from ..execution.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files
+from ..runtime.storage import StorePath, arrow, dataset, parquet_file, read_schema, read_table
+from ..runtime.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files, level_digests
 
 
 @dataclass
@@ -126,6 +126,7 @@ class _Groups:
                 if name in node_key.index:
                     per_key[node_key[name]] += n
         key_group = _group_keys(blocks, per_key)
+        self.us, self.row_key = us, row_key  # each spine row's key number
         self.count = int(key_group[-1]) + 1 if len(keys) else 0
         self.row_group = key_group[row_key]
         self.runs = {name: self._runs(name) for name in ["geoid", *levels[1:]]}
@@ -266,8 +267,6 @@ def _verify_sums(reader: RunReader, manifest: Manifest, rep: VerifyReport) -> No
     """One check per file the manifest records a SHA-256 for (and per file added beside them, or anywhere else
     in the run directory: only the manifest and a writer's lock are not outputs); a note says how many were
     checked, and which outputs no recorded sum covers (a run of an older version)."""
-    from ..execution.engine import level_digests  # engine imports the products, which import this module
-
     recorded = manifest.recorded_sha256()
     found: dict[str, str] = {}
     for product in manifest.products:

@@ -1,1 +1,1 @@
-"""Privacy: budgets and accounting, mechanisms and noise, the certificate, releases, audits."""
+"""Privacy: budgets and accounting, mechanisms and noise, the certificate, releases."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..configuration.config import BudgetConfig, Config, ConfigError, shown, waiver_hint
 from ..configuration.errors import query_hint
-from .budget import MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT, RELEASE_CEILING, Budget, compose
+from .budget import MAX_NOISE_SD, NEIGHBOURS, PRODUCTION_MAX_EXACT, RELEASE_CEILING, Budget, compose, of_config
 from .rng import RandomSource
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
@@ -129,7 +129,7 @@ def allocate(budget: BudgetConfig, level: str, query: str, plb: Fraction | None 
     if not 0 <= plb <= 1:
         raise ValueError(f"allocate({level!r}, {query!r}): node budget share {plb} is outside [0, 1]")
     share = budget.queries[level][query] * plb
-    return Allocation(level, query, share, budget.total * share)
+    return Allocation(level, query, share, of_config(budget) * share)
 
 
 # ------------------------------------------------------------------------------ budget ceiling and floor
@@ -151,7 +151,7 @@ def check_noise(config: Config) -> None:
         budget = config.product(product).budget
         if budget.infinite:
             continue  # refused in production by check_production
-        total = budget.total
+        total = of_config(budget)
         assert total.value is not None
         key = f"{config.source}: {product}.budget.{total.key} = {shown(total.value)}"
         for level, queries in budget.queries.items():
@@ -175,7 +175,7 @@ def check_noise(config: Config) -> None:
 
 def composed_budget(config: Config) -> Budget:
     """The budgets of every product of ``config``'s run composed (:func:`~.budget.compose`)."""
-    return compose(config.product(p).budget.total for p in config.run.products)
+    return compose(of_config(config.product(p).budget) for p in config.run.products)
 
 
 def check_release_ceiling(config: Config) -> None:
@@ -185,7 +185,7 @@ def check_release_ceiling(config: Config) -> None:
         return  # an infinite budget is check_production's to refuse
     parts = []
     for product in config.run.products:
-        b = config.product(product).budget.total
+        b = of_config(config.product(product).budget)
         parts.append(f"{product}.budget.{b.key} = {shown(b.value)}"
                      + (f" (as zCDP: epsilon^2/2 = {shown(b.as_rho().value)})" if b.pure else ""))
     raise ConfigError(f"{config.source}: the run's budgets ({' + '.join(parts)}) compose to rho = "

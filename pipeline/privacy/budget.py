@@ -23,13 +23,10 @@ from typing import Any, ClassVar, Iterable
 
 import numpy as np
 
+from ..configuration.config import BUDGET_KEYS, INFINITE, BudgetConfig
 from .mechanisms import (discrete_gaussian_many, discrete_gaussian_variance, discrete_gaussian_zero_probability,
                          geometric_many, geometric_variance, geometric_zero_probability)
 from .rng import RandomSource
-
-#: How an infinite budget is written (TOML, certificate).
-INFINITE = "inf"
-
 
 @dataclass(frozen=True)
 class NeighbourRelation:
@@ -249,7 +246,7 @@ class Rho(Budget):
     """A zCDP budget rho, spent with discrete Gaussian noise."""
 
     mechanism: ClassVar[str] = "discrete_gaussian"
-    key: ClassVar[str] = "rho"
+    key: ClassVar[str] = BUDGET_KEYS[mechanism]
     framework: ClassVar[str] = "rho-zCDP"
     pure: ClassVar[bool] = False
     noise_column: ClassVar[str] = "sigma2_float"
@@ -298,7 +295,7 @@ class PureEpsilon(Budget):
     """A pure-DP budget epsilon, spent with two-sided geometric noise."""
 
     mechanism: ClassVar[str] = "geometric"
-    key: ClassVar[str] = "epsilon"
+    key: ClassVar[str] = BUDGET_KEYS[mechanism]
     framework: ClassVar[str] = "pure epsilon-DP"
     pure: ClassVar[bool] = True
     noise_column: ClassVar[str] = "sensitivity"
@@ -344,6 +341,13 @@ def of_entry(entry: dict[str, Any]) -> Budget:
     if kind is None:
         raise ValueError(f"unknown mechanism {entry.get('mechanism')!r} (known: {', '.join(KINDS)})")
     return kind.parse(entry[kind.key])
+
+
+def of_config(budget: BudgetConfig) -> Budget:
+    """A product's configured total budget: :class:`Rho` for the discrete Gaussian, :class:`PureEpsilon` for
+    the geometric mechanism; infinite for "inf"."""
+    kind = KINDS[budget.mechanism]
+    return kind(None if budget.infinite else getattr(budget, kind.key))
 
 
 def compose(budgets: Iterable[Budget]) -> Budget:

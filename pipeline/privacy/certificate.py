@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .accounting import allocate, check_budget, check_noise, composed_budget
-from .budget import (INFINITE, NEIGHBOURS, RELEASE_CEILING, Rho, compose, of_entry,
-                     zcdp_to_epsilon_bun_steinke)
-from ..configuration.config import Config, ConfigError, ProductConfig
-from ..execution.outdir import MARKER_KEY, claimed_file
-from ..execution.rundir import SCHEMA_VERSION, write_json_atomic
+from .budget import NEIGHBOURS, RELEASE_CEILING, Rho, compose, of_config, of_entry, zcdp_to_epsilon_bun_steinke
+from ..configuration.config import INFINITE, Config, ConfigError, ProductConfig
+from ..runtime.outdir import MARKER_KEY, claimed_file
+from ..runtime.rundir import SCHEMA_VERSION, write_json_atomic
 from topdown.vocab.census import Product
 
 #: The deltas of the reported epsilon-delta curve.
@@ -63,7 +62,7 @@ def _product_certificate(spec: Product, product: ProductConfig, path_shares: Pat
     name, budget = spec.name, product.budget
     levels = list(budget.levels)
     check_budget(budget, levels, spec.schema, where=f"{source}: {name}.budget")
-    total = budget.total
+    total = of_config(budget)
     level_rows, query_rows = [], []
     for level in levels:
         level_rows.append({"level": level, "share": str(budget.levels[level]),

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from .accounting import allocate
 from ..configuration.config import BudgetConfig
-from ..inputs.validate import InputError
+from ..configuration.errors import InputError
 from topdown.vocab.queries import build_query
 from .rng import noise_sources
 from topdown.vocab.schema import Schema

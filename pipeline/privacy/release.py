@@ -13,7 +13,7 @@ from typing import Any
 
 from .certificate import draw_summary
 from ..configuration.config import Config
-from ..execution.rundir import RunDir, RunDirError, RunReader
+from ..runtime.rundir import RunDir, RunDirError, RunReader
 
 
 class SecondRelease(RunDirError):

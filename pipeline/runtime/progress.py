@@ -2,7 +2,7 @@
 a widget when ipywidgets is installed, else the same text).
 
 A command reports to the reporter of its context (:func:`reporting`): the command line installs one
-(``--quiet``: bars disabled), a :class:`~topdown.pipeline.execution.jobs.Job` installs one with its cancel
+(``--quiet``: bars disabled), a :class:`~topdown.pipeline.jobs.Job` installs one with its cancel
 event; without one nothing is shown. Every count shown is of tasks, steps, levels, runs or replicates, never
 of persons or units (a count of records can be confidential: only declared invariants are public).
 """

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.replicates import replicates
-from ..evaluation.uncertainty import uncertainty
-from .cluster import check_main_guarded
-from .progress import Cancelled, Reporter, chain, reporting
-from .reprocess import reprocess
-from .runner import run
+from .evaluation.replicates import replicates
+from .evaluation.uncertainty import uncertainty
+from .execution.cluster import check_main_guarded
+from .runtime.progress import Cancelled, Reporter, chain, reporting
+from .execution.reprocess import reprocess
+from .execution.runner import run
 
 log = logging.getLogger("topdown")
 

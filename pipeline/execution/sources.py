@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ..inputs.validate import InputError
+from ..configuration.errors import InputError
 from ..privacy.measure import (MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeasurements, from_table, measure,
                                root_cells)
-from ..execution.rundir import write_table
-from ..execution.storage import arrow, location, parquet_file
+from ..runtime.rundir import write_table
+from ..runtime.storage import arrow, location, parquet_file
 from topdown.vocab.problem import SparseHist
 
 

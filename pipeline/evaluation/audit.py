@@ -1,8 +1,9 @@
 """``topdown audit``: the direct estimate of empirical privacy loss on neighbouring databases.
 
-TopDown runs N times on the input D and N times on D', the same input with one person moved from block
-FROM to block TO (a bounded neighbour: one record changed). For every node on the two blocks' paths and
-every audited query, the count of the answer that holds the moved person is recorded; for each threshold
+TopDown runs N times on the input D and N times on D', the same input with one record of the audited product
+(a person) moved from leaf FROM to leaf TO (blocks on the U.S. spine; a bounded neighbour: one record changed).
+Any declared census is audited: its records are read as a run reads them, its queries named on the audited
+product's schema. For every node on the two leaves' paths and every audited query, the count of the answer that holds the moved person is recorded; for each threshold
 event {error >= k} and its complement, where error = output - (true count in D), the frequencies in the
 two samples give a log-ratio, and Clopper-Pearson bounds give a lower confidence bound on it (Ding et al.
 2018; Flaxman 2019, "Empirical quantification of privacy loss
@@ -30,6 +31,7 @@ The output is CONFIDENTIAL: it comes from many runs on the true data (their aver
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,23 +42,24 @@ import pandas as pd
 import scipy.sparse as sp
 from scipy.stats import beta
 
-from topdown.geo.spine import build_spine
+from topdown.geo.spine import US_HIERARCHY, build_spine
 
-from ..configuration.config import BudgetConfig, Config, ConfigError
+from ..configuration.config import BudgetConfig, Config, ConfigError, census_hierarchy, declared_census
 from ..configuration.limits import MAX_AUDIT_RUNS, check_count
+from ..privacy.budget import of_config
 from ..execution.engine import make_chunks
-from ..execution.invariants import InvariantError, LevelConstraints
+from ..inputs.invariants import InvariantError, LevelConstraints
 from ..execution.levels import Level, build_levels
-from ..execution.progress import gather
+from ..runtime.progress import gather
 from topdown.vocab.queries import build_query
-from ..execution.private_files import private_dir, seal
-from ..execution.outdir import check, claimed
-from ..execution.rundir import write_json_atomic, write_table
-from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
-from topdown.vocab.census import Product
-from ..inputs.tabulate import block_histograms, block_units
+from ..runtime.private_files import private_dir, seal
+from ..runtime.outdir import check, claimed
+from ..runtime.rundir import write_json_atomic, write_table
+from topdown.vocab.census import Hierarchy, Product
+from ..execution.dataplane import counts_units, find_input
+from ..inputs.tabulate import block_units, sparse_counts
 from ..execution.tasks import run_chunk
-from ..inputs.validate import validate_input
+from ..inputs.validate import check_records, check_units, validate_input
 
 #: Audited queries by default: the total and the detailed cell of the moved person.
 AUDIT_QUERIES: tuple[str, ...] = ("total", "detailed")
@@ -124,28 +127,80 @@ def threshold_event_loss(err_d: np.ndarray, err_d2: np.ndarray, alpha: float = A
 
 # -- the neighbouring database --------------------------------------------------------------------------
 
-def parse_move(text: str) -> tuple[str, str]:
-    """``GEOID_FROM:GEOID_TO`` as two block GEOIDs."""
+def parse_move(text: str, hierarchy: Hierarchy = US_HIERARCHY) -> tuple[str, str]:
+    """``FROM:TO`` as two different leaf geocodes of ``hierarchy`` (each matching its ``pattern``, if any)."""
     parts = text.split(":")
-    if len(parts) != 2 or not all(len(p) == 15 and p.isdigit() for p in parts) or parts[0] == parts[1]:
-        raise AuditError(f"--move {text!r}: expected GEOID_FROM:GEOID_TO, two different 15-digit block GEOIDs")
+    leaf = hierarchy.leaf
+    if (len(parts) != 2 or not all(parts) or parts[0] == parts[1]
+            or hierarchy.pattern and not all(re.fullmatch(hierarchy.pattern, p) for p in parts)):
+        shape = f" matching {hierarchy.pattern!r}" if hierarchy.pattern else ""
+        raise AuditError(f"--move {text!r}: expected {leaf.upper()}_FROM:{leaf.upper()}_TO, two different {leaf} "
+                         f"geocodes{shape}")
     return parts[0], parts[1]
 
 
-def move_one_person(persons: pd.DataFrame, src: str, dst: str, dst_unit_types: set[int]) -> tuple[pd.DataFrame, int]:
-    """D': the first person record (in input order) of block ``src`` whose living quarters type (``hhgq``:
-    0 household, 1-7 a group-quarters type, as ``unit_type``) exists in block ``dst``, moved to ``dst``; and
-    that record's position."""
-    geo = persons["geoid"].to_numpy()
-    rows = np.flatnonzero(geo == src)
+@dataclass
+class Records:
+    """The audited product's records in input order (each one's leaf geocode and histogram cell), the unit
+    records (geoid, unit_type, occupied; none for a census without them) and the leaves as ``build_spine``
+    takes them."""
+
+    leaf: np.ndarray
+    cells: np.ndarray
+    units: pd.DataFrame
+    geography: pd.Series | pd.DataFrame
+
+
+def read_records(config: Config, input_dir: Path, product: Product) -> Records:
+    """The input of ``config``'s census, read and checked as a run reads it (the P.L. 94-171 files, or a declared
+    census's records, ``validate.check_records``)."""
+    census = declared_census(config)
+    if census is None:
+        persons, units = validate_input(Path(input_dir) / "persons.parquet", Path(input_dir) / "units.parquet")
+        schema = product.schema
+        cells = np.asarray(schema.cell_index(*(persons[d].to_numpy() for d in schema.dim_names)), np.int64)
+        leaf = persons["geoid"].to_numpy().astype(str)
+        blocks = np.union1d(units["geoid"].unique().astype(str), np.unique(leaf))
+        return Records(leaf, cells, units, pd.Series(blocks, name="geoid"))
+    if counts_units(census, product):
+        raise AuditError(f"product {product.name!r} counts unit records: the audit moves one record of a product "
+                         "that counts the census's person records")
+    files = find_input(Path(input_dir), census)
+    hierarchy = census.hierarchy
+    read = [check_records(path, product, hierarchy) for path in files.persons]
+    units = [check_units(path, None, hierarchy, census.units)[1] for path in files.units]
+    leaf = np.concatenate([r[0].to_numpy().astype(str) for r in read]) if read else np.zeros(0, str)
+    cells = np.concatenate([r[1] for r in read]) if read else np.zeros(0, np.int64)
+    frame = (pd.concat(units, ignore_index=True) if units
+             else pd.DataFrame({"geoid": pd.Series(dtype=str), "unit_type": pd.Series(dtype=np.int64),
+                                "occupied": pd.Series(dtype=bool)}))
+    if hierarchy.by_prefix:
+        geography = pd.Series(np.union1d(frame["geoid"].unique().astype(str), np.unique(leaf)), name="geoid")
+    else:
+        geography = pd.concat([r[2] for r in read] + [u.attrs["geography"] for u in units],
+                              ignore_index=True).drop_duplicates(ignore_index=True)
+    return Records(leaf, cells, frame, geography)
+
+
+def move_one_record(records: Records, product: Product, src: str, dst: str, leaf: str) -> tuple[np.ndarray, int]:
+    """D': the first record (in input order) of leaf ``src`` that may live in leaf ``dst``, moved there: with unit
+    bounds (the P.L. 94-171 persons' ``hhgq``), one whose level of the bounded attribute is a unit type ``dst``
+    has (0 a housing unit, 1.. a group-quarters type); the moved records' leaves and that record's position."""
+    rows = np.flatnonzero(records.leaf == src)
     if rows.size == 0:
-        raise AuditError(f"--move: block {src} has no person records to move")
-    fits = rows[np.isin(persons["hhgq"].to_numpy()[rows], sorted(dst_unit_types))]
-    if fits.size == 0:
-        raise AuditError(f"--move: no person of block {src} can live in block {dst} (it has no housing unit or "
-                         "group quarters of their type)")
-    moved = persons.copy()
-    moved.iloc[fits[0], moved.columns.get_loc("geoid")] = dst
+        raise AuditError(f"--move: {leaf} {src} has no {product.records.name} records to move")
+    fits = rows
+    bounds = product.unit_bounds
+    if bounds is not None:
+        types = sorted(set(records.units.loc[records.units["geoid"] == dst, "unit_type"].astype(int)))
+        attribute = product.schema.dim_names.index(bounds.attribute)
+        level = product.schema.unravel(records.cells[rows])[attribute]
+        fits = rows[np.isin(level, types)]
+        if fits.size == 0:
+            raise AuditError(f"--move: no record of {leaf} {src} can live in {leaf} {dst} (it has no housing unit "
+                             f"or group quarters of their {bounds.attribute})")
+    moved = records.leaf.copy()
+    moved[fits[0]] = dst
     return moved, int(fits[0])
 
 
@@ -273,47 +328,55 @@ class AuditResult:
     runs: int
 
 
+def audited_product(config: Config) -> Product:
+    """The product ``topdown audit`` audits: the run's first (P.L. 94-171's persons)."""
+    return config.run_products[0]
+
+
 def build_plans(config: Config, input_dir: Path, move: tuple[str, str], queries: tuple[str, ...] = AUDIT_QUERIES,
-                product: Product = PERSONS_PRODUCT) -> tuple[Plan, Plan]:
-    """The plans of D (the input) and D' (one person moved ``move[0]`` -> ``move[1]``)."""
-    if product.schema != PERSONS:
-        raise AuditError("topdown audit moves a person: only the P.L. 94-171 persons product can be audited")
+                product: Product | None = None) -> tuple[Plan, Plan]:
+    """The plans of D (the input) and D' (one record of ``product``, default :func:`audited_product`, moved
+    ``move[0]`` -> ``move[1]``)."""
+    product = product or audited_product(config)
     if product.name not in config.run.products:
         raise ConfigError(f"{config.source}: run.products does not list {product.name!r}")
-    persons, units = validate_input(Path(input_dir) / "persons.parquet", Path(input_dir) / "units.parquet")
+    hierarchy = census_hierarchy(config)
+    records = read_records(config, input_dir, product)
     src, dst = move
-    geoids = pd.Series(np.union1d(units["geoid"].unique(), persons["geoid"].unique()), name="geoid")
-    if dst not in set(geoids):
-        raise AuditError(f"--move: block {dst} is not a block of the input")
-    moved, record = move_one_person(persons, src, dst, set(units.loc[units["geoid"] == dst, "unit_type"].astype(int)))
-    schema = product.schema
-    cell = int(schema.cell_index(*(persons.iloc[[record]][d].to_numpy() for d in schema.dim_names))[0])
+    leaves = records.geography if hierarchy.by_prefix else records.geography[hierarchy.leaf]
+    if dst not in set(leaves):
+        raise AuditError(f"--move: {hierarchy.leaf} {dst} is not a {hierarchy.leaf} of the input")
+    moved, record = move_one_record(records, product, src, dst, hierarchy.leaf)
+    cell = int(records.cells[record])
+    units = records.units
     independent = config.run.algorithm == "block_by_block"
     if independent:
         from ..execution.runner import block_by_block_config
 
         config = block_by_block_config(config)
-    spine = build_spine(config.run.spine, geoids, baf_dir=config.run.baf, units=units)
+    spine = build_spine(config.run.spine, records.geography, baf_dir=config.run.baf, units=units, hierarchy=hierarchy)
     bunits = block_units(units).set_index("geoid")
     leaf = spine.table.set_index("geoid")[spine.levels[-1]]
     blocks = [str(leaf.loc[g]) for g in (src, dst)]
     plans = []
-    for name, p in (("D", persons), ("D' (one person moved)", moved)):
+    for name, where in (("D", records.leaf), ("D' (one record moved)", moved)):
+        hist = sparse_counts(pd.Series(where, name="geoid"), records.cells, product.schema.ncells)
         try:
-            levels = build_levels(product, config.product(product.name), spine, block_histograms(p), bunits)
+            levels = build_levels(product, config.product(product.name), spine, hist, bunits)
         except InvariantError as exc:
-            raise AuditError(f"--move {src}:{dst}: {name} is not a valid input ({exc}); move the person to a block "
+            raise AuditError(f"--move {src}:{dst}: {name} is not a valid input ({exc}); move the record to a leaf "
                              "where the invariants and constraints allow one more of them") from None
         plans.append(make_plan(product, config, levels, blocks, cell, queries, independent))
     return plans[0], plans[1]
 
 
-def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: Product = PERSONS_PRODUCT,
+def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, client, product: Product | None = None,
           queries: tuple[str, ...] = AUDIT_QUERIES, seed: int = 0, alpha: float = AUDIT_ALPHA,
           batch: int = BATCH) -> AuditResult:
     """Run the audit on ``client`` (a Dask client); returns the per-target table (no true counts in it)."""
     check_count(runs, "--runs", 1, MAX_AUDIT_RUNS)
     start = time.perf_counter()
+    product = product or audited_product(config)
     plans = build_plans(config, input_dir, move, queries, product)
     futures = []
     for db, plan in enumerate(plans):
@@ -339,7 +402,7 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
 def theoretical_epsilons(config: Config, product: Product) -> dict[tuple[str, str], float]:
     """Per (level, query) measured: the epsilon of that one measurement (pure DP epsilon_q; zCDP rho_q
     converted at the product's delta)."""
-    from .accounting import allocate
+    from ..privacy.accounting import allocate
 
     budget = config.product(product.name).budget
     out = {}
@@ -354,7 +417,7 @@ def theoretical_epsilons(config: Config, product: Product) -> dict[tuple[str, st
 def product_epsilon(budget: BudgetConfig) -> dict[str, Any]:
     """The ceiling of what one published count can show: the product's whole epsilon, as its certificate states
     it (``epsilon_product``; None for an infinite test budget), with the delta of a zCDP budget (``delta``)."""
-    total = budget.total
+    total = of_config(budget)
     eps = None if total.infinite else total.epsilon_at(budget.delta)
     return {"epsilon_product": eps, "delta": None if total.pure else str(budget.delta)}
 
@@ -370,7 +433,7 @@ def write_audit(out: Path, result: AuditResult, meta: dict) -> Path:
     write_json_atomic(out / "audit.json", {"confidential": CONFIDENTIAL_BANNER, **meta,
                                             "seconds": round(result.seconds, 2), "runs": result.runs})
     cols = ["level", "geocode", "query", "path", "changed", "epl_lower", "epl_point", "event", "epsilon_query"]
-    text = (f"{CONFIDENTIAL_BANNER}\n\nDirect audit: {result.runs} runs on D and {result.runs} on D' (one person moved "
+    text = (f"{CONFIDENTIAL_BANNER}\n\nDirect audit: {result.runs} runs on D and {result.runs} on D' (one record moved "
             f"{meta['move']}), {result.seconds:.1f} s.\nepl_lower: {1 - meta['alpha']:.0%} lower confidence bound on "
             "the privacy loss this count shows (Clopper-Pearson, Bonferroni over the threshold events);\n"
             "epsilon_query: the theoretical epsilon of the query's measurement at that level. A published count "
@@ -396,22 +459,24 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     check_count(runs, "--runs", 1, MAX_AUDIT_RUNS)
     config = load_config(config_path)
     target, _ = check(Path(out) if out else Path("runs") / f"{config.run.name}-audit-CONFIDENTIAL", "audit")
-    src_dst = parse_move(move)
+    src_dst = parse_move(move, census_hierarchy(config))
+    product = audited_product(config)
     names = tuple(q.strip() for q in queries.split(",") if q.strip())
     if not names:
         raise AuditError(f"--queries {queries!r}: name at least one query (default: total,detailed)")
     for name in names:
-        build_query(PERSONS, name)
+        build_query(product.schema, name)
     with claimed(target, "audit"):
         with dask_client(None, scheduler, workers) as client:
-            result = audit(config, Path(input_dir), src_dst, runs, client, queries=names, seed=seed, batch=batch)
-        eps = theoretical_epsilons(config, PERSONS_PRODUCT)
+            result = audit(config, Path(input_dir), src_dst, runs, client, product, queries=names, seed=seed,
+                           batch=batch)
+        eps = theoretical_epsilons(config, product)
         result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"],
                                                                           result.table["query"])]
         meta = {"config": config.source, "config_sha256": config.digest(), "algorithm": config.run.algorithm,
                 "move": move, "queries": list(names), "seed": seed,
                 "seeds": f"D: seed + 2r, D': seed + 2r + 1, r < {runs}",
-                "alpha": AUDIT_ALPHA, **product_epsilon(config.product(PERSONS_PRODUCT.name).budget)}
+                "alpha": AUDIT_ALPHA, **product_epsilon(config.product(product.name).budget)}
         write_audit(target, result, meta)
     print(f"CONFIDENTIAL audit ({runs} runs on D and on D', {result.seconds:.1f} s) written to {target}")
     shown = result.table[result.table["changed"]]

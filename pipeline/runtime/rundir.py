@@ -104,7 +104,7 @@ class RunDir:
     def output_digests(self, products: list[str]) -> dict[str, str]:
         """SHA-256 of every run-wide output, by path in the run directory (the manifest's ``output_sha256``):
         configuration, certificate, spine, and per product its invariants and MDF. The files of each level
-        are recorded per level (``engine.level_digests``, the manifest's ``sha256``)."""
+        are recorded per level (:func:`level_digests`, the manifest's ``sha256``)."""
         files = [self.config_path, self.root / "certificate.json", self.root / "spine.parquet"]
         for product in products:
             files += [self.invariants(product), *sorted(self.mdf(product).rglob("*"))]
@@ -381,6 +381,12 @@ def changed_files(recorded: dict[str, str], found: dict[str, str]) -> dict[str, 
             problems[path] = ("missing" if path not in found else "not recorded in the manifest (added since the run)"
                               if path not in recorded else "SHA-256 differs from the manifest")
     return problems
+
+
+def level_digests(rundir: RunDir, product: str, level: str) -> dict[str, str]:
+    """SHA-256 of every file of a committed level (measurements and histograms), by path in the run directory."""
+    dirs = (rundir.measurements(product, level), rundir.histograms(product, level))
+    return {str(f.relative_to(rundir.root)): sha256_file(f) for d in dirs for f in sorted(d.rglob("*")) if f.is_file()}
 
 
 #: errno values of a write refused by the place written (full, read-only, not permitted, over a size

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import Config, ConfigError, census_hierarchy, waiver_hint
-from .errors import query_hint
+from ..configuration.config import Config, ConfigError, census_hierarchy, waiver_hint
+from ..configuration.errors import query_hint
 from ..privacy.accounting import check_budget, check_noise
 from topdown.vocab.queries import QueryError, build_query
 from ..inputs.ingest import derived_units
-from ..inputs.validate import InputError
+from ..configuration.errors import InputError
 
 
 #: Most worker processes of an embedded cluster per CPU: more only compete for the CPUs (and each holds a Python
