@@ -21,7 +21,8 @@ unique), and how many at a different objective (must be 0). Only solves at the e
 compared pass by pass. ``--without pause_gc,bulk_columns,reuse`` switches off the Pyomo path's speed-ups
 (:func:`switch_off`) to measure each. ``--shard K/N`` takes every N-th parent from the K-th, for N processes
 side by side; ``--parents I,J`` takes only those indices of problems.pkl; ``--option KEY=VALUE`` (repeated) gives
-every Pyomo solve a solver option (the configuration's ``solver_options``). ``merge FILE..`` combines the
+every Pyomo solve a solver option (the configuration's ``solver_options``); ``--direct-tol TOL`` makes the
+pass-by-pass comparison's direct side PIQP at tolerance TOL (the direct path's is 1e-9). ``merge FILE..`` combines the
 outputs of ``--shard`` runs as one ``compare`` prints them.
 
 ``profile DIR --parent I [--solver ..] [--qp-solver ..] [--option KEY=VALUE]``: parent I alone: the direct
@@ -102,12 +103,15 @@ def _objectives(rec: Recording, kind: str) -> list[float]:
     return [r.objective for k, r in rec.results if k == kind]
 
 
-def compare_parent(problem, pyomo_backend) -> dict:
+def compare_parent(problem, pyomo_backend, direct=None) -> dict:
     """One parent on both paths at the exact failsafe level: the L2 estimates' largest difference (persons),
     the L2 passes' objectives' largest relative difference, and the rounders on the same L2 estimate (the
     direct path's): ``rounding`` is "identical", "tie" (different integers, every pass's objective equal
-    within 1e-6) or "different". None when the exact level fails on either path."""
+    within 1e-6) or "different". None when the exact level fails on either path. ``direct``: the direct
+    path's back end (default: production's, PIQP at its tolerance 1e-9)."""
     from topdown.solvers.backends import DEFAULT_BACKEND
+
+    direct = DEFAULT_BACKEND if direct is None else direct
     from topdown.solvers.direct import compile_direct
     from topdown.solvers.l2 import SolveFailure, run_l2
     from topdown.solvers.layout import build_layout
@@ -118,10 +122,10 @@ def compare_parent(problem, pyomo_backend) -> dict:
     if layout.infeasible or layout.n_x == 0:
         return {}
     form_d, form_p = compile_direct(layout), compile_pyomo(layout)
-    d, p = Recording(DEFAULT_BACKEND), Recording(pyomo_backend)
+    d, p = Recording(direct), Recording(pyomo_backend)
     try:
         l2_d, l2_p = run_l2(layout, form_d, d), run_l2(layout, form_p, p)
-        rd, rp = Recording(DEFAULT_BACKEND), Recording(pyomo_backend)
+        rd, rp = Recording(direct), Recording(pyomo_backend)
         hist_d, _ = run_rounder(layout, form_d, l2_d.z, rd)
         hist_p, _ = run_rounder(layout, form_p, l2_d.z, rp)
     except SolveFailure:
@@ -255,8 +259,9 @@ def switch_off(names: list[str]) -> None:
 
 def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check: bool,
             levels: set[str] | None = None, shard: tuple[int, int] = (0, 1), parents: set[int] | None = None,
-            options: dict | None = None, trace: bool = False) -> None:
+            options: dict | None = None, trace: bool = False, direct_tol: float | None = None) -> None:
     from topdown.solvers import solve_parent
+    from topdown.solvers.backends import PiqpHighs
     from topdown.solvers import model as model_module
     from topdown.solvers.pyomo_path import PyomoBackend
 
@@ -283,6 +288,7 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
     backend = PyomoBackend(solver, qp_solver, options)
     solve_parent(warm, backend, timed_compile)  # imports and first solver calls off the clock
     solving = Tracing(backend, highs, sys.stderr) if trace else backend
+    checked_against = None if direct_tol is None else PiqpHighs(direct_tol, max_iter=1000)
     for i, (level, problem) in enumerate(items):
         if problem is None or (every > 1 and level in lowest and i % every) or i % shard[1] != shard[0]:
             continue
@@ -308,7 +314,7 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
         row["read"] += backend.clock["read"]
         row["identical_outputs"] += bool(np.array_equal(direct.hist, pyomo.hist))
         if check and not direct.stats.shortcut and direct.stats.level == pyomo.stats.level == "exact":
-            cmp = compare_parent(problem, solving)
+            cmp = compare_parent(problem, solving, checked_against)
             if cmp:
                 row["compared"] += 1
                 row["l2_max_abs"] = max(row["l2_max_abs"], cmp["l2_max_abs"])
@@ -381,6 +387,8 @@ def main() -> None:
     m.add_argument("--parents", default=None, help="comma-separated indices in problems.pkl: only these parents")
     m.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option for every Pyomo solve (solver_options; VALUE read as JSON where it parses)")
+    m.add_argument("--direct-tol", type=float, default=None,
+                   help="compare pass by pass against PIQP at this tolerance (default: the direct path's, 1e-9)")
     pr = sub.add_parser("profile")
     pr.add_argument("folder", type=Path)
     pr.add_argument("--parent", required=True, type=int, help="its index in problems.pkl")
@@ -403,7 +411,7 @@ def main() -> None:
         compare(args.folder, args.solver, args.qp_solver, args.every, args.check,
                 set(args.levels.split(",")) if args.levels else None, (k, n),
                 {int(i) for i in args.parents.split(",")} if args.parents else None, solver_options(args.option),
-                args.trace)
+                args.trace, args.direct_tol)
 
 
 if __name__ == "__main__":

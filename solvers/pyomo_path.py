@@ -51,17 +51,31 @@ FAMILY_OPTIONS = {"highs": {"threads": 1, "random_seed": 0, "output_flag": False
 HIGHS_LP = {"solver": "simplex", "simplex_strategy": 1}
 #: HiGHS option for a MILP: an optimum proven to a zero gap.
 HIGHS_MILP = {"mip_rel_gap": 0.0}
-#: HiGHS options of a QP: no regularization of its Hessian (HiGHS's default 1e-7 moved the L2 estimates of a
-#: demo Block_Group parent by up to 1e-3 persons from the direct path's; without it, by 4e-6).
-HIGHS_QP = {"qp_regularization_value": 0.0}
+#: HiGHS's active-set QP adds ``qp_regularization_value`` (rho) to its Hessian's diagonal: an L2 pass's Hessian is
+#: zero on the columns none of the pass's measurements reach, and without it HiGHS may stop on such a QP as
+#: "Non-convex" at its first iteration; with it, it stops on others with a "Solve error" that a neighbouring
+#: value does not meet. :meth:`PyomoBackend.qp` tries these values in turn (HiGHS's default first) and takes
+#: the regularization's pull towards 0 out by proximal re-solves. A ``qp_regularization_value`` in the
+#: configuration's options is the only value tried.
+HIGHS_QP_REGULARIZATION = (1e-7, 1e-6, 0.0)
+#: Active-set iterations a HiGHS QP may take per column before it counts as failed (the next regularization is
+#: tried): a solved L2 pass took at most 0.54 per column (Rhode Island's largest parent 0.32, the 1940 DHC's
+#: 0.54); a stalled one ran past 100,000 on 2,586 columns.
+QP_ITERATIONS_PER_COLUMN = 10
+#: At most this many proximal re-solves of a regularized QP, and the change of the objective's columns (largest,
+#: in scaled units) that ends them: each step shrinks the pull by about rho / curvature (2e-5 to 4e-4 on the
+#: 1940 DHC's parents: 0.09, 4e-6, 2e-10), so the answer is then within about 1e-9 of the optimum.
+PROXIMAL_STEPS, PROXIMAL_CHANGE = 5, 1e-5
 
 
 def highs_qp_options(columns: int) -> dict:
-    """HiGHS options of a QP of ``columns`` columns: :data:`HIGHS_QP`, and no limit on its active-set solver's
-    nullspace (HiGHS gives up at 4,000 by default; a large parent's QP needs more: Rhode Island's largest
-    County -> Tract parent, 36k columns, about 5,300 at its optimum, and failed there after minutes; the
-    nullspace cannot exceed the number of columns)."""
-    return {**HIGHS_QP, "qp_nullspace_limit": max(int(columns), 1)}
+    """HiGHS options of a QP of ``columns`` columns: the first of :data:`HIGHS_QP_REGULARIZATION`, and no limit
+    on its active-set solver's nullspace (HiGHS gives up at 4,000 by default; a large parent's QP needs more:
+    Rhode Island's largest County -> Tract parent, 36k columns, about 5,300 at its optimum, and failed there
+    after minutes; the nullspace cannot exceed the number of columns), and an iteration limit of
+    :data:`QP_ITERATIONS_PER_COLUMN` per column (HiGHS has none: it cycles on some regularized L2 passes)."""
+    return {"qp_regularization_value": HIGHS_QP_REGULARIZATION[0], "qp_nullspace_limit": max(int(columns), 1),
+            "qp_iteration_limit": QP_ITERATIONS_PER_COLUMN * max(int(columns), 1)}
 
 
 class SolverUnusable(ValueError):
@@ -143,7 +157,7 @@ class PyomoBackend:
             _only_bounds_and_objective_change(self._opts[key])
         return self._opts[key]
 
-    def _options(self, name: str, kind: str, presolve: bool, columns: int) -> dict:
+    def _options(self, name: str, kind: str, presolve: bool, columns: int, extra: dict | None = None) -> dict:
         out: dict[str, Any] = {}
         for family, opts in FAMILY_OPTIONS.items():
             if family in name:
@@ -155,6 +169,7 @@ class PyomoBackend:
             if not presolve and kind == "lp":
                 out["presolve"] = "off"
         out.update(self.options)
+        out.update(extra or {})
         return out
 
     def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
@@ -179,7 +194,37 @@ class PyomoBackend:
         self.clock["build"] += time.thread_time() - c0
         self._last = (rows, m, z)
         p_diag, q = np.asarray(p_diag, float), np.asarray(q, float)
-        return self._solve(self.qp_solver, m, z, "qp", True, t0, lambda x: 0.5 * x @ (p_diag * x) + q @ x)
+
+        def objective(x):
+            return 0.5 * x @ (p_diag * x) + q @ x
+
+        tried = [None]
+        if "highs" in self.qp_solver and "qp_regularization_value" not in self.options:
+            tried = [{"qp_regularization_value": rho} for rho in HIGHS_QP_REGULARIZATION]
+        for extra in tried:
+            res = self._solve(self.qp_solver, m, z, "qp", True, t0, objective, extra)
+            if res.ok:
+                break
+        rho = float(self._options(self.qp_solver, "qp", True, len(z), extra).get("qp_regularization_value", 0.0)) \
+            if "highs" in self.qp_solver else 0.0
+        watched = p_diag > 0 if (p_diag > 0).any() else np.ones(p_diag.size, dtype=bool)  # the objective's columns
+        for _ in range(PROXIMAL_STEPS if rho > 0 else 0):
+            if not res.ok:
+                break
+            # A solver that adds rho to the Hessian's diagonal, given q - rho x_k, minimises the pass's objective
+            # plus rho/2 |x - x_k|^2: the proximal point method, whose answers converge to the pass's optimum.
+            c0 = time.thread_time()
+            m.del_component(m.obj)
+            m.obj = pyo.Objective(expr=quadratic(z, p_diag, q - rho * res.x))
+            self.clock["build"] += time.thread_time() - c0
+            step = self._solve(self.qp_solver, m, z, "qp", True, t0, objective, extra)
+            if not step.ok:  # the last answer stands: an optimum of the regularized pass
+                break
+            change = float(np.abs(step.x - res.x)[watched].max())
+            res = step
+            if change <= PROXIMAL_CHANGE:
+                break
+        return res
 
     def _lp(self, c, a, lo, hi, lb, ub, integer, presolve) -> Result:
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -194,11 +239,11 @@ class PyomoBackend:
         return self._solve(self.solver, m, z, "milp" if integer is not None else "lp", presolve, t0, lambda x: c @ x)
 
     def _solve(self, name: str, m: pyo.ConcreteModel, z: tuple, kind: str, presolve: bool, t0: float,
-               objective) -> Result:
-        """Solve ``m`` with solver ``name``; a solver error or a status other than optimal is a failed
-        Result (the failsafe's signal), with the solver's words as its status."""
+               objective, extra: dict | None = None) -> Result:
+        """Solve ``m`` with solver ``name`` (``extra``: options over the backend's); a solver error or a status
+        other than optimal is a failed Result (the failsafe's signal), with the solver's words as its status."""
         opt = self._opt(name, kind)
-        options = self._options(name, kind, presolve, len(z))
+        options = self._options(name, kind, presolve, len(z), extra)
         c1 = time.thread_time()
         try:
             if _is_persistent_v1(opt):

@@ -190,7 +190,8 @@ def test_highs_gets_no_nullspace_limit_below_the_qp_columns():
     assert res.ok and np.allclose(res.x, 0.5)
     highs = backend._opts[("highs", True)]._solver_model  # the highspy.Highs that solved it
     assert highs.getOptionValue("qp_nullspace_limit")[1] == n
-    assert highs.getOptionValue("qp_regularization_value")[1] == 0.0
+    assert highs.getOptionValue("qp_regularization_value")[1] == 1e-7
+    assert highs.getOptionValue("qp_iteration_limit")[1] == 10 * n
 
 
 def test_the_benchmark_trace_shows_sizes_statuses_and_times_only():
@@ -315,16 +316,43 @@ def test_rhode_island_parents_equal_on_both_paths(tmp_path):
     assert counts.get("too large", 0) == 1
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("census", ["e2e_1940", pytest.param("dhc_1940", marks=pytest.mark.xfail(
-    strict=True, reason="open: at the 1940 DHC's parent '01', HiGHS's QP through Pyomo stops with an L2 objective "
-                        "5.8e-5 (relative) above the direct path's (estimates within 0.015 persons, same rounding)"))])
-def test_1940_small_runs_equal_on_both_paths(tmp_path, census):
+def _small_1940_run(tmp_path: Path, census: str) -> list:
+    """The parents of a 1940 census's small run (12,000 synthetic persons, test mode, seed 7), captured."""
     from topdown.pipeline.configuration.census import load_census
     from topdown.pipeline.inputs.synth import write_census
 
     write_census(tmp_path / "in", load_census(census), 12_000, seed=7)
     conf = tmp_path / "c.toml"
     conf.write_text(f'include = "{census}.toml"\n[run]\nmode = "test"\nseed = 7\n')
-    counts = _compare_all(_captured(tmp_path / "cap", str(conf), tmp_path / "in"))
+    return _captured(tmp_path / "cap", str(conf), tmp_path / "in")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("census", ["e2e_1940", pytest.param("dhc_1940", marks=pytest.mark.xfail(
+    strict=True, reason="not HiGHS's early stop: at the 1940 DHC's parent '01' the Pyomo path is on the exact chain of "
+                        "passes and the direct path 5.8e-5 (relative) off it in pass 5's objective (PIQP's tolerance "
+                        "1e-9 leaves pass 2's answers 0.015 persons from its optimum, and the later passes' tau bands "
+                        "move with them: test_1940_dhc_parent_01_is_on_the_exact_chain); open besides: an Enumdist "
+                        "parent's L2 estimates 0.083 persons from the exact chain's (benchmarks/RESULTS_pyomo.md)"))])
+def test_1940_small_runs_equal_on_both_paths(tmp_path, census):
+    counts = _compare_all(_small_1940_run(tmp_path, census))
     assert counts["levels"] >= 3 and counts.get("identical", 0) >= counts.get("tie", 0)
+
+
+@pytest.mark.slow
+def test_1940_dhc_parent_01_is_on_the_exact_chain(tmp_path):
+    """Each L2 pass after the first is banded around the previous pass's answers, so a pass solved to a loose
+    tolerance moves every later pass's problem. PIQP held to 1e-12 instead of the direct path's 1e-9 (Clarabel
+    at 1e-12 alike: benchmarks/RESULTS_pyomo.md) gives the exact chain; at the 1940 DHC's parent '01', which
+    the direct path misses by 5.8e-5 in pass 5's objective, HiGHS's active-set QP through Pyomo, at its default
+    tolerances, agrees with it pass by pass."""
+    from topdown.solvers.backends import PiqpHighs
+
+    problem = next(p for level, p in _small_1940_run(tmp_path, "dhc_1940") if level == "persons.County"
+                   and p.parent == "01")
+    backend = PyomoBackend(HIGHS["solver"], HIGHS["qp_solver"])
+    cmp = _bench().compare_parent(problem, backend, PiqpHighs(1e-12, max_iter=1000))
+    assert cmp["l2_objective_rel"] <= 1e-9 and cmp["l2_max_abs"] <= 1e-6, cmp
+    assert cmp["rounding"] == "identical", cmp
+    production = _bench().compare_parent(problem, backend)
+    assert production["l2_objective_rel"] > 1e-5 and production["l2_max_abs"] > 0.01, production
