@@ -2,8 +2,8 @@
 
 ``.ci/run`` runs the slow selection with pytest-xdist, one file per process at a time (``--dist loadfile``),
 each process taking the next file in the collection's order when it is done with one. Files are put in that
-order by their measured seconds (``durations.json``, refreshed with ``python tests/file_order.py JUNIT.xml``
-from a run's ``--junitxml``), longest first, so that no long file starts last while the other processes
+order by their measured seconds (``durations.json``: the slow selection of a clean-clone ``.ci/run``, refreshed
+with ``python tests/file_order.py JUNIT.xml`` from a run's ``--junitxml``), longest first, so that no long file starts last while the other processes
 are idle (the longest-processing-time rule). A file not measured yet counts one second a test. The order
 changes no test's outcome: every file stands alone.
 """
@@ -53,12 +53,10 @@ def record(junit_xml: Path) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for case in ET.parse(junit_xml).iter("testcase"):
         module = case.get("classname", "").split(".")
-        parts = []
-        for part in module:  # tests.test_x.Class -> tests/test_x.py
-            parts.append(part)
-            if part.startswith("test_"):
-                break
-        out["/".join(parts) + ".py"] += float(case.get("time", 0))
+        test_module = next((i for i, part in enumerate(module) if part.startswith("test_")), None)
+        if test_module is None:  # a report that names no test file (a collection error, say)
+            continue
+        out["/".join(module[:test_module + 1]) + ".py"] += float(case.get("time", 0))  # tests.test_x.Class
     return {f: round(s, 1) for f, s in sorted(out.items())}
 
 

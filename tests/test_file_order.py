@@ -27,7 +27,8 @@ def test_record_sums_seconds_per_file(tmp_path):
     xml = tmp_path / "j.xml"
     xml.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="t1" time="1.25"/>'
                    '<testcase classname="tests.test_a.TestX" name="t2" time="2.5"/>'
-                   '<testcase classname="tests.test_b" name="t" time="0.5"/></testsuite></testsuites>')
+                   '<testcase classname="tests.test_b" name="t" time="0.5"/>'
+                   '<testcase classname="" name="tests" time="9"/></testsuite></testsuites>')  # names no file
     assert record(xml) == {"tests/test_a.py": 3.8, "tests/test_b.py": 0.5}
 
 
