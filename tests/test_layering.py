@@ -228,3 +228,18 @@ def test_no_module_compares_a_product_name_or_a_level_role():
     found = [hit for f in files for hit in _compared_names(f, names)]
     assert not found, found
     assert not (REPO / "pipeline" / "products.py").exists()  # the product registry is gone
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """``pip install .`` (the README's first command) installs the packages pyproject.toml lists: a folder of
+    modules left out of the list works in an editable install and fails in a built one."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {package: REPO / folder for package, folder in setuptools["package-dir"].items()}
+    listed = set(setuptools["packages"])
+    folders = set()
+    for package, root in roots.items():
+        for init in root.rglob("__init__.py"):
+            folders.add(".".join((package, *init.parent.relative_to(root).parts)))
+    assert folders <= listed, sorted(folders - listed)
