@@ -198,15 +198,15 @@ class PyomoBackend:
         def objective(x):
             return 0.5 * x @ (p_diag * x) + q @ x
 
+        highs = "highs" in self.qp_solver
         tried = [None]
-        if "highs" in self.qp_solver and "qp_regularization_value" not in self.options:
+        if highs and "qp_regularization_value" not in self.options:
             tried = [{"qp_regularization_value": rho} for rho in HIGHS_QP_REGULARIZATION]
         for extra in tried:
             res = self._solve(self.qp_solver, m, z, "qp", True, t0, objective, extra)
             if res.ok:
                 break
-        rho = float(self._options(self.qp_solver, "qp", True, len(z), extra).get("qp_regularization_value", 0.0)) \
-            if "highs" in self.qp_solver else 0.0
+        rho = float({**self.options, **(extra or {})}.get("qp_regularization_value", 0.0)) if highs else 0.0
         watched = p_diag > 0 if (p_diag > 0).any() else np.ones(p_diag.size, dtype=bool)  # the objective's columns
         for _ in range(PROXIMAL_STEPS if rho > 0 else 0):
             if not res.ok:

@@ -3,8 +3,8 @@
 ``.ci/run`` runs the slow selection with pytest-xdist, one file per process at a time (``--dist loadfile``),
 each process taking the next file in the collection's order when it is done with one. Files are put in that
 order by their measured seconds (``durations.json``: the slow selection of a clean-clone ``.ci/run``, refreshed
-with ``python tests/file_order.py JUNIT.xml`` from a run's ``--junitxml``), longest first, so that no long file starts last while the other processes
-are idle (the longest-processing-time rule). A file not measured yet counts one second a test. The order
+with ``python tests/file_order.py JUNIT.xml`` from a run's ``--junitxml``), longest first, so that no long file
+starts last while the other processes are idle (the longest-processing-time rule). A file not measured yet counts one second a test. The order
 changes no test's outcome: every file stands alone.
 """
 from __future__ import annotations
