@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.special
 import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,6 +126,17 @@ def test_kde_matches_scipy():
     kde = scipy.stats.gaussian_kde(data, bw_method=0.1)
     np.testing.assert_allclose(logp, kde.logpdf(x), rtol=1e-9, atol=1e-9)
     assert h == pytest.approx(np.sqrt(kde.covariance[0, 0]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 12), st.lists(st.floats(-1e4, 1e4), min_size=1, max_size=30), st.integers(0, 2**32 - 1))
+def test_weighted_logsumexp_is_scipys(rows, row, seed):
+    """Each row's log sum w exp(a), far tails included, equals scipy's logsumexp with weights b."""
+    rng = np.random.default_rng(seed)
+    a = np.array([rng.permutation(row) for _ in range(rows)])
+    w = rng.integers(1, 10_000, a.shape[1]).astype(float)
+    np.testing.assert_allclose(M.weighted_logsumexp(a, w), scipy.special.logsumexp(a, b=w[None, :], axis=1),
+                               rtol=1e-12, atol=1e-9)
 
 
 def test_epl_statuses_and_support_rule():

@@ -301,7 +301,7 @@ def _compare_all(items: list, most: int | None = None, most_columns: int | None 
 
 @pytest.mark.slow
 def test_rhode_island_parents_equal_on_both_paths(tmp_path):
-    """Rhode Island 2010 (persons and units): every parent of the levels with at most 40 parents, and 40 evenly
+    """Rhode Island 2010 (persons and units): every parent of the levels with at most 12 parents, and 12 evenly
     spaced parents of the Block_Group and Block levels' (of 244 and 815), on both paths, but the one whose
     children times parent cells in play pass 5,000: persons' County -> Tract parent (141 tracts x 64 cells)
     costs HiGHS's active-set QP about 16 CPU minutes. benchmarks/pyomo_ri_all.sh compares every parent
@@ -310,7 +310,7 @@ def test_rhode_island_parents_equal_on_both_paths(tmp_path):
 
     inp = tmp_path / "ri-input"
     ingest_blocks(REPO / "data" / "ri2010" / "ri_2010_block_demographics.csv.gz", inp)
-    counts = _compare_all(_captured(tmp_path / "cap", str(REPO / "conf" / "ri2010.toml"), inp), most=40,
+    counts = _compare_all(_captured(tmp_path / "cap", str(REPO / "conf" / "ri2010.toml"), inp), most=12,
                           most_columns=5_000)
     assert counts["levels"] >= 8 and counts.get("identical", 0) > 10 * counts.get("tie", 0)
     assert counts.get("too large", 0) == 1
@@ -327,6 +327,18 @@ def _small_1940_run(tmp_path: Path, census: str) -> list:
     return _captured(tmp_path / "cap", str(conf), tmp_path / "in")
 
 
+@pytest.fixture(scope="module")
+def small_1940_run(tmp_path_factory):
+    """:func:`_small_1940_run` of a census, captured once for the module's tests."""
+    runs: dict[str, list] = {}
+
+    def captured(census: str) -> list:
+        if census not in runs:
+            runs[census] = _small_1940_run(tmp_path_factory.mktemp(census), census)
+        return runs[census]
+    return captured
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("census", ["e2e_1940", pytest.param("dhc_1940", marks=pytest.mark.xfail(
     strict=True, reason="not HiGHS's early stop: at the 1940 DHC's parent '01' the Pyomo path is on the exact chain of "
@@ -334,13 +346,13 @@ def _small_1940_run(tmp_path: Path, census: str) -> list:
                         "1e-9 leaves pass 2's answers 0.015 persons from its optimum, and the later passes' tau bands "
                         "move with them: test_1940_dhc_parent_01_is_on_the_exact_chain); open besides: an Enumdist "
                         "parent's L2 estimates 0.083 persons from the exact chain's (benchmarks/RESULTS_pyomo.md)"))])
-def test_1940_small_runs_equal_on_both_paths(tmp_path, census):
-    counts = _compare_all(_small_1940_run(tmp_path, census))
+def test_1940_small_runs_equal_on_both_paths(small_1940_run, census):
+    counts = _compare_all(small_1940_run(census))
     assert counts["levels"] >= 3 and counts.get("identical", 0) >= counts.get("tie", 0)
 
 
 @pytest.mark.slow
-def test_1940_dhc_parent_01_is_on_the_exact_chain(tmp_path):
+def test_1940_dhc_parent_01_is_on_the_exact_chain(small_1940_run):
     """Each L2 pass after the first is banded around the previous pass's answers, so a pass solved to a loose
     tolerance moves every later pass's problem. PIQP held to 1e-12 instead of the direct path's 1e-9 (Clarabel
     at 1e-12 alike: benchmarks/RESULTS_pyomo.md) gives the exact chain; at the 1940 DHC's parent '01', which
@@ -348,7 +360,7 @@ def test_1940_dhc_parent_01_is_on_the_exact_chain(tmp_path):
     tolerances, agrees with it pass by pass."""
     from topdown.solvers.backends import PiqpHighs
 
-    problem = next(p for level, p in _small_1940_run(tmp_path, "dhc_1940") if level == "persons.County"
+    problem = next(p for level, p in small_1940_run("dhc_1940") if level == "persons.County"
                    and p.parent == "01")
     backend = PyomoBackend(HIGHS["solver"], HIGHS["qp_solver"])
     cmp = _bench().compare_parent(problem, backend, PiqpHighs(1e-12, max_iter=1000))

@@ -5,9 +5,10 @@ continuations joined) with ``bash -e`` in a scratch directory that sees the repo
 as a clone does; a block preceded by ``<!-- readme-walk: file NAME -->`` is written to ``NAME`` there (the batch
 example's jobs file); a block preceded by ``<!-- readme-walk: skip REASON -->`` is not run, and every other block
 must be runnable. The package is already installed where the tests run, so a leading ``pip install ... &&`` is
-dropped (installing a wheel here would replace the editable install). README.md is walked on its own; the
-documentation's pages (``docs/``, in the order of the site's tables of contents) one after the other in one
-scratch directory, as a reader follows them. Every ``topdown`` command the documents show, run or not, in a
+dropped (installing a wheel here would replace the editable install). README.md and then the documentation's
+pages (``docs/``, in the order of the site's tables of contents) are walked one after the other in one scratch
+directory, as a reader follows them; a command that has already run there, exactly as written, is not run again
+(the site's tutorial repeats the README's first runs, whose outputs the reader already has). Every ``topdown`` command the documents show, run or not, in a
 block or inline, names a real command and real flags of the parser.
 """
 from __future__ import annotations
@@ -164,11 +165,13 @@ def test_the_check_sees_a_wrong_flag(parsers):
 
 # -- the walks --------------------------------------------------------------------------------------------------
 
-def walk(docs: list[Path], work: Path) -> None:
+def walk(docs: list[Path], work: Path) -> list[str]:
+    """Runs the documents' blocks in order in ``work``; returns the commands run (a repeat is run once)."""
     work.mkdir()
     for name in ("conf", "data"):
         (work / name).symlink_to(REPO / name)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ran: list[str] = []
     for doc in docs:
         for b in blocks(doc.read_text()):
             if b.verb == "skip":
@@ -177,14 +180,13 @@ def walk(docs: list[Path], work: Path) -> None:
                 (work / b.arg).write_text(b.body)
                 continue
             for cmd in commands(b.body):
+                if cmd in ran:
+                    continue
                 done = subprocess.run(["bash", "-e", "-c", cmd], cwd=work, env=env, capture_output=True, text=True,
                                       timeout=1200, stdin=subprocess.DEVNULL)
                 where = f"{_name(doc)} line {b.line}"
                 assert done.returncode == 0, (f"{where}: `{cmd}` exited {done.returncode}\n"
                                               f"{done.stderr[-3000:]}\n{done.stdout[-2000:]}")
                 assert "Traceback" not in done.stderr, f"{where}: `{cmd}`\n{done.stderr[-3000:]}"
-
-
-@pytest.mark.slow
-def test_readme_commands_work_as_written_in_order(tmp_path: Path):
-    walk([README], tmp_path / "clone")
+                ran.append(cmd)
+    return ran
