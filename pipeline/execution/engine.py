@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from topdown.vocab.problem import GroupTotal, SparseHist
