@@ -11,7 +11,7 @@ import pytest
 
 from conftest import DATA
 from topdown.pipeline.evaluation.evaluate import (EvalOptions, EvaluationError, default_out, entities_on_spine,
-                                                  evaluate, load_entities)
+                                                  evaluate, load_entities, total_headline)
 from topdown.pipeline.runtime.progress import Reporter, reporting
 from topdown.pipeline.runtime.rundir import RunDirError, write_table
 from topdown.pipeline.configuration.census import PERSONS
@@ -210,12 +210,25 @@ def test_evaluate_cli_no_suppress(setup, tmp_path: Path, capsys):
 
     truth, run_a, _, _ = setup
     assert main(["evaluate", str(run_a), "--truth", str(truth)]) == 0
-    assert "CONFIDENTIAL" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "CONFIDENTIAL" in out
     summary = pd.read_parquet(default_out(run_a) / "summary.parquet")
     assert summary.loc[summary["level"] == "US", "mean_abs_error"].isna().all()
+    assert "TOTAL by level" in out and "Block" in out
     assert main(["evaluate", str(run_a), "--truth", str(truth), "--out", str(tmp_path / "ns"), "--no-suppress"]) == 0
+    assert "TOTAL by level" in capsys.readouterr().out
     summary = pd.read_parquet(tmp_path / "ns" / "summary.parquet")
     assert summary.loc[summary["level"] == "US", "mean_abs_error"].notna().all()
+
+
+def test_the_headline_says_when_every_total_is_suppressed():
+    summary = pd.DataFrame({"run": "r", "product": "persons", "query": ["total", "total", "detailed"],
+                            "level": ["US", "County", "County"], "mean_abs_error": [np.nan, np.nan, 1.5]})
+    line = total_headline(summary)
+    assert "every level suppressed" in line and "--no-suppress" in line and "Empty DataFrame" not in line
+    summary.loc[1, "mean_abs_error"] = 2.0
+    assert total_headline(summary).splitlines()[0] == "mean absolute error of persons TOTAL by level:"
+    assert "2.000" in total_headline(summary) and "1.500" not in total_headline(summary)
 
 
 def test_evaluate_dask_client(setup, tmp_path: Path):

@@ -884,6 +884,18 @@ def load_audit(path: Path) -> pd.DataFrame:
     return pd.read_parquet(table)
 
 
+def total_headline(summary: pd.DataFrame) -> str:
+    """The first product's mean absolute error of the total by level and run (the command's last lines), or
+    that every one is suppressed."""
+    main = first_product(summary)
+    rows = summary[(summary["query"] == "total") & ((summary["product"] == main) if main is not None else True)]
+    tot = rows.pivot_table(index="level", columns="run", values="mean_abs_error", sort=False)
+    if tot.dropna(how="all").empty:
+        return (f"mean absolute error of {main or 'the'} TOTAL: every level suppressed (fewer than 3 geounits a "
+                "statistic; --no-suppress shows them)")
+    return f"mean absolute error of {main or 'the'} TOTAL by level:\n" + tot.to_string(float_format=lambda v: f"{v:.3f}")
+
+
 def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = None, out: str | None = None,
                      scheduler: str | None = None, workers: int | None = None, uncertainty: str | None = None,
                      suppress: bool = True, audit: str | None = None) -> int:
@@ -903,13 +915,7 @@ def evaluate_command(runs: Sequence[str], truth: str, entities: str | None = Non
     else:
         path = evaluate(list(runs), location(truth), Path(entities) if entities else None,
                         location(out) if out else None, options=opts, audit=audit_dir)
-    summary = read_frame(path / "summary.parquet")
-    main = first_product(summary)
-    persons = summary["product"] == main if main is not None else True
-    tot = summary[(summary["query"] == "total") & persons].pivot_table(index="level", columns="run", values="mean_abs_error",
-                                                            sort=False)
     print(f"CONFIDENTIAL evaluation (computed from the true counts; do not publish) written to {path} "
           f"(report: {path / 'report.html'})" + ("" if suppress else "; statistics over fewer than 3 geounits NOT suppressed"))
-    print(f"mean absolute error of {main or 'the'} TOTAL by level:")
-    print(tot.to_string(float_format=lambda v: f"{v:.3f}"))
+    print(total_headline(read_frame(path / "summary.parquet")))
     return 0
