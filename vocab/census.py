@@ -121,8 +121,8 @@ class Product:
     evaluation_queries: tuple[str, ...] = ("total", "detailed")
     uncertainty_queries: tuple[str, ...] = ("total",)
     evaluation: EvaluationRoles = EvaluationRoles()
-    #: The MDF layout: "generic" (geocode per level and one column per attribute) or a named U.S. layout
-    #: ("pl94_persons", "pl94_units").
+    #: The MDF layout: "generic" (geocode per level and one column per attribute) or one of the named layouts
+    #: the declaration loader knows (``MDF_LAYOUTS``).
     mdf: str = "generic"
 
     @property
@@ -214,11 +214,8 @@ class Census:
                        f"{', '.join(p.name for p in self.products)})")
 
 
-#: The MDF layouts a product may declare: ``generic`` (a geocode per level and one column per attribute) and
-#: the U.S. P.L. 94-171 layouts.
 #: The generic MDF layout (one code column per level below the root, the record's number, one column per attribute).
 GENERIC_MDF = "generic"
-MDF_LAYOUTS: tuple[str, ...] = (GENERIC_MDF, "pl94_persons", "pl94_units")
 
 #: The largest histogram a product may declare (cells): 2^31, so that a cell index fits the files' int32. A
 #: parent's problem holds its cells in play only; a histogram far above 10^6 cells needs

@@ -17,7 +17,7 @@ from typing import Any
 
 import topdown.conf
 from topdown.geo.spine import US_HIERARCHY
-from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, MAX_CELLS, MAX_UNIT_TYPES, MDF_LAYOUTS, Attribute, Census,
+from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, GENERIC_MDF, MAX_CELLS, MAX_UNIT_TYPES, Attribute, Census,
                                   EvaluationRoles,
                                   ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, Units)
 from topdown.vocab.queries import QueryError, build_query
@@ -29,6 +29,10 @@ from .limits import read_toml_file
 #: The census a run uses when its configuration names none (P.L. 94-171, ``conf/census/pl94.toml``).
 DEFAULT_CENSUS = "pl94"
 SENSES = ("==", "<=", ">=")
+#: The Census MDF layouts of the P.L. 94-171 products (written, checked and read back by ``outputs/us_mdf.py``).
+PL94_PERSONS_MDF, PL94_UNITS_MDF = "pl94_persons", "pl94_units"
+#: The MDF layouts a product may declare (``mdf``).
+MDF_LAYOUTS: tuple[str, ...] = (GENERIC_MDF, PL94_PERSONS_MDF, PL94_UNITS_MDF)
 #: Right-hand sides and invariants computed from the unit records (``[census.units]``).
 UNIT_RHS = ("unit_lower", "unit_upper", "occupied", "housing_units")
 UNIT_INVARIANTS = ("unit_counts", "unit_total", "housing_units")

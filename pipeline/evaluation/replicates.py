@@ -26,8 +26,8 @@ from topdown.vocab.census import GENERIC_MDF, Census
 from ..configuration.config import Config
 
 from ..runtime.progress import Reporter, reporter, reporting, track
-from ..outputs.mdf import (PERSON_RECORD_COLUMNS, UNIT_RECORD_COLUMNS, generic_levels, housing_unit_records,
-                           person_records)
+from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS
+from ..outputs.mdf import MDF_LAYOUT, generic_levels
 from ..runtime.outdir import claimed
 from ..runtime.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
 from ..runtime.storage import StorePath, location, read_table
@@ -48,22 +48,26 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     census = reader.census()
     if read_as_declared(census):
         return _declared_input(reader, census, out)
-    # The U.S. layouts: persons from the product whose MDF is "pl94_persons", housing units from the "pl94_units"
-    # one, when the run has it. Converted in Arrow: the MDF's strings as Python objects would be most of the peak.
+    # A census read by the U.S. readers: person records from the product whose layout reads them back, housing
+    # units from the one reading units back, when the run has it. Converted in Arrow: the MDF's strings as
+    # Python objects would be most of the peak.
     products = reader.products()
-    persons_product = next((p for p in products if p.mdf == "pl94_persons"), None)
+    persons_product = next((p for p in products if MDF_LAYOUT[p.mdf].reads_back == PERSON_RECORDS), None)
     if persons_product is None:
+        readers = ", ".join(name for name, layout in MDF_LAYOUT.items() if layout.reads_back == PERSON_RECORDS)
         raise RunDirError(f"{reader.root}: replicates rebuild the person records from a product of MDF layout "
-                          "pl94_persons; the run has none")
-    pframe = person_records(read_table(reader.mdf(persons_product.name), columns=list(PERSON_RECORD_COLUMNS))
-                            ).to_pandas()
+                          f"{readers}; the run has none")
+    layout = MDF_LAYOUT[persons_product.mdf]
+    pframe = layout.records(read_table(reader.mdf(persons_product.name), columns=list(layout.record_columns)))
+    pframe = pframe.to_pandas()
     inv = reader.table(reader.invariants(persons_product.name))
     spine = reader.spine_table()
     blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
     geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
-    units_product = next((p for p in products if p.mdf == "pl94_units"), None)
+    units_product = next((p for p in products if MDF_LAYOUT[p.mdf].reads_back == UNIT_RECORDS), None)
     if units_product is not None and reader.mdf(units_product.name).exists():  # housing units, published occupancy
-        frames = [housing_unit_records(read_table(reader.mdf(units_product.name), columns=list(UNIT_RECORD_COLUMNS)))]
+        layout = MDF_LAYOUT[units_product.mdf]
+        frames = [layout.records(read_table(reader.mdf(units_product.name), columns=list(layout.record_columns)))]
     else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
         frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
                                 "occupied": True})]

@@ -33,6 +33,7 @@ from topdown.vocab.census import Product
 
 from ..configuration.errors import InputError
 from ..inputs.invariants import UNIT_COLUMNS
+from ..outputs.mdf import MDF_LAYOUT
 from .levels import Level, public_levels
 from .nmf import NoisyMeasurementFile, is_bureau_nmf, nmf_meta, read_nmf
 from ..runtime.outdir import bookkeeping, check
@@ -103,7 +104,7 @@ def read_invariants(src: RunReader, product: Product, products: list[Product]) -
         other = next((src.invariants(p.name) for p in _unit_donors(product, products)
                       if src.invariants(p.name).exists()), None)
         if other is None:
-            if product.mdf == "pl94_units":
+            if MDF_LAYOUT[product.mdf].needs_unit_counts:
                 raise FileNotFoundError(f"{src.invariants(product.name)}: no GQ-facility counts (u1..u7), and no "
                                         "invariants of another product to take them from")
             return inv

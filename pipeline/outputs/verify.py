@@ -33,11 +33,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from topdown.geo.spine import PREFIX, STATE, spine_state
-from topdown.vocab.census import GENERIC_MDF, Hierarchy, Product
+from topdown.vocab.census import Hierarchy, Product
 from topdown.vocab.queries import build_query
 
 from ..inputs.invariants import UNIT_COLUMNS, WHOLE_STATE, configured_below
-from .mdf import tabulate_generic_mdf, tabulate_person_mdf
+from .mdf import MDF_LAYOUT
 from ..runtime.storage import StorePath, arrow, dataset, parquet_file, read_schema, read_table
 from ..runtime.rundir import LOCK, LevelsMismatch, Manifest, RunDirError, RunReader, changed_files, level_digests
 
@@ -379,7 +379,7 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
         hist = {level: _route(groups, reader.histograms(product, level), Path(tmp) / level, level) for level in below}
         inv, inv_top = _route_invariants(groups, reader.invariants(product), Path(tmp) / "invariants", root, below)
         mdf = (_route(groups, reader.mdf(product), Path(tmp) / "mdf", "geoid", _mdf_geoids(spec, hierarchy))
-               if spec.mdf in MDF_CHECKS else None)
+               if spec.mdf in MDF_LAYOUT else None)
         h_root = reader.table(reader.histograms(product, root))
         h_root["geocode"] = h_root["geocode"].astype(str)
         roots = {str(v) for v in pc.unique(groups.spine.column(root).cast(pa.large_string())).to_pylist()}
@@ -408,12 +408,9 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
 
 
 def _mdf_geoids(spec: Product, hierarchy: Hierarchy):
-    """The block GEOID of each row of a batch of ``spec``'s MDF (the P.L. 94-171 layouts: state, county, tract
-    and block columns; the generic one: the leaf level's column)."""
-    if spec.mdf == GENERIC_MDF:
-        return lambda t: t.column(hierarchy.leaf)
-    return lambda t: pc.binary_join_element_wise(*(t.column(c).cast(pa.large_string()) for c in
-                                                   ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]), pa.scalar("", pa.large_string()))
+    """The leaf geocode of each row of a batch of ``spec``'s MDF (its layout's ``leaf_codes``)."""
+    leaf_codes = MDF_LAYOUT[spec.mdf].leaf_codes
+    return lambda t: leaf_codes(t, hierarchy)
 
 
 def _route(groups: _Groups, path: Path, folder: Path, column: str, codes=None, part: str | None = None) -> _Spill:
@@ -455,29 +452,17 @@ def _summed(tabs: Iterable[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True).groupby(["geocode", "cell"])["count"].sum().reset_index()
 
 
-def _verify_person_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame],
-                       spine: pd.DataFrame, rep: VerifyReport, hierarchy: Hierarchy) -> None:
-    """The P.L. 94-171 persons MDF (``mdf``: batches of its rows of the blocks of ``spine``) tabulates back to
-    the block histograms."""
-    levels = list(hists)
-    tab = _summed(tabulate_person_mdf(b.astype({c: str for c in ["TABBLKST", "TABBLKCOU", "TABTRACTCE", "TABBLK"]}))
-                  for b in mdf)
-    _check_mdf_blocks(spec.name, hists[levels[-1]], spine, levels[-1], tab, rep)
-
-
-def _verify_unit_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
-                     rep: VerifyReport, hierarchy: Hierarchy) -> None:
-    """The P.L. 94-171 units MDF has one housing-unit row per unit of the block histograms."""
-    hu = sum(int((b["RTYPE"] == "2").sum()) for b in mdf)
-    rep.check(hu == int(hists[list(hists)[-1]]["count"].sum()),
-              f"{spec.name} MDF housing-unit rows differ from the block histograms")
-
-
-def _verify_generic_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame],
-                        spine: pd.DataFrame, rep: VerifyReport, hierarchy: Hierarchy) -> None:
-    """A generic MDF (``mdf``: batches of its rows) tabulates back to the leaf histograms."""
-    leaf = list(hists)[-1]
-    tab = _summed(tabulate_generic_mdf(b, spec, hierarchy) for b in mdf)
+def _verify_mdf(mdf: Iterable[pd.DataFrame], spec: Product, hists: dict[str, pd.DataFrame], spine: pd.DataFrame,
+                rep: VerifyReport, hierarchy: Hierarchy) -> None:
+    """``spec``'s MDF (``mdf``: batches of its rows of the leaves of ``spine``) tabulates back to the leaf
+    histograms, or, for a layout of counted rows only, has one such row per record of them."""
+    layout, leaf = MDF_LAYOUT[spec.mdf], list(hists)[-1]
+    if layout.tabulate is None:
+        n = sum(layout.counted_rows(b) for b in mdf)
+        rep.check(n == int(hists[leaf]["count"].sum()),
+                  f"{spec.name} MDF {layout.rows_named} rows differ from the block histograms")
+        return
+    tab = _summed(layout.tabulate(b, spec, hierarchy) for b in mdf)
     _check_mdf_blocks(spec.name, hists[leaf], spine, leaf, tab, rep)
 
 
@@ -492,8 +477,6 @@ def _check_mdf_blocks(name: str, block_hist: pd.DataFrame, spine: pd.DataFrame, 
               f"{name} MDF does not tabulate back to the block histograms")
 
 
-#: The MDF checks of the declared layouts (``Product.mdf``).
-MDF_CHECKS = {"pl94_persons": _verify_person_mdf, "pl94_units": _verify_unit_mdf, GENERIC_MDF: _verify_generic_mdf}
 
 
 def _active_zeros(reader: RunReader, spec: Product, levels: list[str]) -> dict[str, set[str]] | None:
@@ -563,6 +546,5 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
                       f"{product} {level}: a state's total (the sum over its parts) differs from its invariant")
         elif lv_inv["tot"].notna().any():
             rep.check(bool((totals == lv_inv["tot"]).all()), f"{product} {level}: total differs from its invariant")
-    if check_mdf and spec.mdf in MDF_CHECKS:
-        MDF_CHECKS[spec.mdf]([reader.table(reader.mdf(spec.name))] if mdf is None else mdf, spec, hists, spine, rep,
-                             hierarchy)
+    if check_mdf and spec.mdf in MDF_LAYOUT:
+        _verify_mdf([reader.table(reader.mdf(spec.name))] if mdf is None else mdf, spec, hists, spine, rep, hierarchy)
