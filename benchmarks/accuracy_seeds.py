@@ -45,7 +45,7 @@ def level_errors(run_dir: Path, input_dir: Path) -> dict[str, dict[str, float]]:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     spine = pd.read_parquet(run_dir / "spine.parquet").astype(str)
     blocks = pd.Index(spine["geoid"])
-    truth_blocks = _matrix(block_histograms(pd.read_parquet(input_dir / "persons.parquet")), blocks)
+    truth_blocks = _matrix(block_histograms(pd.read_parquet(input_dir / "persons.parquet"), PERSONS), blocks)
     out = {}
     for level in manifest["levels"]:
         codes, nodes = pd.factorize(spine[level].to_numpy(), sort=True)

@@ -24,7 +24,7 @@ QUERIES = ("total", "hhgq", "votingage * hispanic * cenrace")
 
 def truth(run: str, inp: str) -> pd.DataFrame:
     spine = pd.read_parquet(f"{run}/spine.parquet").astype(str)
-    hist = block_histograms(pd.read_parquet(f"{inp}/persons.parquet"))
+    hist = block_histograms(pd.read_parquet(f"{inp}/persons.parquet"), PERSONS)
     blocks = pd.Index(spine["geoid"])
     rows = blocks.get_indexer(hist["geocode"].astype(str))
     x = sp.csr_matrix((hist["count"].to_numpy(float), (rows, hist["cell"].to_numpy())), shape=(len(blocks), PERSONS.ncells))

@@ -28,7 +28,7 @@ from test_output_hashes import output_hashes as pinned_hashes
 from rel_inputs import no_partial_output
 from topdown.pipeline.execution import dataplane
 from topdown.pipeline import load_config, run
-from topdown.pipeline.inputs.synth import write_synthetic
+from topdown.pipeline.inputs.us_synth import write_synthetic
 from topdown.pipeline.configuration.errors import InputError
 
 PINNED = json.loads((Path(__file__).parent / "pinned_outputs.json").read_text())
@@ -233,7 +233,7 @@ def test_block_metadata_on_the_shards_equals_the_in_memory_levels(multi_single, 
     spine = build_spine("standard", dataplane.block_geoids(data))
     levels = dataplane.tabulate_levels(dask_client, config, PERSONS_PRODUCT, spine, data, files)
     persons, units = (multi_tables[k].to_pandas() for k in ("persons", "units"))
-    memory = build_levels(PERSONS_PRODUCT, config.product("persons"), spine, block_histograms(persons),
+    memory = build_levels(PERSONS_PRODUCT, config.product("persons"), spine, block_histograms(persons, PERSONS_PRODUCT.schema),
                           block_units(units).set_index("geoid"))
     blocks = levels[-1]
     assert blocks.units is None and blocks.constraints is None and len(blocks.meta) > 2

@@ -10,7 +10,8 @@ import pytest
 
 from topdown.pipeline import load_config, run
 from topdown.pipeline.cli import main
-from topdown.pipeline.inputs.tabulate import block_histograms, units_histograms
+from topdown.pipeline.configuration.census import PL94
+from topdown.pipeline.inputs.tabulate import tabulate
 from topdown.pipeline.outputs.verify import verify_run
 
 
@@ -31,7 +32,7 @@ def test_zero_noise_reproduces_every_level(zero_noise_run, demo_input):
     assert list(spine.columns) == ["geoid", *manifest["levels"]]
     persons = _read(demo_input / "persons.parquet")
     units = _read(demo_input / "units.parquet")
-    truth = {"persons": block_histograms(persons), "units": units_histograms(units)}
+    truth = {p.name: tabulate(p, {"persons": persons, "units": units}) for p in PL94.products}
     for product, block_hist in truth.items():
         for level in manifest["levels"]:
             got = _read(zero_noise_run / "histograms" / product / f"level={level}")

@@ -278,11 +278,12 @@ def test_pl94_missing_files(tmp_path) -> None:
 
 
 def test_tabulation_of_demo(demo) -> None:
-    from topdown.pipeline.inputs.tabulate import block_histograms, block_units, units_histograms
+    from topdown.pipeline.configuration.census import PERSONS, PL94
+    from topdown.pipeline.inputs.tabulate import block_histograms, block_units, tabulate
 
     _, persons, units = demo
     pub = pd.read_csv(E2E_BLOCKS, dtype={"GEOID": str}).set_index("GEOID")
-    hist = block_histograms(persons)
+    hist = block_histograms(persons, PERSONS)
     assert list(hist.columns) == ["geocode", "cell", "count"] and hist["count"].dtype == np.int64
     assert hist[["geocode", "cell"]].equals(hist[["geocode", "cell"]].sort_values(["geocode", "cell"]).reset_index(drop=True))
     assert (hist["count"] > 0).all()
@@ -291,7 +292,7 @@ def test_tabulation_of_demo(demo) -> None:
     hhgq = hist["cell"] // 252
     gq = hist[hhgq > 0].groupby("geocode")["count"].sum().reindex(pub.index, fill_value=0)
     np.testing.assert_array_equal(gq.to_numpy(), pub["P5_001"].to_numpy())
-    uh = units_histograms(units).pivot(index="geocode", columns="cell", values="count")
+    uh = tabulate(PL94.product("units"), {"units": units}).pivot(index="geocode", columns="cell", values="count")
     uh = uh.reindex(index=pub.index, columns=[0, 1]).fillna(0).astype(int)
     np.testing.assert_array_equal(uh.to_numpy(), pub[["H1_002", "H1_003"]].to_numpy())
     bu = block_units(units).set_index("geoid").reindex(pub.index, fill_value=0)

@@ -44,7 +44,7 @@ def _no_confidential_reads(monkeypatch, tmp_path) -> None:
 
     for name in ("read_input", "tabulate_levels", "find_input", "_input_dir"):
         monkeypatch.setattr(runner, name, refuse)
-    for name in ("tabulate", "block_histograms", "units_histograms"):  # every product's tabulation
+    for name in ("tabulate", "block_histograms"):  # every product's tabulation
         monkeypatch.setattr(tabulate, name, refuse)
     monkeypatch.chdir(tmp_path)
 

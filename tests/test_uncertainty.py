@@ -51,7 +51,7 @@ def small_levels():
     config = load_config("demo").with_overrides(spine="standard")
     cfg = config.product("persons")
     spine = build_spine("standard", pd.Series(sorted(persons["geoid"].unique()), name="geoid"))
-    levels = build_levels(PERSONS_PRODUCT, cfg, spine, block_histograms(persons),
+    levels = build_levels(PERSONS_PRODUCT, cfg, spine, block_histograms(persons, PERSONS),
                           block_units(units).set_index("geoid"))
     return config, spine, levels
 
@@ -226,7 +226,7 @@ def test_replicate_input_is_the_runs_mdf_with_public_gq_counts(demo_run, tmp_pat
 
     inp = mdf_input(demo_run, tmp_path / "input")
     persons = pd.read_parquet(inp / "persons.parquet")
-    got = block_histograms(persons).sort_values(["geocode", "cell"]).reset_index(drop=True)
+    got = block_histograms(persons, PERSONS).sort_values(["geocode", "cell"]).reset_index(drop=True)
     pub = pd.read_parquet(demo_run / "histograms" / "persons" / "level=Block")
     pub = pub[pub["count"] > 0].sort_values(["geocode", "cell"]).reset_index(drop=True)
     np.testing.assert_array_equal(got[["cell", "count"]].to_numpy(), pub[["cell", "count"]].to_numpy())

@@ -49,13 +49,12 @@ from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, 
 from .memory import release_memory
 from ..runtime.rundir import sha256_file, write_frames, write_json_atomic, write_table
 from ..runtime.storage import location, parquet_file, read_table
-from topdown.pipeline.configuration.census import PERSONS
 from ..configuration.errors import InputError
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
 from topdown.vocab.problem import SparseHist
-from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, block_problem, check_persons, check_records,
+from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, US_PERSONS, block_problem, check_persons, check_records,
                                check_units, nesting_error, raise_block_problem)
 
 #: Input records per read task (whole row groups; a bigger row group is a task alone).
@@ -172,9 +171,10 @@ def read_persons(path: str, row_groups: list[int]) -> BlockPart:
     """Read, check and tabulate person records of one file's row groups."""
     _, persons = check_persons(location(path), row_groups)
     codes, blocks = pd.factorize(persons["geoid"], sort=True)
-    cells = PERSONS.cell_index(*(persons[name].to_numpy() for name in PERSONS.dim_names))
+    schema = US_PERSONS.schema
+    cells = schema.cell_index(*(persons[a.column].to_numpy() for a in US_PERSONS.attributes))
     hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, np.asarray(cells, np.int64))),
-                         shape=(len(blocks), PERSONS.ncells), dtype=np.int64)
+                         shape=(len(blocks), schema.ncells), dtype=np.int64)
     hist.sum_duplicates()
     hist.data = _narrow(hist.data)
     return BlockPart(path, pd.Index(blocks, dtype="str"), hist)

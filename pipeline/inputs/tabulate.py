@@ -9,10 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from topdown.vocab.census import MAX_UNIT_TYPES, Attribute, Product
 from topdown.vocab.schema import Schema
-
-from topdown.pipeline.configuration.census import N_UNIT_TYPES, PERSONS, UNITS
-from topdown.vocab.census import Attribute, Product
 
 
 def sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataFrame:
@@ -26,10 +24,10 @@ def sparse_counts(geoids: pd.Series, cells: np.ndarray, ncells: int) -> pd.DataF
     })
 
 
-def block_histograms(persons: pd.DataFrame, schema: Schema = PERSONS) -> pd.DataFrame:
-    """Long-format block histograms ``geocode, cell, count`` of person records, one row per non-zero cell.
+def block_histograms(persons: pd.DataFrame, schema: Schema) -> pd.DataFrame:
+    """Long-format block histograms ``geocode, cell, count`` of records, one row per non-zero cell of ``schema``.
 
-    ``persons`` needs ``geoid`` and one column per schema dimension.
+    ``persons`` needs ``geoid`` and one column per schema dimension, holding its levels.
     """
     cells = schema.cell_index(*(persons[name].to_numpy() for name in schema.dim_names))
     return sparse_counts(persons["geoid"], np.asarray(cells), schema.ncells)
@@ -41,24 +39,16 @@ def block_units(units: pd.DataFrame) -> pd.DataFrame:
     codes, blocks = pd.factorize(units["geoid"], sort=True)
     nblocks = len(blocks)
     utype = units["unit_type"].to_numpy(np.int64)
-    table = np.bincount(codes * N_UNIT_TYPES + utype, minlength=nblocks * N_UNIT_TYPES).reshape(nblocks, N_UNIT_TYPES)
+    types = MAX_UNIT_TYPES
+    table = np.bincount(codes * types + utype, minlength=nblocks * types).reshape(nblocks, types)
     hu = utype == 0
     occupied = np.bincount(codes[hu & units["occupied"].to_numpy(bool)], minlength=nblocks)
     out = pd.DataFrame({"geoid": pd.Series(np.asarray(blocks, dtype=object), dtype="str")})
-    for k in range(N_UNIT_TYPES):
+    for k in range(types):
         out[f"u{k}"] = table[:, k].astype(np.int64)
     out["occupied"] = occupied.astype(np.int64)
     out["vacant"] = (table[:, 0] - occupied).astype(np.int64)
     return out
-
-
-def units_histograms(units: pd.DataFrame) -> pd.DataFrame:
-    """Long-format block histograms of the UNITS schema: cell 0 occupied, 1 vacant housing units.
-    GQ facilities are not in this histogram."""
-    hu = units[units["unit_type"] == 0]
-    occupancy = np.where(hu["occupied"].to_numpy(bool), 0, 1)
-    cells = UNITS.cell_index(occupancy)
-    return sparse_counts(hu["geoid"], np.asarray(cells), UNITS.ncells)
 
 
 def attribute_levels(attribute: Attribute, column: pd.Series) -> np.ndarray:

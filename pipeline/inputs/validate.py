@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from topdown.geo.spine import US_HIERARCHY, nesting_problem
 from topdown.vocab.census import Hierarchy, Product, Units
 
-from ..configuration.census import PL94
+from ..configuration.census import default_census
 from ..configuration.errors import InputError
 from ..runtime.storage import parquet_file, read_table
 
@@ -42,9 +42,12 @@ PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
 GEOID_LEN = 15
 NURSING = 3
 
-#: Integer columns and their legal closed ranges, from the P.L. 94-171 declaration (conf/census/pl94.toml).
-PERSON_CODES: dict[str, tuple[int, int]] = {a.column: (0, a.size - 1) for a in PL94.product(PERSON_RECORDS).attributes}
-UNIT_CODES: dict[str, tuple[int, int]] = {PL94.units.type_column: (0, PL94.units.types - 1)}
+#: The product :func:`check_persons` reads: the default census's (conf/census/pl94.toml), from its person
+#: records (the fast path of a census not read as declared).
+US_PERSONS: Product = default_census().product(PERSON_RECORDS)
+#: Integer columns and their legal closed ranges, from the declaration.
+PERSON_CODES: dict[str, tuple[int, int]] = {a.column: (0, a.size - 1) for a in US_PERSONS.attributes}
+UNIT_CODES: dict[str, tuple[int, int]] = {default_census().units.type_column: (0, default_census().units.types - 1)}
 PERSON_COLUMNS = ("geoid", *PERSON_CODES)
 UNIT_COLUMNS = ("geoid", "unit_type", "occupied")
 
