@@ -161,7 +161,7 @@ def cmd_demo_data(args: argparse.Namespace) -> int:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from .configuration.config import ConfigError
-    from .inputs.synth import write_partitioned, write_synthetic
+    from .inputs.us_synth import write_partitioned, write_synthetic
 
     if args.census is not None:
         return _synth_census(args)
@@ -186,7 +186,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def _synth_shape(args: argparse.Namespace) -> int:
     """``synth --shape us2020 [--scale S]``: the 52 state-equivalents of 2020, hive-partitioned by state."""
     from .configuration.config import ConfigError
-    from .inputs.synth import write_us2020
+    from .inputs.us_synth import write_us2020
 
     if args.blocks is not None or args.states is not None or args.persons is not None:
         raise ConfigError(f"--shape {args.shape} takes --scale S, not --blocks, --states or --persons (the shape "

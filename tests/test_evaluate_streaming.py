@@ -14,7 +14,7 @@ from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.pipeline.evaluation import evaluate as E
 from topdown.pipeline.evaluation import metrics as M
 from topdown.pipeline.runtime.outdir import MARKER
-from topdown.pipeline.inputs.synth import write_partitioned
+from topdown.pipeline.inputs.us_synth import write_partitioned
 from topdown.pipeline.outputs import verify
 from topdown.vocab.queries import build_query
 

@@ -89,7 +89,7 @@ def test_a_runs_staging_is_private_while_it_runs(tmp_path, dask_client, monkeypa
     published outputs keep the umask."""
     import topdown.pipeline.execution.runner as runner
     from topdown.pipeline import load_config, run
-    from topdown.pipeline.inputs.synth import write_synthetic
+    from topdown.pipeline.inputs.us_synth import write_synthetic
 
     seen = []
     estimate = runner.estimate_level

@@ -19,7 +19,7 @@ from topdown.geo import GeographyError
 from topdown.geo.baf import _joined, _read_one, aian_flags, read_baf_dir, target_entities
 from topdown.geo.blockgroups import block_group_index, custom_block_groups, gq_signatures
 from topdown.geo.spine import Spine, build_spine, bypass, check_path_condition, optimized_spine, standard_spine
-from topdown.pipeline.inputs.synth import write_us2020
+from topdown.pipeline.inputs.us_synth import write_us2020
 
 #: SHA-256 of the spines of ``write_us2020(seed=1, scale=0.001)`` (8,216 blocks, 52 states) built by the
 #: earlier pandas code (commit 5636007, kept below as the reference): a run's spine hash (--resume checks it) must not move.

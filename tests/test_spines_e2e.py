@@ -22,7 +22,7 @@ import pytest
 from topdown.geo.baf import read_baf_dir
 from topdown.geo.spine import build_spine, check_path_condition
 from topdown.pipeline import load_config, run
-from topdown.pipeline.inputs.synth import write_synthetic
+from topdown.pipeline.inputs.us_synth import write_synthetic
 from topdown.pipeline.outputs.verify import verify_run
 from conftest import DATA
 from rel_inputs import scan_run_dir, leaked_secrets

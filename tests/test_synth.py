@@ -6,7 +6,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from topdown.pipeline.inputs.synth import write_synthetic
+from topdown.pipeline.inputs.us_synth import write_synthetic
 from topdown.pipeline.inputs.tabulate import block_units
 from topdown.pipeline.inputs.validate import validate_input
 
@@ -86,12 +86,12 @@ def test_geography_nesting(synth) -> None:
 def test_partitioned_national_shape(tmp_path, monkeypatch) -> None:
     """`topdown synth --states`: hive partitions by state, one row group per batch, deterministic in the seed,
     about the requested persons, every partition a valid input."""
-    from topdown.pipeline.inputs import synth
+    from topdown.pipeline.inputs import us_synth
     from topdown.pipeline.execution.dataplane import find_input
 
-    monkeypatch.setattr(synth, "BATCH_BLOCKS", 700)
-    counts = synth.write_partitioned(tmp_path / "a", 4000, seed=3, persons=300_000, states=3)
-    assert synth.write_partitioned(tmp_path / "b", 4000, seed=3, persons=300_000, states=3) == counts
+    monkeypatch.setattr(us_synth, "BATCH_BLOCKS", 700)
+    counts = us_synth.write_partitioned(tmp_path / "a", 4000, seed=3, persons=300_000, states=3)
+    assert us_synth.write_partitioned(tmp_path / "b", 4000, seed=3, persons=300_000, states=3) == counts
     files = find_input(tmp_path / "a")
     assert [f.parent.name for f in files.persons] == ["state=01", "state=02", "state=04"]
     assert [f.parent.name for f in files.units] == ["state=01", "state=02", "state=04"]

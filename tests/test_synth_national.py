@@ -13,7 +13,7 @@ from topdown.geo.states import STATE_FIPS
 from topdown.geo.us2020 import US2020
 from topdown.pipeline.execution.dataplane import find_input
 from topdown.pipeline.runtime.outdir import MARKER
-from topdown.pipeline.inputs import synth
+from topdown.pipeline.inputs import us_synth
 from topdown.pipeline.inputs.validate import validate_input
 
 SCALE = 0.0005
@@ -40,32 +40,32 @@ def test_the_2020_table() -> None:
 @pytest.mark.parametrize("scale", [1.0, 0.1, 0.002, 1e-5])
 def test_scaling_keeps_every_state_and_county(scale: float) -> None:
     for full in US2020:
-        s = synth.scaled_counts(full, scale)
+        s = us_synth.scaled_counts(full, scale)
         assert s.counties == full.counties and s.fips == full.fips
         assert s.counties <= s.tracts <= s.block_groups <= s.blocks
-        assert s.block_groups <= synth.MAX_BG_PER_TRACT * s.tracts
-        assert s.blocks <= synth.MAX_BLOCKS_PER_BG * s.block_groups
+        assert s.block_groups <= us_synth.MAX_BG_PER_TRACT * s.tracts
+        assert s.blocks <= us_synth.MAX_BLOCKS_PER_BG * s.block_groups
         assert s.persons == round(full.persons * scale)
         if full.blocks * scale >= full.counties:  # not held up by one block per county
             assert abs(s.blocks - full.blocks * scale) <= 1
         if full.tracts * scale >= full.counties:
             assert abs(s.tracts - full.tracts * scale) <= 1
-    assert synth.scaled_counts(US2020[0], 1.0) == US2020[0]
+    assert us_synth.scaled_counts(US2020[0], 1.0) == US2020[0]
 
 
 def test_spread_keeps_bounds() -> None:
     rng = np.random.default_rng(0)
     for n, parents, cap in [(10, 10, 1), (100, 7, 20), (5000, 300, 999), (27, 3, 9)]:
-        count = synth._spread(rng, n, parents, 1.5, cap)
+        count = us_synth._spread(rng, n, parents, 1.5, cap)
         assert count.sum() == n and count.min() >= 1 and count.max() <= cap
     with pytest.raises(ValueError, match="cannot spread"):
-        synth._spread(rng, 28, 3, 0.0, 9)
+        us_synth._spread(rng, 28, 3, 0.0, 9)
 
 
 @pytest.fixture(scope="module")
 def nation(tmp_path_factory):
     out = tmp_path_factory.mktemp("us2020")
-    written = synth.write_us2020(out, seed=4, scale=SCALE)
+    written = us_synth.write_us2020(out, seed=4, scale=SCALE)
     return out, written
 
 
@@ -91,11 +91,11 @@ def test_partitioned_by_state_with_every_county_tract_and_block_group(nation) ->
     assert written["blocks"] == len(geoids) and written["persons"] == pop.sum()
     assert written["persons"] == sum(pq.ParquetFile(f).metadata.num_rows for f in files.persons)
     for full in US2020:
-        s = synth.scaled_counts(full, SCALE)
+        s = us_synth.scaled_counts(full, SCALE)
         mine = geoids[geoids.str[:2] == s.fips]
         assert (mine.str[:5].nunique(), mine.str[:11].nunique(), mine.str[:12].nunique(), len(mine)) == \
             (s.counties, s.tracts, s.block_groups, s.blocks), s.usps
-    target = sum(synth.scaled_counts(s, SCALE).persons for s in US2020)
+    target = sum(us_synth.scaled_counts(s, SCALE).persons for s in US2020)
     assert 0.85 < written["persons"] / target < 1.15
 
 
@@ -103,7 +103,7 @@ def test_partitioned_by_state_with_every_county_tract_and_block_group(nation) ->
 def test_a_quarter_of_the_blocks_hold_no_persons_only_units(tmp_path, nation, scale) -> None:
     out = nation[0] if scale == SCALE else tmp_path
     if scale != SCALE:
-        synth.write_us2020(out, seed=4, scale=scale)
+        us_synth.write_us2020(out, seed=4, scale=scale)
     pop, geoids = _blocks(out)
     assert 0.21 < (pop == 0).mean() < 0.29  # every block is in the units files, a quarter without persons
 
@@ -120,9 +120,9 @@ def test_block_assignment_files(nation) -> None:
 
 
 def test_deterministic_and_streamed(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(synth, "BATCH_BLOCKS", 100)
-    a = synth.write_us2020(tmp_path / "a", seed=9, scale=0.0003)
-    assert synth.write_us2020(tmp_path / "b", seed=9, scale=0.0003) == a
+    monkeypatch.setattr(us_synth, "BATCH_BLOCKS", 100)
+    a = us_synth.write_us2020(tmp_path / "a", seed=9, scale=0.0003)
+    assert us_synth.write_us2020(tmp_path / "b", seed=9, scale=0.0003) == a
     files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file() and p.name != MARKER)
     assert files and all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
     ca = tmp_path / "a" / "persons" / "state=06" / "part-00000.parquet"
@@ -163,7 +163,7 @@ def test_the_production_preset_runs_the_national_shape_and_verifies(tmp_path, da
     from topdown.pipeline import load_config, run
     from topdown.pipeline.outputs.verify import verify_run
 
-    synth.write_us2020(tmp_path / "input", seed=1, scale=0.0002)
+    us_synth.write_us2020(tmp_path / "input", seed=1, scale=0.0002)
     config = load_config(REPO / "benchmarks" / "national.toml").with_overrides(baf=str(tmp_path / "input" / "baf"))
     out = run(config, tmp_path / "run", input_dir=tmp_path / "input", client=dask_client)
     spine = pd.read_parquet(out / "spine.parquet")

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from topdown.pipeline.runtime.rundir import RunReader
-from topdown.pipeline.inputs.synth import write_partitioned
+from topdown.pipeline.inputs.us_synth import write_partitioned
 from topdown.pipeline.outputs import verify
 
 

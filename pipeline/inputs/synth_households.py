@@ -40,7 +40,7 @@ from topdown.vocab.queries import build_query
 from ..configuration.config import ConfigError
 from ..configuration.limits import MAX_PERSONS, check_count
 from ..runtime.outdir import writes
-from .synth import _geography
+from .us_synth import _geography
 
 #: Household kinds: alone, married opposite-sex, married same-sex, cohabiting opposite-sex, cohabiting same-sex,
 #: single parent or other family, roommates (no relatives).
