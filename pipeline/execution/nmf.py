@@ -98,15 +98,11 @@ SIGNS = {"==": "=", "<=": "<=", ">=": ">="}
 WHOLE_STATE_TOTAL = "tot_whole_state"
 #: The name of a node's total-population constraint in the Bureau's files (``pl94`` is its other spelling).
 TOTAL = "total"
-#: The one table of names: the Bureau's names (suffix dropped) of the 2020 P.L. 94-171 persons queries and
-#: constraints -> ours. Our query language is DAS-2020's (vocab/queries.py), so they are spelled alike but
-#: for ``pl94_con``; any other name is matched to the configuration's queries by its terms, in any order.
-BUREAU_NAMES: dict[str, str] = {
-    **{q: q for q in ("total", "hhgq", "hhinstlevels", "votingage", "hispanic", "cenrace", "hispanic * cenrace",
-                      "votingage * cenrace", "votingage * hispanic", "votingage * hispanic * cenrace", "detailed",
-                      "hhgq_total_lb", "hhgq_total_ub", "nurse_nva_0")},
-    "pl94": TOTAL,
-}
+#: The one table of names: the Bureau's names (suffix dropped) of queries and constraints that are not ours.
+#: Our query language is DAS-2020's (vocab/queries.py), so its names are ours but for the 2020 P.L. 94-171
+#: total-population constraint ``pl94_con``; any other name is matched to the configuration's queries as
+#: spelled, then by its terms, in any order.
+BUREAU_NAMES: dict[str, str] = {"pl94": TOTAL}
 #: The columns the Bureau's reader needs, with the Arrow types accepted (checked before anything is read).
 _STRING = (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "a string")
 _NUMBER = (lambda t: pa.types.is_integer(t) or pa.types.is_floating(t), "a number")
