@@ -6,6 +6,7 @@ Checked on the source with ``ast`` (every import statement, also those inside fu
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,94 @@ def test_every_package_folder_is_in_the_wheel():
         for init in root.rglob("__init__.py"):
             folders.add(".".join((package, *init.parent.relative_to(root).parts)))
     assert folders <= listed, sorted(folders - listed)
+
+
+#: The modules that may name the P.L. 94-171 products' attributes, constants and Census file layouts: the
+#: loader of the Bureau's files and the U.S. spine, each for its reason. Every other module reads a census from
+#: its declaration (``Product`` objects passed along).
+US_SPINE = {
+    "geo/spine.py": "the U.S. hierarchy: its level names and GEOID prefix widths",
+    "pipeline/configuration/census.py": "the declaration loader: the default census (conf/census/pl94.toml) and "
+                                        "the names of the Census MDF layouts a product may declare",
+    "pipeline/inputs/ingest.py": "the loader: the Bureau's P.L. 94-171 summary files and block CSVs into input "
+                                 "records (and the writer of those records)",
+    "pipeline/inputs/us_synth.py": "synthetic U.S. input of the P.L. 94-171 shape (`topdown synth` without --census)",
+    "pipeline/inputs/synth_households.py": "synthetic input of the 2020 DHC layout (households of U.S. persons)",
+    "pipeline/outputs/us_mdf.py": "the Census MDF layouts pl94_persons and pl94_units",
+}
+#: Modules outside :data:`US_SPINE` that still name some of them, with the names: this list only shrinks.
+#: The fast person reader's checks (a nursing-facility resident under 18, a person without a unit of their
+#: type) are the U.S. structural zero and unit bounds spelled out, not yet read from the declaration.
+US_NAMES_LEFT = {"pipeline/inputs/validate.py": {"hhgq", "votingage"}}
+
+#: Spellings of P.L. 94-171 things in identifiers: the Census MDF's columns, the loader's race tables.
+_US_SPELLING = re.compile(r"CENRACE|CENHISP|HISPANIC|VOTING_?AGE|TABBLK|GQTYPE|PL94")
+#: A string constant that is a name or a query (``a * b``), not prose (help, messages and descriptions may cite
+#: the Bureau's products).
+_NAME_LIKE = re.compile(r"\w+(\s*[*.]\s*\w+)*")
+
+
+def _us_names() -> set[str]:
+    """The P.L. 94-171 declaration's attribute names and MDF layouts, and the loader's default-census objects."""
+    from topdown.pipeline.configuration.census import GENERIC_MDF, load_census
+
+    pl94 = load_census("pl94")
+    return ({a.name for p in pl94.products for a in p.attributes} | {p.mdf for p in pl94.products} - {GENERIC_MDF}
+            | {"PL94", "PERSONS", "UNITS", "PERSONS_PRODUCT", "N_UNIT_TYPES"})
+
+
+def _named(path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) for every identifier of ``path`` (names, attributes, imports, definitions, arguments,
+    keywords) and every name-like string constant but docstrings that is in ``names`` or has a U.S. spelling."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, ast.alias):
+            words = [node.name.rsplit(".", 1)[-1], node.asname or ""]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words = [node.name]
+        elif isinstance(node, ast.arg):
+            words = [node.arg]
+        elif isinstance(node, ast.keyword):
+            words = [node.arg or ""]
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+              and _NAME_LIKE.fullmatch(node.value.strip())):
+            words = re.findall(r"\w+", node.value)
+        else:
+            continue
+        out += [(getattr(node, "lineno", 0), w) for w in words if w in names or _US_SPELLING.search(w)]
+    return out
+
+
+def test_only_the_loader_and_the_us_spine_name_pl94_things():
+    """No module outside :data:`US_SPINE` names a P.L. 94-171 attribute, MDF layout or constant in its code
+    (beyond what :data:`US_NAMES_LEFT` still allows it)."""
+    names = _us_names()
+    assert {"hhgq", "votingage", "hispanic", "cenrace", "pl94_persons", "PERSONS"} <= names
+    for rel in [*US_SPINE, *US_NAMES_LEFT]:
+        assert (REPO / rel).exists(), rel
+    found = []
+    for top in ("pipeline", "solvers", "geo", "vocab"):
+        for f in sorted((REPO / top).rglob("*.py")):
+            rel = f.relative_to(REPO).as_posix()
+            if rel not in US_SPINE:
+                left = US_NAMES_LEFT.get(rel, set())
+                found += [f"{rel}:{line} {word}" for line, word in _named(f, names) if word not in left]
+    assert not found, "P.L. 94-171 names outside the loader and the U.S. spine:\n" + "\n".join(found)
+    used = {rel: {w for _, w in _named(REPO / rel, names)} for rel in US_NAMES_LEFT}
+    assert all(US_NAMES_LEFT[rel] <= used[rel] for rel in used), f"names no longer used: shrink US_NAMES_LEFT {used}"
+
+
+def test_the_us_name_scan_sees_code_not_prose(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text('"""hhgq in a docstring."""\nfrom m import PERSONS as P\nx = d["votingage"]\n'
+                   'q = "hispanic * cenrace"\nmsg = "a person under 18 (votingage 0), see pl94_persons."\ndef f(cenrace): return TABBLKST\n')
+    assert sorted(_named(src, _us_names())) == [(2, "PERSONS"), (3, "votingage"), (4, "cenrace"), (4, "hispanic"),
+                                                 (6, "TABBLKST"), (6, "cenrace")]
