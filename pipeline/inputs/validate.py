@@ -47,7 +47,8 @@ NURSING = 3
 US_PERSONS: Product = default_census().product(PERSON_RECORDS)
 #: Integer columns and their legal closed ranges, from the declaration.
 PERSON_CODES: dict[str, tuple[int, int]] = {a.column: (0, a.size - 1) for a in US_PERSONS.attributes}
-UNIT_CODES: dict[str, tuple[int, int]] = {default_census().units.type_column: (0, default_census().units.types - 1)}
+_US_UNITS = default_census().units
+UNIT_CODES: dict[str, tuple[int, int]] = {_US_UNITS.type_column: (0, _US_UNITS.types - 1)}
 PERSON_COLUMNS = ("geoid", *PERSON_CODES)
 UNIT_COLUMNS = ("geoid", "unit_type", "occupied")
 

@@ -477,8 +477,6 @@ def _check_mdf_blocks(name: str, block_hist: pd.DataFrame, spine: pd.DataFrame, 
               f"{name} MDF does not tabulate back to the block histograms")
 
 
-
-
 def _active_zeros(reader: RunReader, spec: Product, levels: list[str]) -> dict[str, set[str]] | None:
     """Per level, the constraints the run configures there or below (a structural zero holds where configured);
     None when the run's configuration cannot be read (every declared zero is then checked)."""
