@@ -34,14 +34,9 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
                       SkipValidation, Strict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
                       model_serializer, model_validator)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from topdown.vocab.census import Census, Hierarchy, Product
 
-from .census import (DEFAULT_CENSUS, census_from_dict, census_path, default_census, read_as_declared,
+from .census import (DEFAULT_CENSUS, census_from_dict, default_census, read_as_declared,
                      read_declaration)
 from .errors import ConfigError, closest, did_you_mean, toml_files_beside
 from .limits import MAX_INCLUDES, MAX_SEED, check_number_text, read_toml_file, unsafe_name

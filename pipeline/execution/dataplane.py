@@ -36,7 +36,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from ..inputs.invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs

@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from topdown.geo.spine import US_HIERARCHY, nesting_problem
 from topdown.vocab.census import Hierarchy, Product, Units
