@@ -214,6 +214,30 @@ def test_store_without_conditional_create_is_refused(bucket, monkeypatch):
     assert not location(f"{bucket}/run").exists()
 
 
+def test_a_folder_is_written_in_place_on_a_store(bucket, tmp_path):
+    """A store has no rename: a folder is written where it belongs, not staged and copied; what an earlier version
+    left there is removed first, but for the parts kept (an interrupted level's verified ones), and the commit
+    leaves it in place. On local disk the staging twin is written and renamed into place, as before."""
+    run = RunDir(f"{bucket}/run")
+    level = run.histograms("persons", "US")
+    assert run.staging(level) == level
+    for name in ("part-00000.parquet", "part-00001.parquet", "sub/stale.parquet"):
+        (level / name).write_bytes(b"x")
+    run.clear_place(level, keep=["part-00001.parquet"])
+    assert [p.relative_to(level).as_posix() for p in level.rglob("*")] == ["part-00001.parquet"]
+    run.commit(level)
+    assert [p.name for p in level.rglob("*")] == ["part-00001.parquet"]
+    assert objects(f"{bucket}/run") == ["histograms/persons/level=US/part-00001.parquet"]
+    local = RunDir(tmp_path / "run")
+    final = local.histograms("persons", "US")
+    assert local.staging(final) == tmp_path / "run" / ".staging" / "histograms" / "persons" / "level=US"
+    local.staging(final).mkdir(parents=True)
+    (local.staging(final) / "part-00000.parquet").write_bytes(b"x")
+    local.clear_place(final)
+    local.commit(final)
+    assert [p.name for p in final.iterdir()] == ["part-00000.parquet"]
+
+
 def test_demo_through_s3_is_byte_identical_and_leaks_no_credential(bucket, s3_client, caplog):
     """The smoke test: demo input written to the bucket, the demo run from and to ``s3://`` on an in-process
     cluster, verified; its outputs are the pinned local run's bytes, every object was written with server-side
