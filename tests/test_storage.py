@@ -308,8 +308,8 @@ def _kill(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_workers_that_share_no_disk(bucket, s3_server, tmp_path, monkeypatch, capsys):
     """A `dask scheduler` process and two `dask worker` processes, each in its own working and temporary
-    directory, and a client in another: the demo input, the run and everything read after it go through ``s3://``
-    alone. The first run is killed (SIGKILL) mid-way; `--resume` finishes it while one worker is killed; the
+    directory, and clients in another (this process, and the runs and the reprocessing, each a process of its
+    own): the demo input, the run and everything read after it go through ``s3://`` alone. The first run is killed (SIGKILL) mid-way; `--resume` finishes it while one worker is killed; the
     outputs are the pinned demo run's bytes and `topdown verify` passes; `topdown nmf` and `topdown reprocess`
     read it from the bucket and write theirs there."""
     env = {**os.environ, **s3_server, "PYTHONUNBUFFERED": "1"}
@@ -329,14 +329,16 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path, monkeypatch, ca
                                     start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                    for name in ("w0", "w1")]
         procs += workers
-        cwd = places["client"]
-        data = _topdown("demo-data", f"{bucket}/in", env=env, cwd=cwd)  # while the cluster starts
-        procs.append(data)
         from distributed import Client
 
+        from topdown.pipeline import cli
+
+        cwd = places["client"]  # this process, as a client that shares no disk either, works there
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(tempfile, "tempdir", str(cwd / "tmp"))
+        assert cli.main(["demo-data", f"{bucket}/in"]) == 0  # while the cluster starts
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=120)
-        assert data.wait(120) == 0, data.stdout.read()
         run_args = ("run", "demo", "--input", f"{bucket}/in", "--out", f"{bucket}/run", "--scheduler", address)
 
         first = _topdown(*run_args, env=env, cwd=cwd)
@@ -353,15 +355,10 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path, monkeypatch, ca
         assert "took over the stale lock" in out
         no_credentials(out)
 
-        # A reprocessing on the cluster, a process of its own, while this process, as a client that shares no
-        # disk either (its working and temporary directories are the client's), verifies the run and writes its NMF.
+        # a reprocessing on the cluster, a process of its own, while this process verifies the run and writes its NMF
         again = _topdown("reprocess", f"{bucket}/run", "--out", f"{bucket}/reprocessed", "--scheduler", address,
                          env=env, cwd=cwd)
         procs.append(again)
-        from topdown.pipeline import cli
-
-        monkeypatch.chdir(cwd)
-        monkeypatch.setattr(tempfile, "tempdir", str(cwd / "tmp"))
         assert_verified(f"{bucket}/run", capsys)
         assert_pinned(f"{bucket}/run")
         assert cli.main(["nmf", f"{bucket}/run", "--out", f"{bucket}/nmf"]) == 0, capsys.readouterr()
