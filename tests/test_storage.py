@@ -16,6 +16,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import redirect_stderr
@@ -37,24 +38,48 @@ KEY_ID, SECRET = "AKIATOPDOWNTESTKEY42", "topdown/Test+Secret/Access0Key0Never0W
 
 @pytest.fixture(scope="module")
 def s3_server():
-    """A moto S3 server on 127.0.0.1 and the standard environment that points every client at it."""
+    """A moto S3 server on 127.0.0.1, a process of its own (requests are not served under this process's GIL, which
+    the in-process clusters' workers hold), and the standard environment that points every client at it."""
     pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
+    pytest.importorskip("moto.server")
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET,
            "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     storage.filesystem.cache_clear()
     try:
+        _wait_for_port(port, server)
         yield env
     finally:
-        server.stop()
+        end_process_groups([server])
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         storage.filesystem.cache_clear()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until a server listens on 127.0.0.1:``port`` (``proc``, which must not exit meanwhile)."""
+    import socket
+
+    end = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the server exited with {proc.returncode}"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < end, "the server did not start"
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -63,6 +88,17 @@ def bucket(s3_server) -> str:
     name = f"topdown-{uuid.uuid4().hex[:12]}"
     storage.filesystem("s3").mkdir(name)
     return f"s3://{name}"
+
+
+@pytest.fixture(scope="module")
+def s3_client(s3_server):
+    """One in-process cluster of two workers for the module, at a TCP address (a batch's jobs join it), its
+    workers reading the test credentials from this process's environment."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
 
 
 def assert_pinned(run: str) -> None:
@@ -178,21 +214,41 @@ def test_store_without_conditional_create_is_refused(bucket, monkeypatch):
     assert not location(f"{bucket}/run").exists()
 
 
-def test_demo_through_s3_is_byte_identical_and_leaks_no_credential(bucket, caplog):
+def test_a_folder_is_written_in_place_on_a_store(bucket, tmp_path):
+    """A store has no rename: a folder is written where it belongs, not staged and copied; what an earlier version
+    left there is removed first, but for the parts kept (an interrupted level's verified ones), and the commit
+    leaves it in place. On local disk the staging twin is written and renamed into place, as before."""
+    run = RunDir(f"{bucket}/run")
+    level = run.histograms("persons", "US")
+    assert run.staging(level) == level
+    for name in ("part-00000.parquet", "part-00001.parquet", "sub/stale.parquet"):
+        (level / name).write_bytes(b"x")
+    run.clear_place(level, keep=["part-00001.parquet"])
+    assert [p.relative_to(level).as_posix() for p in level.rglob("*")] == ["part-00001.parquet"]
+    run.commit(level)
+    assert [p.name for p in level.rglob("*")] == ["part-00001.parquet"]
+    assert objects(f"{bucket}/run") == ["histograms/persons/level=US/part-00001.parquet"]
+    local = RunDir(tmp_path / "run")
+    final = local.histograms("persons", "US")
+    assert local.staging(final) == tmp_path / "run" / ".staging" / "histograms" / "persons" / "level=US"
+    local.staging(final).mkdir(parents=True)
+    (local.staging(final) / "part-00000.parquet").write_bytes(b"x")
+    local.clear_place(final)
+    local.commit(final)
+    assert [p.name for p in final.iterdir()] == ["part-00000.parquet"]
+
+
+def test_demo_through_s3_is_byte_identical_and_leaks_no_credential(bucket, s3_client, caplog):
     """The smoke test: demo input written to the bucket, the demo run from and to ``s3://`` on an in-process
     cluster, verified; its outputs are the pinned local run's bytes, every object was written with server-side
     encryption requested, and no object, log line or error holds the credentials."""
-    from distributed import Client, LocalCluster
-
     from topdown.pipeline import load_config, run
     from topdown.pipeline.inputs.demo_data import write_demo_input
     from topdown.pipeline.outputs.verify import verify_run
 
     caplog.set_level(logging.DEBUG)
     write_demo_input(f"{bucket}/in")
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        out = run(load_config("demo"), f"{bucket}/run", input_dir=f"{bucket}/in", client=client)
+    out = run(load_config("demo"), f"{bucket}/run", input_dir=f"{bucket}/in", client=s3_client)
     assert str(out) == f"{bucket}/run"
     assert verify_run(out).ok
     assert_pinned(f"{bucket}/run")
@@ -210,12 +266,14 @@ def test_demo_through_s3_is_byte_identical_and_leaks_no_credential(bucket, caplo
 # ------------------------------------------------------------------------------------------- no shared disk
 
 
-def _free_port() -> int:
-    import socket
+def assert_verified(run: str, capsys) -> None:
+    """`topdown verify` of ``run``, in this process: exit 0 and its OK line."""
+    from topdown.pipeline import cli
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    capsys.readouterr()
+    code = cli.main(["verify", run])
+    out = capsys.readouterr().out
+    assert code == 0 and "verify: OK" in out, out
 
 
 def _topdown(*args: str, env: dict, cwd: Path, **kwargs) -> subprocess.Popen:
@@ -248,12 +306,12 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
+def test_workers_that_share_no_disk(bucket, s3_server, tmp_path, monkeypatch, capsys):
     """A `dask scheduler` process and two `dask worker` processes, each in its own working and temporary
-    directory, and every command a process of its own: the demo input, the run and everything read after it go
-    through ``s3://`` alone. The first run is killed (SIGKILL) mid-way; `--resume` finishes it while one worker
-    is killed; the outputs are the pinned demo run's bytes and `topdown verify` passes; `topdown nmf` and
-    `topdown reprocess` read it from the bucket and write theirs there."""
+    directory, and clients in another (this process, and the runs and the reprocessing, each a process of its
+    own): the demo input, the run and everything read after it go through ``s3://`` alone. The first run is killed (SIGKILL) mid-way; `--resume` finishes it while one worker is killed; the
+    outputs are the pinned demo run's bytes and `topdown verify` passes; `topdown nmf` and `topdown reprocess`
+    read it from the bucket and write theirs there."""
     env = {**os.environ, **s3_server, "PYTHONUNBUFFERED": "1"}
     dask = str(Path(sys.executable).with_name("dask"))
     address = f"tcp://127.0.0.1:{_free_port()}"
@@ -273,11 +331,14 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
         procs += workers
         from distributed import Client
 
+        from topdown.pipeline import cli
+
+        cwd = places["client"]  # this process, as a client that shares no disk either, works there
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(tempfile, "tempdir", str(cwd / "tmp"))
+        assert cli.main(["demo-data", f"{bucket}/in"]) == 0  # while the cluster starts
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=120)
-        cwd = places["client"]
-        data = _topdown("demo-data", f"{bucket}/in", env=env, cwd=cwd)
-        assert data.wait(120) == 0, data.stdout.read()
         run_args = ("run", "demo", "--input", f"{bucket}/in", "--out", f"{bucket}/run", "--scheduler", address)
 
         first = _topdown(*run_args, env=env, cwd=cwd)
@@ -294,21 +355,17 @@ def test_workers_that_share_no_disk(bucket, s3_server, tmp_path):
         assert "took over the stale lock" in out
         no_credentials(out)
 
-        verify = _topdown("verify", f"{bucket}/run", env=env, cwd=cwd)
-        out, _ = verify.communicate(timeout=120)
-        assert verify.returncode == 0 and "verify: OK" in out, out
-        assert_pinned(f"{bucket}/run")
-
-        nmf = _topdown("nmf", f"{bucket}/run", "--out", f"{bucket}/nmf", env=env, cwd=cwd)
-        out, _ = nmf.communicate(timeout=300)
-        assert nmf.returncode == 0 and location(f"{bucket}/nmf/nmf.json").is_file(), out
+        # a reprocessing on the cluster, a process of its own, while this process verifies the run and writes its NMF
         again = _topdown("reprocess", f"{bucket}/run", "--out", f"{bucket}/reprocessed", "--scheduler", address,
                          env=env, cwd=cwd)
+        procs.append(again)
+        assert_verified(f"{bucket}/run", capsys)
+        assert_pinned(f"{bucket}/run")
+        assert cli.main(["nmf", f"{bucket}/run", "--out", f"{bucket}/nmf"]) == 0, capsys.readouterr()
+        assert location(f"{bucket}/nmf/nmf.json").is_file()
         out, _ = again.communicate(timeout=300)
         assert again.returncode == 0, out
-        verify = _topdown("verify", f"{bucket}/reprocessed", env=env, cwd=cwd)
-        out, _ = verify.communicate(timeout=120)
-        assert verify.returncode == 0 and "verify: OK" in out, out
+        assert_verified(f"{bucket}/reprocessed", capsys)
         for place in places.values():  # nothing of the run on any process's disk
             assert not any(p.suffix == ".parquet" or p.name == "manifest.json" for p in place.rglob("*"))
     finally:
@@ -333,17 +390,7 @@ def test_confidential_output_refused_in_a_public_bucket(bucket):
 # ------------------------------------------------------------------------------- post-processing commands
 #
 # One bucket for the module: the planted input (rel_inputs.py) in it and on disk, and the demo configuration run
-# on it once through s3:// and once on disk, on one in-process cluster that reads the test credentials from this
-# process's environment (its address is TCP, so that a batch's jobs join it).
-
-
-@pytest.fixture(scope="module")
-def s3_client(s3_server):
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
-        yield client
+# on it once through s3:// and once on disk, on the module's in-process cluster (``s3_client``).
 
 
 @pytest.fixture(scope="module")

@@ -870,6 +870,7 @@ def write_mdf(client, rundir, product: Product, spine, blocks, estimated, hierar
     geoids = block_geoids_in_order(spine)  # node order
     county, folder = mdf_groups(geoids, hierarchy)
     final = rundir.mdf(product.name)
+    rundir.clear_place(final)
     staged = rundir.staging(final)
     codes = None
     if product.mdf == GENERIC_MDF:

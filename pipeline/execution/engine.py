@@ -220,6 +220,9 @@ def estimate_level(
                  len(plan))
         if progress:
             progress(name, level.name, len(finished), len(plan))
+    kept = [f"part-{i:05d}.parquet" for i in finished]
+    for folder in (mdir, hdir) if source.draws else (hdir,):
+        rundir.clear_place(folder, keep=kept)
     if len(finished) < len(plan):  # the level's bar from its start; a cancelled job stops here
         reporter().tasks(name, level.name, len(finished), len(plan))
     # Keys unique to the configuration and the run directory: jobs of a batch may share one cluster.
@@ -372,6 +375,7 @@ def _part_nnz(path: Path, nodes: list[str]) -> np.ndarray:
 def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
     """Write an aggregated (not estimated) level's histograms atomically, in one part."""
     hdir = rundir.histograms(product, level.name)
+    rundir.clear_place(hdir)
     write_table(hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
     rundir.commit(hdir)
 

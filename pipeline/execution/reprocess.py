@@ -184,7 +184,7 @@ def _from_run(run_dir: Path, changes: str | Path | None) -> _Source:
     def publish(rd: RunDir) -> None:
         for name in names:
             final = rd.root / name
-            staged = rd.staging(final)
+            staged = rd.staging(final)  # emptied first (on a store: final itself)
             remove_tree(staged) if staged.is_dir() else staged.unlink(missing_ok=True)
             link_tree(src.root / name, staged)
             rd.commit(final)
@@ -307,6 +307,7 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
             rd.commit(rd.invariants(product))
             for level in spine.levels:
                 final = rd.measurements(product, level)
+                rd.clear_place(final)
                 write_measurement_parts(nmf, product, level, rd.staging(final), spine)
                 rd.commit(final)
 

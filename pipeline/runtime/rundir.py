@@ -19,9 +19,9 @@ Layout::
     mdf/<product>/county=<SSCCC>/           one row per person / unit, tabulation geography
 
 Every directory is written under ``.staging/`` and renamed into place when complete, so a reader
-never sees half a level. On an object store (:mod:`.storage`), which has no rename, a staged folder is copied into
-place object by object and the manifest, written last, lists what is complete with its SHA-256: a reader trusts
-only what the manifest lists. :class:`RunReader` is the one reader of a run directory (verify, evaluate, the CLI,
+never sees half a level. On an object store (:mod:`.storage`), which has no rename, a folder is written in place
+object by object (each object whole, in one PUT) and the manifest, written last, lists what is complete with its
+SHA-256: a reader trusts only what the manifest lists. :class:`RunReader` is the one reader of a run directory (verify, evaluate, the CLI,
 reprocessing, the noisy measurement file): its paths, its typed :class:`Manifest` and :class:`Certificate`
 (both carry ``schema_version``), its spine and its tables.
 """
@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..configuration.limits import read_text, unsafe_name
-from .storage import StorePath, arrow, copy_files, location, write_parquet
+from .storage import StorePath, arrow, location, write_parquet
 
 log = logging.getLogger("topdown")
 
@@ -115,8 +115,24 @@ class RunDir:
         return self.root / STAGING / "chunks" / product / f"level={level}"
 
     def staging(self, final: Path) -> Path:
-        """The staging twin of a final path (same relative path under ``.staging``)."""
+        """Where a file or folder is written before :meth:`commit` puts it in place: on local disk its staging
+        twin (same relative path under ``.staging``), renamed into place whole; on a store, which has no rename,
+        ``final`` itself (each object appears whole, in one PUT, and the manifest, written after, is what a
+        reader trusts: a level or file it does not list as complete is not part of the run)."""
+        if isinstance(self.root, StorePath):
+            return final
         return self.root / STAGING / final.relative_to(self.root)
+
+    def clear_place(self, final: Path, keep: Iterable[str] = ()) -> None:
+        """Before a folder is written into its staging place: on a store, remove the objects an earlier version
+        left below ``final`` but those named ``keep`` (an interrupted level's finished parts), so that the folder
+        holds the new version alone; on local disk nothing (the staging twin replaces ``final`` whole)."""
+        if not isinstance(final, StorePath):
+            return
+        kept = set(keep)
+        stale = [f for f in final.rglob("*") if f.relative_to(final).as_posix() not in kept]
+        if stale:
+            final.fs.rm([f.key for f in stale])
 
     # -- lifecycle -------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -159,8 +175,7 @@ class RunDir:
         staged = self.staging(final)
         if not staged.exists():
             raise RunDirError(f"nothing staged for {final}")
-        if isinstance(final, StorePath):
-            _move_objects(staged, final)
+        if staged == final:  # a store: written in place
             return
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():
@@ -464,17 +479,6 @@ def remove_tree(path: Path | StorePath, strict: bool = False) -> None:
         path.rmtree()
     else:
         shutil.rmtree(path, ignore_errors=not strict)
-
-
-def _move_objects(staged: StorePath, final: StorePath) -> None:
-    """Put a staged file or folder of a store in the place of ``final``: what was there is removed, the staged
-    objects are copied in (server-side) and removed. Not atomic: the manifest, written after, is what a reader
-    trusts (a level or file it does not list as complete is not part of the run)."""
-    if final.is_file():
-        final.unlink()
-    final.rmtree()
-    copy_files(staged, final)
-    staged.rmtree() if staged.is_dir() else staged.unlink(missing_ok=True)
 
 
 def replace_dir(new: Path, final: Path) -> None:
