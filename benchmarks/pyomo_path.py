@@ -107,8 +107,10 @@ def compare_parent(problem, pyomo_backend, direct=None) -> dict:
     """One parent on both paths at the exact failsafe level: the L2 estimates' largest difference (persons),
     the L2 passes' objectives' largest relative difference, and the rounders on the same L2 estimate (the
     direct path's): ``rounding`` is "identical", "tie" (different integers, every pass's objective equal
-    within 1e-6) or "different". None when the exact level fails on either path. ``direct``: the direct
-    path's back end (default: production's, PIQP at its tolerance 1e-9)."""
+    within 1e-6) or "different". Empty when the exact level fails on either path; ``{"failsafe": ...}`` (the
+    failsafe's actions in the L2 passes on each path) when one path's L2 passes needed the failsafe and the
+    other's did not, or other steps. ``direct``: the direct path's back end (default: production's, PIQP at
+    its tolerance 1e-9)."""
     from topdown.solvers.backends import DEFAULT_BACKEND
 
     direct = DEFAULT_BACKEND if direct is None else direct
@@ -130,6 +132,9 @@ def compare_parent(problem, pyomo_backend, direct=None) -> dict:
         hist_p, _ = run_rounder(layout, form_p, l2_d.z, rp)
     except SolveFailure:
         return {}
+    steps = {"direct": [st.action for st in l2_d.steps], "pyomo": [st.action for st in l2_p.steps]}
+    if steps["direct"] != steps["pyomo"]:
+        return {"failsafe": steps}
     x = layout.xcol >= 0
     obj_d, obj_p = np.array(_objectives(d, "qp")), np.array(_objectives(p, "qp"))
     l2_rel = float(np.max(np.abs(obj_p - obj_d) / np.maximum(1.0, np.abs(obj_d)))) if obj_d.size else 0.0
@@ -315,7 +320,9 @@ def compare(folder: Path, solver: str, qp_solver: str | None, every: int, check:
         row["identical_outputs"] += bool(np.array_equal(direct.hist, pyomo.hist))
         if check and not direct.stats.shortcut and direct.stats.level == pyomo.stats.level == "exact":
             cmp = compare_parent(problem, solving, checked_against)
-            if cmp:
+            if "failsafe" in cmp:
+                row["failsafe_differs"] += 1
+            elif cmp:
                 row["compared"] += 1
                 row["l2_max_abs"] = max(row["l2_max_abs"], cmp["l2_max_abs"])
                 row["l2_objective_rel"] = max(row["l2_objective_rel"], cmp["l2_objective_rel"])

@@ -55,8 +55,9 @@ HIGHS_MILP = {"mip_rel_gap": 0.0}
 #: zero on the columns none of the pass's measurements reach, and without it HiGHS may stop on such a QP as
 #: "Non-convex" at its first iteration; with it, it stops on others with a "Solve error" that a neighbouring
 #: value does not meet. :meth:`PyomoBackend.qp` tries these values in turn (HiGHS's default first) and takes
-#: the regularization's pull towards 0 out by proximal re-solves. A ``qp_regularization_value`` in the
-#: configuration's options is the only value tried.
+#: the regularization's pull towards 0 out by proximal re-solves; a value whose re-solves fail or do not settle
+#: counts as failed, as a failed solve does (its answer is not the pass's optimum). A ``qp_regularization_value``
+#: in the configuration's options is the only value tried.
 HIGHS_QP_REGULARIZATION = (1e-7, 1e-6, 0.0)
 #: Active-set iterations a HiGHS QP may take per column before it counts as failed (the next regularization is
 #: tried): a solved L2 pass took at most 0.54 per column (Rhode Island's largest parent 0.32, the 1940 DHC's
@@ -202,15 +203,28 @@ class PyomoBackend:
         tried = [None]
         if highs and "qp_regularization_value" not in self.options:
             tried = [{"qp_regularization_value": rho} for rho in HIGHS_QP_REGULARIZATION]
-        for extra in tried:
-            res = self._solve(self.qp_solver, m, z, "qp", True, t0, objective, extra)
-            if res.ok:
-                break
-        rho = float({**self.options, **(extra or {})}.get("qp_regularization_value", 0.0)) if highs else 0.0
         watched = p_diag > 0 if (p_diag > 0).any() else np.ones(p_diag.size, dtype=bool)  # the objective's columns
-        for _ in range(PROXIMAL_STEPS if rho > 0 else 0):
-            if not res.ok:
-                break
+        failed = []
+        for n, extra in enumerate(tried):
+            if n:  # the proximal re-solves of the last try changed the objective
+                m.del_component(m.obj)
+                m.obj = pyo.Objective(expr=quadratic(z, p_diag, q))
+            rho = float({**self.options, **(extra or {})}.get("qp_regularization_value", 0.0)) if highs else 0.0
+            res = self._solve(self.qp_solver, m, z, "qp", True, t0, objective, extra)
+            if res.ok and rho > 0:
+                res = self._proximal(m, z, p_diag, q, rho, res, watched, t0, objective, extra)
+            if res.ok:
+                return res
+            failed.append(f"{res.status} (regularization {rho:g})" if highs else res.status)
+        return Result(False, "; ".join(failed), None, np.nan, time.perf_counter() - t0)
+
+    def _proximal(self, m, z, p_diag, q, rho, res, watched, t0, objective, extra) -> Result:
+        """Proximal re-solves of a QP whose solver added ``rho`` to its Hessian's diagonal, from its answer
+        ``res``, until the objective's columns move by at most :data:`PROXIMAL_CHANGE`: the pass's optimum. A
+        re-solve that fails, or answers still moving after :data:`PROXIMAL_STEPS`, make a failed Result (the
+        regularized answer is not the pass's optimum)."""
+        change = np.inf
+        for _ in range(PROXIMAL_STEPS):
             # A solver that adds rho to the Hessian's diagonal, given q - rho x_k, minimises the pass's objective
             # plus rho/2 |x - x_k|^2: the proximal point method, whose answers converge to the pass's optimum.
             c0 = time.thread_time()
@@ -218,13 +232,14 @@ class PyomoBackend:
             m.obj = pyo.Objective(expr=quadratic(z, p_diag, q - rho * res.x))
             self.clock["build"] += time.thread_time() - c0
             step = self._solve(self.qp_solver, m, z, "qp", True, t0, objective, extra)
-            if not step.ok:  # the last answer stands: an optimum of the regularized pass
-                break
+            if not step.ok:
+                return Result(False, f"proximal re-solve {step.status}", None, np.nan, time.perf_counter() - t0)
             change = float(np.abs(step.x - res.x)[watched].max())
             res = step
             if change <= PROXIMAL_CHANGE:
-                break
-        return res
+                return res
+        return Result(False, f"proximal re-solves still moving ({change:.2g})", None, np.nan,
+                      time.perf_counter() - t0)
 
     def _lp(self, c, a, lo, hi, lb, ub, integer, presolve) -> Result:
         t0, c0 = time.perf_counter(), time.thread_time()
