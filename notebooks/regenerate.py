@@ -88,14 +88,15 @@ def _last_state(text: str) -> str:
 
 
 def normalise(nb: nbformat.NotebookNode, work: Path) -> nbformat.NotebookNode:
-    """Streams merged, their redraws at their last state; the work directory's path as ``notebook-work``; the
-    code digest."""
+    """Streams merged, their redraws at their last state; the work directory's path as ``notebook-work`` and the
+    repository's left out (warnings name their source file); the code digest."""
     paths = sorted({str(work), str(work.resolve())}, key=len, reverse=True)
+    repo = f"{HERE.parent}/"  # where the package is installed from, in a warning's source location
 
     def clean(text: str) -> str:
         for p in paths:
             text = text.replace(p, WORK_NAME)
-        return text
+        return text.replace(repo, "")
 
     for cell in (c for c in nb.cells if c.cell_type == "code"):
         merged: list = []  # consecutive chunks of one stream as one output, as a notebook shows them
