@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from cli_subprocess import SHORT_CONNECT
+
 EXIT_OK, EXIT_VERIFY, EXIT_CONFIG, EXIT_INPUT, EXIT_RUNDIR = 0, 1, 2, 3, 4
 
 #: The classes of failure the catalogue tries, by name.
@@ -55,6 +57,7 @@ class Case:
     writes: bool = False  # a success that writes under the case's folder
     check: Callable[[Path], None] | None = None  # more to assert on the case's folder after a success
     fixed: str = ""  # the bug this case found (fixed in the code)
+    env: tuple[tuple[str, str], ...] = ()  # more environment for the command
     xfail: str = ""  # a problem still open
 
     @property
@@ -596,7 +599,7 @@ def hangs() -> list[Case]:
                       ("--wait",), setup=_jobs("fine"), timeout=60))
     cases.append(Case("hang", "run", "scheduler-unreachable", ("run", "demo", "--input", "{input}", "--out", "out",
                                                                "--scheduler", "tcp://127.0.0.1:9"),
-                      EXIT_CONFIG, ("tcp://127.0.0.1:9",), timeout=120))
+                      EXIT_CONFIG, ("tcp://127.0.0.1:9", "within 3s"), timeout=120, env=SHORT_CONNECT))
     cases.append(Case("hang", "run", "scheduler-garbage", ("run", "demo", "--input", "{input}", "--out", "out",
                                                            "--scheduler", "not a url"), EXIT_CONFIG,
                       ("not a url",), timeout=120))

@@ -72,9 +72,14 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
+#: An unreachable scheduler is reported after this wait (Dask's connect timeout, 30 s by default), not Dask's.
+SHORT_CONNECT = (("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "3s"),)
+
+
 def _changes_imports(env: dict[str, str] | None) -> bool:
-    """An environment that could change what an interpreter imports or how: run it in a fresh interpreter."""
-    return any(k.startswith("PYTHON") and k != "PYTHONUNBUFFERED" for k in env or ())
+    """An environment that could change what an interpreter imports or how, or the Dask configuration it reads at
+    import: run it in a fresh interpreter."""
+    return any((k.startswith("PYTHON") and k != "PYTHONUNBUFFERED") or k.startswith("DASK_") for k in env or ())
 
 
 def _text(data: bytes) -> str:

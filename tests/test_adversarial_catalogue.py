@@ -97,7 +97,8 @@ def test_case(case: Case, fields: dict[str, str], tmp_path: Path):
         if case.argv[0] == "api":
             outcome = api(case.argv[1].format_map(values), cwd=cwd, timeout=case.timeout)
         else:
-            outcome = topdown(*(a.format_map(values) for a in case.argv), cwd=cwd, timeout=case.timeout)
+            outcome = topdown(*(a.format_map(values) for a in case.argv), cwd=cwd, timeout=case.timeout,
+                              env=dict(case.env))
     except subprocess.TimeoutExpired:
         pytest.fail(f"hang: {case.id} ran past {case.timeout} s")
     assert outcome.code == case.code, str(outcome)

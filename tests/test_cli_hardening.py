@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_subprocess import Outcome, assert_clean_failure, snapshot, topdown
+from cli_subprocess import SHORT_CONNECT, Outcome, assert_clean_failure, snapshot, topdown
 from topdown.pipeline.cli import EXIT_CONFIG, EXIT_INPUT, EXIT_OK, EXIT_RUNDIR, EXIT_TERMINATED
 from topdown.pipeline.runtime.rundir import LOCK
 from topdown.pipeline.privacy.certificate import NOT_PRIVATE_WARNING
@@ -84,13 +84,16 @@ def test_refused_run_keeps_an_out_folder_that_was_there(tmp_path, demo_input):
     assert any(" INFO embedded Dask cluster" in ln for ln in outcome.stderr.splitlines()), str(outcome)
 
 
-@pytest.mark.slow  # the client waits out its 20 s connect timeout
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "reprocess"])
 def test_config_error_leaves_no_out_folder(tmp_path, demo_input, quiet_run, command):
+    """An unreachable scheduler: exit 2 after Dask's connect timeout (shortened here), naming the wait."""
     out = tmp_path / "out"
     source = ("demo", "--input", demo_input) if command == "run" else (quiet_run[0],)
-    outcome = topdown(command, *source, "--out", out, "--scheduler", "tcp://127.0.0.1:9", "--quiet")
-    assert_clean_failure(outcome, EXIT_CONFIG, "cannot reach the Dask scheduler")
+    outcome = topdown(command, *source, "--out", out, "--scheduler", "tcp://127.0.0.1:9", "--quiet",
+                      env=dict(SHORT_CONNECT))
+    assert_clean_failure(outcome, EXIT_CONFIG, "cannot reach the Dask scheduler", "within 3s",
+                         "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT")
     assert not out.exists()
 
 

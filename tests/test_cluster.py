@@ -80,7 +80,8 @@ def test_cli_run_through_a_tls_scheduler(tmp_path, planted, planted_run, capsys)
         base = ["run", "demo", "--input", str(planted), "--quiet", "--scheduler", address]
         assert main([*base, "--out", str(tmp_path / "run"), *_flags(files)]) == EXIT_OK
         stranger = _write_credentials(tmp_path / "stranger", Security.temporary())
-        assert main([*base, "--out", str(tmp_path / "refused"), *_flags(stranger)]) == EXIT_CONFIG
+        with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):  # the refusal waits this long
+            assert main([*base, "--out", str(tmp_path / "refused"), *_flags(stranger)]) == EXIT_CONFIG
     assert "cannot reach the Dask scheduler" in capsys.readouterr().err
     assert differing_outputs(planted_run, tmp_path / "run") == []
     assert not (tmp_path / "refused").exists()  # refused before it started: no --out folder left behind

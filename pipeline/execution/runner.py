@@ -124,6 +124,8 @@ class AlreadyComplete(RunDirError):
 #: Messages the driver's client and embedded scheduler keep per connection, and transitions, for debugging.
 #: Dask's 1,000 keep the arguments of the last 1,000 tasks sent over each connection in the driver.
 SCHEDULER_LOG_LENGTH = 50
+#: How long a client waits for a scheduler named by ``--scheduler`` (Dask's setting: 30 s unless configured).
+CONNECT_TIMEOUT = "distributed.comm.timeouts.connect"
 
 
 @contextmanager
@@ -142,9 +144,12 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
         security = check_scheduler(scheduler, security)
         try:
             with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH}):
-                c = Client(scheduler, timeout="20s", security=security)
+                c = Client(scheduler, timeout=dask.config.get(CONNECT_TIMEOUT),
+                           security=security)
         except (OSError, TimeoutError) as exc:
-            raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} ({exc})") from None
+            raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} within "
+                              f"{dask.config.get(CONNECT_TIMEOUT)} ({exc}; to wait longer, set Dask's "
+                              f"{CONNECT_TIMEOUT}, e.g. DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s)") from None
         with c:
             yield c
         return
