@@ -111,7 +111,7 @@ def main() -> None:
             t = time.perf_counter()
             res = A.audit(config, inp, move, args.audit_runs, client, queries=QUERIES, seed=7)
             wall = time.perf_counter() - t
-            eps = A.theoretical_epsilons(config, "persons")
+            eps = A.theoretical_epsilons(config, config.census.product("persons"))
             res.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(res.table["level"], res.table["query"])]
             A.write_audit(out / "audit-CONFIDENTIAL", res, {"move": f"{move[0]}:{move[1]}", "alpha": A.AUDIT_ALPHA,
                                                             "config": config.source, "seed": 7})

@@ -141,9 +141,9 @@ def summarize(values: np.ndarray, counts: np.ndarray) -> dict:
             "rmse": float(np.sqrt((counts * values.astype(float) ** 2).sum() / n))}
 
 
-def epsilon_key(view: RunView) -> str:
-    """The run's certified total epsilon as text ("0.25", "1"; "inf" for a zero-noise test run)."""
-    eps, _ = view.theoretical_epsilon(PRODUCT)
+def epsilon_key(view: RunView, spec: Product) -> str:
+    """The run's certified total epsilon of ``spec`` as text ("0.25", "1"; "inf" for a zero-noise test run)."""
+    eps, _ = view.theoretical_epsilon(spec)
     if eps is not None:
         return f"{eps:g}"
     cert = view.reader.certificate().products.get(PRODUCT) if view.reader.certificate_path.exists() else None
@@ -176,9 +176,9 @@ def evaluate_runs(runs: list[Path], truth_dir: Path) -> tuple[dict[tuple[str, st
             raise EvaluationError(f"{run}: level {missing[0]!r} not in the run (an e2e_1940 run is expected)")
         if truth is None:
             truth = read_truth(truth_dir, view.census, spec)
-        eps = epsilon_key(view)
+        eps = epsilon_key(view, spec)
         for level_name, level in LEVELS.items():
-            true, est = truth_at(view, truth, level), view.estimate_at(PRODUCT, level)
+            true, est = truth_at(view, truth, level), view.estimate_at(spec, level)
             if not described.get(level_name):
                 described[level_name] = describe(true, spec)
             for count, query in QUERIES.items():

@@ -268,7 +268,7 @@ def test_noise_drawn_and_certificate_state_the_same_neighbour_relation(preset, m
     pcfg = cfg.product(product)
     level = next(iter(pcfg.budget.levels))
     schema = cfg.run_products[0].schema
-    M.measure(product, schema, pcfg.budget, level, ["x"], [pcfg.budget.levels[level]],
+    M.measure(cfg.run_products[0], pcfg.budget, level, ["x"], [pcfg.budget.levels[level]],
               sp.csr_matrix(np.ones((1, schema.ncells), dtype=np.int64)), "test", 1)
     rows = {r["query"]: r for r in cert[product]["queries"] if r["level"] == level}
     assert drawn and len(drawn) == len(rows)

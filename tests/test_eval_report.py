@@ -239,7 +239,7 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
                         "ci90_low": [0, 0, 0, 0], "ci90_high": [10, 10, 10, 10]})
     truth = pd.Series([5, 50, 5, 5], index=pd.MultiIndex.from_tuples(
         [("Tract", "t1"), ("Tract", "t2"), ("Block_Group", "b1"), ("place", "4459000")]))
-    cov = coverage_summary(unc, truth, "persons")
+    cov = coverage_summary(unc, truth, PL94.product("persons"))
     assert cov["level"].tolist() == ["Tract", "Block_Group", "place"]
     assert cov["geounits"].dtype == np.int64 and cov["geounits"].tolist() == [2, 1, 1]
     assert R.formatted(cov)["geounits"].tolist() == ["2", "1", "1"]
@@ -250,7 +250,7 @@ def test_coverage_levels_top_down_with_integer_counts_and_entities_named_by_code
     caption = interval_caption(unc[unc["level"] != "place"].assign(amc90_low=0), LEVELS)
     assert "by their code" not in caption and "AMC interval" in caption
     both = pd.concat([unc, unc.assign(method="amc", ci90_high=[10, 60, 10, 0])], ignore_index=True)
-    cov = coverage_summary(both, truth, "persons")  # one column per method, gls first; place: 5 not in [0, 0]
+    cov = coverage_summary(both, truth, PL94.product("persons"))  # one column per method, gls first; place: 5 not in [0, 0]
     assert list(cov.columns) == ["level", "geounits", "gls_covers", "amc_covers"]
     assert cov["geounits"].tolist() == [2, 1, 1] and cov["amc_covers"].tolist() == [1, 1, 0]
     assert cov["gls_covers"].tolist() == [0.5, 1, 1]  # t2 (50) is outside [0, 10]

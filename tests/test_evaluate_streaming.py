@@ -82,7 +82,7 @@ def test_no_task_holds_more_than_a_group(three_states, tmp_path, monkeypatch) ->
 
     def spy_truth(tmp, product, g):
         rows = group_truth(tmp, product, g)
-        truth_rows.append(rows.assign(product=product))
+        truth_rows.append(rows.assign(product=product.name))
         return rows
 
     def spy_estimates(path, level, nodes):
@@ -107,7 +107,7 @@ def test_the_merged_metrics_are_the_whole_levels(three_states, tmp_path, monkeyp
     _evaluate(three_states, tmp_path / "states", monkeypatch, True)
     truth, run = three_states[0], three_states[1]
     view, blocks = E.RunView(run, "run"), E.load_truth(truth).blocks[PERSONS.name]
-    true, est = view.truth_at(blocks, "Block"), view.estimate_at(PERSONS.name, "Block")
+    true, est = view.truth_at(blocks, "Block"), view.estimate_at(PERSONS_PRODUCT, "Block")
     summary = pd.read_parquet(tmp_path / "states" / "summary.parquet").set_index(["run", "product", "level", "query"])
     for query in ("total", "votingage * hispanic * cenrace"):
         qe = M.query_errors(true, est, build_query(PERSONS, query))

@@ -52,12 +52,14 @@ LEAVES = [(r, p, d) for r, provinces in GEOGRAPHY.items() for p, districts in pr
 
 
 def persons_frame(n: int = 400, seed: int = 3) -> pd.DataFrame:
-    """``n`` person records over :data:`GEOGRAPHY`, one column per level and per attribute."""
+    """Of ``n`` person records drawn over :data:`GEOGRAPHY` (one column per level and per attribute), those
+    outside the structural zero ``no_old_kind3`` (the reader refuses a record in it)."""
     rng = np.random.default_rng(seed)
     where = rng.integers(0, len(LEAVES), n)
-    return pd.DataFrame({"region": [LEAVES[i][0] for i in where], "prov": [LEAVES[i][1] for i in where],
-                         "dist": [LEAVES[i][2] for i in where], "sex": rng.integers(0, 2, n).astype(np.int8),
-                         "agegroup": rng.choice(["0-17", "18-64", "65+"], n), "kind": rng.integers(0, 4, n)})
+    frame = pd.DataFrame({"region": [LEAVES[i][0] for i in where], "prov": [LEAVES[i][1] for i in where],
+                          "dist": [LEAVES[i][2] for i in where], "sex": rng.integers(0, 2, n).astype(np.int8),
+                          "agegroup": rng.choice(["0-17", "18-64", "65+"], n), "kind": rng.integers(0, 4, n)})
+    return frame[~((frame["kind"] == 3) & (frame["agegroup"] == "65+"))].reset_index(drop=True)
 
 
 def codes_frame() -> pd.DataFrame:
@@ -184,6 +186,8 @@ BAD_RECORDS = {
     "undeclared value": (lambda f: f.assign(agegroup=f["agegroup"].where(f.index != 5, "old")),
                          "column 'agegroup'"),
     "code out of range": (lambda f: f.assign(kind=f["kind"].where(f.index != 5, 4)), "column 'kind'"),
+    "structural zero": (lambda f: f.assign(kind=f["kind"].where(f.index != 5, 3), agegroup=f["agegroup"].where(
+        f.index != 5, "65+")), "a record of persons in structural zero no_old_kind3: age '65+', kind 3 (value 3)"),
 }
 
 
@@ -348,7 +352,6 @@ def _declared_run(tmp_path: Path):
     spine = column_spine(codes_frame(), HIERARCHY)
     spine.to_parquet(tmp_path / "spine.parquet")
     frame = persons_frame()
-    frame = frame[~((frame["kind"] == 3) & (frame["agegroup"] == "65+"))]  # the structural zero holds
     hist = _leaf_hist(frame, spine)
     (tmp_path / "mdf" / "people").mkdir(parents=True)
     pq.write_table(generic_mdf(PEOPLE, spine.table[spine.levels[1:]], hist), tmp_path / "mdf" / "people" / "part-00000.parquet")

@@ -259,10 +259,9 @@ US_SPINE = {
     "pipeline/inputs/synth_households.py": "synthetic input of the 2020 DHC layout (households of U.S. persons)",
     "pipeline/outputs/us_mdf.py": "the Census MDF layouts pl94_persons and pl94_units",
 }
-#: Modules outside :data:`US_SPINE` that still name some of them, with the names: this list only shrinks.
-#: The fast person reader's checks (a nursing-facility resident under 18, a person without a unit of their
-#: type) are the U.S. structural zero and unit bounds spelled out, not yet read from the declaration.
-US_NAMES_LEFT = {"pipeline/inputs/validate.py": {"hhgq", "votingage"}}
+#: Modules outside :data:`US_SPINE` that still name some of them, with the names: this list only shrinks (it is
+#: empty: the fast person reader's checks are read from the declaration too).
+US_NAMES_LEFT: dict[str, set[str]] = {}
 
 #: Spellings of P.L. 94-171 things in identifiers: the Census MDF's columns, the loader's race tables.
 _US_SPELLING = re.compile(r"CENRACE|CENHISP|HISPANIC|VOTING_?AGE|TABBLK|GQTYPE|PL94")
@@ -335,3 +334,42 @@ def test_the_us_name_scan_sees_code_not_prose(tmp_path):
                    'q = "hispanic * cenrace"\nmsg = "a person under 18 (votingage 0), see pl94_persons."\ndef f(cenrace): return TABBLKST\n')
     assert sorted(_named(src, _us_names())) == [(2, "PERSONS"), (3, "votingage"), (4, "cenrace"), (4, "hispanic"),
                                                  (6, "TABBLKST"), (6, "cenrace")]
+
+
+#: The packages whose signatures carry products.
+_CODE = ("pipeline", "geo", "solvers", "vocab")
+
+
+def _str_products(rel: str, source: str) -> list[str]:
+    """Every function parameter and class field (a dataclass's) named ``product`` and annotated ``str`` (or
+    ``str | None``), as ``file:line``: a product is passed as its :class:`Product` (a name, at the edges, is
+    ``product_name``)."""
+    def is_str(annotation) -> bool:
+        text = ast.unparse(annotation).strip("'\"") if annotation is not None else ""
+        return text.replace(" ", "") in {"str", "str|None", "None|str", "Optional[str]"}
+
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            out += [f"{rel}:{arg.lineno}" for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                    if arg is not None and arg.arg == "product" and is_str(arg.annotation)]
+        elif isinstance(node, ast.ClassDef):
+            out += [f"{rel}:{f.lineno}" for f in node.body if isinstance(f, ast.AnnAssign)
+                    and isinstance(f.target, ast.Name) and f.target.id == "product" and is_str(f.annotation)]
+    return out
+
+
+def test_a_product_is_passed_as_a_product():
+    """No parameter or field named ``product`` is a string anywhere in the code (names only at the edges: a path
+    of the run directory, a label, a noise stream key, each ``product_name``)."""
+    files = [f for top in _CODE for f in sorted((REPO / top).rglob("*.py"))]
+    found = [hit for f in files for hit in _str_products(f.relative_to(REPO).as_posix(), f.read_text())]
+    assert not found, "product annotated str (pass the Product):\n" + "\n".join(found)
+
+
+def test_the_product_check_sees_parameters_and_fields():
+    source = ("def f(a, product: str, b: int): ...\ndef g(*, product: 'str | None' = None): ...\n"
+              "def h(product: Product, product_name: str): ...\nclass C:\n    product: str\n    other: str\n"
+              "class D:\n    product: Product\n")
+    assert _str_products("x.py", source) == ["x.py:1", "x.py:2", "x.py:5"]

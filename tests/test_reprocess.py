@@ -24,7 +24,7 @@ from topdown.pipeline.configuration.config import ConfigError
 from topdown.pipeline.privacy.measure import from_table, measure
 from topdown.pipeline.execution.reprocess import changed_keys, reprocess
 from topdown.pipeline.runtime.rundir import sha256_file
-from topdown.pipeline.configuration.census import PERSONS
+from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 from topdown.pipeline.outputs.verify import verify_run
 
 
@@ -152,7 +152,7 @@ def test_published_table_reads_back_to_the_drawn_measurements():
     hist = sp.csr_matrix(rng.integers(0, 3, size=(4, PERSONS.ncells)) * (rng.random((4, PERSONS.ncells)) < 0.01))
     nodes = ["a1", "a2", "a3", "a4"]
     plb = [Fraction(1, 3), Fraction(0), Fraction(1, 3), Fraction(1, 3)]
-    drawn, table = measure("persons", PERSONS, cfg.budget, "Block", nodes, plb, hist, "test", 5)
+    drawn, table = measure(PERSONS_PRODUCT, cfg.budget, "Block", nodes, plb, hist, "test", 5)
     table = table.to_pandas()
     shuffled = table.sample(frac=1, random_state=1)  # row order in the files does not matter
     back = from_table(PERSONS, list(cfg.budget.queries["Block"]), nodes, shuffled)

@@ -212,7 +212,7 @@ def test_the_answers_held_depend_on_the_parents_estimate_only():
 
     from topdown.pipeline import load_config
     from topdown.pipeline.privacy.measure import measure
-    from topdown.pipeline.configuration.census import PERSONS
+    from topdown.pipeline.configuration.census import PERSONS, PERSONS_PRODUCT
 
     budget = load_config("demo").products["persons"].budget
     level = list(budget.levels)[-1]
@@ -224,11 +224,11 @@ def test_the_answers_held_depend_on_the_parents_estimate_only():
     moved[2, (src + 700) % PERSONS.ncells] += 1  # a cell the parent's estimate may not hold
     held = np.sort(rng.choice(PERSONS.ncells, 150, replace=False))
     nodes, plb = [f"n{i}" for i in range(6)], [budget.levels[level]] * 6
-    tables = [measure("persons", PERSONS, budget, level, nodes, plb, h, "test", 3, held=held)
+    tables = [measure(PERSONS_PRODUCT, budget, level, nodes, plb, h, "test", 3, held=held)
               for h in (hist, sp.csr_matrix(moved))]
     keys = [t.select(["geocode", "query", "answer", "variance"]).to_pandas() for _, t in tables]
     assert keys[0].equals(keys[1])
-    declared, _ = measure("persons", PERSONS, budget, level, nodes, plb, hist, "test", 3)
+    declared, _ = measure(PERSONS_PRODUCT, budget, level, nodes, plb, hist, "test", 3)
     for m, full in zip(tables[0][0], declared):
         q = build_query(PERSONS, m.query)
         assert np.array_equal(m.answers, q.answers_of(held)) and m.values.shape == (6, m.answers.size)

@@ -70,7 +70,7 @@ def _measured_run(root: Path, config, spine, levels, seed: int) -> Path:
         groups = np.unique(parents // 12) if level.name == "Block" else [None]  # several block parts
         for k, g in enumerate(groups):
             rows = np.flatnonzero(parents // 12 == g) if g is not None else np.arange(len(level))
-            _, table = measure("persons", PERSONS, cfg.budget, level.name, level.nodes[rows],
+            _, table = measure(PERSONS_PRODUCT, cfg.budget, level.name, level.nodes[rows],
                                [level.plb[r] for r in rows], level.hist[rows], "test", seed)
             write_table(table, rundir.measurements("persons", level.name) / f"part-{k:05d}.parquet")
     (root / "manifest.json").write_text(json.dumps({"status": "complete", "products": ["persons"], "spine": "standard",
@@ -275,4 +275,4 @@ def test_report_shows_intervals_and_coverage_summary_only(demo_run, demo_input, 
     assert 'alt="intervals"' in html and "covers the true TOTAL" in html
     cov = pd.read_parquet(out / "intervals_coverage.parquet").set_index("level")
     assert cov.loc["Block_Group", "geounits"] == 28 and 0.5 <= cov.loc["Block_Group", "gls_covers"] <= 1
-    assert "truth" not in interval_table(pd.read_parquet(unc), "persons", ("Tract", "place")).columns
+    assert "truth" not in interval_table(pd.read_parquet(unc), PERSONS_PRODUCT, ("Tract", "place")).columns

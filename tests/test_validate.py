@@ -180,3 +180,73 @@ def test_gq_facilities_outnumber_residents(tmp_path) -> None:
     persons = _persons().drop(index=range(71, 97)).reset_index(drop=True)  # B keeps one college resident
     msg = _expect(tmp_path, persons, _units(), "units.parquet", "unit_type", B, "5")
     assert B in msg
+
+
+#: A declared census of its own words: ``rel`` is unit-bounded (units of types 0..2), two structural zeros on
+#: rel x age (checked together) and one on sex alone.
+OWN = {"name": "own", "hierarchy": {"geocode": "cell", "pattern": r"\d{4}", "root_code": "ALL",
+                                    "levels": [{"name": "Nation"}, {"name": "Zone", "width": 2}, {"name": "Cell", "width": 4}]},
+       "units": {"name": "homes", "type_column": "kind", "types": 3, "occupied_column": "lived_in"},
+       "products": {"people": {
+           "records": "people",
+           "attributes": [{"name": "rel", "size": 3, "column": "relation"},
+                          {"name": "age", "size": 4, "labels": ["child", "young", "adult", "old"]},
+                          {"name": "sex", "size": 2, "values": [["F", 0], ["M", 1]]}],
+           "constraints": {"rel_low": {"query": "rel", "sense": ">=", "rhs": "unit_lower"},
+                           "rel_high": {"query": "rel", "sense": "<=", "rhs": "unit_upper"},
+                           "no_child_rel1": {"zero_where": {"rel": [1], "age": [0]}},
+                           "no_old_rel2": {"zero_where": {"rel": [2], "age": [3]}}},
+           "unit_bounds": {"attribute": "rel", "min_per_unit": [0, 2, 1], "cap": [5, 9, 9]}}}}
+
+
+def _own_people(tmp_path: Path, rows: list[tuple]) -> Path:
+    path = tmp_path / "people.parquet"
+    pd.DataFrame(rows, columns=["cell", "relation", "age", "sex"]).to_parquet(path, index=False)
+    return path
+
+
+def test_a_declared_census_gets_the_structural_zero_check_in_its_words(tmp_path) -> None:
+    """The declared reader refuses a record in any of the census's structural zeros (exit 3), naming the zero,
+    its last attribute's column, the block, the value and the levels with their labels; zeros restricting the
+    same attributes are checked at once, and the one holding the record is named."""
+    from topdown.pipeline.configuration.census import census_from_dict
+    from topdown.pipeline.inputs.validate import check_records, zero_checks
+
+    census = census_from_dict(OWN)
+    people = census.product("people")
+    groups = zero_checks(people)
+    assert [(axes, [name for name, _ in zeros]) for axes, _, zeros in groups] == [((0, 1), ["no_child_rel1",
+                                                                                            "no_old_rel2"])]
+    ok = [("1001", 0, 0, "F"), ("1001", 1, 1, "M"), ("1002", 2, 0, "F")]
+    leaf, cells, _ = check_records(_own_people(tmp_path, ok), people, census.hierarchy)
+    assert list(leaf) == ["1001", "1001", "1002"] and len(cells) == 3
+    path = _own_people(tmp_path, ok + [("1003", 2, 3, "M"), ("1004", 1, 0, "F")])
+    with pytest.raises(InputError) as err:
+        check_records(path, people, census.hierarchy)
+    assert isinstance(err.value, ValueError)  # exit 3
+    assert str(err.value) == (f"{path}: column 'age', block 1003: a record of people in structural zero no_old_rel2: "
+                              "rel 2, age 3 (old) (value 3)")
+
+
+def test_unit_bounds_are_checked_in_a_declared_census_words() -> None:
+    """block_problem reads the declared bounds (cap and min_per_unit) and names the census's constraints; the
+    error names the bounded attribute's column or the units' type column."""
+    from topdown.pipeline.configuration.census import census_from_dict
+    from topdown.pipeline.inputs.validate import block_problem, raise_block_problem
+
+    census = census_from_dict(OWN)
+    people = census.product("people")
+    blocks = np.array(["1001", "1002"])
+    fine = np.array([[5, 2, 1], [0, 0, 0]]), np.array([[1, 1, 1], [0, 0, 0]])
+    assert block_problem(blocks, *fine, people) is None
+    homeless = block_problem(blocks, np.array([[1, 0, 0], [0, 0, 1]]), np.array([[1, 0, 0], [0, 0, 0]]), people)
+    assert homeless == ("persons", "1002", 2, "the block has no GQ facility of type 2 for this person")
+    crowded = block_problem(blocks, np.array([[6, 0, 0], [0, 0, 0]]), np.array([[1, 0, 0], [0, 0, 0]]), people)
+    assert crowded[:3] == ("persons", "1001", 0) and "5 each: rel_high" in crowded[3]
+    short = block_problem(blocks, np.array([[0, 3, 0], [0, 0, 0]]), np.array([[0, 2, 0], [0, 0, 0]]), people)
+    assert short == ("units", "1001", 1, "the block has more GQ facilities of this type than residents of that "
+                                         "type (each facility needs 2 residents: rel_low)")
+    with pytest.raises(InputError, match=r"^p.parquet: column 'relation', block 1002: .* \(value 2\)$"):
+        raise_block_problem(homeless, "p.parquet", "u.parquet", people, census.units)
+    with pytest.raises(InputError, match=r"^u.parquet: column 'kind', block 1001: .*rel_low\) \(value 1\)$"):
+        raise_block_problem(short, "p.parquet", "u.parquet", people, census.units)

@@ -445,14 +445,14 @@ class Config(_Strict):
                         if name not in known:
                             raise ConfigError(f"{self.source}: [{product}.{table}].{level}: unknown {table[:-1]} "
                                               f"{name!r}; known: {', '.join(known)}{did_you_mean(name, known)}")
-            self._check_total_bound(product, spec, cfg)
+            self._check_total_bound(spec, cfg)
         if self.run.spine != "standard" and not self.census.hierarchy.us:
             raise ConfigError(f"{self.source}: run.spine = {self.run.spine!r} is a U.S. spine (AIAN areas, block "
                               f"assignment files); census {self.census.name!r}'s hierarchy is not the U.S. one "
                               "(us = false): use spine = \"standard\"")
         return self
 
-    def _check_total_bound(self, product: str, spec: Product, cfg: ProductConfig) -> None:
+    def _check_total_bound(self, spec: Product, cfg: ProductConfig) -> None:
         """A total invariant declared at a level makes the total invariant there and at every level above it; each
         of those levels needs a constraint of right-hand side ``total`` (else the children's invariant totals need
         not add up to their parent's estimate), except the hierarchy's state level, whose whole states bind their
@@ -465,18 +465,18 @@ class Config(_Strict):
         below = [lv for lv in bound if not declared or names.index(lv) > names.index(declared[-1])]
         if below:
             known = f" ({', '.join(sorted(totals))})" if totals else " (none is declared)"
-            raise ConfigError(f"{self.source}: [{product}.constraints] {below[0]}: a constraint with rhs = \"total\" "
+            raise ConfigError(f"{self.source}: [{spec.name}.constraints] {below[0]}: a constraint with rhs = \"total\" "
                               f"needs the total invariant at {below[0]}: declare a total invariant{known} at "
-                              f"{below[0]} or below in [{product}.invariants]")
+                              f"{below[0]} or below in [{spec.name}.invariants]")
         if self.run.spine != "standard" and hierarchy.state in bound:
-            raise ConfigError(f"{self.source}: [{product}.constraints] {hierarchy.state}: a constraint with rhs = "
+            raise ConfigError(f"{self.source}: [{spec.name}.constraints] {hierarchy.state}: a constraint with rhs = "
                               f"\"total\" cannot bind the {self.run.spine} spine's {hierarchy.state} nodes, parts of "
                               f"a {hierarchy.state} without an invariant total (the whole {hierarchy.state}'s total "
                               "binds its parts as a group)")
         if not declared:
             return
         lowest = declared[-1]
-        where = f"{self.source}: [{product}.invariants] {lowest}"
+        where = f"{self.source}: [{spec.name}.invariants] {lowest}"
         if hierarchy.state is not None and names.index(lowest) > names.index(hierarchy.state):
             raise ConfigError(f"{where}: a total is invariant down to {hierarchy.state} at most on this hierarchy "
                               f"(a {hierarchy.state} split into parts by a spine has no invariant part totals)")
@@ -487,7 +487,7 @@ class Config(_Strict):
             raise ConfigError(f"{where}: the total is invariant at {', '.join(names[:names.index(lowest) + 1])}, "
                               f"but {', '.join(missing)} {'has' if len(missing) == 1 else 'have'} no constraint "
                               f"that binds it: add {hint} to "
-                              f"[{product}.constraints] {missing[0]}")
+                              f"[{spec.name}.constraints] {missing[0]}")
 
     @model_serializer(mode="wrap")
     def _products_by_name(self, handler: SerializerFunctionWrapHandler) -> dict:

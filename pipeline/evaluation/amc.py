@@ -204,8 +204,8 @@ class Tabulator:
 
         return _cached(self.cache, ("block_rows", digest), read)
 
-    def parts(self, run_dir: Path, product: str) -> list[Path]:
-        folder = run_dir / "histograms" / product / f"level={self.leaf}"
+    def parts(self, run_dir: Path, product_name: str) -> list[Path]:
+        folder = run_dir / "histograms" / product_name / f"level={self.leaf}"
         return sorted(folder.glob("*.parquet")) if folder.is_dir() else []
 
     def _needed(self, parts: list[Path], rows_of: pd.Series) -> list[Path]:
@@ -223,9 +223,10 @@ class Tabulator:
             out.append(part)
         return out
 
-    def tabulate(self, run_dir: Path, product: Product | str) -> dict[tuple[str, str, str], np.ndarray]:
-        """Dense (nodes, answers) arrays of ``product``'s keys; :class:`RunDirError` without block histograms."""
-        name = getattr(product, "name", product)
+    def tabulate(self, run_dir: Path, product_name: str) -> dict[tuple[str, str, str], np.ndarray]:
+        """Dense (nodes, answers) arrays of the keys of product ``product_name`` (keys and histograms are named by
+        the product's name); :class:`RunDirError` without block histograms."""
+        name = product_name
         rows_of = self.block_rows(run_dir)
         parts = self.parts(run_dir, name)
         if not parts:
@@ -242,9 +243,9 @@ class Tabulator:
             self.add(out, rows.astype(np.int64), table["cell"].to_numpy(), table["count"].to_numpy(np.float64))
         return out
 
-    def zeros(self, product: str) -> dict[tuple[str, str, str], np.ndarray]:
+    def zeros(self, product_name: str) -> dict[tuple[str, str, str], np.ndarray]:
         return {k: np.zeros((len(self.aggs[k[1]][0]), self.matrices[k[0], k[2]].shape[1]))
-                for k in self.keys if k[0] == product}
+                for k in self.keys if k[0] == product_name}
 
     def add(self, out: dict, rows: np.ndarray, cells: np.ndarray, counts: np.ndarray) -> None:
         """Add block histogram entries (spine row, cell, count) to the arrays ``out`` of :meth:`zeros`."""
@@ -419,11 +420,11 @@ def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
             continue
         if not tab.parts(ctx.src.root, spec.name):
             if ctx.reps:  # replicates need the published counts they are compared with
-                tab.tabulate(ctx.src.root, spec)  # raises
+                tab.tabulate(ctx.src.root, spec.name)  # raises
             continue
-        published.update(tab.tabulate(ctx.src.root, spec))
+        published.update(tab.tabulate(ctx.src.root, spec.name))
         for rep in ctx.reps:  # one replicate's tables at a time, summed in place
-            for k, v in tab.tabulate(rep, spec).items():
+            for k, v in tab.tabulate(rep, spec.name).items():
                 d = np.subtract(v, published[k], out=v)
                 if k in s1:
                     s1[k] += d

@@ -207,10 +207,10 @@ class RunHead:
     def seed(self) -> Any:
         return self.manifest.seed
 
-    def theoretical_epsilon(self, product: str) -> tuple[float | None, dict[tuple[str, str], float]]:
+    def theoretical_epsilon(self, product: Product) -> tuple[float | None, dict[tuple[str, str], float]]:
         """The product's certified epsilon and, per (level, query) measured, the epsilon of that one
         measurement (zCDP rho_q converted at the product's delta; pure DP epsilon_q), from certificate.json."""
-        cert = self.reader.certificate().products.get(product) if self.reader.certificate_path.exists() else None
+        cert = self.reader.certificate().products.get(product.name) if self.reader.certificate_path.exists() else None
         total = of_entry(cert) if cert else None
         if total is None or total.infinite:
             return None, {}
@@ -243,9 +243,9 @@ class RunView(RunHead):
         """True block histograms rolled up to ``level`` by this run's spine."""
         return _rolled_up(blocks, self.geoid_index, self.codes[level], len(self.nodes[level]), self.root)
 
-    def estimate_at(self, product: str, level: str) -> M.SparseHist:
-        """The run's estimates at ``level`` (:func:`read_estimates`)."""
-        return read_estimates(self.reader.histograms(product, level), level, self.nodes[level])
+    def estimate_at(self, product: Product, level: str) -> M.SparseHist:
+        """The run's estimates of ``product`` at ``level`` (:func:`read_estimates`)."""
+        return read_estimates(self.reader.histograms(product.name, level), level, self.nodes[level])
 
 
 def _rolled_up(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, n: int, root: Path) -> M.SparseHist:
@@ -279,8 +279,8 @@ def read_estimates(path: Path, level: str, nodes: pd.Index) -> M.SparseHist:
 
 # -- one group of states (one Dask task each) ------------------------------------------------------------
 
-def _key(run: str, seed: Any, product: str, level: str, **more) -> dict:
-    return {"run": run, "seed": None if seed is None else str(seed), "product": product, "level": level, **more}
+def _key(run: str, seed: Any, product: Product, level: str, **more) -> dict:
+    return {"run": run, "seed": None if seed is None else str(seed), "product": product.name, "level": level, **more}
 
 
 def _summary_row(rs: M.ResidualSummary) -> dict:
@@ -401,9 +401,9 @@ def _group_nodes(spine: pd.DataFrame, level: str) -> tuple[pd.Index, np.ndarray]
     return pd.Index(np.asarray(nodes, dtype=object).astype(str)), codes.astype(np.int64)
 
 
-def _group_truth(tmp: Path, product: str, g: int) -> pd.DataFrame:
+def _group_truth(tmp: Path, product: Product, g: int) -> pd.DataFrame:
     """Group ``g``'s true block histograms of ``product`` (a block read by two tasks adds up), sorted."""
-    return _summed([group_rows(tmp / "truth" / product, g, {"geocode": "str", "cell": "int64", "count": "int64"})])
+    return _summed([group_rows(tmp / "truth" / product.name, g, {"geocode": "str", "cell": "int64", "count": "int64"})])
 
 
 def _root_rows(blocks: pd.DataFrame, geoids: pd.Index, codes: np.ndarray, root: Path) -> pd.DataFrame:
@@ -440,7 +440,7 @@ def evaluate_group(g: int, tmp: Path, runs: list[tuple[Path, RunPlan]], sampling
         root_codes = plan.root_nodes.get_indexer(spine[top])
         for product, (spec, queries, replicate) in plan.products.items():
             if product not in truth:
-                truth[product] = _group_truth(tmp, product, g)
+                truth[product] = _group_truth(tmp, spec, g)
             blocks = truth[product]
             out["root_truth"][(i, product)] = _root_rows(blocks, geoids, root_codes, root)
             for level in below:
@@ -540,16 +540,15 @@ def _entity_tables(label: str, seed: Any, spec: Product, parts: list[dict], kind
 def _level_rows(label: str, seed: Any, spec: Product, level: str, part: LevelPart, edges: Sequence[int],
                 eps: tuple[float | None, dict], opts: EvalOptions, out: dict[str, list]) -> None:
     """A merged level's rows of every table of one run and product (appended to ``out``)."""
-    product = spec.name
     for name, rs in part.queries.items():
-        out["summary"].append({**_key(label, seed, product, level, query=name), **_summary_row(rs)})
-        out["epl"].append({**_key(label, seed, product, level, query=name), **_epl_row(rs, opts),
+        out["summary"].append({**_key(label, seed, spec, level, query=name), **_summary_row(rs)})
+        out["epl"].append({**_key(label, seed, spec, level, query=name), **_epl_row(rs, opts),
                            "epsilon_query": eps[1].get((level, name)), "epsilon_total": eps[0]})
-    out["errors_by_bin"].append(M.bin_rows(part.bins, edges).assign(**_key(label, seed, product, level, query="total")))
+    out["errors_by_bin"].append(M.bin_rows(part.bins, edges).assign(**_key(label, seed, spec, level, query="total")))
     if part.blau is not None:
-        out["blau"].append(M.blau_quintile_errors(part.blau[1], part.blau[2]).assign(**_key(label, seed, product, level)))
+        out["blau"].append(M.blau_quintile_errors(part.blau[1], part.blau[2]).assign(**_key(label, seed, spec, level)))
     if part.homogeneity is not None:
-        out["homogeneity"].append(M.homogeneity_rows(part.homogeneity).assign(**_key(label, seed, product, level)))
+        out["homogeneity"].append(M.homogeneity_rows(part.homogeneity).assign(**_key(label, seed, spec, level)))
 
 
 def _frame(parts: list) -> pd.DataFrame:
@@ -670,7 +669,7 @@ def _merged_tables(heads: list[RunHead], plans: list[RunPlan], parts: list[dict]
         replicates: dict[tuple[str, str, str], pd.Series] = {}
         top = plan.levels[0]
         for product, (spec, queries, replicate) in plan.products.items():
-            eps = head.theoretical_epsilon(product)
+            eps = head.theoretical_epsilon(spec)
             for level in plan.levels:
                 edges = M.BLOCK_BINS if level == plan.levels[-1] else M.COUNTY_BINS
                 if level == top:
@@ -863,9 +862,9 @@ def _intervals(run: Path, truth: Path, entities: Path | None, opts: EvalOptions,
 
     unc = read_frame(opts.uncertainty)
     reader = RunReader(run)
-    spine, product = reader.spine_table(), reader.products()[0].name  # the run's first product
+    spine, product = reader.spine_table(), reader.products()[0]  # the run's first product
     ent = load_entities(entities) if entities is not None else None
-    totals = truth_totals(load_truth(truth, reader.census()).blocks[product], spine, ent)
+    totals = truth_totals(load_truth(truth, reader.census()).blocks[product.name], spine, ent)
     cov = coverage_summary(unc, totals, product)
     if opts.suppress:  # the coverage of one or two geounits says where their true counts lie
         cov = suppress_small(cov.rename(columns={"geounits": "n"})).rename(columns={"n": "geounits"})

@@ -9,13 +9,15 @@ from typing import Collection
 import numpy as np
 import pandas as pd
 
-def interval_table(unc: pd.DataFrame, product: str, levels: tuple[str, ...], per_level: int = 5,
+from topdown.vocab.census import Product
+
+def interval_table(unc: pd.DataFrame, product: Product, levels: tuple[str, ...], per_level: int = 5,
                    query: str = "total", truth: pd.Series | None = None) -> pd.DataFrame:
     """The first ``per_level`` geounits (geocode order) of each of ``levels``: ``product``'s ``query`` cell 0
     with published count (where the run had its histograms), GLS estimate and interval, and the AMC interval
     (``amc90_low``, ``amc90_high``) where the file has ``amc`` rows; ``truth`` (indexed by (level, geocode))
     adds the true count."""
-    rows = unc[(unc["product"] == product) & (unc["query"] == query) & (unc["cell"] == 0)
+    rows = unc[(unc["product"] == product.name) & (unc["query"] == query) & (unc["cell"] == 0)
                & unc["level"].isin(levels)]
     gls = rows[rows["method"] == "gls"].sort_values(["level", "geocode"]).groupby("level", sort=False).head(per_level)
     table = gls[["level", "geocode", "published", "estimate", "ci90_low", "ci90_high"]].reset_index(drop=True)
@@ -86,11 +88,11 @@ def geounit_label(level: str, geocode: str, spine_levels: Collection[str]) -> st
     return f"{level} {geocode}" if level in spine_levels else f"{level} code {geocode}"
 
 
-def coverage_summary(unc: pd.DataFrame, truth: pd.Series, product: str, query: str = "total") -> pd.DataFrame:
+def coverage_summary(unc: pd.DataFrame, truth: pd.Series, product: Product, query: str = "total") -> pd.DataFrame:
     """Share of ``product``'s geounits per level whose 90 % interval of each method in the file (``gls_covers``,
     ``amc_covers``...) covers the truth - a summary only. Levels in the order the file holds them (the
     spine's, top-down, then the entity kinds); geounits an integer."""
-    rows = unc[(unc["product"] == product) & (unc["query"] == query) & (unc["cell"] == 0)]
+    rows = unc[(unc["product"] == product.name) & (unc["query"] == query) & (unc["cell"] == 0)]
     t = truth.reindex(pd.MultiIndex.from_frame(rows[["level", "geocode"]])).to_numpy()
     rows = rows.assign(truth=t, covers=(rows["ci90_low"] <= t) & (t <= rows["ci90_high"])).dropna(subset=["truth"])
     out = rows.astype({"covers": float}).pivot_table(index="level", columns="method", values="covers",

@@ -97,10 +97,10 @@ class Source:
         from ..execution.reprocess import invariants_of_nmf, open_nmf, write_measurement_parts
 
         cfg, spine_obj, nmf = open_nmf(location(nmf_dir), spine, config)
-        for product in cfg.run.products:
+        for product in cfg.run_products:
             for level in spine_obj.levels:
-                write_measurement_parts(nmf, product, level, staging / "noisy_measurements" / product / f"level={level}",
-                                        spine_obj)
+                write_measurement_parts(nmf, product, level,
+                                        staging / "noisy_measurements" / product.name / f"level={level}", spine_obj)
         products = list(cfg.run_products)
 
         def invariants(spec: Product) -> tuple[pd.DataFrame | None, str]:
@@ -124,8 +124,8 @@ class Source:
                 src.parents.append(None)
         return src
 
-    def parts(self, product: str, level: str) -> list[Path]:
-        return sorted((self.root / "noisy_measurements" / product / f"level={level}").glob("part-*.parquet"))
+    def parts(self, product: Product, level: str) -> list[Path]:
+        return sorted((self.root / "noisy_measurements" / product.name / f"level={level}").glob("part-*.parquet"))
 
 
 @dataclass
@@ -190,7 +190,7 @@ def read_part(path: Path) -> pa.Table:
 
 
 # ----------------------------------------------------------------------------------- measurement arrays
-def measured_queries(src: Source, product: str) -> tuple[str, ...]:
+def measured_queries(src: Source, product: Product) -> tuple[str, ...]:
     """Every query measured at some level of ``product`` (from the parts' schema-free contents)."""
     names: set[str] = set()
     for level in src.levels:
@@ -230,7 +230,7 @@ def node_arrays(alg: KronAlgebra, long: pa.Table, nodes: pd.Index, where: str):
     return present, weights, info
 
 
-def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: Structure) -> LevelState:
+def _full_level(alg: KronAlgebra, src: Source, product: Product, i: int, structure: Structure) -> LevelState:
     """An upper level's precision and information, read part by part (a level's measurements in one frame
     would be several times the arrays they fill), with its structural zeros and invariant totals."""
     level, nodes = src.levels[i], src.nodes[i]
@@ -240,7 +240,7 @@ def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: 
     for part in src.parts(product, level):  # a node's measurements are in one part (its chunk's)
         long = read_part(part)
         if long.num_rows:
-            rows, w, z = node_arrays(alg, long, nodes, f"{product} {level}")
+            rows, w, z = node_arrays(alg, long, nodes, f"{product.name} {level}")
             weights[rows] += w
             info[rows] += z
         del long
@@ -253,9 +253,9 @@ def _full_level(alg: KronAlgebra, src: Source, product: str, i: int, structure: 
 
 
 # ------------------------------------------------------------------------------------------- output rows
-def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, est: np.ndarray, cov: np.ndarray,
+def cell_rows(alg: KronAlgebra, product: Product, level: str, geocodes: np.ndarray, est: np.ndarray, cov: np.ndarray,
               cov_index: np.ndarray | None, queries: tuple[str, ...]) -> pd.DataFrame:
-    """Rows for histograms ``est (N, ncells)`` with covariances ``cov[cov_index]`` (class blocks)."""
+    """``product``'s rows for histograms ``est (N, ncells)`` with covariances ``cov[cov_index]`` (class blocks)."""
     frames = []
     idx = np.arange(len(geocodes)) if cov_index is None else cov_index
     for q in queries:
@@ -271,7 +271,7 @@ def cell_rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, 
         lo95, hi95 = count_interval(e, sd, 0.95)
         k = query.n_answers
         frames.append(pd.DataFrame({
-            "product": product, "level": level, "geocode": np.repeat(np.asarray(geocodes, dtype=object), k),
+            "product": product.name, "level": level, "geocode": np.repeat(np.asarray(geocodes, dtype=object), k),
             "query": q, "cell": np.tile(np.arange(k, dtype=np.int32), len(geocodes)), "method": "gls",
             "published": np.nan, "estimate": e.ravel(),
             "variance": v.ravel(), "ci90_low": lo90.ravel(), "ci90_high": hi90.ravel(),
@@ -305,7 +305,7 @@ def exact_rows(frame: pd.DataFrame, alg: KronAlgebra, queries: tuple[str, ...], 
     return frame
 
 
-def _rows(alg: KronAlgebra, product: str, level: str, geocodes: np.ndarray, est: np.ndarray, cov: np.ndarray,
+def _rows(alg: KronAlgebra, product: Product, level: str, geocodes: np.ndarray, est: np.ndarray, cov: np.ndarray,
           cov_index: np.ndarray | None, queries: tuple[str, ...], totals: np.ndarray | None) -> pd.DataFrame:
     """:func:`cell_rows` with the exact totals' rows (:func:`exact_rows`)."""
     frame = cell_rows(alg, product, level, geocodes, est, cov, cov_index, queries)
@@ -385,7 +385,7 @@ def leaf_pass2(t: LeafPass2) -> dict:
     b = top_down_est(alg, b_minus, a_key[kinv], parent["b"][p], parent["s_est"][p])
     snap(v_key, b, total, sig_exact[key[:, 0]])
     if t.write_rows:
-        frame = _rows(alg, t.product.name, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries, total)
+        frame = _rows(alg, t.product, t.level, np.asarray(t.nodes[rows]), b, v_key, kinv, t.out_queries, total)
         write_table(frame, t.out, compression="zstd")
         del frame
     sums: dict[int, np.ndarray] = {}
@@ -608,7 +608,7 @@ def upper_pass(t: UpperTask, res1: list[dict]) -> dict:
     alg = KronAlgebra(spec.schema, t.queries, t.zeros)
     leaf = len(src.levels) - 1
     leaf_total = structure.totals[leaf]
-    upper = [_full_level(alg, src, product, i, structure) for i in range(leaf)]
+    upper = [_full_level(alg, src, spec, i, structure) for i in range(leaf)]
     n_up = len(src.nodes[leaf - 1])
     weights = np.full((len(src.nodes[leaf]), len(alg.queries)), np.nan)
     s_est = np.zeros((n_up, alg.schema.ncells))
@@ -633,7 +633,7 @@ def upper_pass(t: UpperTask, res1: list[dict]) -> dict:
         lv.info = None  # no longer needed
     release_memory()
 
-    frames = [_rows(alg, product, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None,
+    frames = [_rows(alg, spec, src.levels[i], np.asarray(src.nodes[i]), upper[i].b, upper[i].v, None,
                     t.out_queries, upper[i].total) for i in range(leaf) if src.levels[i] in t.want]
     if frames:
         write_table(pd.concat(frames, ignore_index=True), t.rows_out, compression="snappy")
@@ -681,7 +681,7 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     task, pass 2 over the block parts, then the entities. The client holds no level's arrays."""
     product = spec.name
     structure = public_structure(src, spec)
-    measured = dclient.submit(measured_queries, _shipped(src), product, pure=False).result()  # reads every part
+    measured = dclient.submit(measured_queries, _shipped(src), spec, pure=False).result()  # reads every part
     alg, left_out = with_zeros(spec.schema, measured, structure.zero_queries)
     if left_out:
         log.info("uncertainty %s: the structural zeros of %s are not used (their cells would make the covariance "
@@ -689,7 +689,7 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     leaf = len(src.levels) - 1
     leaf_total = structure.totals[leaf]
     common = dict(product=spec, queries=alg.queries, level=src.levels[leaf], zeros=alg.zeros)
-    parts = src.parts(product, src.levels[leaf])
+    parts = src.parts(spec, src.levels[leaf])
     # Every leaf's geocode, parent and total, sent to the workers once (not with each of the tasks).
     leaves = dclient.scatter(LeafTask(part="", nodes=src.nodes[leaf], parents=src.parents[leaf], totals=leaf_total,
                                       **common), broadcast=True, hash=False)
@@ -737,7 +737,7 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
         frames = []
         for etype in sorted({k[0] for k in keys}):
             sel = np.array([k[0] == etype for k in keys])
-            frames.append(_rows(alg, product, etype, np.array([k[1] for k in keys], dtype=object)[sel],
+            frames.append(_rows(alg, spec, etype, np.array([k[1] for k in keys], dtype=object)[sel],
                                 est[sel], cov[sel], None, out_queries, tot[sel]))
         path = staging / f"{product}-entities.parquet"
         write_table(pd.concat(frames, ignore_index=True), path, compression="snappy")

@@ -40,7 +40,7 @@ import scipy.sparse as sp
 
 from ..inputs.invariants import UNIT_COLUMNS, LevelConstraints, bind, infeasible, infeasible_error, invariant_rows, level_rhs
 from topdown.geo.spine import US_HIERARCHY, is_sorted, nesting_problem, sorted_factorize
-from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product
+from topdown.vocab.census import GENERIC_MDF, Census, Hierarchy, Product, Units
 from topdown.vocab.queries import build_query
 
 from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, holding, levels_from_units,
@@ -385,12 +385,12 @@ def _stack(parts: list[BlockPart], blocks: np.ndarray, ncells: int) -> sp.csr_ma
 
 
 def _persons_problem(parts: list[BlockPart], blocks: np.ndarray, hist: sp.csr_matrix, units_by_type: np.ndarray,
-                     by_type: sp.csr_matrix) -> tuple | None:
+                     by_type: sp.csr_matrix, product: Product) -> tuple | None:
     """The first structural problem (in GEOID order) of the shard's blocks, with the persons file holding it
     (``by_type``: cells x unit types, the bounded attribute's marginal: :func:`unit_type_matrix`)."""
     order = np.argsort(blocks, kind="stable")
     persons_by_type = np.asarray((hist @ by_type).todense())
-    problem = block_problem(blocks[order], persons_by_type[order], units_by_type[order])
+    problem = block_problem(blocks[order], persons_by_type[order], units_by_type[order], product)
     if problem is None or problem[0] != PERSON_RECORDS:
         return None if problem is None else (problem, None)
     block, k = problem[1], problem[2]
@@ -440,7 +440,7 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
         bounded = unit_bounded(spec)
         by_type = None if bounded is None else unit_type_matrix(schema, bounded)
         problem = None if by_type is None else _persons_problem(parts, blocks, hist, units[:, :by_type.shape[1]],
-                                                                by_type)
+                                                                by_type, spec)
     else:
         hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
     rule = functools.partial(block_rhs, product, cfg, levels)
@@ -762,7 +762,7 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
                 listed[i].append(r)
         if problem is not None:
             problems.append(problem)
-    _raise_first(problems, files, inp)
+    _raise_first(problems, files, inp, product, config.census.units)
     if known is None and all(unit_bounded(q) is None for q in later):
         # the later products take the unit counts from this one's block metadata, and none of them can find a
         # unit problem whose file _raise_first would look up
@@ -843,9 +843,10 @@ def _spine_numbers(tab_geoid: pd.Index) -> np.ndarray | pd.Index:
     return numbers if numbers is not None and (np.diff(numbers) > 0).all() else tab_geoid
 
 
-def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput) -> None:
-    """Raise the first structural problem in validate_input's order: persons without a unit first, then
-    facilities without residents; within each, the first block GEOID."""
+def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput, product: Product,
+                 units: Units | None) -> None:
+    """Raise the first structural problem of ``product`` in validate_input's order: persons without a unit first,
+    then facilities without residents; within each, the first block GEOID."""
     if not problems:
         return
     kinds = [p for p in problems if p[0][0] == PERSON_RECORDS] or problems
@@ -855,7 +856,8 @@ def _raise_first(problems: list[tuple], files: InputFiles, inp: ReadInput) -> No
         path = next((f for f, fut in zip(inp.unit_files, inp.units)
                      if fut.client.submit(_has_units, fut, block, k, pure=False).result()),
                     files.where(UNIT_RECORDS))
-    raise_block_problem(problem, path or files.where(PERSON_RECORDS), path or files.where(UNIT_RECORDS))
+    raise_block_problem(problem, path or files.where(PERSON_RECORDS), path or files.where(UNIT_RECORDS), product,
+                        units)
 
 
 def _has_units(frame: pd.DataFrame, block: str, k: int) -> bool:

@@ -372,19 +372,19 @@ def _part_nnz(path: Path, nodes: list[str]) -> np.ndarray:
     return np.bincount(pd.Index(nodes).get_indexer(geocodes), minlength=len(nodes)).astype(np.int32)
 
 
-def write_level_histograms(rundir: RunDir, product: str, level: Level, hist: sp.csr_matrix) -> None:
+def write_level_histograms(rundir: RunDir, product: Product, level: Level, hist: sp.csr_matrix) -> None:
     """Write an aggregated (not estimated) level's histograms atomically, in one part."""
-    hdir = rundir.histograms(product, level.name)
+    hdir = rundir.histograms(product.name, level.name)
     rundir.clear_place(hdir)
     write_table(hist_table(level.nodes, hist), rundir.staging(hdir) / "part-00000.parquet")
     rundir.commit(hdir)
 
 
-def changed_level(rundir: RunDir, product: str, level: str, recorded: dict[str, str] | None) -> str | None:
+def changed_level(rundir: RunDir, product: Product, level: str, recorded: dict[str, str] | None) -> str | None:
     """Why a committed level cannot be read back as recorded in the manifest (None: every file matches)."""
     if not recorded:
-        return f"{rundir.histograms(product, level)}: no SHA-256 sums in the manifest"
-    problems = changed_files(recorded, level_digests(rundir, product, level))
+        return f"{rundir.histograms(product.name, level)}: no SHA-256 sums in the manifest"
+    problems = changed_files(recorded, level_digests(rundir, product.name, level))
     path = next(iter(problems), None)  # the first, in path order
     return None if path is None else f"{rundir.root / path}: {problems[path]}"
 
@@ -397,9 +397,9 @@ def read_level_histograms(rundir: RunDir, product: Product, level: Level) -> sp.
                          shape=(len(level), product.schema.ncells), dtype=np.int64)
 
 
-def read_level_output(rundir: RunDir, product: str, level: Level) -> LevelOutput:
+def read_level_output(rundir: RunDir, product: Product, level: Level) -> LevelOutput:
     """Where a level already written (--resume) holds each node, from its parts' geocodes."""
-    hdir = rundir.histograms(product, level.name)
+    hdir = rundir.histograms(product.name, level.name)
     part_of = np.zeros(len(level), dtype=np.int32)
     nnz = np.zeros(len(level), dtype=np.int32)
     for f in sorted(hdir.glob("part-*.parquet")):

@@ -380,23 +380,23 @@ class NoisyMeasurementFile:
     def bureau(self) -> bool:
         return self.meta["format"] == "bureau"
 
-    def measurement_table(self, product: str, level: str, part: Path) -> pa.Table:
+    def measurement_table(self, product_name: str, level: str, part: Path) -> pa.Table:
         """One DPQuery part as a run's measurement table (Arrow; :meth:`measurement_part` as pandas)."""
         names = read_schema(part).names
         dpq = _checked(part, DPQUERY, ["geocode", "query_name", "value", "variance",
                                        *(["query_shape"] if "query_shape" in names else [])])
         names = _name_map(dpq.column("query_name").unique().to_pylist(),
-                          self.meta["products"][product]["queries"][level], DPQ, str(part))
-        return _expand(dpq, names, self.schemas[product], str(part))
+                          self.meta["products"][product_name]["queries"][level], DPQ, str(part))
+        return _expand(dpq, names, self.schemas[product_name], str(part))
 
-    def measurement_part(self, product: str, level: str, part: Path) -> pd.DataFrame:
-        table = self.measurement_table(product, level, part)
+    def measurement_part(self, product_name: str, level: str, part: Path) -> pd.DataFrame:
+        table = self.measurement_table(product_name, level, part)
         return table.cast(pa.schema([(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
                                      for f in table.schema])).to_pandas()
 
-    def measurement_parts(self, product: str, level: str) -> Iterator[pd.DataFrame]:
-        for part in self.parts[product][level]:
-            yield self.measurement_part(product, level, part)
+    def measurement_parts(self, product_name: str, level: str) -> Iterator[pd.DataFrame]:
+        for part in self.parts[product_name][level]:
+            yield self.measurement_part(product_name, level, part)
 
     def check_parts(self) -> None:
         """Read every DPQuery part once (each is read again, one at a time, where it is used): a file from
@@ -406,12 +406,12 @@ class NoisyMeasurementFile:
                 for part in self.parts[product][level]:
                     self.measurement_table(product, level, part)
 
-    def run_parts(self, product: str, level: str, parents: pd.Series | None) -> pd.Series | None:
+    def run_parts(self, product_name: str, level: str, parents: pd.Series | None) -> pd.Series | None:
         """Which run part each measured node goes to, so that a part holds whole families (the children of a
         parent: a run's block task reads one family's measurements), or None where the DPQuery parts already
         do (ours: one per run part). A file from elsewhere (Spark spreads rows over its parts by hash) is cut
         into as many parts, at family boundaries; ``parents``: each node's parent (None at the root)."""
-        per_part = self.part_nodes[product][level]
+        per_part = self.part_nodes[product_name][level]
         nodes = np.concatenate(per_part) if per_part else np.array([], dtype=str)
         owner = np.repeat(np.arange(len(per_part)), [len(n) for n in per_part])
         family = (parents.reindex(nodes).astype(str).to_numpy() if parents is not None
@@ -425,9 +425,9 @@ class NoisyMeasurementFile:
         chunk = index * len(per_part) // max(int(index.max()) + 1, 1) if len(order) else index
         return pd.Series(chunk, index=order)
 
-    def measurements(self, product: str, level: str) -> pd.DataFrame:
+    def measurements(self, product_name: str, level: str) -> pd.DataFrame:
         """All measurements of one level in one frame (small files and tests; reprocessing reads by part)."""
-        frames = list(self.measurement_parts(product, level))
+        frames = list(self.measurement_parts(product_name, level))
         if not frames:
             return pd.DataFrame({c: pd.Series(dtype=t) for c, t in EMPTY_MEASUREMENTS.items()})
         return pd.concat(frames).sort_values(["geocode", "query", "answer"], kind="stable").reset_index(drop=True)
@@ -589,16 +589,16 @@ def read_nmf(nmf_dir: str | Path, config=None, spine: Spine | None = None) -> No
     return out
 
 
-def _measured_queries(nmf: NoisyMeasurementFile, product: str) -> dict[str, list[str]]:
+def _measured_queries(nmf: NoisyMeasurementFile, product_name: str) -> dict[str, list[str]]:
     """Per level, the queries a Bureau-layout file measured (our names), in the configuration's order where it
     lists them at that level; a name of no configured query is an error."""
-    configured = nmf.meta["products"][product]["queries"]
+    configured = nmf.meta["products"][product_name]["queries"]
     known = list(dict.fromkeys(q for level in configured.values() for q in level))
     out = {}
     for level in nmf.meta["levels"]:
         raw: set[str] = set()
-        for part in nmf.parts[product][level]:
+        for part in nmf.parts[product_name][level]:
             raw |= set(_checked(part, DPQUERY, ["query_name"]).column("query_name").unique().to_pylist())
-        names = set(_name_map(raw, known, DPQ, str(nmf.folders[product] / f"{level}.parquet" / DPQUERY)).values())
+        names = set(_name_map(raw, known, DPQ, str(nmf.folders[product_name] / f"{level}.parquet" / DPQUERY)).values())
         out[level] = [q for q in configured[level] if q in names] + sorted(names - set(configured[level]))
     return out

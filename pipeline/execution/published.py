@@ -47,7 +47,7 @@ class Matched:
     """One product's ``match_published``, checked: the earlier run, its product's query answering this product's
     ``query`` (``order``: the earlier answers' axes in this query's order) and its manifest's SHA-256."""
 
-    product: str
+    product: Product
     setting: MatchPublished
     reader: RunReader
     earlier: Product
@@ -70,8 +70,8 @@ class Matched:
         return sp.csr_matrix(counts.reshape(hist.shape[0], -1), dtype=np.int64)
 
 
-def _where(config: Config, product: str) -> str:
-    return f"{config.source}: [{product}.estimation] match_published"
+def _where(config: Config, product: Product) -> str:
+    return f"{config.source}: [{product.name}.estimation] match_published"
 
 
 def check_matched(config: Config) -> dict[str, Matched]:
@@ -82,7 +82,7 @@ def check_matched(config: Config) -> dict[str, Matched]:
 
 def _check(config: Config, spec: Product) -> Matched:
     setting = config.product(spec.name).estimation.match_published
-    where = _where(config, spec.name)
+    where = _where(config, spec)
     reader = RunReader(location(setting.run))
     try:
         manifest = reader.complete_manifest(f"matching {spec.name} to it")
@@ -109,7 +109,7 @@ def _check(config: Config, spec: Product) -> Matched:
                           "to them (its failsafe relaxed them): no estimate can equal its counts at every level")
     earlier = earlier_config.census.product(setting.product)
     query, earlier_query, order, shape = _queries(spec, earlier, setting, where)
-    return Matched(spec.name, setting, reader, earlier, earlier_query, query, order, shape,
+    return Matched(spec, setting, reader, earlier, earlier_query, query, order, shape,
                    sha256_file(reader.manifest_path))
 
 
@@ -175,7 +175,7 @@ def matched_levels(matched: dict[str, Matched], spine: Spine, levels: dict[str, 
 
 
 def _where_run(m: Matched) -> str:
-    return f"[{m.product}.estimation] match_published: run {m.reader.root}"
+    return f"[{m.product.name}.estimation] match_published: run {m.reader.root}"
 
 
 def _same_spine(m: Matched, spine: Spine) -> None:

@@ -256,28 +256,29 @@ def open_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | Pa
     return config, spine, nmf
 
 
-def write_measurement_parts(nmf: NoisyMeasurementFile, product: str, level: str, directory: Path,
+def write_measurement_parts(nmf: NoisyMeasurementFile, product: Product, level: str, directory: Path,
                             spine: Spine) -> None:
-    """A level's measurements as a run's parts in ``directory``, each holding whole families of nodes (a block
-    task then reads only its own parts), read and written one DPQuery part at a time: one run part per part
-    of our files; a file from elsewhere is regrouped through per-part pieces (:meth:`NoisyMeasurementFile.run_parts`)."""
-    parts = nmf.parts[product][level]
+    """``product``'s measurements of a level as a run's parts in ``directory``, each holding whole families of
+    nodes (a block task then reads only its own parts), read and written one DPQuery part at a time: one run part
+    per part of our files; a file from elsewhere is regrouped through per-part pieces
+    (:meth:`NoisyMeasurementFile.run_parts`)."""
+    parts = nmf.parts[product.name][level]
     if not parts:
-        write_table(nmf.measurements(product, level), directory / "part-00000.parquet", **MEASUREMENT_PARQUET)
+        write_table(nmf.measurements(product.name, level), directory / "part-00000.parquet", **MEASUREMENT_PARQUET)
         return
     parent = spine.parent_level(level)
     parents = spine.parents(level).rename(index=str).astype(str) if parent is not None else None
-    chunk = nmf.run_parts(product, level, parents)
+    chunk = nmf.run_parts(product.name, level, parents)
     if chunk is None:
         for i, part in enumerate(parts):
-            write_table(nmf.measurement_table(product, level, part), directory / f"part-{i:05d}.parquet",
+            write_table(nmf.measurement_table(product.name, level, part), directory / f"part-{i:05d}.parquet",
                         **MEASUREMENT_PARQUET)
         return
     pieces = directory.with_name(f".{directory.name}.pieces")
     shutil.rmtree(pieces, ignore_errors=True)
     try:
         for i, part in enumerate(parts):
-            long = nmf.measurement_part(product, level, part)
+            long = nmf.measurement_part(product.name, level, part)
             for c, rows in long.groupby(chunk.reindex(long["geocode"]).to_numpy(), sort=True):
                 write_table(rows, pieces / f"{int(c):05d}" / f"{i:05d}.parquet")
         for c in sorted(pieces.iterdir()):
@@ -302,11 +303,11 @@ def _from_nmf(nmf_dir: Path, spine_path: str | Path | None, config_path: str | P
 
     def publish(rd: RunDir) -> None:
         write_table(spine.to_arrow(), rd.root / "spine.parquet")
-        for product in config.run.products:
-            write_table(invariants[product], rd.staging(rd.invariants(product)))
-            rd.commit(rd.invariants(product))
+        for product in config.run_products:
+            write_table(invariants[product.name], rd.staging(rd.invariants(product.name)))
+            rd.commit(rd.invariants(product.name))
             for level in spine.levels:
-                final = rd.measurements(product, level)
+                final = rd.measurements(product.name, level)
                 rd.clear_place(final)
                 write_measurement_parts(nmf, product, level, rd.staging(final), spine)
                 rd.commit(final)

@@ -588,9 +588,9 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
             continue
         parent = levels[i - 1] if i and not by_block else None
         if level.name in done:
-            problem = changed_level(rundir, product, level.name, digests.get(level.name))
+            problem = changed_level(rundir, spec, level.name, digests.get(level.name))
             if problem is None:
-                hist = read_level_output(rundir, product, level)
+                hist = read_level_output(rundir, spec, level)
                 log.info("%s %s: complete in an earlier run, read back", product, level.name)
                 if release:
                     level.parts = None
@@ -617,7 +617,7 @@ def _estimate_product(dclient, rundir: RunDir, config: Config, spec: Product, le
         for child, level in zip(levels[:0:-1], levels[-2::-1]):
             up = sp.csr_matrix((np.ones(len(child)), (child.parent, np.arange(len(child)))),
                                shape=(len(level), len(child))) @ up
-            write_level_histograms(rundir, product, level, up.astype(np.int64).tocsr())
+            write_level_histograms(rundir, spec, level, up.astype(np.int64).tocsr())
             digests[level.name] = level_digests(rundir, product, level.name)
             if level.name not in done:
                 done.append(level.name)

@@ -25,13 +25,14 @@ from ..privacy.measure import (MEASUREMENT_PARQUET, MEASUREMENT_SCHEMA, NodeMeas
                                root_cells)
 from ..runtime.rundir import write_table
 from ..runtime.storage import arrow, location, parquet_file
+from topdown.vocab.census import Product
 from topdown.vocab.problem import SparseHist
 
 
 class Chunk(Protocol):
     """What a source reads of a chunk (``execution.tasks.Chunk``; named here so that no import cycle forms)."""
 
-    product: str
+    product: Product
     cfg: Any  # ProductConfig
     level: str
     children: list[str]
@@ -82,7 +83,7 @@ class Draw(MeasurementSource):
     draws: ClassVar[bool] = True
 
     def noisy(self, chunk: "Chunk") -> list[NodeMeasurements]:
-        measured, table = measure(chunk.product.name, chunk.product.schema, chunk.cfg.budget, chunk.level,
+        measured, table = measure(chunk.product, chunk.cfg.budget, chunk.level,
                                   chunk.children, chunk.child_plb, chunk.child_hist, chunk.mode, chunk.seed)
         self._stage(chunk, table)
         return measured
@@ -95,7 +96,7 @@ class Draw(MeasurementSource):
         schema, budget = chunk.product.schema, chunk.cfg.budget
         for task in chunk.parents:
             rows = task.child_rows
-            args = (chunk.product.name, schema, budget, chunk.level, chunk.children[rows], plb[rows],
+            args = (chunk.product, budget, chunk.level, chunk.children[rows], plb[rows],
                     chunk.child_hist[rows], chunk.mode, chunk.seed)
             if task.parent_hist is not None:
                 measured, table = measure(*args, held=SparseHist.of(task.parent_hist).cells)

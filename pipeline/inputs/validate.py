@@ -4,12 +4,15 @@ persons.parquet: ``geoid`` (15-digit block GEOID), ``hhgq`` 0..7, ``votingage`` 
 ``cenrace`` 0..62. units.parquet: ``geoid``, ``unit_type`` 0..7 (0 housing unit, 1..7 GQ major types in
 hhgq order), ``occupied`` (bool; GQ facilities are always occupied).
 
-Besides column-level checks, the block-level structure the TopDown constraints rely on is checked:
+Besides column-level checks, the structure the TopDown constraints rely on is checked, as the census declares
+it (for P.L. 94-171, conf/census/pl94.toml):
 
-* a person of type hhgq=k needs a unit of type k in the block (``hhgq_total_ub``: u_k * cap = 0 otherwise);
-* a GQ facility needs at least one resident of its type (``hhgq_total_lb``: persons_k >= u_k);
-* GQ facilities are occupied;
-* no person under 18 in a nursing facility (``nurse_nva_0``).
+* no record in a structural zero (a constraint ``== 0`` of right-hand side ``zero``; P.L. 94-171's
+  ``nurse_nva_0``: no person under 18 in a nursing facility), by both readers;
+* a product's ``unit_bounds``: the records of type k in a block are at most its units of type k x ``cap[k]``
+  (a person needs a unit of their type: ``hhgq_total_ub``) and at least those units x ``min_per_unit[k]``
+  (a GQ facility needs a resident: ``hhgq_total_lb``);
+* GQ facilities are occupied.
 
 A declared census (``topdown.vocab.census``) reads its own records with :func:`check_records`: the geography
 of its hierarchy (a geocode column matching the declared pattern, or one code column per level, each code
@@ -22,6 +25,8 @@ in the blocks before it, a confidential count; only declared invariants may be d
 """
 from __future__ import annotations
 
+import functools
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +36,7 @@ import pyarrow.compute as pc
 
 from topdown.geo.spine import US_HIERARCHY, nesting_problem
 from topdown.vocab.census import Hierarchy, Product, Units
+from topdown.vocab.queries import build_query
 
 from ..configuration.census import default_census
 from ..configuration.errors import InputError
@@ -39,7 +45,6 @@ from ..runtime.storage import parquet_file, read_table
 #: The input's two record files (kinds): persons.parquet (or persons/) and units.parquet (or units/).
 PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
 GEOID_LEN = 15
-NURSING = 3
 
 #: The product :func:`check_persons` reads: the default census's (conf/census/pl94.toml), from its person
 #: records (the fast path of a census not read as declared).
@@ -50,6 +55,68 @@ _US_UNITS = default_census().units
 UNIT_CODES: dict[str, tuple[int, int]] = {_US_UNITS.type_column: (0, _US_UNITS.types - 1)}
 PERSON_COLUMNS = ("geoid", *PERSON_CODES)
 UNIT_COLUMNS = ("geoid", "unit_type", "occupied")
+
+
+#: The largest grid of levels (cells of the attributes a structural zero restricts) its zeros are checked on at
+#: once, with those of the other zeros restricting the same attributes; a larger zero is checked on its own.
+ZERO_GRID = 1 << 20
+
+
+def zero_checks(product: Product) -> list[tuple[tuple[int, ...], np.ndarray | None, list[tuple[str, list[np.ndarray]]]]]:
+    """``product``'s structural zeros (its constraints ``== 0`` of right-hand side ``zero``), grouped by the
+    attributes they restrict: per group, those attributes' positions, the grid of their levels inside one of
+    the group's zeros (None: a zero larger than :data:`ZERO_GRID`, alone in its group), and each zero's name and
+    levels inside it per attribute (a query's counted cells are a product of levels)."""
+    groups: dict[tuple[int, ...], list] = {}
+    for spec in product.constraints.values():
+        if spec.rhs != "zero" or spec.sense != "==":
+            continue
+        maps = build_query(product.schema, spec.query).level_maps
+        axes = tuple(i for i, m in enumerate(maps) if (m < 0).any())
+        inside = [maps[i] >= 0 for i in axes]
+        if math.prod(len(m) for m in inside) > ZERO_GRID:
+            groups[(spec.name,)] = [axes, None, [(spec.name, inside)]]
+            continue
+        grid = functools.reduce(np.multiply.outer, inside, np.array(True))
+        group = groups.setdefault(axes, [axes, np.zeros(grid.shape, dtype=bool), []])
+        group[1] |= grid
+        group[2].append((spec.name, inside))
+    return [tuple(g) for g in groups.values()]
+
+
+def _inside(axes: tuple[int, ...], inside: list[np.ndarray], levels: list[np.ndarray], n: int) -> np.ndarray:
+    """Which of ``n`` records lie inside one zero (per attribute of ``axes``, its levels inside)."""
+    bad = np.ones(n, dtype=bool)
+    for i, m in zip(axes, inside):
+        bad &= m[levels[i]]
+    return bad
+
+
+def check_zeros(path: Path, table: pa.Table, product: Product, levels: list[np.ndarray]) -> None:
+    """No record of ``product`` lies in one of its structural zeros (``levels``: each attribute's level per
+    record, rows of ``table``). The error names the zero's last attribute's column, the record's block and
+    value, and the levels (with their labels; an input value where the attribute maps values) that put it
+    there."""
+    n = len(levels[0])
+    for axes, grid, zeros in zero_checks(product):
+        if grid is None:
+            bad = _inside(axes, zeros[0][1], levels, n)
+        elif axes:
+            bad = grid.ravel()[np.ravel_multi_index(tuple(levels[i] for i in axes), grid.shape)]
+        else:
+            bad = np.full(n, bool(grid))
+        if not bad.any():
+            continue
+        row = _first(bad)
+        name = next(z for z, inside in zeros if _inside(axes, inside, [lv[row:row + 1] for lv in levels], 1)[0])
+        shown = []
+        for i in axes:  # an attribute of declared input values by its value, else by its level
+            a, level = product.attributes[i], int(levels[i][row])
+            value = repr(table.column(a.column)[row].as_py()) if a.values else level
+            shown.append(f"{a.name} {value}" + (f" ({a.labels[level]})" if a.labels else ""))
+        column = product.attributes[axes[-1] if axes else -1].column
+        raise _fail(path, column, _block_of(table, row), f"a record of {product.records.name} in structural zero "
+                    f"{name}: {', '.join(shown) or 'every record'}", table.column(column)[row].as_py())
 
 
 def _fail(path: Path, column: str, block: str | None, problem: str, value: object = None) -> InputError:
@@ -190,19 +257,15 @@ def _flags(path: Path, table: pa.Table, name: str) -> np.ndarray:
 
 
 def check_persons(path: Path, row_groups: list[int] | None = None) -> tuple[pa.Array, pd.DataFrame]:
-    """Read and check person records (of ``row_groups`` only, when given): nulls, GEOIDs, codes, and no
-    person under 18 in a nursing facility. Returns the GEOIDs and a frame of codes in file order."""
+    """Read and check the records of :data:`US_PERSONS` (of ``row_groups`` only, when given): nulls, GEOIDs,
+    codes, and no record in a structural zero. Returns the GEOIDs and a frame of codes in file order."""
     table = _read(path, PERSON_COLUMNS, row_groups)
     _check_nulls(path, table)
     geo = _geoids(path, table)
     persons = pd.DataFrame({"geoid": pd.Series(geo.to_pandas(), dtype="str")})
     for name, (lo, hi) in PERSON_CODES.items():
         persons[name] = _codes(path, table, name, lo, hi)
-    nursing_minor = (persons["hhgq"].to_numpy() == NURSING) & (persons["votingage"].to_numpy() == 0)
-    if nursing_minor.any():
-        row = _first(nursing_minor)
-        raise _fail(path, "votingage", persons['geoid'].iat[row], f"person under 18 in a nursing facility "
-                    f"(hhgq {NURSING}; structural zero nurse_nva_0)", 0)
+    check_zeros(path, table, US_PERSONS, [persons[a.column].to_numpy() for a in US_PERSONS.attributes])
     return geo, persons
 
 
@@ -244,9 +307,9 @@ def _unique(names: tuple[str, ...]) -> tuple[str, ...]:
 def check_records(path: Path, product: Product, hierarchy: Hierarchy, row_groups: list[int] | None = None
                   ) -> tuple[pd.Series, np.ndarray, pd.DataFrame | None]:
     """Read and check the records a declared ``product`` counts (of ``row_groups`` only, when given): the
-    hierarchy's geography, nulls, and each attribute's column (a level 0..size-1, or a value its ``values``
-    map declares). Records outside the product's ``where`` are dropped. Returns each kept record's leaf
-    geocode and histogram cell, and (column hierarchy) the level codes per leaf of the whole read."""
+    hierarchy's geography, nulls, each attribute's column (a level 0..size-1, or a value its ``values``
+    map declares), and no record in a structural zero. Records outside the product's ``where`` are dropped.
+    Returns each kept record's leaf geocode and histogram cell, and (column hierarchy) the level codes per leaf of the whole read."""
     attributes = product.attributes
     columns = _unique((*geography_columns(hierarchy), *(a.column for a in attributes),
                        *(column for column, _ in product.records.where)))
@@ -272,49 +335,74 @@ def check_records(path: Path, product: Product, hierarchy: Hierarchy, row_groups
             raise _fail(path, a.column, _block_of(table, row), f"value not declared for attribute {a.name!r}",
                         table.column(a.column)[row].as_py())
         levels.append(mapped[at.to_numpy()])
+    check_zeros(path, table, product, levels)
     leaf = pd.Series(table.column("geoid").to_pandas(), dtype="str")
     cells = np.asarray(product.schema.cell_index(*levels), dtype=np.int64)
     return leaf, cells, geography
 
 
-def block_problem(geoids: np.ndarray, persons_by_type: np.ndarray, units_by_type: np.ndarray
-                  ) -> tuple[str, str, int, str] | None:
-    """The first structural problem of blocks (``geoids`` sorted; per block persons and units of each type
-    0..7) as (file kind "persons" or "units", block GEOID, type, message), or None:
+def _constraint_of(product: Product, rhs: str) -> str:
+    """The name of ``product``'s first constraint of right-hand side ``rhs`` (else its unit bounds' key)."""
+    return next((c.name for c in product.constraints.values() if c.rhs == rhs), f"{product.name}.unit_bounds")
 
-    a person of type k needs a unit of type k in the block; a GQ facility needs a resident of its type."""
-    homeless = (persons_by_type > 0) & (units_by_type == 0)
-    if homeless.any():
-        b, k = np.argwhere(homeless)[0]
-        return PERSON_RECORDS, str(geoids[b]), int(k), \
-            f"the block has no {'housing unit' if k == 0 else f'GQ facility of type {k}'} for this person"
-    short = (persons_by_type < units_by_type)
-    short[:, 0] = False
+
+def _bounded_column(product: Product) -> str:
+    """The input column of ``product``'s unit-bounded attribute (its levels are the unit types)."""
+    return next(a.column for a in product.attributes if a.name == product.unit_bounds.attribute)
+
+
+def _unit(k: int) -> str:
+    """Unit type ``k`` in words (:class:`Units`: 0 housing unit, then the group-quarters types)."""
+    return "housing unit" if k == 0 else f"GQ facility of type {k}"
+
+
+def block_problem(geoids: np.ndarray, persons_by_type: np.ndarray, units_by_type: np.ndarray, product: Product
+                  ) -> tuple[str, str, int, str] | None:
+    """The first problem of blocks (``geoids`` sorted; per block ``product``'s records and the units of each
+    type) with ``product``'s unit bounds, as (file kind "persons" or "units", block GEOID, type, message), or
+    None: the records of type k are at most the units of type k x ``cap[k]`` (a person of type k needs a unit
+    of type k in the block) and at least those units x ``min_per_unit[k]`` (a GQ facility needs a resident)."""
+    bounds = product.unit_bounds
+    cap, low = np.asarray(bounds.cap, dtype=np.int64), np.asarray(bounds.min_per_unit, dtype=np.int64)
+    over = persons_by_type > units_by_type * cap
+    if over.any():
+        b, k = np.argwhere(over)[0]
+        text = (f"the block has no {_unit(k)} for this person" if units_by_type[b, k] == 0 else
+                f"the block has more records of this type than its {_unit(k)}s hold ({cap[k]} each: "
+                f"{_constraint_of(product, 'unit_upper')})")
+        return PERSON_RECORDS, str(geoids[b]), int(k), text
+    short = persons_by_type < units_by_type * low
     if short.any():
         b, k = np.argwhere(short)[0]
-        return UNIT_RECORDS, str(geoids[b]), int(k), ("the block has more GQ facilities of this type than residents "
-                                                 "of that type (each facility needs a resident: hhgq_total_lb)")
+        units = "housing units" if k == 0 else "GQ facilities of this type"
+        each = "a resident" if low[k] == 1 else f"{low[k]} residents"
+        return UNIT_RECORDS, str(geoids[b]), int(k), (f"the block has more {units} than residents of that type "
+                                                      f"(each facility needs {each}: "
+                                                      f"{_constraint_of(product, 'unit_lower')})")
     return None
 
 
-def raise_block_problem(problem: tuple[str, str, int, str] | None, persons_path: object, units_path: object) -> None:
-    """Raise the :class:`InputError` of :func:`block_problem`'s finding, naming the file it is in."""
+def raise_block_problem(problem: tuple[str, str, int, str] | None, persons_path: object, units_path: object,
+                        product: Product, units: Units) -> None:
+    """Raise the :class:`InputError` of :func:`block_problem`'s finding, naming the file it is in and the column:
+    ``product``'s unit-bounded attribute's, or the ``units``' type column."""
     if problem is None:
         return
     kind, block, k, text = problem
     if kind == PERSON_RECORDS:
-        raise _fail(persons_path, "hhgq", block, text, k)
-    raise _fail(units_path, "unit_type", block, text, k)
+        raise _fail(persons_path, _bounded_column(product), block, text, k)
+    raise _fail(units_path, units.type_column, block, text, k)
 
 
-def by_type(geoids: pd.Series, codes: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """Records per (block, type 0..7), rows in the order of ``blocks`` (sorted unique GEOIDs)."""
+def by_type(geoids: pd.Series, codes: np.ndarray, blocks: np.ndarray, types: int) -> np.ndarray:
+    """Records per (block, type 0..types-1), rows in the order of ``blocks`` (sorted unique GEOIDs)."""
     rows = np.searchsorted(blocks, geoids.to_numpy())
-    return np.bincount(rows * 8 + codes.astype(np.int64), minlength=len(blocks) * 8).reshape(len(blocks), 8)
+    return np.bincount(rows * types + codes.astype(np.int64), minlength=len(blocks) * types).reshape(len(blocks), types)
 
 
 def validate_input(persons_path: Path | str, units_path: Path | str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Read persons.parquet and units.parquet, check the contract, return compact frames in file order.
+    """Read persons.parquet and units.parquet of :data:`US_PERSONS`, check the contract, return compact frames
+    in file order.
 
     Returned dtypes: ``geoid`` str, codes int8, ``occupied`` bool. Raises :class:`InputError`.
     """
@@ -322,7 +410,9 @@ def validate_input(persons_path: Path | str, units_path: Path | str) -> tuple[pd
     pgeo, persons = check_persons(persons_path)
     ugeo, units = check_units(units_path)
     blocks = np.union1d(pgeo.unique().to_numpy(zero_copy_only=False), ugeo.unique().to_numpy(zero_copy_only=False))
-    raise_block_problem(block_problem(blocks, by_type(persons["geoid"], persons["hhgq"].to_numpy(), blocks),
-                                      by_type(units["geoid"], units["unit_type"].to_numpy(), blocks)),
-                        persons_path, units_path)
+    types = _US_UNITS.types
+    persons_by_type = by_type(persons["geoid"], persons[_bounded_column(US_PERSONS)].to_numpy(), blocks, types)
+    units_by_type = by_type(units["geoid"], units["unit_type"].to_numpy(), blocks, types)
+    raise_block_problem(block_problem(blocks, persons_by_type, units_by_type, US_PERSONS), persons_path, units_path,
+                        US_PERSONS, _US_UNITS)
     return persons, units

@@ -335,14 +335,15 @@ def _records(reader: RunReader, products: list[Product], level: str) -> dict[str
     return most
 
 
-def _level_checks(product: str, ncells: int, level: str, h: pd.DataFrame, nodes: set, rep) -> None:
-    """One level's histogram rows (``h``, geocodes as strings) are non-negative integers on valid cells, once
-    per (geocode, cell), of nodes of the spine (``nodes``)."""
-    rep.check(h["count"].dtype.kind in "iu", f"{product} {level}: counts are not integers")
-    rep.check(bool((h["count"] >= 0).all()), f"{product} {level}: negative counts")
-    rep.check(bool(h["cell"].between(0, ncells - 1).all()), f"{product} {level}: cell out of range")
-    rep.check(not h.duplicated(["geocode", "cell"]).any(), f"{product} {level}: duplicate (geocode, cell) rows")
-    rep.check(set(h["geocode"]) <= nodes, f"{product} {level}: histogram geocode not in the spine")
+def _level_checks(product: Product, level: str, h: pd.DataFrame, nodes: set, rep) -> None:
+    """One level's histogram rows of ``product`` (``h``, geocodes as strings) are non-negative integers on valid
+    cells, once per (geocode, cell), of nodes of the spine (``nodes``)."""
+    rep.check(h["count"].dtype.kind in "iu", f"{product.name} {level}: counts are not integers")
+    rep.check(bool((h["count"] >= 0).all()), f"{product.name} {level}: negative counts")
+    ncells = product.schema.ncells
+    rep.check(bool(h["cell"].between(0, ncells - 1).all()), f"{product.name} {level}: cell out of range")
+    rep.check(not h.duplicated(["geocode", "cell"]).any(), f"{product.name} {level}: duplicate (geocode, cell) rows")
+    rep.check(set(h["geocode"]) <= nodes, f"{product.name} {level}: histogram geocode not in the spine")
 
 
 def _children_sums(child: pd.DataFrame, pmap: pd.Series) -> pd.Series:
@@ -350,7 +351,7 @@ def _children_sums(child: pd.DataFrame, pmap: pd.Series) -> pd.Series:
     return child.assign(parent=lambda d: d["geocode"].map(pmap)).groupby(["parent", "cell"])["count"].sum()
 
 
-def _check_sums(product: str, parent: str, child: str, summed: pd.Series, parents: pd.DataFrame, relaxed: set[str],
+def _check_sums(product: Product, parent: str, child: str, summed: pd.Series, parents: pd.DataFrame, relaxed: set[str],
                 rep: _Merged) -> None:
     """The children's sums (``summed``, per (parent, cell)) equal their parents' counts ``parents`` cell by cell
     (parents the failsafe relaxed excepted)."""
@@ -361,8 +362,9 @@ def _check_sums(product: str, parent: str, child: str, summed: pd.Series, parent
     diff = summed.sub(p, fill_value=0)
     bad = diff[(diff != 0) & ~diff.index.get_level_values("parent").isin(relaxed)]
     first = None if bad.empty else (str(bad.index[0][0]), int(bad.index[0][1]))
-    rep.check(bad.empty, f"{product} {child}: children do not sum to their {parent} parent (first: parent "
-                         f"{first[0]!r}, cell {first[1]})" if first else "", key=("sums", product, child), rank=first)
+    rep.check(bad.empty, f"{product.name} {child}: children do not sum to their {parent} parent (first: parent "
+                         f"{first[0]!r}, cell {first[1]})" if first else "", key=("sums", product.name, child),
+              rank=first)
 
 
 def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups: _Groups, rep: VerifyReport,
@@ -371,7 +373,7 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
     invariants and the MDF are first routed to per-group files in a temporary folder (``TMPDIR``), one batch
     of :data:`ROUTE_BATCH` rows at a time. The root level (one node) is read whole; its children's sums are
     added up group by group."""
-    product, schema = spec.name, spec.schema
+    product = spec.name
     root, below = levels[0], levels[1:]
     merged = _Merged()
     state = spine_state(*arrow(reader.spine_path))
@@ -383,7 +385,7 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
         h_root = reader.table(reader.histograms(product, root))
         h_root["geocode"] = h_root["geocode"].astype(str)
         roots = {str(v) for v in pc.unique(groups.spine.column(root).cast(pa.large_string())).to_pylist()}
-        _level_checks(product, schema.ncells, root, h_root, roots, merged)
+        _level_checks(spec, root, h_root, roots, merged)
         top: list[pd.Series] = []
         for g in range(groups.count):
             spine = groups.spine_frame(g)
@@ -392,16 +394,16 @@ def _verify_product(reader: RunReader, spec: Product, levels: list[str], groups:
                 h = hist[level].frame(g)
                 h["geocode"] = h["geocode"].astype(str)
                 hists[level] = h
-                _level_checks(product, schema.ncells, level, h, set(spine[level]), merged)
+                _level_checks(spec, level, h, set(spine[level]), merged)
             if below:
                 top.append(_children_sums(hists[below[0]], _parent_map(spine, below[0], root)))
             for parent, child in zip(below[:-1], below[1:]):
-                _check_sums(product, parent, child, _children_sums(hists[child], _parent_map(spine, child, parent)),
+                _check_sums(spec, parent, child, _children_sums(hists[child], _parent_map(spine, child, parent)),
                             hists[parent], relaxed, merged)
             verify_declared(reader, hists, inv.frame(g), spine, merged, totals_invariant, spec, hierarchy,
                             mdf=None if mdf is None else mdf.batches(g), state=state, run_levels=levels)
         if below:
-            _check_sums(product, root, below[0], pd.concat(top).groupby(level=[0, 1]).sum(), h_root, relaxed, merged)
+            _check_sums(spec, root, below[0], pd.concat(top).groupby(level=[0, 1]).sum(), h_root, relaxed, merged)
         verify_declared(reader, {root: h_root}, inv_top, groups.spine.slice(0, 1).to_pandas().astype(str), merged,
                         totals_invariant, spec, hierarchy, check_mdf=False, state=state, run_levels=levels)
     merged.emit(rep)

@@ -18,6 +18,7 @@ import scipy.sparse as sp
 from .accounting import allocate
 from ..configuration.config import BudgetConfig
 from ..configuration.errors import InputError
+from topdown.vocab.census import Product
 from topdown.vocab.queries import build_query
 from .rng import noise_sources
 from topdown.vocab.schema import Schema
@@ -40,11 +41,11 @@ class NodeMeasurements:
 
 
 def measure(
-    product: str, schema: Schema, budget: BudgetConfig, level: str, geocodes: pd.Index | list[str],
+    product: Product, budget: BudgetConfig, level: str, geocodes: pd.Index | list[str],
     plb: list[Fraction], hist: sp.csr_matrix, mode: str, seed: int | None, held: np.ndarray | None = None,
     only: Collection[str] | None = None,
 ) -> tuple[list[NodeMeasurements], pa.Table]:
-    """Measure every query configured for ``level`` at the given nodes.
+    """Measure every query configured for ``level`` at the given nodes of ``product``.
 
     Returns per-query noisy answers (for the solver) and the long noisy-measurement table to publish
     (geocode, query, answer, value, variance: an Arrow table of :data:`MEASUREMENT_SCHEMA`). Nodes with a
@@ -54,6 +55,7 @@ def measure(
     item 30), and the table has a row for exactly those answers. ``only``: measure these of the level's queries
     (in budget order), not all.
     """
+    schema = product.schema
     geocodes = list(geocodes)
     n = len(geocodes)
     out: list[NodeMeasurements] = []
@@ -78,7 +80,7 @@ def measure(
                 values[idx] = true[idx]
                 variance[idx] = 0.0
             else:
-                sources = noise_sources(mode, seed, product, level, [geocodes[i] for i in nodes], query)
+                sources = noise_sources(mode, seed, product.name, level, [geocodes[i] for i in nodes], query)
                 values[idx] = true[idx] + alloc.noise(sources, width)  # same draws as one stream at a time
                 variance[idx] = alloc.variance
         out.append(NodeMeasurements(query, values, variance, answers))

@@ -66,9 +66,9 @@ class RandomSource(ABC):
         return np.unpackbits(words.view(np.uint8))[:size]
 
 
-def noise_key(product: str, level: str, geocode: str, query: str) -> tuple[str, str, str, str]:
+def noise_key(product_name: str, level: str, geocode: str, query: str) -> tuple[str, str, str, str]:
     """The key parts of the noise stream of one query at one node (domain separation by product and level)."""
-    return str(product), str(level), str(geocode), str(query)
+    return str(product_name), str(level), str(geocode), str(query)
 
 
 def key_material(seed: int, parts: tuple[str, ...]) -> bytes:
@@ -107,17 +107,17 @@ class SeededSource(RandomSource):
         self._read = 0  # words of the stream read so far
 
     @classmethod
-    def of_nodes(cls, seed: int, product: str, level: str, geocodes: list[str], query: str) -> list["SeededSource"]:
-        """``SeededSource(seed, *noise_key(product, level, g, query))`` for every geocode g, the same streams:
+    def of_nodes(cls, seed: int, product_name: str, level: str, geocodes: list[str], query: str) -> list["SeededSource"]:
+        """``SeededSource(seed, *noise_key(product_name, level, g, query))`` for every geocode g, the same streams:
         the key material's common head and tail are spelled once (a third of a source's set-up)."""
-        product, level, _, query = noise_key(product, level, "", query)
-        head = key_material(seed, (product, level))[:-1] + b", "  # the list without its "]", then the geocode
+        product_name, level, _, query = noise_key(product_name, level, "", query)
+        head = key_material(seed, (product_name, level))[:-1] + b", "  # the list without its "]", then the geocode
         tail = b", " + encode_basestring_ascii(query).encode() + b"]"
         out = []
         for g in geocodes:
             g = str(g)
             source = cls.__new__(cls)
-            source._set(seed, (product, level, g, query), head + encode_basestring_ascii(g).encode() + tail)
+            source._set(seed, (product_name, level, g, query), head + encode_basestring_ascii(g).encode() + tail)
             out.append(source)
         if out and out[0]._key.tobytes() != cls(seed, *out[0].parts)._key.tobytes():  # checks the seed too
             raise AssertionError("SeededSource.of_nodes: the key material differs from key_material's")
@@ -160,13 +160,13 @@ class OSSource(RandomSource):
         return "OSSource()"
 
 
-def noise_sources(mode: str, seed: int | None, product: str, level: str, geocodes: list[str], query: str
+def noise_sources(mode: str, seed: int | None, product_name: str, level: str, geocodes: list[str], query: str
                   ) -> list[RandomSource]:
-    """``make_source(mode, seed, *noise_key(product, level, g, query))`` for every geocode g (the noise streams
+    """``make_source(mode, seed, *noise_key(product_name, level, g, query))`` for every geocode g (the noise streams
     of one query at many nodes)."""
     if mode == "test" and seed is not None and geocodes:
-        return SeededSource.of_nodes(seed, product, level, geocodes, query)
-    return [make_source(mode, seed, *noise_key(product, level, g, query)) for g in geocodes]
+        return SeededSource.of_nodes(seed, product_name, level, geocodes, query)
+    return [make_source(mode, seed, *noise_key(product_name, level, g, query)) for g in geocodes]
 
 
 def make_source(mode: str, seed: int | None, *parts: str) -> RandomSource:

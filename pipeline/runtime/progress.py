@@ -64,16 +64,16 @@ class Reporter:
         for bar in bars:
             bar.close()
 
-    def tasks(self, product: str, level: str, done: int, total: int) -> None:
-        """A ``ProgressFn`` (engine.py): ``done`` of ``total`` tasks of ``product``'s ``level``."""
+    def tasks(self, product_name: str, level: str, done: int, total: int) -> None:
+        """A ``ProgressFn`` (engine.py): ``done`` of ``total`` tasks of ``product_name``'s ``level``."""
         self.check()
         if not self.enabled:
             return
-        key = (product, level)
+        key = (product_name, level)
         with self._lock:
             bar = self._open.get(key)
         if bar is None:
-            bar = self.bar(f"{product} {level}", total, "tasks")
+            bar = self.bar(f"{product_name} {level}", total, "tasks")
             with self._lock:
                 self._open[key] = self._open.pop(id(bar))
         bar.update(done - bar.n)
@@ -183,8 +183,8 @@ def chain(*fns: Callable[[str, str, int, int], None] | None) -> Callable[[str, s
     """One ``ProgressFn`` calling each of ``fns`` (None skipped) in order."""
     live = [f for f in fns if f is not None]
 
-    def progress(product: str, level: str, done: int, total: int) -> None:
+    def progress(product_name: str, level: str, done: int, total: int) -> None:
         for f in live:
-            f(product, level, done, total)
+            f(product_name, level, done, total)
 
     return progress

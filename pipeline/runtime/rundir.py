@@ -89,17 +89,17 @@ class RunDir:
         """The resolved configuration the run used (JSON; ``Config.digest`` of it is the manifest's config hash)."""
         return self.root / "config.json"
 
-    def histograms(self, product: str, level: str) -> Path:
-        return self.root / "histograms" / product / f"level={level}"
+    def histograms(self, product_name: str, level: str) -> Path:
+        return self.root / "histograms" / product_name / f"level={level}"
 
-    def measurements(self, product: str, level: str) -> Path:
-        return self.root / "noisy_measurements" / product / f"level={level}"
+    def measurements(self, product_name: str, level: str) -> Path:
+        return self.root / "noisy_measurements" / product_name / f"level={level}"
 
-    def mdf(self, product: str) -> Path:
-        return self.root / "mdf" / product
+    def mdf(self, product_name: str) -> Path:
+        return self.root / "mdf" / product_name
 
-    def invariants(self, product: str) -> Path:
-        return self.root / "invariants" / f"{product}.parquet"
+    def invariants(self, product_name: str) -> Path:
+        return self.root / "invariants" / f"{product_name}.parquet"
 
     def output_digests(self, products: list[str]) -> dict[str, str]:
         """SHA-256 of every run-wide output, by path in the run directory (the manifest's ``output_sha256``):
@@ -110,9 +110,9 @@ class RunDir:
             files += [self.invariants(product), *sorted(self.mdf(product).rglob("*"))]
         return {str(f.relative_to(self.root)): sha256_file(f) for f in files if f.is_file()}
 
-    def chunk_records(self, product: str, level: str) -> Path:
+    def chunk_records(self, product_name: str, level: str) -> Path:
         """Where a level's finished chunks are recorded while it runs (for --resume inside a level)."""
-        return self.root / STAGING / "chunks" / product / f"level={level}"
+        return self.root / STAGING / "chunks" / product_name / f"level={level}"
 
     def staging(self, final: Path) -> Path:
         """Where a file or folder is written before :meth:`commit` puts it in place: on local disk its staging
@@ -398,9 +398,9 @@ def changed_files(recorded: dict[str, str], found: dict[str, str]) -> dict[str, 
     return problems
 
 
-def level_digests(rundir: RunDir, product: str, level: str) -> dict[str, str]:
+def level_digests(rundir: RunDir, product_name: str, level: str) -> dict[str, str]:
     """SHA-256 of every file of a committed level (measurements and histograms), by path in the run directory."""
-    dirs = (rundir.measurements(product, level), rundir.histograms(product, level))
+    dirs = (rundir.measurements(product_name, level), rundir.histograms(product_name, level))
     return {str(f.relative_to(rundir.root)): sha256_file(f) for d in dirs for f in sorted(d.rglob("*")) if f.is_file()}
 
 
@@ -603,9 +603,9 @@ class Manifest:
     def complete(self) -> bool:
         return self.status == "complete"
 
-    def level_sha256(self, product: str, level: str) -> dict[str, str] | None:
+    def level_sha256(self, product_name: str, level: str) -> dict[str, str] | None:
         """The SHA-256 of each file of one level, by path in the run directory (None: none recorded)."""
-        per_product = (self.data.get("sha256") or {}).get(product)
+        per_product = (self.data.get("sha256") or {}).get(product_name)
         sums = per_product.get(level) if isinstance(per_product, dict) else None
         return sums if isinstance(sums, dict) else None
 
