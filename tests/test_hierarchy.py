@@ -226,8 +226,9 @@ def test_read_input_without_units_builds_the_column_spine(tmp_path, dask_client)
 def test_a_census_with_units_reads_them_with_its_geography(tmp_path, dask_client):
     """Unit records carry the level columns too; a product counting them (with ``where``) reads the units file."""
     rng = np.random.default_rng(5)
-    units = persons_frame(120, seed=8)[["region", "prov", "dist"]].assign(
-        unit_type=rng.integers(0, 3, 120), occupied=lambda f: (f["unit_type"] > 0) | (rng.random(120) < 0.7))
+    units = persons_frame(120, seed=8)[["region", "prov", "dist"]]  # fewer than 120: records in zeros dropped
+    units = units.assign(unit_type=rng.integers(0, 3, len(units)),
+                         occupied=lambda f: (f["unit_type"] > 0) | (rng.random(len(units)) < 0.7))
     dwellings = Product(schema=Schema("dwellings", dims=(("occupied", 2),)),
                         records=Records("units", where=(("unit_type", (0,)),)),
                         attributes=(Attribute("occupied", 2, "occupied", values=((False, 0), (True, 1))),))
