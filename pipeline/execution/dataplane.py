@@ -346,10 +346,16 @@ def meta_constraints(metas: list[BlockMeta], rows: np.ndarray) -> LevelConstrain
     return metas[0].rhs(_units_of(metas, rows, rule=True)[0])
 
 
-def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
-    """The metadata of block ``rows`` (in that order) from the parts holding them."""
+def geoids_units(metas: list[BlockMeta], rows: np.ndarray) -> tuple[pd.Index, pd.DataFrame]:
+    """The GEOIDs and unit counts of block ``rows`` (in that order) from the parts holding them."""
     units, local, back = _units_of(metas, rows)
     geoids = metas[0].geoids_rows(local[0][:0]).append([m.geoids_rows(i) for m, i in zip(metas, local)])[back]
+    return geoids, units
+
+
+def meta_rows(metas: list[BlockMeta], rows: np.ndarray) -> BlockMeta:
+    """The metadata of block ``rows`` (in that order) from the parts holding them."""
+    geoids, units = geoids_units(metas, rows)
     return BlockMeta(0, geoids, units, metas[0].rhs)
 
 
@@ -498,13 +504,15 @@ def rows_of(parts: list[tuple[np.ndarray, sp.csr_matrix]], rows: np.ndarray, nce
     return _stack([BlockPart("", prow, m) for prow, m in parts], rows, ncells)
 
 
-def read_rows(files: list[str], nodes: list[str], ncells: int) -> sp.csr_matrix:
-    """Estimated histograms of ``nodes`` (rows in that order) read from a committed level's parts. (A part
-    without a non-zero cell has a geocode column of Arrow type null, so the parts are read one by one.)"""
+def read_rows(files: list[str], nodes: list[str], ncells: int,
+              read: Callable[[str], pa.Table] = read_table) -> sp.csr_matrix:
+    """Estimated histograms of ``nodes`` (rows in that order) read from a committed level's parts (``read``: how
+    a part is read, e.g. through a cache). (A part without a non-zero cell has a geocode column of Arrow type
+    null, so the parts are read one by one.)"""
     wanted = pa.array(nodes, type=pa.string())
     rows, cells, counts = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for f in files:
-        table = read_table(f)
+        table = read(f)
         if pa.types.is_null(table.schema.field("geocode").type):
             continue
         at = pc.index_in(table.column("geocode").cast(pa.string()), value_set=wanted)
@@ -524,21 +532,27 @@ def hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
                          "count": coo.data[keep].astype(np.int64)}).sort_values(["geocode", "cell"], kind="stable")
 
 
+#: Block-level parts a batch of MDF counties keeps read (neighbouring counties' blocks share parts).
+MDF_PARTS_KEPT = 4
+
+
 def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str,
-                     codes: pd.DataFrame | None = None) -> None:
+                     codes: pd.DataFrame | None = None, read: Callable[[str], pa.Table] = read_table) -> None:
     """Write one county's MDF part from the committed block-level parts (``rows``: the county's block rows in
     GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``; ``codes``: the level codes of
-    those blocks, for the generic layout)."""
-    meta = meta_rows(metas, rows)
-    hist = read_rows(files, list(meta.units.index), product.schema.ncells)
-    write_table(product_mdf(product, np.asarray(meta.geoids), hist, meta.units, codes), location(path), **MDF_PARQUET)
+    those blocks, for the generic layout; ``read``: how a part is read)."""
+    geoids, units = geoids_units(metas, rows)
+    hist = read_rows(files, list(units.index), product.schema.ncells, read)
+    write_table(product_mdf(product, np.asarray(geoids), hist, units, codes), location(path), **MDF_PARQUET)
 
 
 def write_counties_mdf(product: Product, counties: bytes, metas: list) -> None:
     """Write a batch of counties' MDF parts, one after the other (``counties``: pickled, for each the other
-    arguments of :func:`write_county_mdf`, its block metadata as positions into ``metas``, each once)."""
+    arguments of :func:`write_county_mdf`, its block metadata as positions into ``metas``, each once), each
+    block-level part read once while neighbouring counties need it."""
+    read = functools.lru_cache(maxsize=MDF_PARTS_KEPT)(read_table)
     for files, where, rows, path, codes in pickle.loads(counties):
-        write_county_mdf(product, files, taken(metas, where), rows, path, codes)
+        write_county_mdf(product, files, taken(metas, where), rows, path, codes, read)
 
 
 def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
