@@ -119,7 +119,7 @@ def test_move_into_a_block_without_housing_is_refused(demo_input):
 
 def test_path_run_reproduces_the_full_run(demo_input, demo_run):
     """The audit's run (only the parents on the two paths, measurements in memory) gives the path nodes
-    exactly the histograms of a full run with the same seed."""
+    exactly the histograms of a full run with the same seed, and again when it reuses the root's chunks."""
     manifest = json.loads((demo_run / "manifest.json").read_text())
     spine = pd.read_parquet(demo_run / "spine.parquet")
     persons = pd.read_parquet(demo_input / "persons.parquet")
@@ -139,6 +139,7 @@ def test_path_run_reproduces_the_full_run(demo_input, demo_run):
         assert v == h.loc[h["cell"].isin(t.cells), "count"].sum(), (level, t.geocode, t.query)
         checked += 1
     assert checked == len(plan.targets) and {t.path for t in plan.targets} == {"both", "from", "to"}
+    assert plan.fixed and np.array_equal(A.run_plan(plan, manifest["seed"]), values)  # the root's chunks reused
     assert (plan.truth != moved.truth).any() and np.array_equal(plan.truth[:2], moved.truth[:2])  # the US is shared
 
 
