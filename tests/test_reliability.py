@@ -366,18 +366,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def real_cluster(tmp_path) -> Iterator[str]:
-    """`dask scheduler` and two `dask worker` processes on localhost (lifetime bounded, always ended)."""
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory) -> Iterator[str]:
+    """`dask scheduler` and two `dask worker` processes on localhost (lifetime bounded, always ended), shared by
+    the module's tests that run on it (none of them stops a worker)."""
+    tmp_path = tmp_path_factory.mktemp("real-cluster")
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
     log = open(tmp_path / "cluster.log", "w")
     dask = [sys.executable, "-m", "dask"]  # this interpreter: the `dask` on PATH may import another checkout
-    procs = [subprocess.Popen(["timeout", "300", *dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+    procs = [subprocess.Popen(["timeout", "600", *dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
                                "--no-dashboard"], stdout=log, stderr=log, env=env, start_new_session=True)]
     for i in range(2):
-        procs.append(subprocess.Popen(["timeout", "300", *dask, "worker", addr, "--nthreads", "1", "--nworkers", "1",
+        procs.append(subprocess.Popen(["timeout", "600", *dask, "worker", addr, "--nthreads", "1", "--nworkers", "1",
                                        "--no-dashboard", "--local-directory", str(tmp_path / f"w{i}")],
                                       stdout=log, stderr=log, env=env, start_new_session=True))
     try:
@@ -413,18 +415,18 @@ def test_real_cluster_cli_and_python_give_identical_output(tmp_path, planted, pl
 
 
 @pytest.mark.slow
+def test_real_cluster_on_the_demo(tmp_path, demo_input, demo_run, real_cluster):
+    out = tmp_path / "cli"
+    _cli_demo_run(out, demo_input, "--scheduler", real_cluster)
+    assert differing_outputs(demo_run, out) == []
+
+
+@pytest.mark.slow
 def test_one_or_two_embedded_workers_give_identical_output(tmp_path, demo_input, demo_run):
     for n in (1, 2):
         out = tmp_path / f"w{n}"
         _cli_demo_run(out, demo_input, "--workers", str(n))
         assert differing_outputs(demo_run, out) == [], n
-
-
-@pytest.mark.slow
-def test_real_cluster_on_the_demo(tmp_path, demo_input, demo_run, real_cluster):
-    out = tmp_path / "cli"
-    _cli_demo_run(out, demo_input, "--scheduler", real_cluster)
-    assert differing_outputs(demo_run, out) == []
 
 
 def _malloc_trim_threshold() -> str | None:

@@ -58,7 +58,7 @@ from ..runtime.rundir import write_json_atomic, write_table
 from topdown.vocab.census import Hierarchy, Product
 from ..execution.dataplane import counts_units, find_input
 from ..inputs.tabulate import block_units, sparse_counts
-from ..execution.tasks import run_chunk
+from ..execution.tasks import Chunk, run_chunk
 from ..inputs.validate import check_records, check_units, validate_input
 
 #: Audited queries by default: the total and the detailed cell of the moved person.
@@ -240,6 +240,9 @@ class Plan:
     targets: list[Target]
     independent: bool = False
     truth: np.ndarray = field(default_factory=lambda: np.zeros(0))  # true value of each target in this database
+    #: Per level that depends on no estimate (every level of an independent plan, else the root): its chunks
+    #: and their child order, built by the first run here; a run sets only its seed on them.
+    fixed: dict[int, tuple[list[Chunk], np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
 
 
 def make_plan(product: Product, config: Config, levels: list[Level], blocks: list[str], cell: int,
@@ -296,12 +299,17 @@ def run_plan(plan: Plan, seed: int) -> np.ndarray:
     hists: list[sp.csr_matrix | None] = []
     parent: Level | None = None
     parent_hist: sp.csr_matrix | None = None
-    for level in plan.levels:
+    for i, level in enumerate(plan.levels):
         if level is None:
             hists.append(None)
             continue
-        chunks, order = make_chunks(plan.product, cfg, level, None if plan.independent else parent,
-                                    None if plan.independent else parent_hist, None, plan.independent)
+        if plan.independent or parent is None:
+            if i not in plan.fixed:
+                plan.fixed[i] = make_chunks(plan.product, cfg, level, None, None, None, plan.independent)
+            built, order = plan.fixed[i]
+            chunks = [replace(chunk, mode="test", seed=seed) for chunk in built]
+        else:
+            chunks, order = make_chunks(plan.product, cfg, level, parent, parent_hist, None)
         parts, pos = [], 0
         for chunk in chunks:
             res = run_chunk(chunk)
