@@ -47,7 +47,7 @@ from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, 
                      node_answers, total_is_invariant)
 from .memory import release_memory
 from ..runtime.rundir import sha256_file, write_frames, write_json_atomic, write_table
-from ..runtime.storage import location, parquet_file, read_table
+from ..runtime.storage import location, parquet_file, read_part
 from ..configuration.errors import InputError
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
@@ -505,7 +505,7 @@ def rows_of(parts: list[tuple[np.ndarray, sp.csr_matrix]], rows: np.ndarray, nce
 
 
 def read_rows(files: list[str], nodes: list[str], ncells: int,
-              read: Callable[[str], pa.Table] = read_table) -> sp.csr_matrix:
+              read: Callable[[str], pa.Table] = read_part) -> sp.csr_matrix:
     """Estimated histograms of ``nodes`` (rows in that order) read from a committed level's parts (``read``: how
     a part is read, e.g. through a cache). (A part without a non-zero cell has a geocode column of Arrow type
     null, so the parts are read one by one.)"""
@@ -537,7 +537,7 @@ MDF_PARTS_KEPT = 4
 
 
 def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str,
-                     codes: pd.DataFrame | None = None, read: Callable[[str], pa.Table] = read_table) -> None:
+                     codes: pd.DataFrame | None = None, read: Callable[[str], pa.Table] = read_part) -> None:
     """Write one county's MDF part from the committed block-level parts (``rows``: the county's block rows in
     GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``; ``codes``: the level codes of
     those blocks, for the generic layout; ``read``: how a part is read)."""
@@ -550,7 +550,7 @@ def write_counties_mdf(product: Product, counties: bytes, metas: list) -> None:
     """Write a batch of counties' MDF parts, one after the other (``counties``: pickled, for each the other
     arguments of :func:`write_county_mdf`, its block metadata as positions into ``metas``, each once), each
     block-level part read once while neighbouring counties need it."""
-    read = functools.lru_cache(maxsize=MDF_PARTS_KEPT)(read_table)
+    read = functools.lru_cache(maxsize=MDF_PARTS_KEPT)(read_part)
     for files, where, rows, path, codes in pickle.loads(counties):
         write_county_mdf(product, files, taken(metas, where), rows, path, codes, read)
 

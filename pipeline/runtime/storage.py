@@ -324,6 +324,18 @@ def read_table(path: str | Path | StorePath, **options: Any):
     return pq.read_table(source, filesystem=fs, **options)
 
 
+def read_part(path: str | Path | StorePath):
+    """One Parquet file read whole (a part of a run's level): on a store a single GET, where pyarrow's reader
+    would first ask the store whether the key is a file and then its size (two more round trips)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = location(path)
+    if isinstance(path, StorePath):
+        return pq.read_table(pa.BufferReader(path.read_bytes()))
+    return pq.read_table(path)
+
+
 def parquet_file(path: str | Path | StorePath):
     """``pyarrow.parquet.ParquetFile`` of a file, local or in a store."""
     import pyarrow.parquet as pq
