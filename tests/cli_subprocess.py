@@ -61,7 +61,7 @@ def topdown(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | No
     """``python -m topdown.pipeline.cli ARGV`` in a process of its own (no standard input), its outcome."""
     args = tuple(str(a) for a in argv)
     code, stdout, stderr = _FORKS.run([sys.executable, "-m", "topdown.pipeline.cli", *args], cwd, _env(env), timeout,
-                                      fresh=preexec_fn is not None or _changes_imports(env), preexec_fn=preexec_fn)
+                                      fresh=preexec_fn is not None or _needs_fresh_interpreter(env), preexec_fn=preexec_fn)
     outcome = Outcome(args, code, stdout, stderr)
     _tally(outcome)
     return outcome
@@ -76,7 +76,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 SHORT_CONNECT = (("DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT", "3s"),)
 
 
-def _changes_imports(env: dict[str, str] | None) -> bool:
+def _needs_fresh_interpreter(env: dict[str, str] | None) -> bool:
     """An environment that could change what an interpreter imports or how, or the Dask configuration it reads at
     import: run it in a fresh interpreter."""
     return any((k.startswith("PYTHON") and k != "PYTHONUNBUFFERED") or k.startswith("DASK_") for k in env or ())

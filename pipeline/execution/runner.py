@@ -142,13 +142,13 @@ def dask_client(client=None, scheduler: str | None = None, workers: int | None =
         return
     if scheduler:
         security = check_scheduler(scheduler, security)
+        wait = dask.config.get(CONNECT_TIMEOUT)
         try:
             with dask.config.set({"distributed.admin.low-level-log-length": SCHEDULER_LOG_LENGTH}):
-                c = Client(scheduler, timeout=dask.config.get(CONNECT_TIMEOUT),
-                           security=security)
+                c = Client(scheduler, timeout=wait, security=security)
         except (OSError, TimeoutError) as exc:
             raise ConfigError(f"cannot reach the Dask scheduler at {scheduler} within "
-                              f"{dask.config.get(CONNECT_TIMEOUT)} ({exc}; to wait longer, set Dask's "
+                              f"{wait} ({exc}; to wait longer, set Dask's "
                               f"{CONNECT_TIMEOUT}, e.g. DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=60s)") from None
         with c:
             yield c

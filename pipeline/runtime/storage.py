@@ -333,7 +333,7 @@ def read_part(path: str | Path | StorePath):
     path = location(path)
     if isinstance(path, StorePath):
         return pq.read_table(pa.BufferReader(path.read_bytes()))
-    return pq.read_table(path)
+    return read_table(path)
 
 
 def parquet_file(path: str | Path | StorePath):
