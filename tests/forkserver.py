@@ -80,7 +80,53 @@ def serve(channel_in, channel_out) -> dict | None:
 
 def run(request: dict) -> None:
     """The child's command, at the top level: exceptions and ``SystemExit`` end the process as they would
-    end ``python -m ...`` or ``python -c ...``."""
+    end ``python -m ...`` or ``python -c ...``; a command that ends normally or by ``SystemExit`` ends through
+    :func:`finish`."""
+    try:
+        _command(request)
+    except SystemExit as stop:
+        finish(stop)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # printed as the interpreter prints it, without this file's frames
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        finish(SystemExit(1))
+    else:
+        finish(SystemExit(0))
+
+
+def exit_status(stop: SystemExit) -> int | None:
+    """The status the interpreter exits with on ``stop`` (None: a message it prints, then status 1)."""
+    if stop.code is None:
+        return 0
+    return stop.code if isinstance(stop.code, int) and not isinstance(stop.code, bool) else None
+
+
+def finish(stop: SystemExit) -> None:
+    """End the child as the interpreter ends a process (wait for its non-daemon threads, run the ``atexit``
+    functions, flush the standard streams), then ``os._exit`` without tearing down the ~1,600 modules the
+    server imported (0.2 s a command). Anything unusual (a message to print, a stream that cannot be flushed)
+    is left to the interpreter's own exit."""
+    import atexit
+    import threading
+
+    status = exit_status(stop)
+    if status is None:
+        raise stop
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        raise stop from None
+    os._exit(status & 0xFF)
+
+
+def _command(request: dict) -> None:
     if request["kind"] == "cli":
         import runpy
 
