@@ -19,19 +19,28 @@ import os
 import sys
 import types
 
-#: Imported once, before any fork.
-PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "pyarrow.dataset", "scipy.sparse", "pydantic",
-           "dask", "dask.dataframe", "distributed", "tqdm", "fsspec",
-           "topdown.pipeline.configuration.config", "topdown.pipeline.configuration.census",
-           "topdown.pipeline.execution.runner")
+#: Imported once, before any fork, with every module of the package (:func:`package_modules`).
+PRELOAD = ("numpy", "pandas", "pyarrow", "pyarrow.parquet", "pyarrow.dataset", "scipy.sparse", "scipy.stats",
+           "pydantic", "dask", "dask.dataframe", "distributed", "tqdm", "fsspec")
+
+
+def package_modules() -> list[str]:
+    """Every module of ``topdown`` but the command line (which ``runpy`` runs afresh as ``__main__``)."""
+    import pkgutil
+
+    names = []
+    for sub in ("pipeline", "geo", "solvers", "vocab"):
+        package = importlib.import_module(f"topdown.{sub}")
+        names += [m.name for m in pkgutil.walk_packages(package.__path__, f"topdown.{sub}.")]
+    return [n for n in names if n != "topdown.pipeline.cli"]
 
 
 def preload() -> None:
-    """Import :data:`PRELOAD` (not the command line itself: ``runpy`` runs it afresh as ``__main__``), then
-    freeze the heap, so a child's garbage collection does not copy every page it inherited."""
+    """Import :data:`PRELOAD` and the package's modules, then freeze the heap, so a child's garbage collection
+    does not copy every page it inherited."""
     import gc
 
-    for name in PRELOAD:
+    for name in (*PRELOAD, *package_modules()):
         try:
             importlib.import_module(name)
         except Exception:  # a module this environment lacks is imported (or refused) by the child as usual

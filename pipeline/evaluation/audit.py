@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from scipy.stats import beta
+from scipy.special import betaincinv  # the beta distribution's quantile, without importing scipy.stats
 
 from topdown.geo.spine import US_HIERARCHY, build_spine
 
@@ -78,8 +78,8 @@ class AuditError(ValueError):
 def clopper_pearson(k: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """One-sided Clopper-Pearson bounds at level ``alpha`` each: P(p < lo) <= alpha and P(p > hi) <= alpha."""
     k = np.asarray(k, dtype=float)
-    lo = np.where(k > 0, beta.ppf(alpha, np.maximum(k, 1), n - k + 1), 0.0)
-    hi = np.where(k < n, beta.ppf(1 - alpha, k + 1, np.maximum(n - k, 1)), 1.0)
+    lo = np.where(k > 0, betaincinv(np.maximum(k, 1), n - k + 1, alpha), 0.0)
+    hi = np.where(k < n, betaincinv(k + 1, np.maximum(n - k, 1), 1 - alpha), 1.0)
     return lo, hi
 
 
@@ -385,7 +385,15 @@ def audit(config: Config, input_dir: Path, move: tuple[str, str], runs: int, cli
     check_count(runs, "--runs", 1, MAX_AUDIT_RUNS)
     start = time.perf_counter()
     product = product or audited_product(config)
-    plans = build_plans(config, input_dir, move, queries, product)
+    return audit_plans(build_plans(config, input_dir, move, queries, product), runs, client, seed, alpha, batch,
+                       start)
+
+
+def audit_plans(plans: tuple[Plan, Plan], runs: int, client, seed: int = 0, alpha: float = AUDIT_ALPHA,
+                batch: int = BATCH, start: float | None = None) -> AuditResult:
+    """:func:`audit` of plans already built (:func:`build_plans`)."""
+    start = time.perf_counter() if start is None else start
+    product = plans[0].product
     futures = []
     for db, plan in enumerate(plans):
         shipped = client.scatter(plan, broadcast=True)
@@ -475,9 +483,10 @@ def audit_command(config_path: str, input_dir: str, move: str, runs: int, out: s
     for name in names:
         build_query(product.schema, name)
     with claimed(target, "audit"):
+        start = time.perf_counter()
+        plans = build_plans(config, Path(input_dir), src_dst, names, product)  # the input's errors before a cluster
         with dask_client(None, scheduler, workers) as client:
-            result = audit(config, Path(input_dir), src_dst, runs, client, product, queries=names, seed=seed,
-                           batch=batch)
+            result = audit_plans(plans, runs, client, seed, batch=batch, start=start)
         eps = theoretical_epsilons(config, product)
         result.table["epsilon_query"] = [eps.get((lv, q)) for lv, q in zip(result.table["level"],
                                                                           result.table["query"])]
