@@ -350,19 +350,19 @@ def _compare_all(items: list, most: int | None = None, most_columns: int | None 
 @pytest.mark.slow
 def test_rhode_island_parents_equal_on_both_paths(tmp_path):
     """Rhode Island 2010 (persons and units): every parent of the levels with at most 12 parents, and 12 evenly
-    spaced parents of the Block_Group and Block levels' (of 244 and 815), on both paths, but the two whose
-    children times parent cells in play pass 2,000: persons' County -> Tract parents of Providence (141 tracts x
-    64 cells: HiGHS's active-set QP takes about 16 CPU minutes) and Kent (39 x 67: 18 s, as much as the other
-    three County -> Tract parents together). benchmarks/pyomo_ri_all.sh compares every parent
-    (benchmarks/RESULTS_pyomo.md)."""
+    spaced parents of the Block_Group and Block levels' (of 233 and 808), on both paths, but the four whose
+    children times parent cells in play pass 1,400: persons' County -> Tract parents of Providence (141 tracts x
+    64 cells: HiGHS's active-set QP takes about 16 CPU minutes), Kent (39 x 67: 18 CPU s), Washington (28 x 64:
+    14 s) and Newport (22 x 67: 9.5 s; the 56 other parents compared take 23 s together). Bristol's (11 x 58)
+    stays. benchmarks/pyomo_ri_all.sh compares every parent (benchmarks/RESULTS_pyomo.md)."""
     from topdown.pipeline.inputs.ingest import ingest_blocks
 
     inp = tmp_path / "ri-input"
     ingest_blocks(REPO / "data" / "ri2010" / "ri_2010_block_demographics.csv.gz", inp)
     counts = _compare_all(_captured(tmp_path / "cap", str(REPO / "conf" / "ri2010.toml"), inp), most=12,
-                          most_columns=2_000)
+                          most_columns=1_400)
     assert counts["levels"] >= 8 and counts.get("identical", 0) > 10 * counts.get("tie", 0)
-    assert counts.get("too large", 0) == 2
+    assert counts.get("too large", 0) == 4
 
 
 def _small_1940_run(tmp_path: Path, census: str) -> list:
