@@ -416,7 +416,7 @@ def main() -> None:
 
     from topdown.pipeline.execution import runner
     from topdown.pipeline.execution.cluster import NO_DASHBOARD
-    from topdown.pipeline.configuration.config import declared_census, load_config
+    from topdown.pipeline.configuration.config import load_config
     from topdown.pipeline.execution.dataplane import find_input
 
     if not args.resume:
@@ -490,7 +490,7 @@ def main() -> None:
         "driver_rss_at_start_mb": round(driver_start / MB),
         "worker_hwm_mb": sorted({w["pid"]: round(w["hwm"] / MB) for s in samples
                                  for w in s["workers"].values()}.values()),
-        "persons": sum(_rows(f) for f in find_input(args.input, declared_census(load_config(args.config))).persons),
+        "persons": sum(_rows(f) for f in find_input(args.input, load_config(args.config).census).persons),
         "nodes": nodes, "parents_solved": manifest.get("parents_solved"), "failsafe": len(manifest.get("failsafe", [])),
         "loadavg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -21,13 +21,13 @@ import scipy.sparse as sp
 from cli_subprocess import assert_clean_failure, topdown
 from topdown.geo import GeographyError
 from topdown.geo.spine import (LEVELS, PREFIX, US_HIERARCHY, build_spine, column_spine, spine_state, standard_spine)
-from topdown.pipeline.configuration.config import ConfigError, census_hierarchy, declared_census, load_config
+from topdown.pipeline.configuration.config import ConfigError, census_hierarchy, load_config
 from topdown.pipeline.execution import dataplane
 from topdown.pipeline.configuration.errors import InputError
 from topdown.pipeline.inputs.validate import check_records
 from topdown.pipeline.outputs import verify
 from topdown.pipeline.outputs.mdf import RECORD_NUMBER, generic_mdf, tabulate_generic_mdf
-from topdown.pipeline.configuration.census import PERSONS, PL94, default_census, read_as_declared
+from topdown.pipeline.configuration.census import PERSONS, PL94, default_census
 from topdown.vocab.census import (Attribute, Census, ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records,
                                   UnitBounds, Units)
 from topdown.vocab.schema import Schema
@@ -73,7 +73,7 @@ def test_the_us_constants_are_the_us_hierarchys_values():
     assert PREFIX == {"State": 2, "County": 5, "Tract": 11, "Block_Group": 12}
     assert US_HIERARCHY.by_prefix and US_HIERARCHY.us and US_HIERARCHY.state == "State"
     config = load_config("demo")
-    assert census_hierarchy(config) == US_HIERARCHY and declared_census(config) is None
+    assert census_hierarchy(config) == US_HIERARCHY and config.census == default_census()
 
 
 def test_the_pl94_declaration_states_the_us_hierarchy():
@@ -82,12 +82,23 @@ def test_the_pl94_declaration_states_the_us_hierarchy():
     assert default_census().hierarchy == US_HIERARCHY
 
 
-def test_only_the_default_census_is_read_by_the_us_readers():
-    """The P.L. 94-171 readers tabulate exactly the default census's products on the U.S. hierarchy; a census on
-    U.S. geography with products of its own (or another hierarchy) is read as declared."""
+def test_pl94_is_read_as_declared_its_units_product_from_the_unit_records(demo_input, dask_client):
+    """P.L. 94-171 is read as every census is: each product's records by ``check_records``, the housing-units
+    product (``records = units``) from the unit records, its cells the occupied and vacant housing units."""
+    from topdown.pipeline.inputs.tabulate import block_units
+    from topdown.pipeline.inputs.validate import check_units
+
     pl94 = default_census()
-    assert not read_as_declared(pl94) and read_as_declared(CENSUS)
-    assert read_as_declared(dataclasses.replace(pl94, products=pl94.products[:1]))
+    files = dataplane.find_input(demo_input)
+    inp = dataplane.read_input(dask_client, files)
+    assert set(inp.parts) == {p.name for p in pl94.products}
+    parts = dask_client.gather(inp.parts["units"][0])
+    counted = pd.concat([pd.DataFrame(p.hist.toarray(), index=p.geoids, columns=["occupied", "vacant"])
+                         for p in parts]).groupby(level=0).sum()
+    expected = block_units(check_units(files.units[0])[1]).set_index("geoid")[["occupied", "vacant"]]
+    expected = expected[expected.sum(axis=1) > 0]
+    assert counted.sum().sum() > 0 and (counted.to_numpy() == expected.loc[counted.index].to_numpy()).all()
+    assert set(counted.index) == set(expected.index)
 
 
 def test_a_prefix_hierarchy_of_other_widths():
@@ -145,7 +156,7 @@ def test_a_us_spine_on_another_census_is_a_config_error(tmp_path):
     """A configuration running a non-U.S. census on the AIAN or optimized spine is refused at load (exit 2)."""
     path = _e2e_config(tmp_path, tmp_path / "input")
     config = load_config(path)
-    assert census_hierarchy(config).names == HIERARCHY.names and declared_census(config) is config.census
+    assert census_hierarchy(config).names == HIERARCHY.names and config.census.hierarchy == HIERARCHY
     path.write_text(path.read_text().replace('mode = "test"', 'mode = "test"\nspine = "optimized"'))
     with pytest.raises(ConfigError, match=r"run.spine = 'optimized' is a U.S. spine .*us = false"):
         load_config(path)

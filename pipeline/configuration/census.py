@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import topdown.conf
-from topdown.geo.spine import US_HIERARCHY
 from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, GENERIC_MDF, MAX_CELLS, MAX_UNIT_TYPES, Attribute, Census,
                                   EvaluationRoles,
                                   ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, Units)
@@ -108,14 +107,6 @@ def _load_file(path: str) -> tuple[dict, Census]:
 def default_census() -> Census:
     """The census of a run configuration that names none."""
     return load_census(DEFAULT_CENSUS)
-
-
-def read_as_declared(census: Census) -> bool:
-    """Whether a census's input is read as declared (``validate.check_records``: geography from its hierarchy,
-    attributes from its products) rather than by the fast readers of the U.S. P.L. 94-171 files, which read
-    exactly the default census's products on the U.S. hierarchy (any other census on U.S. geography is read
-    as declared)."""
-    return census.hierarchy != US_HIERARCHY or census.products != default_census().products
 
 
 def _short(value: Any) -> str:

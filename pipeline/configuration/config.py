@@ -36,7 +36,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PlainSerial
 
 from topdown.vocab.census import Census, Hierarchy, Product
 
-from .census import (DEFAULT_CENSUS, census_from_dict, default_census, read_as_declared,
+from .census import (DEFAULT_CENSUS, census_from_dict, default_census,
                      read_declaration)
 from .errors import ConfigError, closest, did_you_mean, toml_files_beside
 from .limits import MAX_INCLUDES, MAX_SEED, check_number_text, read_toml_file, unsafe_name
@@ -749,9 +749,3 @@ def check_production(config: Config) -> None:
 def census_hierarchy(config: Config) -> Hierarchy:
     """The hierarchy a run's spine is built on: its census's (``config.census``)."""
     return config.census.hierarchy
-
-
-def declared_census(config: Config) -> Census | None:
-    """The run's census when its input is read as declared (``validate.check_records``), None when it is read by
-    the P.L. 94-171 readers: a census on the U.S. hierarchy."""
-    return config.census if read_as_declared(config.census) else None

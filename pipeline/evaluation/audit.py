@@ -44,7 +44,7 @@ from scipy.special import betaincinv  # the beta distribution's quantile, withou
 
 from topdown.geo.spine import US_HIERARCHY, build_spine
 
-from ..configuration.config import BudgetConfig, Config, ConfigError, census_hierarchy, declared_census
+from ..configuration.config import BudgetConfig, Config, ConfigError, census_hierarchy
 from ..configuration.limits import MAX_AUDIT_RUNS, check_count
 from ..privacy.budget import of_config
 from ..execution.engine import make_chunks
@@ -55,11 +55,12 @@ from topdown.vocab.queries import build_query
 from ..runtime.private_files import private_dir, seal
 from ..runtime.outdir import check, claimed
 from ..runtime.rundir import write_json_atomic, write_table
-from topdown.vocab.census import Hierarchy, Product
+from topdown.vocab.census import Census, Hierarchy, Product
 from ..execution.dataplane import counts_units, find_input
 from ..inputs.tabulate import block_units, sparse_counts
 from ..execution.tasks import Chunk, run_chunk
-from ..inputs.validate import check_records, check_units, validate_input
+from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, block_problem, by_type, check_records, check_units,
+                               raise_block_problem)
 
 #: Audited queries by default: the total and the detailed cell of the moved person.
 AUDIT_QUERIES: tuple[str, ...] = ("total", "detailed")
@@ -152,16 +153,9 @@ class Records:
 
 
 def read_records(config: Config, input_dir: Path, product: Product) -> Records:
-    """The input of ``config``'s census, read and checked as a run reads it (the P.L. 94-171 files, or a declared
-    census's records, ``validate.check_records``)."""
-    census = declared_census(config)
-    if census is None:
-        persons, units = validate_input(Path(input_dir) / "persons.parquet", Path(input_dir) / "units.parquet")
-        schema = product.schema
-        cells = np.asarray(schema.cell_index(*(persons[d].to_numpy() for d in schema.dim_names)), np.int64)
-        leaf = persons["geoid"].to_numpy().astype(str)
-        blocks = np.union1d(units["geoid"].unique().astype(str), np.unique(leaf))
-        return Records(leaf, cells, units, pd.Series(blocks, name="geoid"))
+    """The input of ``config``'s census, read and checked as a run reads it (``validate.check_records``, and the
+    leaves' records against the units they need: ``validate.block_problem``)."""
+    census = config.census
     if counts_units(census, product):
         raise AuditError(f"product {product.name!r} counts unit records: the audit moves one record of a product "
                          "that counts the census's person records")
@@ -174,12 +168,27 @@ def read_records(config: Config, input_dir: Path, product: Product) -> Records:
     frame = (pd.concat(units, ignore_index=True) if units
              else pd.DataFrame({"geoid": pd.Series(dtype=str), "unit_type": pd.Series(dtype=np.int64),
                                 "occupied": pd.Series(dtype=bool)}))
+    if product.unit_bounds is not None and census.units is not None:
+        _check_unit_bounds(files, census, product, leaf, cells, frame)
     if hierarchy.by_prefix:
         geography = pd.Series(np.union1d(frame["geoid"].unique().astype(str), np.unique(leaf)), name="geoid")
     else:
         geography = pd.concat([r[2] for r in read] + [u.attrs["geography"] for u in units],
                               ignore_index=True).drop_duplicates(ignore_index=True)
     return Records(leaf, cells, frame, geography)
+
+
+def _check_unit_bounds(files, census: Census, product: Product, leaf: np.ndarray, cells: np.ndarray,
+                       units: pd.DataFrame) -> None:
+    """Raise the :class:`InputError` of the first leaf whose records of a unit type exceed what its units of that
+    type hold, or whose units lack their residents (``product``'s unit bounds), as a run's read raises it."""
+    blocks = np.union1d(units["geoid"].unique().astype(str), np.unique(leaf))
+    bounds = product.unit_bounds
+    levels = product.schema.unravel(cells)[product.schema.dim_names.index(bounds.attribute)]
+    records = by_type(pd.Series(leaf), levels, blocks, len(bounds.cap))
+    held = by_type(units["geoid"].astype(str), units["unit_type"].to_numpy(), blocks, census.units.types)
+    raise_block_problem(block_problem(blocks, records, held[:, :len(bounds.cap)], product),
+                        files.where(PERSON_RECORDS), files.where(UNIT_RECORDS), product, census.units)
 
 
 def move_one_record(records: Records, product: Product, src: str, dst: str, leaf: str) -> tuple[np.ndarray, int]:

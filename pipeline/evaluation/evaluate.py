@@ -56,7 +56,7 @@ from . import metrics as M
 from .eval_report import first_product
 from .metrics import MIN_NODES
 from .grouped import (SPILL_DIR, block_keys, group_rows, route_entities, route_level, route_spine, route_truth,
-                      router, tabulate_task, truth_products, truth_tasks)
+                      router, tabulate_task, truth_tasks)
 from topdown.geo import one_line
 from topdown.vocab.queries import build_query
 from ..configuration.errors import ConfigError
@@ -67,7 +67,7 @@ from ..runtime.outdir import check, claimed
 from ..runtime.rundir import RunReader, remove_tree, removed_on_failure, write_table
 from ..runtime.storage import StorePath, dataset, location, read_frame, read_schema, read_table, scratch
 from ..outputs.verify import _Groups, _records
-from topdown.pipeline.configuration.census import read_as_declared
+from topdown.pipeline.configuration.census import default_census
 from topdown.vocab.census import Census, Product
 from ..privacy.budget import of_entry
 
@@ -119,11 +119,12 @@ class Truth:
 def load_truth(truth: Path, census: Census | None = None) -> Truth:
     """The true block histograms of a run's input directory (one file each, or directories of partitions:
     ``dataplane.find_input``), tabulated a read task at a time (:func:`.grouped.tabulate_task`) and held
-    whole (evaluation studies of small inputs; ``topdown evaluate`` holds a group of states at a time). A
-    declared ``census``'s records are read and tabulated as a run reads them (``validate.check_records``)."""
-    census = census if census is not None and read_as_declared(census) else None
+    whole (evaluation studies of small inputs; ``topdown evaluate`` holds a group of states at a time). The
+    records of every product of ``census`` (None: the default census) are read and tabulated as a run reads
+    them (``validate.check_records``)."""
+    census = census or default_census()
     files = find_input(truth, census)  # FileNotFoundError naming what is missing
-    parts: dict[str, list[pd.DataFrame]] = {p.name: [] for p in truth_products(census)}
+    parts: dict[str, list[pd.DataFrame]] = {p.name: [] for p in census.products}
     for path, rgs, products in truth_tasks(files, census):
         for product in products:
             parts[product.name].append(tabulate_task(path, rgs, product, census))
@@ -601,9 +602,9 @@ def _evaluate_grouped(heads: list[RunHead], truth: Path, entities: pd.DataFrame 
     import dask
 
     first = heads[0]
-    census = first.census if read_as_declared(first.census) else None
+    census = first.census
     files = find_input(truth, census)  # FileNotFoundError naming what is missing
-    truth_names = {p.name for p in truth_products(census)}
+    truth_names = {p.name for p in census.products}
     reader = first.reader
     records = _records(reader, reader.products(), first.levels[1])
     plans, groups0 = [], None

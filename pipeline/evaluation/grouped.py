@@ -23,12 +23,11 @@ import pandas as pd
 import pyarrow as pa
 
 from topdown.geo.spine import PREFIX, STATE
-from topdown.pipeline.configuration.census import default_census, read_as_declared
 from topdown.vocab.census import Census, Product
 
-from ..execution.dataplane import InputFiles, read_tasks
-from ..runtime.storage import StorePath, location, parquet_file, read_table, write_parquet
-from ..inputs.tabulate import sparse_counts, tabulate
+from ..execution.dataplane import InputFiles, counts_units, read_tasks
+from ..runtime.storage import StorePath, location, read_table, write_parquet
+from ..inputs.tabulate import sparse_counts
 from ..inputs.validate import check_records
 from ..outputs.verify import _Groups, _route
 
@@ -73,41 +72,25 @@ def group_rows(folder: Path, g: int, columns: dict[str, str]) -> pd.DataFrame:
     return pa.concat_tables([read_table(f) for f in files], promote_options="default").to_pandas()
 
 
-def truth_products(census: Census | None) -> list[Product]:
-    """The products whose truth is tabulated: the default census's, read by the U.S. readers (None, or a census
-    not read as declared), or a declared census's that count its person records (a product counting the unit
-    records is not evaluated from a declared truth yet)."""
-    if census is None or not read_as_declared(census):
-        return list(default_census().products)
-    return [p for p in census.products if census.units is None or p.records.name != census.units.name]
-
-
-def truth_tasks(files: InputFiles, census: Census | None) -> list[tuple[str, list[int], list[Product]]]:
-    """(file, row groups, products counted from them) of each read task of the truth."""
-    products = truth_products(census)
-    declared = census is not None and read_as_declared(census)
+def truth_tasks(files: InputFiles, census: Census) -> list[tuple[str, list[int], list[Product]]]:
+    """(file, row groups, products counted from them) of each read task of the truth: ``census``'s products
+    counting its unit records from the unit files, the others from the record file they count."""
     tasks = []
-    for kind, paths in ((files.names[0], files.persons), (files.names[1], files.units)):
-        counted = [p for p in products if declared and kind == files.names[0]
-                   or not declared and p.records.name == kind]
+    for units, paths in ((False, files.persons), (True, files.units)):
+        counted = [p for p in census.products if counts_units(census, p) == units]
         if counted and paths:
             tasks += [(path, rgs, counted) for path, rgs in read_tasks(paths)]
     return tasks
 
 
-def tabulate_task(path: str, row_groups: list[int], product: Product, census: Census | None) -> pd.DataFrame:
-    """Block histograms (geocode, cell, count) of ``product`` from one read task's records: P.L. 94-171's
-    tabulated from their columns, a declared census's read and checked as a run reads them."""
-    if census is not None and read_as_declared(census):
-        leaf, cells, _ = check_records(location(path), product, census.hierarchy, row_groups)
-        return sparse_counts(pd.Series(leaf).astype(str), np.asarray(cells), product.schema.ncells)
-    columns = list(dict.fromkeys(["geoid", *(a.column for a in product.attributes), *(c for c, _ in product.records.where)]))
-    frame = parquet_file(path).read_row_groups(row_groups, columns=columns).to_pandas()
-    frame["geoid"] = frame["geoid"].astype(str)
-    return tabulate(product, {product.records.name: frame})
+def tabulate_task(path: str, row_groups: list[int], product: Product, census: Census) -> pd.DataFrame:
+    """Block histograms (geocode, cell, count) of ``product`` from one read task's records, read and checked as
+    a run reads them (``validate.check_records``)."""
+    leaf, cells, _ = check_records(location(path), product, census.hierarchy, row_groups)
+    return sparse_counts(pd.Series(leaf).astype(str), np.asarray(cells), product.schema.ncells)
 
 
-def route_truth(path: str, row_groups: list[int], products: list[Product], census: Census | None, groups: _Groups,
+def route_truth(path: str, row_groups: list[int], products: list[Product], census: Census, groups: _Groups,
                 folder: Path, part: int) -> dict[str, np.ndarray]:
     """Tabulate one read task's records into block histograms of each of ``products`` and route them to their
     groups (``folder/<product>/``); returns each product's count per key of ``groups`` (:func:`block_keys`)."""

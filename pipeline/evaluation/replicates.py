@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from topdown.pipeline.configuration.census import read_as_declared
-from topdown.vocab.census import GENERIC_MDF, Census
+from topdown.vocab.census import GENERIC_MDF, Census, Product
 
 from ..configuration.config import Config
 
 from ..runtime.progress import Reporter, reporter, reporting, track
-from ..inputs.validate import PERSON_RECORDS, UNIT_RECORDS
+from ..execution.dataplane import counts_units
 from ..outputs.mdf import MDF_LAYOUT, generic_levels
 from ..runtime.outdir import claimed
 from ..runtime.rundir import RunDirError, RunReader, remove_tree, write_json_atomic, write_table
@@ -43,43 +42,77 @@ PARALLEL = 2
 
 
 def mdf_input(run_dir: Path, out: Path) -> Path:
-    """Write persons.parquet and units.parquet (the input format) from a run's MDF and public invariants."""
+    """Write the input of the run's census (one Parquet file per record kind) from the run's MDFs and public
+    invariants: each product's records from its MDF (by its layout's ``records`` when the layout reads them
+    back, converted in Arrow; else each generic attribute back to an input value: the first one its ``values``
+    map to the level), and with ``[census.units]`` the units of each type no product's MDF holds from the
+    leaves' invariant unit counts (all occupied: their occupancy is not published)."""
     reader = RunReader(run_dir)
     census = reader.census()
-    if read_as_declared(census):
-        return _declared_input(reader, census, out)
-    # A census read by the U.S. readers: person records from the product whose layout reads them back, housing
-    # units from the one reading units back, when the run has it. Converted in Arrow: the MDF's strings as
-    # Python objects would be most of the peak.
-    products = reader.products()
-    persons_product = next((p for p in products if MDF_LAYOUT[p.mdf].reads_back == PERSON_RECORDS), None)
-    if persons_product is None:
-        readers = ", ".join(name for name, layout in MDF_LAYOUT.items() if layout.reads_back == PERSON_RECORDS)
-        raise RunDirError(f"{reader.root}: replicates rebuild the person records from a product of MDF layout "
-                          f"{readers}; the run has none")
-    layout = MDF_LAYOUT[persons_product.mdf]
-    pframe = layout.records(read_table(reader.mdf(persons_product.name), columns=list(layout.record_columns)))
-    pframe = pframe.to_pandas()
-    inv = reader.table(reader.invariants(persons_product.name))
-    spine = reader.spine_table()
-    blocks = inv[inv["level"] == spine.columns[-1]].set_index("geocode")
-    geoid_of = spine.set_index(spine.columns[-1])["geoid"].reindex(blocks.index).to_numpy()
-    units_product = next((p for p in products if MDF_LAYOUT[p.mdf].reads_back == UNIT_RECORDS), None)
-    if units_product is not None and reader.mdf(units_product.name).exists():  # housing units, published occupancy
-        layout = MDF_LAYOUT[units_product.mdf]
-        frames = [layout.records(read_table(reader.mdf(units_product.name), columns=list(layout.record_columns)))]
-    else:  # a persons-only run: the invariant housing-unit counts (occupancy is not used)
-        frames = [pd.DataFrame({"geoid": np.repeat(geoid_of, blocks["u0"].to_numpy(np.int64)), "unit_type": 0,
-                                "occupied": True})]
-    # Group-quarters facilities by type: the block-level invariant gqhh_vect (the MDF's units carry no type).
-    for k in range(1, 8):
-        n = blocks[f"u{k}"].to_numpy(np.int64)
-        frames.append(pd.DataFrame({"geoid": np.repeat(geoid_of, n),
-                                    "unit_type": k, "occupied": True}))
+    hierarchy, spine = census.hierarchy, reader.spine_table()
+    codes = spine.drop_duplicates(hierarchy.leaf).set_index(hierarchy.leaf, drop=False)
     out.mkdir(parents=True, exist_ok=True)
-    write_table(pframe, out / "persons.parquet")
-    write_table(pd.concat(frames, ignore_index=True).astype({"unit_type": np.int64}), out / "units.parquet")
+
+    def geography(leaves: pd.Series) -> dict:
+        if hierarchy.by_prefix:
+            return {hierarchy.geocode: codes["geoid"].reindex(leaves).to_numpy()}
+        return {lv.column: codes[lv.name].reindex(leaves).to_numpy() for lv in hierarchy.levels[1:]}
+
+    products, unit_frames, covered, written = reader.products(), [], set(), set()
+    for product in products:
+        layout, units = MDF_LAYOUT[product.mdf], counts_units(census, product)
+        if units and not reader.mdf(product.name).exists():
+            continue  # its unit records come from the invariants
+        if layout.reads_back is not None and product.records.name not in written:
+            frame = layout.records(read_table(reader.mdf(product.name), columns=list(layout.record_columns)))
+        elif product.mdf == GENERIC_MDF and not product.records.where and product.records.name not in written:
+            frame = _generic_records(reader.table(reader.mdf(product.name)), product, hierarchy, geography)
+        else:
+            raise RunDirError(f"{reader.root}: product {product.name!r}: replicates rebuild each record file from "
+                              "one product's MDF (mdf = \"generic\" without records.where, or a layout that reads "
+                              "its records back)")
+        written.add(product.records.name)
+        if units:
+            unit_frames.append(frame)
+            covered |= _types_of(census, product)
+        else:
+            write_table(frame if isinstance(frame, pd.DataFrame) else frame.to_pandas(),
+                        out / f"{product.records.name}.parquet")
+    if census.units is not None:
+        units = census.units
+        inv = reader.table(reader.invariants(products[0].name))
+        leaves = inv[inv["level"] == hierarchy.leaf].astype({"geocode": str})
+        for k in range(units.types):
+            if k not in covered:
+                where = pd.Series(np.repeat(leaves["geocode"].to_numpy(), leaves[f"u{k}"].to_numpy(np.int64)))
+                unit_frames.append(pd.DataFrame({**geography(where), units.type_column: np.full(len(where), k, np.int64),
+                                                 units.occupied_column: True}))
+        frame = pd.concat(unit_frames, ignore_index=True).astype({units.type_column: np.int64})
+        write_table(frame, out / f"{units.name}.parquet")
     return out
+
+
+def _types_of(census: Census, product: Product) -> set[int]:
+    """The unit types whose records ``product`` (counting the census's unit records) selects: those its
+    ``records.where`` lists of the type column, else all."""
+    where = dict(product.records.where).get(census.units.type_column)
+    return set(range(census.units.types)) if where is None else {int(k) for k in where}
+
+
+def _generic_records(mdf: pd.DataFrame, product: Product, hierarchy, geography) -> pd.DataFrame:
+    """The input records of ``product``'s generic MDF ``mdf``: each record's leaf geography (``geography`` of
+    its leaf geocode) and each attribute's input value."""
+    frame = geography(mdf[hierarchy.leaf].astype(str))
+    for a in product.attributes:
+        levels = generic_levels(mdf, a)
+        if a.values:
+            first = {}
+            for value, level in a.values:
+                first.setdefault(level, value)
+            frame[a.column] = pd.Series(levels).map(first).to_numpy()
+        else:
+            frame[a.column] = levels
+    return pd.DataFrame(frame)
 
 
 def replicates(run: str | Path, n: int, out: str | Path, *, seeds: list[int] | None = None, client=None,
@@ -224,47 +257,3 @@ def _replicate(config: Config, target: Path, prep, client, cancel: _Either) -> d
     return {"dir": target.name, "seed": config.run.seed, "wall_seconds": round(time.perf_counter() - t0, 2),
             "client_cpu_seconds": round(time.thread_time() - c0, 2)}
 
-
-def _declared_input(reader: RunReader, census: Census, out: Path) -> Path:
-    """A declared census's input from the run's generic MDFs (each attribute back to an input value: the first
-    one its ``values`` map to the level) and, with ``[census.units]``, units of each type from the leaves'
-    published unit counts (all occupied: occupancy is not published)."""
-    hierarchy, spine = census.hierarchy, reader.spine_table()
-    codes = spine.drop_duplicates(hierarchy.leaf).set_index(hierarchy.leaf, drop=False)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def geography(leaves: pd.Series) -> dict:
-        if hierarchy.by_prefix:
-            return {hierarchy.geocode: leaves.to_numpy()}
-        return {lv.column: codes[lv.name].reindex(leaves).to_numpy() for lv in hierarchy.levels[1:]}
-
-    written = set()
-    for product in reader.products():
-        if product.mdf != GENERIC_MDF or product.records.where or product.records.name in written:
-            raise RunDirError(f"{reader.root}: product {product.name!r}: replicates rebuild each record file from "
-                              "one product's generic MDF (mdf = \"generic\", no records.where)")
-        written.add(product.records.name)
-        mdf = reader.table(reader.mdf(product.name))
-        frame = geography(mdf[hierarchy.leaf].astype(str))
-        for a in product.attributes:
-            levels = generic_levels(mdf, a)
-            if a.values:
-                first = {}
-                for value, level in a.values:
-                    first.setdefault(level, value)
-                frame[a.column] = pd.Series(levels).map(first).to_numpy()
-            else:
-                frame[a.column] = levels
-        write_table(pd.DataFrame(frame), out / f"{product.records.name}.parquet")
-    if census.units is not None and census.units.name not in written:
-        units = census.units
-        inv = reader.table(reader.invariants(reader.products()[0].name))
-        leaves = inv[inv["level"] == hierarchy.leaf].astype({"geocode": str})
-        frames = []
-        for k in range(units.types):
-            n = leaves[f"u{k}"].to_numpy(np.int64)
-            where = pd.Series(np.repeat(leaves["geocode"].to_numpy(), n))
-            frames.append(pd.DataFrame({**geography(where), units.type_column: np.full(len(where), k, np.int64),
-                                        units.occupied_column: True}))
-        write_table(pd.concat(frames, ignore_index=True), out / f"{units.name}.parquet")
-    return out

@@ -13,10 +13,11 @@ partition by partition, and every level's true histograms stay on the workers.
   parents' estimated histograms from the committed Parquet parts of level L-1; it writes its own part.
 * The MDF is written by workers, one task per county (a prefix hierarchy's node of the second level below
   the root; a column hierarchy's :data:`MDF_LEAVES` leaves at a time), from the committed block-level parts.
-* A declared census (``read_input(..., census)``) reads each product's records with ``validate.check_records``:
-  a column hierarchy's records carry one code column per level, and the read tasks return the public level
-  codes of their leaves, from which the driver builds the spine (:func:`input_geography`). A census without
-  unit records needs no units file.
+* Every census (``read_input(..., census)``; P.L. 94-171 when none is given) reads each product's records with
+  ``validate.check_records``, a product counting the census's unit records from the units file: a column
+  hierarchy's records carry one code column per level, and the read tasks return the public level codes of
+  their leaves, from which the driver builds the spine (:func:`input_geography`). A census without unit records
+  needs no units file.
 
 Nothing here depends on the number of workers, tasks or shards: outputs are byte-identical to the
 in-memory path (tests/test_dataplane.py).
@@ -48,12 +49,13 @@ from .levels import (Level, LevelPart, LevelParts, _geography, _plb, aggregate, 
 from .memory import release_memory
 from ..runtime.rundir import sha256_file, write_frames, write_json_atomic, write_table
 from ..runtime.storage import location, parquet_file, read_part
+from ..configuration.census import default_census
 from ..configuration.errors import InputError
 from .tasks import Chunk, ChunkResult, batch_chunks, run_chunk, shared_values, taken, windowed
 from ..inputs.tabulate import block_units
 from ..outputs.mdf import MDF_PARQUET, product_mdf
 from topdown.vocab.problem import SparseHist
-from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, US_PERSONS, block_problem, check_persons, check_records,
+from ..inputs.validate import (PERSON_RECORDS, UNIT_RECORDS, block_problem, check_records,
                                check_units, nesting_error, raise_block_problem)
 
 #: Input records per read task (whole row groups; a bigger row group is a task alone).
@@ -91,11 +93,11 @@ class InputFiles:
 
 
 def find_input(root: Path | str, census: Census | None = None) -> InputFiles:
-    """The input files under ``root`` (of ``census``'s records: those its products count, and its unit records
-    when it declares them; None: P.L. 94-171's persons and units); a missing kind is a FileNotFoundError
-    naming what is expected."""
+    """The input files under ``root`` (of ``census``'s records, the default census's when None: those its products
+    count, and its unit records when it declares them); a missing kind is a FileNotFoundError naming what is
+    expected."""
     root = location(root)
-    names = (PERSON_RECORDS, UNIT_RECORDS) if census is None else census_files(census)
+    names = census_files(census or default_census())
     found = {}
     for kind in names:
         if kind is None:
@@ -166,21 +168,8 @@ class BlockPart:
     geography: pd.DataFrame | None = None  # a column hierarchy's level codes per block (public)
 
 
-def read_persons(path: str, row_groups: list[int]) -> BlockPart:
-    """Read, check and tabulate person records of one file's row groups."""
-    _, persons = check_persons(location(path), row_groups)
-    codes, blocks = pd.factorize(persons["geoid"], sort=True)
-    schema = US_PERSONS.schema
-    cells = schema.cell_index(*(persons[a.column].to_numpy() for a in US_PERSONS.attributes))
-    hist = sp.csr_matrix((np.ones(len(codes), np.int64), (codes, np.asarray(cells, np.int64))),
-                         shape=(len(blocks), schema.ncells), dtype=np.int64)
-    hist.sum_duplicates()
-    hist.data = _narrow(hist.data)
-    return BlockPart(path, pd.Index(blocks, dtype="str"), hist)
-
-
 def read_records(path: str, row_groups: list[int], product: Product, hierarchy: Hierarchy) -> BlockPart:
-    """Read, check and tabulate the records of a declared ``product`` in one file's row groups."""
+    """Read, check and tabulate the records ``product`` counts in one file's row groups."""
     leaf, cells, geography = check_records(location(path), product, hierarchy, row_groups)
     codes, blocks = pd.factorize(leaf, sort=True)
     ncells = product.schema.ncells
@@ -199,12 +188,9 @@ def part_geography(part: BlockPart | pd.DataFrame) -> pd.DataFrame | None:
     return part.geography if isinstance(part, BlockPart) else part.attrs.get("geography")
 
 
-def read_units(path: str, row_groups: list[int], census: Census | None = None) -> pd.DataFrame:
-    """Read and check unit records of one file's row groups; per block u0..u7 and occupied (tabulate.block_units),
-    and a column hierarchy's level codes per block in ``attrs["geography"]``."""
-    if census is None:
-        _, units = check_units(location(path), row_groups)
-        return _narrow_counts(block_units(units))
+def read_units(path: str, row_groups: list[int], census: Census) -> pd.DataFrame:
+    """Read and check ``census``'s unit records of one file's row groups; per block u0..u7 and occupied
+    (tabulate.block_units), and a column hierarchy's level codes per block in ``attrs["geography"]``."""
     _, units = check_units(location(path), row_groups, census.hierarchy, census.units)
     frame = _narrow_counts(block_units(units))
     frame.attrs["geography"] = units.attrs["geography"]
@@ -419,14 +405,14 @@ def unit_bounded(spec: Product) -> str | None:
 
 
 def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd.Index | np.ndarray | None,
-                   names: pd.Index | None, parts: list[BlockPart] | None, units: list[pd.DataFrame] | BlockMeta,
+                   names: pd.Index | None, parts: list[BlockPart], units: list[pd.DataFrame] | BlockMeta,
                    runs: list[tuple[np.ndarray, np.ndarray]], width: int = GEOID_DIGITS,
                    leaf_total: bool = False) -> Shard:
     """The shard of the block level's rows ``lo`` on: GEOIDs ``blocks`` (or their :func:`_geoid_numbers` of
     ``width`` digits) and geocodes ``names`` (None: the GEOIDs), unit counts summed from the unit read tasks'
     frames, or ``units`` the same rows' metadata of a product tabulated before (whose GEOIDs, geocodes and unit
-    counts this shard's metadata shares; ``blocks`` and ``names`` are then None); histograms from the person
-    read tasks' ``parts`` (persons) or from the units' occupancy; partial sums per level above the blocks
+    counts this shard's metadata shares; ``blocks`` and ``names`` are then None); histograms from the product's
+    read tasks' ``parts``; partial sums per level above the blocks
     (``runs[i]``: the blocks' node rows at level i, as :func:`_runs`); the blocks' constraints, checked
     against their true answers and summed per node of the level above. ``leaf_total``: the blocks' totals are
     invariant (levels.total_is_invariant), so their constraints bind them."""
@@ -441,14 +427,11 @@ def tabulate_shard(product: Product, cfg, levels: list[str], lo: int, blocks: pd
         frame = pd.DataFrame(units, index=blocks if names is None else names, columns=UNIT_COLUMNS + ["occupied"])
     names = frame.index
     inverses = [np.repeat(values, lengths) for values, lengths in runs]
-    if parts is not None:
-        hist = _stack(parts, blocks, schema.ncells)
-        bounded = unit_bounded(spec)
-        by_type = None if bounded is None else unit_type_matrix(schema, bounded)
-        problem = None if by_type is None else _persons_problem(parts, blocks, hist, units[:, :by_type.shape[1]],
-                                                                by_type, spec)
-    else:
-        hist, problem = sp.csr_matrix(np.stack([units[:, 8], units[:, 0] - units[:, 8]], axis=1)), None
+    hist = _stack(parts, blocks, schema.ncells)
+    bounded = unit_bounded(spec)
+    by_type = None if bounded is None else unit_type_matrix(schema, bounded)
+    problem = None if by_type is None else _persons_problem(parts, blocks, hist, units[:, :by_type.shape[1]],
+                                                            by_type, spec)
     rule = functools.partial(block_rhs, product, cfg, levels)
     totals = np.asarray(hist.sum(axis=1), dtype=float).ravel() if leaf_total else None
     cons = rule(frame if totals is None else frame.assign(tot=totals))
@@ -619,8 +602,8 @@ class ReadInput:
     units: list  # futures of read_units frames (per block, sorted by geoid: u0..u7, occupied, vacant)
     unit_geoids: list[pd.Index]
     unit_files: list[str]  # the file of each unit frame
-    #: A declared census's read tasks per product (name): futures of BlockPart and their block geocodes
-    #: (``persons`` and ``person_geoids`` are its first product's).
+    #: The read tasks per product (name): futures of BlockPart and their block geocodes (``persons`` and
+    #: ``person_geoids`` are those of the first product that counts records other than the units).
     parts: dict[str, tuple[list, list[pd.Index]]] = dataclasses.field(default_factory=dict)
     #: A column hierarchy's level codes per block of every read task, and the task's file.
     geography: list[tuple[str, pd.DataFrame]] = dataclasses.field(default_factory=list)
@@ -628,29 +611,30 @@ class ReadInput:
 
 def read_input(client, files: InputFiles, census: Census | None = None) -> ReadInput:
     """Read and check every input file on the workers (the records of each of ``census``'s products, and its
-    unit records; None: P.L. 94-171's). The first error of the person files (in file order), then of the
-    unit files, is raised here as the :class:`InputError` its task raised."""
+    unit records; None: the default census's). The first error of the person files (in file order), then of
+    the unit files, is raised here as the :class:`InputError` its task raised."""
+    census = census or default_census()
     ptasks, utasks = read_tasks(files.persons), read_tasks(files.units)
-    if census is None:
-        pfuts = [client.submit(read_persons, f, g, pure=False) for f, g in ptasks]
-        ufuts = [client.submit(read_units, f, g, pure=False) for f, g in utasks]
-        parts = {}
-    else:  # each product reads its own records (a product counting the unit records reads the units file)
-        parts = {p.name: ([client.submit(read_records, f, g, p, census.hierarchy, pure=False)
-                           for f, g in (utasks if counts_units(census, p) else ptasks)], []) for p in census.products}
-        pfuts = next((parts[p.name][0] for p in census.products if not counts_units(census, p)), [])
-        ufuts = [client.submit(read_units, f, g, census, pure=False) for f, g in utasks]
+    # each product reads its own records (a product counting the unit records reads the units file)
+    parts = {p.name: ([client.submit(read_records, f, g, p, census.hierarchy, pure=False)
+                       for f, g in (utasks if counts_units(census, p) else ptasks)], []) for p in census.products}
+    pfuts = next((parts[p.name][0] for p in census.products if not counts_units(census, p)), [])
+    ufuts = [client.submit(read_units, f, g, census, pure=False) for f, g in utasks]
     gfuts = [client.submit(part_geoids, p, pure=False) for p in pfuts]
     ugfuts = [client.submit(frame_geoids, u, pure=False) for u in ufuts]
-    person_geoids = [f.result() for f in gfuts]
-    for futs, geoids in parts.values():
+    person_geoids, unit_geoids = [f.result() for f in gfuts], []
+    # the unit records are checked (check_units) before the products counting them report their errors
+    for product in sorted(census.products, key=lambda p: counts_units(census, p)):
+        if counts_units(census, product) and not unit_geoids:
+            unit_geoids = [f.result() for f in ugfuts]
+        futs, geoids = parts[product.name]
         geoids += person_geoids if futs is pfuts else [client.submit(part_geoids, p, pure=False).result() for p in futs]
     geography = []
-    if census is not None and not census.hierarchy.by_prefix:
+    if not census.hierarchy.by_prefix:
         for path, fut in [*zip([f for f, _ in ptasks], pfuts), *zip([f for f, _ in utasks], ufuts)]:
             geography.append((path, client.submit(part_geography, fut, pure=False).result()))
-    return ReadInput(pfuts, person_geoids, ufuts, [f.result() for f in ugfuts], [f for f, _ in utasks], parts,
-                     geography)
+    return ReadInput(pfuts, person_geoids, ufuts, unit_geoids or [f.result() for f in ugfuts], [f for f, _ in utasks],
+                     parts, geography)
 
 
 def input_geography(inp: ReadInput, hierarchy: Hierarchy = US_HIERARCHY) -> pd.Series | pd.DataFrame:
@@ -723,11 +707,10 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     n = len(tab_geoid)
     starts = list(range(0, n, SHARD_BLOCKS))
     counted = _counted(inp, product)
-    persons = counted is not None
     unit_parts: list[list] = [[] for _ in starts]
     shard_parts: list[list] = [[] for _ in starts]
     known = None if first is None else [p.future for p in first[-1].meta]
-    sources = ([] if known else [(inp.units, inp.unit_geoids, unit_parts)]) + ([(*counted, shard_parts)] if persons else [])
+    sources = ([] if known else [(inp.units, inp.unit_geoids, unit_parts)]) + [(*counted, shard_parts)]
     spine_numbers, width = _spine_numbers(tab_geoid), _code_width(tab_geoid)
     for futs, geoids, into in sources:  # the read tasks holding each shard's blocks
         for fut, g in zip(futs, geoids):
@@ -744,12 +727,12 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
         geoids = spine_numbers[lo:hi] if isinstance(spine_numbers, np.ndarray) else tab_geoid[lo:hi]
         shards.append(client.submit(tabulate_shard, product, cfg, spine.levels, lo, None if known else geoids,
                                     None if same_names or known else names[lo:hi],
-                                    shard_parts[s] if persons else None, known[s] if known else unit_parts[s],
+                                    shard_parts[s], known[s] if known else unit_parts[s],
                                     [_runs(g.inverse[lo:hi]) for g in geo[:-1]], width, leaf_total, pure=False))
     for g in geo:  # each shard has its blocks' node rows now
         g.inverse = None
     del sources, shard_parts, unit_parts
-    if persons and all((other := _counted(inp, q)) is None or other[0] is not counted[0] for q in later):
+    if all(_counted(inp, q)[0] is not counted[0] for q in later):
         counted[0].clear()  # the read tasks' only references in the driver (ReadInput's lists)
     columns = UNIT_COLUMNS + ["occupied"]
     above = geo[:-1]
@@ -802,12 +785,9 @@ def tabulate_levels(client, config, product: Product, spine, inp: ReadInput, fil
     return levels
 
 
-def _counted(inp: ReadInput, spec) -> tuple[list, list[pd.Index]] | None:
-    """The read tasks of the records a product counts (futures of BlockPart) and their blocks; None: it counts
-    the units (their occupancy)."""
-    if inp.parts:  # a declared census: its products' own read tasks
-        return inp.parts.get(spec.name)
-    return (inp.persons, inp.person_geoids) if spec.records.name == PERSON_RECORDS else None
+def _counted(inp: ReadInput, spec: Product) -> tuple[list, list[pd.Index]]:
+    """The read tasks of the records a product counts (futures of BlockPart) and their blocks."""
+    return inp.parts[spec.name]
 
 
 def _spine_rows(spine_numbers: np.ndarray | pd.Index, geoids: pd.Index, width: int = GEOID_DIGITS) -> np.ndarray:

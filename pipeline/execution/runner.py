@@ -29,7 +29,7 @@ from ..privacy.certificate import certificate, warn_not_private, with_draws
 from .cluster import (DASHBOARD_ADDRESS, DASHBOARD_KEY, NO_DASHBOARD, QuietTaskErrors, check_main_guarded,
                       check_scheduler, embedded_security, quiet_closing, workers_ignore_stop_signals)
 from ..privacy.accounting import bypass_report
-from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict, declared_census,
+from ..configuration.config import (Config, ConfigError, census_hierarchy, config_from_dict,
                                     differing_keys, leaves, load_config)
 from .dataplane import (find_input, input_geography, gq_presence, read_input, tabulate_levels, write_invariants_table,
                         write_mdf)
@@ -182,7 +182,7 @@ def _input_dir(config: Config, input_dir: str | Path | None) -> Path | StorePath
 
         log.info("building the demo input in %s", path)
         write_demo_input(path)
-    find_input(path, declared_census(config))  # FileNotFoundError naming what is missing
+    find_input(path, config.census)  # FileNotFoundError naming what is missing
     return path
 
 
@@ -226,7 +226,7 @@ def run(
         check_main_guarded()
     out, _ = check(out if out is not None else Path("runs") / config.run.name, "run")
     inp = _input_dir(config, input_dir)
-    check_derived_units(config, find_input(inp, declared_census(config)).units)
+    check_derived_units(config, find_input(inp, config.census).units)
     hashes = input_hashes(config, inp)
     rundir = RunDir(out)
     with opened(rundir, config, hashes, resume, force, draws=True, redraw=redraw) as (manifest, prior):
@@ -302,7 +302,7 @@ def check_inputs(rundir: RunDir, manifest: dict, hashes: dict[str, str]) -> None
 def input_hashes(config: Config, inp: Path) -> dict[str, str]:
     """SHA-256 of every input file a run reads: the person and unit files (by path below the input
     directory), and the block assignment files when the spine is built from them."""
-    hashes = find_input(inp, declared_census(config)).hashes()
+    hashes = find_input(inp, config.census).hashes()
     if config.run.spine != "standard" and config.run.baf:
         baf = Path(config.run.baf)
         for f in sorted(baf.iterdir()) if baf.is_dir() else [baf]:
@@ -348,7 +348,7 @@ def _tabulate(config: Config, inp: Path, hashes: dict[str, str], dclient, bafs: 
     tabulation's peak."""
     step = steps.start if steps is not None else (lambda name: None)
     t0 = time.perf_counter()
-    census = declared_census(config)
+    census = config.census
     files = find_input(inp, census)
     step("ingest")
     data = read_input(dclient, files, census)
@@ -407,7 +407,7 @@ def prepare(config: Config, input_dir: str | Path, client) -> Prepared:
     check_matched(config)
     bafs = [read_baf(config)]
     inp = _input_dir(config, input_dir)
-    check_derived_units(config, find_input(inp, declared_census(config)).units)
+    check_derived_units(config, find_input(inp, config.census).units)
     return _tabulate(config, inp, input_hashes(config, inp), client, bafs, {})
 
 
