@@ -106,6 +106,21 @@ def test_move_and_plan_errors(tiny):
         A.build_plans(one_level_config(), tiny, (SRC, "440010001009999"))
 
 
+def test_the_audited_input_is_checked_against_its_units(tiny, tmp_path):
+    """The records are read as a run reads them: a person in a block without a unit of their type is the run's
+    input error (file, column, block), before anything is moved."""
+    from topdown.pipeline.configuration.errors import InputError
+
+    config = one_level_config()
+    product = A.audited_product(config)
+    bad = _tiny_input(tmp_path / "in")
+    write_table(pd.DataFrame({"geoid": list(BLOCKS)[1:], "unit_type": 0, "occupied": True}), bad / "units.parquet")
+    with pytest.raises(InputError, match=rf"persons\.parquet: column 'hhgq', block {SRC}: the block has no housing "
+                                         r"unit for this person"):
+        A.read_records(config, bad, product)
+    assert len(A.read_records(config, tiny, product).leaf) == sum(BLOCKS.values())
+
+
 def test_move_into_a_block_without_housing_is_refused(demo_input):
     persons = pd.read_parquet(demo_input / "persons.parquet")
     units = pd.read_parquet(demo_input / "units.parquet")

@@ -256,6 +256,14 @@ def test_a_census_with_units_reads_them_with_its_geography(tmp_path, dask_client
     assert sum(int(f[["u0", "u1", "u2"]].to_numpy().sum()) for f in frames) == len(units)
     spine = build_spine("standard", dataplane.input_geography(inp, HIERARCHY), hierarchy=HIERARCHY)
     assert set(spine.table["geoid"]) == set(persons_frame()["dist"]) | set(units["dist"])
+    # evaluate's truth counts the product of unit records as the run does, leaf by leaf
+    from topdown.pipeline.evaluation.evaluate import load_truth
+
+    truth = load_truth(tmp_path, census).blocks["dwellings"]
+    housing = units[units["unit_type"] == 0]
+    expected = housing.groupby(["dist", "occupied"]).size()
+    assert truth.set_index(["geocode", "cell"])["count"].to_dict() == {
+        (dist, int(occupied)): n for (dist, occupied), n in expected.items()}
 
 
 def test_evaluate_reads_a_declared_truth(tmp_path):

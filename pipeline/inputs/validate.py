@@ -47,7 +47,8 @@ PERSON_RECORDS, UNIT_RECORDS = "persons", "units"
 GEOID_LEN = 15
 
 #: The product :func:`check_persons` reads: the default census's (conf/census/pl94.toml), from its person
-#: records (the fast path of a census not read as declared).
+#: records (:func:`validate_input`'s check of a P.L. 94-171 input; a run reads every census by
+#: :func:`check_records`).
 US_PERSONS: Product = default_census().product(PERSON_RECORDS)
 #: Integer columns and their legal closed ranges, from the declaration.
 PERSON_CODES: dict[str, tuple[int, int]] = {a.column: (0, a.size - 1) for a in US_PERSONS.attributes}
