@@ -194,11 +194,12 @@ def _failing_proximal_step(monkeypatch, fail_call: int) -> list:
 
 
 def _weak_qp():
-    """min 0.5e-3 |x|^2 - sum(x) on two free-ish columns: the optimum is x = 1000, and HiGHS's default
-    regularization (1e-7 added to the Hessian's 1e-3) alone would answer 999.9."""
+    """min 0.5 x0^2 + 0.5e-3 x1^2 - x0 - x1 on two free-ish columns: the optimum is (1, 1000), and HiGHS's
+    default regularization (1e-7 added to the Hessian of the objective scaled to curvature 1: 1 and 1e-3)
+    alone would answer (1, 999.9)."""
     import scipy.sparse as sp
 
-    return (np.full(2, 1e-3), np.full(2, -1.0), sp.csr_matrix(np.ones((1, 2))), np.array([-np.inf]),
+    return (np.array([1.0, 1e-3]), np.full(2, -1.0), sp.csr_matrix(np.ones((1, 2))), np.array([-np.inf]),
             np.array([1e4]), np.zeros(2), np.full(2, 1e4))
 
 
@@ -208,8 +209,20 @@ def test_a_failed_proximal_re_solve_never_leaves_the_regularized_answer(monkeypa
     re-solves reach the optimum."""
     calls = _failing_proximal_step(monkeypatch, fail_call=1)
     res = PyomoBackend("highs").qp(*_weak_qp())
-    assert res.ok and np.allclose(res.x, 1000.0, atol=1e-4), res
+    assert res.ok and np.allclose(res.x, [1.0, 1000.0], atol=1e-4), res
     assert calls[:3] == [1e-7, 1e-7, 1e-6]
+
+
+def test_the_solver_gets_the_objective_scaled_to_curvature_1_and_the_pass_its_own():
+    """HiGHS's tolerances are absolute: it is handed the pass's objective divided by its largest curvature (the
+    same optimum), and the Result reports the pass's own objective."""
+    p_diag, q, *rows = _weak_qp()
+    backend = PyomoBackend("highs")
+    res = backend.qp(p_diag * 4e-4, q * 4e-4, *rows)
+    assert res.ok and np.allclose(res.x, [1.0, 1000.0], atol=1e-4), res
+    assert res.objective == pytest.approx(4e-4 * (0.5 + 0.5e-3 * 1e6 - 1001.0), rel=1e-9)
+    hessian = backend._opts[("highs", True)]._solver_model.getModel().hessian_  # the highspy.Highs's model
+    assert max(hessian.value_) == pytest.approx(1.0)
 
 
 def test_a_pass_whose_re_solves_fail_at_every_regularization_is_a_failed_result(monkeypatch):
