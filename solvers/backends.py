@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Protocol
 
 import clarabel
@@ -242,17 +242,23 @@ class PiqpHighs(HighsLp):
 
     PIQP takes the box form as it is: equality rows ``A z = b``, two-sided rows ``lo <= G z <= hi`` and
     column bounds (no cone rows to build), and factors its KKT system by a sparse LDL'. Residuals and the
-    duality gap are held to ``tol``, absolute and relative, as Clarabel's are. A QP that PIQP does not
-    solve (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel with its
-    strict re-solve before the failsafe hears of it; the status then names both verdicts. A QP of
-    ``isolate_above`` columns or more is solved in a helper process (same result; None: never).
+    duality gap are held to ``tol``, absolute and relative, as Clarabel's are. ``tol`` is tight (1e-11):
+    an L2 pass's objective is nearly flat along measurements of large variance, where a looser tolerance
+    leaves answers a hundredth of a person from the optimum, and every later pass's tau bands are placed
+    around them (benchmarks/RESULTS_pyomo.md). A QP that PIQP does not solve at ``tol`` (at its iteration
+    limit: PIQP near its floating-point floor) is solved again at ``loose_tol``; one it does not solve
+    at that either (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel,
+    at ``loose_tol``, with its strict re-solve before the failsafe hears of it; the status then names the
+    verdicts. A QP of ``isolate_above`` columns or more is solved in a helper process (same result; None:
+    never).
     """
 
-    def __init__(self, tol: float = 1e-9, max_iter: int = 250, isolate_above: int | None = ISOLATE_COLUMNS) -> None:
-        self.tol = tol
+    def __init__(self, tol: float = 1e-11, max_iter: int = 250, isolate_above: int | None = ISOLATE_COLUMNS,
+                 loose_tol: float = 1e-9) -> None:
+        self.tol, self.loose_tol = tol, loose_tol
         self.max_iter = max_iter
         self.isolate_above = isolate_above
-        self.fallback = ClarabelHighs(tol)
+        self.fallback = ClarabelHighs(loose_tol)
 
     def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
         t0 = time.perf_counter()
@@ -263,11 +269,17 @@ class PiqpHighs(HighsLp):
         g = a[ineq].tocsc() if ineq.any() else None
         args = (sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
                 a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
-                g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub, self.tol, self.max_iter)
+                g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub)
         isolate = self.isolate_above is not None and a.shape[1] >= self.isolate_above
-        status, x, objective = call_isolated(piqp_solve, *args) if isolate else piqp_solve(*args)
-        if status == "Solved":
-            return Result(True, status, x, objective, time.perf_counter() - t0)
+        solve = partial(call_isolated, piqp_solve) if isolate else piqp_solve
+        verdicts = []
+        for tol in dict.fromkeys((self.tol, self.loose_tol)):  # once where both are the same
+            status, x, objective = solve(*args, tol, self.max_iter)
+            if status == "Solved":
+                said = "".join(f"PIQP {v} at {t:g}, " for t, v in verdicts)
+                return Result(True, said + status + (f" at {tol:g}" if verdicts else ""), x, objective,
+                              time.perf_counter() - t0)
+            verdicts.append((tol, status))
         res = self.fallback.qp(p_diag, q, a, lo, hi, lb, ub)
         return Result(res.ok, f"PIQP {status}, Clarabel {res.status}", res.x, res.objective, time.perf_counter() - t0)
 
