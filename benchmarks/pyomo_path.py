@@ -1,8 +1,9 @@
 """The Pyomo path (``compiler = "pyomo"``) beside the direct path, parent by parent: CPU, where the Pyomo
 path's time goes, and how far its estimates are from the direct path's.
 
-``capture CONFIG --input DIR --out DIR``: runs CONFIG in this process (one Dask thread) and pickles every
-parent problem it solves to ``DIR/problems.pkl`` with each problem's level. The problems hold noisy
+``capture CONFIG --input DIR --out DIR [--paths N]``: runs CONFIG in this process (one Dask thread) and pickles
+every parent problem it solves to ``DIR/problems.pkl`` with each problem's level (``--paths N``: only the parents
+on the paths of a sample of leaves, :func:`capture_paths`). The problems hold noisy
 measurements and the true parent histograms of the level above (confidential input): keep DIR private;
 nothing of them is printed.
 
@@ -43,6 +44,7 @@ import pickle
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -52,34 +54,103 @@ def capture(config: str, input_dir: Path, out: Path, products: list[str] | None 
     """Run ``config`` in this process and pickle every parent problem it solves (with its level)."""
     from distributed import Client
 
-    import topdown.solvers as solvers
     from topdown.pipeline import load_config, run
-    from topdown.pipeline.execution import tasks
 
     out.mkdir(parents=True, exist_ok=True)
     seen: list = []
-    level = [""]
-    solve, run_chunk = solvers.solve_parent, tasks._run_chunk
-
-    def recording(problem, *args, **kwargs):
-        seen.append((level[0], problem))
-        return solve(problem, *args, **kwargs)
-
-    def chunk_level(chunk):
-        level[0] = f"{chunk.product.name}.{chunk.level}"
-        return run_chunk(chunk)
-
-    solvers.solve_parent, tasks._run_chunk = recording, chunk_level  # one thread: the level of the chunk running
     cfg = load_config(config)
     if products:
         cfg = cfg.with_overrides(products=products)
-    try:
-        with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client:
-            run(cfg, out / "run", input_dir=input_dir, client=client)
-    finally:
-        solvers.solve_parent, tasks._run_chunk = solve, run_chunk
+    with _recording(seen), Client(processes=False, n_workers=1, threads_per_worker=1,
+                                  dashboard_address=None) as client:
+        run(cfg, out / "run", input_dir=input_dir, client=client)
     (out / "problems.pkl").write_bytes(pickle.dumps(seen))
     return len(seen)
+
+
+def capture_paths(config: str, input_dir: Path, out: Path, per_level: int = 12) -> int:
+    """:func:`capture` of the parents on the paths of a sample of leaves only, through ``topdown audit``'s
+    path-restricted run (which gives those parents exactly a full run's problems: tests/test_audit.py): a leaf
+    under each of ``per_level`` evenly spaced parents of the leaf level, and one under every node of the second
+    level below the root, so that every parent above that level is solved too. Every product of the run."""
+    import pandas as pd
+
+    from topdown.geo.spine import build_spine
+    from topdown.pipeline import load_config
+    from topdown.pipeline.evaluation import audit
+    from topdown.pipeline.execution.dataplane import counts_units, find_input
+    from topdown.pipeline.execution.levels import build_levels
+    from topdown.pipeline.inputs.tabulate import block_units, sparse_counts
+    from topdown.pipeline.inputs.validate import check_records
+
+    cfg = load_config(config)
+    census, person = cfg.census, next(p for p in cfg.run_products if not counts_units(cfg.census, p))
+    records = audit.read_records(cfg, Path(input_dir), person)
+    spine = build_spine(cfg.run.spine, records.geography, baf_dir=cfg.run.baf, units=records.units,
+                        hierarchy=census.hierarchy)
+    units = block_units(records.units).set_index("geoid")
+    files = find_input(Path(input_dir), census)
+    seen: list = []
+    with _recording(seen) as level:
+        for product in cfg.run_products:
+            if counts_units(census, product):
+                read = [check_records(path, product, census.hierarchy) for path in files.units]
+                leaf = np.concatenate([r[0].to_numpy().astype(str) for r in read])
+                cells = np.concatenate([r[1] for r in read])
+            else:
+                leaf, cells = records.leaf, records.cells
+            hist = sparse_counts(pd.Series(leaf, name="geoid"), cells, product.schema.ncells)
+            levels = build_levels(product, cfg.product(product.name), spine, hist, units)
+            plan = audit.make_plan(product, cfg, levels, _path_leaves(levels, per_level), 0, ("total",), False)
+            level.product = product.name
+            audit.run_plan(plan, cfg.run.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "problems.pkl").write_bytes(pickle.dumps(seen))
+    return len(seen)
+
+
+def _path_leaves(levels: list, per_level: int) -> list[str]:
+    """Leaf geocodes: the first leaf under each of ``per_level`` evenly spaced parents of the leaf level, and
+    under every node of the second level below the root."""
+    leaf = levels[-1]
+    ancestor = np.arange(len(leaf))
+    for lv in levels[:2:-1]:  # the leaves' node row at the second level below the root
+        ancestor = lv.parent[ancestor]
+    under_parent = np.unique(leaf.parent, return_index=True)[1]
+    under_second = np.unique(ancestor, return_index=True)[1]
+    picked = set(under_parent[::max(1, -(-len(under_parent) // per_level))]) | set(under_second)
+    return [str(leaf.nodes[i]) for i in sorted(picked)]
+
+
+class _Level:
+    """The level of the chunk running (for :func:`_recording`'s records)."""
+
+    product = ""
+    name = ""
+
+
+@contextmanager
+def _recording(seen: list):
+    """Every parent problem solved in this process while it runs, appended to ``seen`` with its level."""
+    import topdown.solvers as solvers
+    from topdown.pipeline.execution import tasks
+
+    level = _Level()
+    solve, run_chunk = solvers.solve_parent, tasks._run_chunk
+
+    def recording(problem, *args, **kwargs):
+        seen.append((f"{level.product}.{level.name}", problem))
+        return solve(problem, *args, **kwargs)
+
+    def chunk_level(chunk):
+        level.product, level.name = chunk.product.name, chunk.level
+        return run_chunk(chunk)
+
+    solvers.solve_parent, tasks._run_chunk = recording, chunk_level  # one thread: the level of the chunk running
+    try:
+        yield level
+    finally:
+        solvers.solve_parent, tasks._run_chunk = solve, run_chunk
 
 
 class Recording:
@@ -381,6 +452,8 @@ def main() -> None:
     c.add_argument("--input", required=True, type=Path)
     c.add_argument("--out", required=True, type=Path)
     c.add_argument("--products", default=None, help="comma-separated (default: the configuration's)")
+    c.add_argument("--paths", type=int, default=None, metavar="N",
+                   help="only the parents on the paths of a sample of leaves (capture_paths: N per level)")
     m = sub.add_parser("compare")
     m.add_argument("folder", type=Path)
     m.add_argument("--solver", default="highs")
@@ -406,7 +479,10 @@ def main() -> None:
     g.add_argument("files", nargs="+", type=Path, help="the outputs of compare --shard K/N, K = 0..N-1")
     args = ap.parse_args()
     if args.cmd == "capture":
-        n = capture(args.config, args.input, args.out, args.products.split(",") if args.products else None)
+        if args.paths:
+            n = capture_paths(args.config, args.input, args.out, args.paths)
+        else:
+            n = capture(args.config, args.input, args.out, args.products.split(",") if args.products else None)
         print(json.dumps({"captured": n, "dir": str(args.out)}))
     elif args.cmd == "merge":
         merge(args.files)

@@ -92,13 +92,16 @@ def test_multi_state_partitioned_one_worker_many_tasks_and_shards(multi_tables, 
     assert output_hashes(out) == PINNED["multi"]
 
 
+@pytest.mark.parametrize("gather", [1, dataplane.MDF_GATHER_BLOCKS])
 def test_the_mdf_writes_runs_of_counties_a_task_each_and_the_same_files(multi_single, dask_client, tmp_path,
-                                                                         monkeypatch):
+                                                                         monkeypatch, gather):
     """The MDF's counties run in batches (a national MDF has 3,200 counties: a task each before);
-    each county still gets its own file, the pinned bytes."""
+    each county still gets its own file, the pinned bytes, whether a task gathers its counties' blocks one
+    county at a time or all at once."""
     from topdown.pipeline.execution import tasks
 
     monkeypatch.setattr(tasks, "TASKS_PER_WORKER", 0.001)  # a target above the whole MDF: BATCH_CHUNKS counties a task
+    monkeypatch.setattr(dataplane, "MDF_GATHER_BLOCKS", gather)
     submitted = []
     real_submit = dask_client.submit
     monkeypatch.setattr(dask_client, "submit", lambda fn, *a, **k: (submitted.append((fn.__name__, a)),

@@ -362,18 +362,21 @@ def _compare_all(items: list, most: int | None = None, most_columns: int | None 
 
 @pytest.mark.slow
 def test_rhode_island_parents_equal_on_both_paths(tmp_path):
-    """Rhode Island 2010 (persons and units): every parent of the levels with at most 12 parents, and 12 evenly
-    spaced parents of the Block_Group and Block levels' (of 233 and 808), on both paths, but the four whose
+    """Rhode Island 2010 (persons and units): the parents on the paths of a leaf under each of 12 evenly spaced
+    Block-level parents (of 808) and under each of the 5 counties (benchmarks/pyomo_path.py capture_paths: the
+    audit's path-restricted run, which gives them a full run's problems), on both paths, but the four whose
     children times parent cells in play pass 1,400: persons' County -> Tract parents of Providence (141 tracts x
     64 cells: HiGHS's active-set QP takes about 16 CPU minutes), Kent (39 x 67: 18 CPU s), Washington (28 x 64:
-    14 s) and Newport (22 x 67: 9.5 s; the 56 other parents compared take 23 s together). Bristol's (11 x 58)
-    stays. benchmarks/pyomo_ri_all.sh compares every parent (benchmarks/RESULTS_pyomo.md)."""
+    14 s) and Newport (22 x 67: 9.5 s). Bristol's (11 x 58) stays. benchmarks/pyomo_ri_all.sh compares every
+    parent of a full run (benchmarks/RESULTS_pyomo.md)."""
+    import pickle
+
     from topdown.pipeline.inputs.ingest import ingest_blocks
 
     inp = tmp_path / "ri-input"
     ingest_blocks(REPO / "data" / "ri2010" / "ri_2010_block_demographics.csv.gz", inp)
-    counts = _compare_all(_captured(tmp_path / "cap", str(REPO / "conf" / "ri2010.toml"), inp), most=12,
-                          most_columns=1_400)
+    _bench().capture_paths(str(REPO / "conf" / "ri2010.toml"), inp, tmp_path / "cap", per_level=12)
+    counts = _compare_all(pickle.loads((tmp_path / "cap" / "problems.pkl").read_bytes()), most_columns=1_400)
     assert counts["levels"] >= 8 and counts.get("identical", 0) > 10 * counts.get("tie", 0)
     assert counts.get("too large", 0) == 4
 

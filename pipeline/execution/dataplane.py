@@ -529,13 +529,51 @@ def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta],
     write_table(product_mdf(product, np.asarray(geoids), hist, units, codes), location(path), **MDF_PARQUET)
 
 
-def write_counties_mdf(product: Product, counties: bytes, metas: list) -> None:
+#: Blocks whose GEOIDs, unit counts and estimates the MDF writer gathers at once: a run of neighbouring counties
+#: (a county's own gathering costs about as much as writing its file, on the national shape's small counties).
+MDF_GATHER_BLOCKS = 20_000
+
+
+def write_counties_mdf(product: Product, counties: bytes, metas: list, gather: int = MDF_GATHER_BLOCKS) -> None:
     """Write a batch of counties' MDF parts, one after the other (``counties``: pickled, for each the other
     arguments of :func:`write_county_mdf`, its block metadata as positions into ``metas``, each once), each
-    block-level part read once while neighbouring counties need it."""
+    block-level part read once while neighbouring counties need it. When the metadata are a run's shards
+    (disjoint row ranges), runs of counties of up to ``gather`` blocks are gathered at once and each county's
+    file written from its slice: the same bytes."""
     read = functools.lru_cache(maxsize=MDF_PARTS_KEPT)(read_part)
-    for files, where, rows, path, codes in pickle.loads(counties):
-        write_county_mdf(product, files, taken(metas, where), rows, path, codes, read)
+    jobs = pickle.loads(counties)
+    if not _disjoint(metas):
+        for files, where, rows, path, codes in jobs:
+            write_county_mdf(product, files, taken(metas, where), rows, path, codes, read)
+        return
+    for run in _gathered(jobs, gather):
+        geoids, units = geoids_units(metas, np.concatenate([rows for _, _, rows, _, _ in run]))
+        files = list(dict.fromkeys(f for job in run for f in job[0]))
+        hist = read_rows(files, list(units.index), product.schema.ncells, read)
+        at = 0
+        for _, _, rows, path, codes in run:
+            part = slice(at, at + len(rows))
+            at = part.stop
+            write_table(product_mdf(product, np.asarray(geoids[part]), hist[part], units.iloc[part], codes),
+                        location(path), **MDF_PARQUET)
+
+
+def _disjoint(metas: list[BlockMeta]) -> bool:
+    """Whether block metadata hold disjoint ranges of the block level's rows."""
+    spans = sorted((m.lo, m.lo + len(m)) for m in metas)
+    return all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+def _gathered(jobs: list, most: int) -> list[list]:
+    """Consecutive ``jobs`` (each with its block rows third) in runs of at most ``most`` blocks (or one job)."""
+    runs, size = [], 0
+    for job in jobs:
+        if not runs or size + len(job[2]) > most:
+            runs.append([])
+            size = 0
+        runs[-1].append(job)
+        size += len(job[2])
+    return runs
 
 
 def run_part_chunk(chunk: Chunk, child_rows: np.ndarray, child_parts: list | None, parent_files: list[str] | None,
@@ -889,7 +927,8 @@ def write_mdf(client, rundir, product: Product, spine, blocks, estimated, hierar
         jobs = [job(i) for i in batches[b]]
         metas, where = shared_values([j[1] for j in jobs])  # each shard's metadata named once
         plain = [(files, w, rows, path, codes) for (files, _, rows, path, codes), w in zip(jobs, where)]
-        return client.submit(write_counties_mdf, product, pickle.dumps(plain, protocol=5), metas, pure=False)
+        return client.submit(write_counties_mdf, product, pickle.dumps(plain, protocol=5), metas, MDF_GATHER_BLOCKS,
+                             pure=False)
 
     for fut in windowed(client, submit, list(range(len(batches)))):
         fut.result()
