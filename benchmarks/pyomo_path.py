@@ -23,7 +23,7 @@ compared pass by pass. ``--without pause_gc,bulk_columns,reuse`` switches off th
 (:func:`switch_off`) to measure each. ``--shard K/N`` takes every N-th parent from the K-th, for N processes
 side by side; ``--parents I,J`` takes only those indices of problems.pkl; ``--option KEY=VALUE`` (repeated) gives
 every Pyomo solve a solver option (the configuration's ``solver_options``); ``--direct-tol TOL`` makes the
-pass-by-pass comparison's direct side PIQP at tolerance TOL (the direct path's is 1e-9). ``merge FILE..`` combines the
+pass-by-pass comparison's direct side PIQP at tolerance TOL (the direct path's is 1e-11, then 1e-9). ``merge FILE..`` combines the
 outputs of ``--shard`` runs as one ``compare`` prints them.
 
 ``profile DIR --parent I [--solver ..] [--qp-solver ..] [--option KEY=VALUE]``: parent I alone: the direct
@@ -180,11 +180,15 @@ def compare_parent(problem, pyomo_backend, direct=None) -> dict:
     direct path's): ``rounding`` is "identical", "tie" (different integers, every pass's objective equal
     within 1e-6) or "different". Empty when the exact level fails on either path; ``{"failsafe": ...}`` (the
     failsafe's actions in the L2 passes on each path) when one path's L2 passes needed the failsafe and the
-    other's did not, or other steps. ``direct``: the direct path's back end (default: production's, PIQP at
-    its tolerance 1e-9)."""
-    from topdown.solvers.backends import DEFAULT_BACKEND
+    other's did not, or other steps. ``direct``: the direct path's back end (default: production's,
+    ``DEFAULT_BACKEND``)."""
+    return compare_directs(problem, pyomo_backend, [direct])[0]
 
-    direct = DEFAULT_BACKEND if direct is None else direct
+
+def compare_directs(problem, pyomo_backend, directs: list) -> list[dict]:
+    """:func:`compare_parent` against each of ``directs`` (None: production's), the Pyomo path's L2 passes
+    solved once."""
+    from topdown.solvers.backends import DEFAULT_BACKEND
     from topdown.solvers.direct import compile_direct
     from topdown.solvers.l2 import SolveFailure, run_l2
     from topdown.solvers.layout import build_layout
@@ -193,16 +197,29 @@ def compare_parent(problem, pyomo_backend, direct=None) -> dict:
 
     layout = build_layout(problem)
     if layout.infeasible or layout.n_x == 0:
-        return {}
+        return [{} for _ in directs]
     form_d, form_p = compile_direct(layout), compile_pyomo(layout)
-    d, p = Recording(direct), Recording(pyomo_backend)
+    p = Recording(pyomo_backend)
     try:
-        l2_d, l2_p = run_l2(layout, form_d, d), run_l2(layout, form_p, p)
-        rd, rp = Recording(direct), Recording(pyomo_backend)
-        hist_d, _ = run_rounder(layout, form_d, l2_d.z, rd)
-        hist_p, _ = run_rounder(layout, form_p, l2_d.z, rp)
+        l2_p = run_l2(layout, form_p, p)
     except SolveFailure:
-        return {}
+        return [{} for _ in directs]
+    out = []
+    for direct in directs:
+        d = Recording(DEFAULT_BACKEND if direct is None else direct)
+        try:
+            l2_d = run_l2(layout, form_d, d)
+            rd, rp = Recording(d.inner), Recording(pyomo_backend)
+            hist_d, _ = run_rounder(layout, form_d, l2_d.z, rd)
+            hist_p, _ = run_rounder(layout, form_p, l2_d.z, rp)
+        except SolveFailure:
+            out.append({})
+            continue
+        out.append(_compared(layout, l2_d, l2_p, d, p, rd, rp, hist_d, hist_p))
+    return out
+
+
+def _compared(layout, l2_d, l2_p, d: Recording, p: Recording, rd: Recording, rp: Recording, hist_d, hist_p) -> dict:
     steps = {"direct": [st.action for st in l2_d.steps], "pyomo": [st.action for st in l2_p.steps]}
     if steps["direct"] != steps["pyomo"]:
         return {"failsafe": steps}
@@ -468,7 +485,7 @@ def main() -> None:
     m.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a solver option for every Pyomo solve (solver_options; VALUE read as JSON where it parses)")
     m.add_argument("--direct-tol", type=float, default=None,
-                   help="compare pass by pass against PIQP at this tolerance (default: the direct path's, 1e-9)")
+                   help="compare pass by pass against PIQP at this tolerance (default: the direct path's, 1e-11)")
     pr = sub.add_parser("profile")
     pr.add_argument("folder", type=Path)
     pr.add_argument("--parent", required=True, type=int, help="its index in problems.pkl")
