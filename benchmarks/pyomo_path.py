@@ -62,7 +62,7 @@ def capture(config: str, input_dir: Path, out: Path, products: list[str] | None 
     if products:
         cfg = cfg.with_overrides(products=products)
     with _recording(seen), Client(processes=False, n_workers=1, threads_per_worker=1,
-                                  dashboard_address=None) as client:
+                                  dashboard_address=":0") as client:  # any free port: no warning beside another
         run(cfg, out / "run", input_dir=input_dir, client=client)
     (out / "problems.pkl").write_bytes(pickle.dumps(seen))
     return len(seen)
