@@ -519,35 +519,24 @@ def hist_table(nodes: pd.Index, hist: sp.csr_matrix) -> pd.DataFrame:
 MDF_PARTS_KEPT = 4
 
 
-def write_county_mdf(product: Product, files: list[str], metas: list[BlockMeta], rows: np.ndarray, path: str,
-                     codes: pd.DataFrame | None = None, read: Callable[[str], pa.Table] = read_part) -> None:
-    """Write one county's MDF part from the committed block-level parts (``rows``: the county's block rows in
-    GEOID order, their geocodes, GEOIDs and invariant unit counts in ``metas``; ``codes``: the level codes of
-    those blocks, for the generic layout; ``read``: how a part is read)."""
-    geoids, units = geoids_units(metas, rows)
-    hist = read_rows(files, list(units.index), product.schema.ncells, read)
-    write_table(product_mdf(product, np.asarray(geoids), hist, units, codes), location(path), **MDF_PARQUET)
-
-
 #: Blocks whose GEOIDs, unit counts and estimates the MDF writer gathers at once: a run of neighbouring counties
 #: (a county's own gathering costs about as much as writing its file, on the national shape's small counties).
 MDF_GATHER_BLOCKS = 20_000
 
 
 def write_counties_mdf(product: Product, counties: bytes, metas: list, gather: int = MDF_GATHER_BLOCKS) -> None:
-    """Write a batch of counties' MDF parts, one after the other (``counties``: pickled, for each the other
-    arguments of :func:`write_county_mdf`, its block metadata as positions into ``metas``, each once), each
-    block-level part read once while neighbouring counties need it. When the metadata are a run's shards
-    (disjoint row ranges), runs of counties of up to ``gather`` blocks are gathered at once and each county's
-    file written from its slice: the same bytes."""
+    """Write a batch of counties' MDF parts from the committed block-level parts (``counties``: pickled, for each
+    the parts holding its blocks, its block metadata as positions into ``metas`` (each shard's once), its block
+    rows in GEOID order, its file and, for the generic layout, its blocks' level codes), each block-level part
+    read once while neighbouring counties need it. When the metadata are a run's shards (disjoint row ranges),
+    runs of counties of up to ``gather`` blocks have their GEOIDs, unit counts and estimates gathered at once
+    and each county's file is written from its slice (the same bytes); else a county at a time."""
     read = functools.lru_cache(maxsize=MDF_PARTS_KEPT)(read_part)
     jobs = pickle.loads(counties)
-    if not _disjoint(metas):
-        for files, where, rows, path, codes in jobs:
-            write_county_mdf(product, files, taken(metas, where), rows, path, codes, read)
-        return
-    for run in _gathered(jobs, gather):
-        geoids, units = geoids_units(metas, np.concatenate([rows for _, _, rows, _, _ in run]))
+    shards = _disjoint(metas)
+    for run in _gathered(jobs, gather) if shards else [[job] for job in jobs]:
+        held = metas if shards else taken(metas, run[0][1])
+        geoids, units = geoids_units(held, np.concatenate([rows for _, _, rows, _, _ in run]))
         files = list(dict.fromkeys(f for job in run for f in job[0]))
         hist = read_rows(files, list(units.index), product.schema.ncells, read)
         at = 0
