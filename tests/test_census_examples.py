@@ -397,6 +397,17 @@ def test_synth_census_usage_errors_exit_2(tmp_path):
 
 # --------------------------------------------------------------------------------------------- end to end
 
+@pytest.fixture(scope="module")
+def cluster() -> list[str]:
+    """``--scheduler ADDRESS`` of one local cluster of one worker, which the end-to-end commands of this file share
+    (an embedded cluster a command costs a few seconds to start; the embedded path has tests of its own)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      host="127.0.0.1") as local:
+        yield ["--scheduler", local.scheduler_address]
+
+
 def _example_config(tmp_path: Path, name: str, input_dir: Path) -> Path:
     config = tmp_path / f"{name}-test.toml"
     config.write_text(f'include = "{name}.toml"\n[run]\nmode = "test"\nseed = 11\ninput = "{input_dir}"\n')
@@ -406,7 +417,7 @@ def _example_config(tmp_path: Path, name: str, input_dir: Path) -> Path:
 #: dhc_1940's 44,544 cells in six L2 passes take minutes through every command: slow; its fast check is
 #: test_dhc_1940_runs_the_bureaus_passes_and_verifies.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "dhc_1940" else n for n in CENSUSES])
-def test_example_census_end_to_end(tmp_path, name):
+def test_example_census_end_to_end(tmp_path, name, cluster):
     """synth --census, then run (test mode), verify, uncertainty, evaluate (with the intervals), nmf, reprocess,
     replicates and uncertainty with them, each exit 0."""
     from topdown.pipeline.cli import main
@@ -415,19 +426,19 @@ def test_example_census_end_to_end(tmp_path, name):
     assert main(["synth", "--census", name, "--persons", str(END_TO_END[name]), "--seed", "3", str(data)]) == 0
     config = _example_config(tmp_path, name, data)
     run = tmp_path / "run"
-    assert main(["run", str(config), "--out", str(run), "--workers", "1", "--quiet"]) == 0
+    assert main(["run", str(config), "--out", str(run), *cluster, "--quiet"]) == 0
     assert main(["verify", str(run)]) == 0
-    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 0
-    assert main(["evaluate", str(run), "--truth", str(data), "--out", str(tmp_path / "eval"), "--workers", "1",
+    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), *cluster, "--quiet"]) == 0
+    assert main(["evaluate", str(run), "--truth", str(data), "--out", str(tmp_path / "eval"), *cluster,
                  "--uncertainty", str(tmp_path / "u.parquet"), "--quiet"]) == 0
     _check_evaluation_speaks_the_census(tmp_path / "eval", load(name))
-    _check_audit_speaks_the_census(tmp_path, config, data, run, load(name))
+    _check_audit_speaks_the_census(tmp_path, config, data, run, load(name), cluster)
     assert main(["nmf", str(run), "--out", str(tmp_path / "nmf")]) == 0
-    assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
+    assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), *cluster, "--quiet"]) == 0
     assert main(["verify", str(tmp_path / "again")]) == 0
-    assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), "--workers", "1"]) == 0
+    assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), *cluster]) == 0
     assert main(["uncertainty", str(run), "--replicates", str(tmp_path / "reps"), "--out", str(tmp_path / "r.parquet"),
-                 "--workers", "1", "--quiet"]) == 0
+                 *cluster, "--quiet"]) == 0
     reps = pq.read_table(tmp_path / "r.parquet").to_pandas()
     assert reps["method"].value_counts().to_dict() == {"gls": len(reps) // 2, "amc": len(reps) // 2}
     assert reps.loc[reps["method"] == "amc", "rep_n"].eq(2).all() and reps["published"].notna().all()
@@ -474,7 +485,8 @@ def _check_evaluation_speaks_the_census(out: Path, census) -> None:
     assert all(html.unescape(n).count(census.name) == 1 for n in undeclared)
 
 
-def _check_audit_speaks_the_census(tmp_path: Path, config: Path, data: Path, run: Path, census) -> None:
+def _check_audit_speaks_the_census(tmp_path: Path, config: Path, data: Path, run: Path, census,
+                                   cluster: list[str]) -> None:
     """`topdown audit` moves one record between the run's two most populous leaves and audits a query of the
     census's own (named on its first product's schema)."""
     from topdown.pipeline.cli import main
@@ -486,7 +498,7 @@ def _check_audit_speaks_the_census(tmp_path: Path, config: Path, data: Path, run
     query = next(q for q in census.products[0].evaluation_queries if q not in ("total", "detailed"))
     out = tmp_path / "audit"
     assert main(["audit", str(config), "--input", str(data), "--move", f"{src}:{dst}", "--runs", "2",
-                 "--queries", f"total,{query}", "--out", str(out), "--workers", "1"]) == 0
+                 "--queries", f"total,{query}", "--out", str(out), *cluster]) == 0
     table = pq.read_table(out / "audit.parquet").to_pandas()
     assert set(table["query"]) == {"total", query} and set(table["level"]) <= set(census.hierarchy.names)
     assert not any(word in (out / "report.txt").read_text() for word in _foreign_words(census))
