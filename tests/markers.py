@@ -55,13 +55,17 @@ def _qualname(obj: Any) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _file_in_repository(filename: str) -> bool:
-    return REPO in Path(filename).resolve().parents
+    """A file of the repository's own code, not of an installed package: a virtual environment made inside the
+    clone (``python -m venv .venv``) holds its packages below the repository too."""
+    path = Path(filename).resolve()
+    return REPO in path.parents and not {"site-packages", "dist-packages"} & set(path.parts)
 
 
 def _in_repository(func: Any) -> bool:
-    """A function of the test folder or of the repository's scripts (notebooks/, benchmarks/), not of the package."""
+    """A function of the test folder or of the repository's scripts (notebooks/, benchmarks/), not of the package
+    (a class, such as ``types.FunctionType``, has a ``__code__`` descriptor, not code)."""
     code = getattr(func, "__code__", None)
-    return (code is not None and not (getattr(func, "__module__", None) or "").startswith("topdown")
+    return (isinstance(code, types.CodeType) and not (getattr(func, "__module__", None) or "").startswith("topdown")
             and _file_in_repository(code.co_filename))
 
 

@@ -97,3 +97,17 @@ def test_system_tests_leave_the_default_selection_unless_marked_smoke():
     assert unit.marks == {"unit"}
     assert system.marks == {"system", "slow"} and cli.marks == {"cli", "system", "slow"}
     assert smoke.marks == {"smoke", "system"}
+
+
+def test_packages_of_a_virtual_environment_inside_the_clone_are_not_repository_code():
+    """The README's commands work with the environment made inside the clone (``.venv``): its packages are
+    not read as the test folder's code (their classes once broke the marking of every test)."""
+    import types
+
+    from markers import REPO, _file_in_repository, _in_repository
+
+    assert _file_in_repository(str(REPO / "tests" / "conftest.py"))
+    assert not _file_in_repository(str(REPO / ".venv" / "lib" / "python3.11" / "site-packages" / "dask" / "base.py"))
+    assert not _file_in_repository("/usr/lib/python3/dist-packages/numpy/__init__.py")
+    assert not _in_repository(types.FunctionType)  # its __code__ is a descriptor
+    assert _in_repository(test_this_file_is_marked_unit)
