@@ -221,13 +221,15 @@ ISOLATE_COLUMNS = 50_000
 
 def piqp_solve(p: sp.csc_matrix, c: np.ndarray, a: sp.csc_matrix, b: np.ndarray, g: sp.csc_matrix | None,
                h_l: np.ndarray | None, h_u: np.ndarray | None, x_l: np.ndarray, x_u: np.ndarray, tol: float,
-               max_iter: int) -> tuple[str, np.ndarray | None, float]:
+               max_iter: int, refine: bool = False) -> tuple[str, np.ndarray | None, float]:
     """PIQP's sparse solver on its own form, one thread: its status (``Solved``, ...), and x and the objective
-    when solved. A module-level function: :func:`isolated.call` runs it in a helper process."""
+    when solved; ``refine``: iterative refinement of every KKT solve (PIQP's default refines only when the
+    regularization is at its floor). A module-level function: :func:`isolated.call` runs it in a helper process."""
     solver = _piqp().SparseSolver()
     st = solver.settings
     st.verbose = False
     st.num_threads = 1
+    st.iterative_refinement_always_enabled = refine
     st.eps_abs = st.eps_rel = st.eps_duality_gap_abs = st.eps_duality_gap_rel = tol
     st.max_iter = max_iter
     solver.setup(p, c, a, b, g, h_l, h_u, x_l, x_u)
@@ -235,6 +237,26 @@ def piqp_solve(p: sp.csc_matrix, c: np.ndarray, a: sp.csc_matrix, b: np.ndarray,
     if status != "Solved":
         return status, None, np.nan
     return status, np.array(solver.result.x), float(solver.result.info.primal_obj)
+
+
+def piqp_form(p_diag, q, a, lo, hi, lb, ub) -> tuple:
+    """The box form's QP as :func:`piqp_solve`'s arguments before the tolerance: equality rows apart from
+    two-sided ones."""
+    a = sp.csr_matrix(a)
+    lo, hi, lb, ub = (np.asarray(v, float) for v in (lo, hi, lb, ub))
+    eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
+    ineq = ~eq & (np.isfinite(lo) | np.isfinite(hi))
+    g = a[ineq].tocsc() if ineq.any() else None
+    return (sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
+            a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
+            g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub)
+
+
+def piqp_attempts(tol: float, loose_tol: float) -> list[tuple[float, bool]]:
+    """PIQP's tries at a QP, (tolerance, refine) in order: as is; with iterative refinement, which solves the
+    L2 passes after a tau band that PIQP as is calls primal infeasible or leaves at its iteration limit (the
+    1940 DHC's banded passes: benchmarks/RESULTS_dhc.md (g)); then at the loose tolerance, refined."""
+    return list(dict.fromkeys(((tol, False), (tol, True), (loose_tol, True))))
 
 
 class PiqpHighs(HighsLp):
@@ -245,9 +267,9 @@ class PiqpHighs(HighsLp):
     duality gap are held to ``tol``, absolute and relative, as Clarabel's are. ``tol`` is tight (1e-11):
     an L2 pass's objective is nearly flat along measurements of large variance, where a looser tolerance
     leaves answers a hundredth of a person from the optimum, and every later pass's tau bands are placed
-    around them (benchmarks/RESULTS_pyomo.md). A QP that PIQP does not solve at ``tol`` (at its iteration
-    limit: PIQP near its floating-point floor) is solved again at ``loose_tol``; one it does not solve
-    at that either (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel,
+    around them (benchmarks/RESULTS_pyomo.md). A QP that PIQP does not solve at ``tol`` is solved again with
+    iterative refinement, then at ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either
+    (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel,
     at ``loose_tol``, with its strict re-solve before the failsafe hears of it; the status then names the
     verdicts. A QP of ``isolate_above`` columns or more is solved in a helper process (same result; None:
     never).
@@ -262,24 +284,17 @@ class PiqpHighs(HighsLp):
 
     def qp(self, p_diag, q, a, lo, hi, lb, ub) -> Result:
         t0 = time.perf_counter()
-        a = sp.csr_matrix(a)
-        lo, hi, lb, ub = (np.asarray(v, float) for v in (lo, hi, lb, ub))
-        eq = np.isfinite(lo) & np.isfinite(hi) & (lo == hi)
-        ineq = ~eq & (np.isfinite(lo) | np.isfinite(hi))
-        g = a[ineq].tocsc() if ineq.any() else None
-        args = (sp.diags(np.asarray(p_diag, float), format="csc"), np.asarray(q, float),
-                a[eq].tocsc() if eq.any() else sp.csc_matrix((0, a.shape[1])), hi[eq],
-                g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub)
+        args = piqp_form(p_diag, q, a, lo, hi, lb, ub)
         isolate = self.isolate_above is not None and a.shape[1] >= self.isolate_above
         solve = partial(call_isolated, piqp_solve) if isolate else piqp_solve
         verdicts = []
-        for tol in dict.fromkeys((self.tol, self.loose_tol)):  # once where both are the same
-            status, x, objective = solve(*args, tol, self.max_iter)
+        for tol, refine in piqp_attempts(self.tol, self.loose_tol):
+            status, x, objective = solve(*args, tol, self.max_iter, refine)
+            how = f" at {tol:g}" + (" refined" if refine else "")
             if status == "Solved":
-                said = "".join(f"PIQP {v} at {t:g}, " for t, v in verdicts)
-                return Result(True, said + status + (f" at {tol:g}" if verdicts else ""), x, objective,
-                              time.perf_counter() - t0)
-            verdicts.append((tol, status))
+                said = "".join(f"PIQP {v}{h}, " for h, v in verdicts)
+                return Result(True, said + status + (how if verdicts else ""), x, objective, time.perf_counter() - t0)
+            verdicts.append((how, status))
         res = self.fallback.qp(p_diag, q, a, lo, hi, lb, ub)
         return Result(res.ok, f"PIQP {status}, Clarabel {res.status}", res.x, res.objective, time.perf_counter() - t0)
 

@@ -16,7 +16,7 @@ import topdown.solvers.layout as layout_mod
 from topdown.vocab.queries import build_query
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
-from topdown.solvers.backends import ClarabelHighs, PiqpHighs
+from topdown.solvers.backends import ClarabelHighs, PiqpHighs, piqp_attempts, piqp_form, piqp_solve
 from topdown.solvers.direct import compile_direct
 from topdown.solvers.layout import build_layout
 
@@ -103,18 +103,21 @@ def test_piqp_hands_an_unsolved_qp_to_clarabel():
 
 
 def test_piqp_solves_again_at_its_loose_tolerance_a_qp_it_does_not_solve_at_its_tight_one():
-    """A QP PIQP does not solve at its tolerance (here an unreachable one) is solved again by PIQP at the loose
-    tolerance (the same answer as PIQP held to that alone), and the status says so; no Clarabel."""
+    """A QP PIQP does not solve at its tolerance (here an unreachable one), as is or refined, is solved again
+    by PIQP at the loose tolerance, refined (the same answer as PIQP held to that alone), and the status says
+    so; no Clarabel."""
     problem = dense_parent(1, k=3, people=3000, ncells=20)
     form = compile_direct(build_layout(problem))
     n = form.shape[1]
     p_diag, q = np.ones(n), -np.arange(n, dtype=float)
     args = (p_diag, q, form.a, form.lo, form.hi, form.lb, form.ub)
     res = PiqpHighs(tol=1e-30, max_iter=30).qp(*args)
-    loose = PiqpHighs(tol=1e-9, max_iter=30).qp(*args)
-    assert res.ok and res.status == "PIQP MaxIterReached at 1e-30, Solved at 1e-09"
-    assert loose.status == "Solved"
-    np.testing.assert_array_equal(res.x, loose.x)
+    status, x, _ = piqp_solve(*piqp_form(*args), 1e-9, 30, True)
+    assert res.ok and res.status == ("PIQP MaxIterReached at 1e-30, PIQP MaxIterReached at 1e-30 refined, "
+                                     "Solved at 1e-09 refined")
+    assert status == "Solved"
+    np.testing.assert_array_equal(res.x, x)
+    assert piqp_attempts(1e-11, 1e-9) == [(1e-11, False), (1e-11, True), (1e-9, True)]
 
 
 def test_layout_leaves_out_only_rows_that_cannot_bind():
