@@ -112,8 +112,8 @@ def map_on_cluster(backend, compiler=None) -> Callable | None:
         from topdown.solvers import solve_parent
 
         with worker_client() as client:
-            # Scattered first: a group's measurements (tens of MiB for a state of 1940 DHC cells) travel
-            # worker to worker, not inside the task graph through the scheduler.
+            # Scattered first: the groups' measurements travel worker to worker, not inside the task graph
+            # through the scheduler (its "Sending large graph" warnings: benchmarks/RESULTS_dhc.md (g)).
             data = client.scatter(problems, hash=False)
             futures = client.map(solve_parent, data, backend=backend, compiler=compiler, pure=False,
                                  priority=GROUP_PRIORITY)
