@@ -252,11 +252,21 @@ def piqp_form(p_diag, q, a, lo, hi, lb, ub) -> tuple:
             g, None if g is None else lo[ineq], None if g is None else hi[ineq], lb, ub)
 
 
-def piqp_attempts(tol: float, loose_tol: float) -> list[tuple[float, bool]]:
+def piqp_attempts(tol: float, loose_tol: float, banded: bool = False) -> list[tuple[float, bool]]:
     """PIQP's tries at a QP, (tolerance, refine) in order: as is; with iterative refinement, which solves the
     L2 passes after a tau band that PIQP as is calls primal infeasible or leaves at its iteration limit (the
-    1940 DHC's banded passes: benchmarks/RESULTS_dhc.md (g)); then at the loose tolerance, refined."""
-    return list(dict.fromkeys(((tol, False), (tol, True), (loose_tol, True))))
+    1940 DHC's banded passes: benchmarks/RESULTS_dhc.md (g)); then at the loose tolerance, refined. A
+    ``banded`` QP (:func:`has_band`) is tried refined first: as is, PIQP takes several times the iterations
+    on the narrow boxes (a DHC-P Block parent's last pass: 139 against 30, RESULTS_dhc.md (h))."""
+    first = ((tol, True), (tol, False)) if banded else ((tol, False), (tol, True))
+    return list(dict.fromkeys((*first, (loose_tol, True))))
+
+
+def has_band(lb: np.ndarray, ub: np.ndarray) -> bool:
+    """Whether a column is boxed on both sides with room between (a tau band; a column fixed at one value
+    is not)."""
+    lb, ub = np.asarray(lb, float), np.asarray(ub, float)
+    return bool((np.isfinite(lb) & np.isfinite(ub) & (lb < ub)).any())
 
 
 class PiqpHighs(HighsLp):
@@ -268,7 +278,8 @@ class PiqpHighs(HighsLp):
     an L2 pass's objective is nearly flat along measurements of large variance, where a looser tolerance
     leaves answers a hundredth of a person from the optimum, and every later pass's tau bands are placed
     around them (benchmarks/RESULTS_pyomo.md). A QP that PIQP does not solve at ``tol`` is solved again with
-    iterative refinement, then at ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either
+    iterative refinement (with ``refine_banded``, a QP with a tau band: first with it, then without), then at
+    ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either
     (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel,
     at ``loose_tol``, with its strict re-solve before the failsafe hears of it; the status then names the
     verdicts. A QP of ``isolate_above`` columns or more is solved in a helper process (same result; None:
@@ -276,8 +287,9 @@ class PiqpHighs(HighsLp):
     """
 
     def __init__(self, tol: float = 1e-11, max_iter: int = 250, isolate_above: int | None = ISOLATE_COLUMNS,
-                 loose_tol: float = 1e-9) -> None:
+                 loose_tol: float = 1e-9, refine_banded: bool = False) -> None:
         self.tol, self.loose_tol = tol, loose_tol
+        self.refine_banded = refine_banded
         self.max_iter = max_iter
         self.isolate_above = isolate_above
         self.fallback = ClarabelHighs(loose_tol)
@@ -288,7 +300,8 @@ class PiqpHighs(HighsLp):
         isolate = self.isolate_above is not None and a.shape[1] >= self.isolate_above
         solve = partial(call_isolated, piqp_solve) if isolate else piqp_solve
         verdicts = []
-        for tol, refine in piqp_attempts(self.tol, self.loose_tol):
+        banded = self.refine_banded and has_band(lb, ub)
+        for tol, refine in piqp_attempts(self.tol, self.loose_tol, banded):
             status, x, objective = solve(*args, tol, self.max_iter, refine)
             how = f" at {tol:g}" + (" refined" if refine else "")
             if status == "Solved":
@@ -301,6 +314,9 @@ class PiqpHighs(HighsLp):
 
 #: The default back end.
 DEFAULT_BACKEND: Backend = PiqpHighs()
+
+#: The default back end with ``refine_banded`` (``[<product>.estimation] refine_banded = true``).
+REFINED_BANDS: Backend = PiqpHighs(refine_banded=True)
 
 #: The open-source back ends by their ``[<product>.estimation] backend`` names (stateless: one each).
 BACKENDS: dict[str, Backend] = {"piqp-highs": DEFAULT_BACKEND, "clarabel-highs": ClarabelHighs()}

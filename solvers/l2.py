@@ -30,6 +30,11 @@ SCALE_TARGET = 1e4
 #: its weight is capped at 1e6. Every variance of a budget below about rho 14 per query is above it.
 VARIANCE_FLOOR = 1e-6
 
+#: The tau LP's near band as a fraction of ``tau_slack``: where the rows hold with pass k's answers moved by
+#: at most this much of the slack (and not with them fixed), that is taken for t*, an upper bound that widens
+#: the band by at most a tenth of the slack and spares the LP with t (solvers/tau.py).
+TAU_NEAR = 0.1
+
 
 class SolveFailure(RuntimeError):
     """A pass, LP or check that failed; the failsafe catches it and relaxes."""
@@ -160,7 +165,7 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
         out.pass_values.append(_full(layout, keep, z * s))
         out.band_cols.append(full_cols)
         if k < last and cols.size:
-            t = tau_lp(backend, form.a, lo, hi, lb, ub, cols, z[cols])
+            t = tau_lp(backend, form.a, lo, hi, lb, ub, cols, z[cols], near=TAU_NEAR * p.tau_slack / s)
             if not t.ok:
                 raise SolveFailure(f"tau LP after L2 pass {k}: solver status {t.status}")
             tol = max(t.objective, 0.0) + p.tau_slack / s

@@ -10,20 +10,25 @@ from .backends import Backend, Result
 
 
 def tau_lp(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
-           ub: np.ndarray, band_cols: np.ndarray, answers: np.ndarray) -> Result:
+           ub: np.ndarray, band_cols: np.ndarray, answers: np.ndarray, near: float = 0.0) -> Result:
     """min t s.t. the structural rows, the current column bounds and |z[band_cols] - answers| <= t.
 
     ``answers`` are pass k's values of the band columns (``Q x*_k``). Returns the LP result; its
-    objective is t* (DAS-2020 ``findOptimalTol``). Since t >= 0, t* = 0 exactly when the rows and bounds
-    can be met with the band columns fixed at ``answers``: that feasibility LP (:func:`zero_band`) is tried
-    first, and only where it fails is the LP with t solved. Pass k's solution meets its rows to the QP's
-    tolerance, so t* is 0 nearly always, and the feasibility LP, whose fixed columns presolve removes,
-    costs a small part of the LP with t (a Block parent of the DHC-P: 0.07 s instead of 4.6 s of CPU).
+    objective is t* (DAS-2020 ``findOptimalTol``), or an upper bound ``near`` on it. Pass k's solution
+    meets the rows, so t* is 0 up to the QP's tolerance, and two feasibility LPs are tried before the LP
+    with t: the band fixed at ``answers`` (:func:`zero_band`; t* = 0 where it is feasible, and presolve
+    removes the fixed columns), then, where ``near`` > 0, the band within ``near`` of them (t* <= ``near``,
+    which is returned). Either costs a small part of the LP with t, whose band rows cover every (child,
+    answer): benchmarks/RESULTS_dhc.md (e) and (h).
     """
     t0 = time.perf_counter()
     zero = zero_band(backend, a, lo, hi, lb, ub, band_cols, answers)
     if zero is not None and zero.ok:
         return Result(True, zero.status, np.append(zero.x, 0.0), 0.0, time.perf_counter() - t0)
+    if near > 0:
+        close = zero_band(backend, a, lo, hi, lb, ub, band_cols, answers, near)
+        if close is not None and close.ok:
+            return Result(True, close.status, np.append(close.x, near), near, time.perf_counter() - t0)
     m, n = a.shape
     nb = band_cols.size
     rows = np.repeat(np.arange(nb), 2)
@@ -41,11 +46,13 @@ def tau_lp(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, l
 
 
 def zero_band(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, lb: np.ndarray,
-              ub: np.ndarray, band_cols: np.ndarray, answers: np.ndarray) -> Result | None:
-    """The feasibility LP of the tau LP at t = 0: the rows and bounds with each band column fixed at its
-    answer (None where an answer lies outside its column's bounds, so t = 0 is infeasible)."""
-    if ((answers < lb[band_cols]) | (answers > ub[band_cols])).any():
+              ub: np.ndarray, band_cols: np.ndarray, answers: np.ndarray, t: float = 0.0) -> Result | None:
+    """The feasibility LP of the tau LP at a given t (0 by default): the rows and bounds with each band column
+    within t of its answer (None where that leaves a column no values, so t is too small)."""
+    band_lb = np.maximum(lb[band_cols], answers - t)
+    band_ub = np.minimum(ub[band_cols], answers + t)
+    if (band_lb > band_ub).any():
         return None
     fixed_lb, fixed_ub = lb.copy(), ub.copy()
-    fixed_lb[band_cols] = fixed_ub[band_cols] = answers
+    fixed_lb[band_cols], fixed_ub[band_cols] = band_lb, band_ub
     return backend.lp(np.zeros(a.shape[1]), a, lo, hi, fixed_lb, fixed_ub)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import topdown.solvers.backends as backends
 import topdown.solvers.layout as layout_mod
 from topdown.vocab.queries import build_query
 from topdown.pipeline.configuration.census import PERSONS
 from topdown.solvers import Constraint, Measurement, ParentProblem, solve_parent
-from topdown.solvers.backends import ClarabelHighs, PiqpHighs, piqp_attempts, piqp_form, piqp_solve
+from topdown.solvers.backends import (ClarabelHighs, PiqpHighs, has_band, piqp_attempts, piqp_form,
+                                      piqp_solve)
 from topdown.solvers.direct import compile_direct
 from topdown.solvers.layout import build_layout
 
@@ -118,6 +120,41 @@ def test_piqp_solves_again_at_its_loose_tolerance_a_qp_it_does_not_solve_at_its_
     assert status == "Solved"
     np.testing.assert_array_equal(res.x, x)
     assert piqp_attempts(1e-11, 1e-9) == [(1e-11, False), (1e-11, True), (1e-9, True)]
+    assert piqp_attempts(1e-11, 1e-9, banded=True) == [(1e-11, True), (1e-11, False), (1e-9, True)]
+
+
+@pytest.mark.parametrize("lb, ub, banded", [((0.0, -np.inf), (np.inf, np.inf), False),
+                                            ((0.0, 2.0), (np.inf, 2.0), False),
+                                            ((0.0, 1.9), (np.inf, 2.1), True)])
+def test_a_qp_is_banded_where_a_column_is_boxed_with_room(lb, ub, banded):
+    """A tau band boxes a column on both sides; a free, one-sided or fixed column is no band."""
+    assert has_band(np.array(lb), np.array(ub)) == banded
+
+
+def test_a_banded_qp_is_tried_refined_first_where_asked_and_gets_the_same_optimum(monkeypatch):
+    """With ``refine_banded``, a banded QP's first try is refined; it gives the optimum of the plain try, and
+    without the setting the plain try comes first (the P.L. 94-171 presets' pinned outputs)."""
+    problem = dense_parent(1, k=3, people=300, ncells=8)
+    form = compile_direct(build_layout(problem))
+    n = form.shape[1]
+    p_diag, q = np.ones(n), -np.arange(n, dtype=float)
+    lb, ub = form.lb.copy(), form.ub.copy()
+    free = np.flatnonzero(~np.isfinite(ub))
+    lb[free[0]], ub[free[0]] = -0.1, 0.1
+    args = (p_diag, q, form.a, form.lo, form.hi, lb, ub)
+    calls = []
+
+    def spy(*a):
+        calls.append(a[-1])
+        return piqp_solve(*a)
+
+    monkeypatch.setattr(backends, "piqp_solve", spy)
+    res = PiqpHighs(refine_banded=True, isolate_above=None).qp(*args)
+    plain = PiqpHighs(isolate_above=None).qp(*args)
+    unbanded = PiqpHighs(refine_banded=True, isolate_above=None).qp(p_diag, q, form.a, form.lo, form.hi, form.lb,
+                                                                   form.ub)
+    assert calls == [True, False, False] and res.ok and plain.ok and unbanded.ok
+    np.testing.assert_allclose(res.x, plain.x, atol=1e-7)
 
 
 def test_layout_leaves_out_only_rows_that_cannot_bind():
@@ -173,3 +210,20 @@ def test_root_of_national_size_meets_its_invariant_total():
     assert (sol.hist >= 0).all()
     hhgq = build_query(PERSONS, "hhgq").answer(sol.hist)
     assert (hhgq >= problem.constraints[0].rhs).all()
+
+
+def test_refine_banded_is_a_setting_of_piqp_on_the_direct_path_and_unwritten_when_off():
+    """Off, the key is not written (config.json and the config hash of earlier runs stay theirs); on, the
+    run's back end refines banded passes first; with another back end or the Pyomo path it is refused."""
+    from topdown.pipeline.configuration.config import EstimationConfig
+    from topdown.pipeline.execution.tasks import estimation_solvers
+    from topdown.solvers.backends import DEFAULT_BACKEND, REFINED_BANDS
+
+    off = EstimationConfig(l2_passes={}, rounder_passes={})
+    on = EstimationConfig(l2_passes={}, rounder_passes={}, refine_banded=True)
+    assert "refine_banded" not in off.model_dump() and on.model_dump()["refine_banded"] is True
+    assert estimation_solvers(off)[0] is DEFAULT_BACKEND and estimation_solvers(on)[0] is REFINED_BANDS
+    assert REFINED_BANDS.refine_banded and not DEFAULT_BACKEND.refine_banded
+    for other in ({"backend": "clarabel-highs"}, {"compiler": "pyomo"}):
+        with pytest.raises(ValueError, match="refine_banded = true is a setting of PIQP on the direct path"):
+            EstimationConfig(l2_passes={}, rounder_passes={}, refine_banded=True, **other)

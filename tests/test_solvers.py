@@ -446,3 +446,20 @@ def test_tau_lp_zero_band_shortcut(answers, t_star, shortcut):
     assert (zero is not None and zero.ok) == shortcut
     res = tau_lp(DEFAULT_BACKEND, *args)
     assert res.ok and res.objective == pytest.approx(t_star, abs=1e-9)
+
+
+@pytest.mark.parametrize("answers, near, t_star, expected", [((5.0, 5.0 + 2e-5), 1e-4, 1e-5, 1e-4),
+                                                            ((5.0, 5.0 + 2e-5), 1e-6, 1e-5, 1e-5),
+                                                            ((6.0, 6.0), 1e-4, 1.0, 1.0)])
+def test_tau_lp_near_band_gives_an_upper_bound_only_where_it_is_feasible(answers, near, t_star, expected):
+    """Answers off the rows by more than HiGHS's tolerance (as a QP's can be, by its own): the band within
+    ``near`` of them, where feasible, gives t = near >= t*; where not, the LP with t gives t* itself."""
+    from topdown.solvers.tau import tau_lp, zero_band
+
+    a = sp.csr_matrix(np.array([[1.0, 1.0]]))
+    args = (a, np.array([10.0]), np.array([10.0]), np.zeros(2), np.full(2, np.inf), np.arange(2), np.array(answers))
+    assert not zero_band(DEFAULT_BACKEND, *args).ok
+    res = tau_lp(DEFAULT_BACKEND, *args, near=near)
+    assert res.ok and res.objective == pytest.approx(expected, rel=1e-6, abs=1e-9) and res.objective >= t_star - 1e-9
+    z = res.x[:2]
+    assert z.sum() == pytest.approx(10.0, abs=1e-7) and np.abs(z - np.array(answers)).max() <= res.objective + 1e-7

@@ -230,6 +230,10 @@ class EstimationConfig(_Strict):
         default="piqp-highs", description=(
             "solvers of the direct path: PIQP (QP) + HiGHS (LP); Clarabel (QP) + HiGHS (LP), the default before "
             "PIQP (to reproduce an older run); or Gurobi where licensed"))
+    refine_banded: bool = Field(default=False, description=(
+        "backend piqp-highs: solve an L2 pass with tau bands by PIQP with iterative refinement first (the "
+        "2020 DHC's and the 1940 DHC's presets: several times fewer iterations on their banded passes); "
+        "false: refined only where the plain try fails, as before (the P.L. 94-171 presets' pinned outputs)"))
     compiler: Literal["direct", "pyomo"] = Field(default="direct", description=(
         "direct (the default): each parent's rows built with numpy and the passes handed to the back end's "
         "solvers; pyomo: the parent's Pyomo model, each pass a Pyomo model solved through Pyomo by `solver`"))
@@ -250,6 +254,9 @@ class EstimationConfig(_Strict):
         if self.compiler == "direct" and pyomo_only:
             raise ValueError(f"{pyomo_only[0]} chooses a solver of the Pyomo path: set compiler = \"pyomo\" (the "
                              "direct path's solvers are `backend`)")
+        if self.refine_banded and (self.compiler == "pyomo" or self.backend != "piqp-highs"):
+            raise ValueError("refine_banded = true is a setting of PIQP on the direct path: it needs backend = "
+                             f"\"piqp-highs\" and compiler = \"direct\" (got {self.backend!r}, {self.compiler!r})")
         if self.compiler == "pyomo" and "backend" in self.model_fields_set:
             raise ValueError("backend chooses the direct path's solvers; compiler = \"pyomo\" takes `solver` (and "
                              "`qp_solver`) instead")
@@ -265,12 +272,15 @@ class EstimationConfig(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_direct_defaults(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """No Pyomo-path keys on the direct path and no ``match_published`` key when unset (config.json and the
+        """No Pyomo-path keys on the direct path and no ``match_published`` or ``refine_banded`` key when unset
+        (config.json and the
         config hash stay those of a configuration written before the keys existed), no ``backend`` on the Pyomo
         path (it chooses no solver there)."""
         data = handler(self)
         if data.get("match_published") is None:
             data.pop("match_published", None)
+        if not data.get("refine_banded", False):
+            data.pop("refine_banded", None)
         if data.get("compiler") == "direct":
             for key in ("compiler", "solver", "qp_solver", "solver_options"):
                 data.pop(key, None)

@@ -135,9 +135,9 @@ def estimation_solvers(est) -> tuple[object, Callable | None, bool]:
         from topdown.solvers.gurobi import Gurobi
 
         return Gurobi(), None, False
-    from topdown.solvers.backends import BACKENDS
+    from topdown.solvers.backends import BACKENDS, REFINED_BANDS
 
-    return BACKENDS[est.backend], None, True
+    return (REFINED_BANDS if est.refine_banded else BACKENDS[est.backend]), None, True
 
 
 def run_chunk(chunk: Chunk) -> ChunkResult:
