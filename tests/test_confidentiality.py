@@ -44,6 +44,8 @@ def test_the_scanner_sees_planted_numbers():
     assert leaked_secrets("'server_id': 'Worker-203e95c3-99ee-4333-ac6b-50be239c6bc9'") == []  # a Dask UUID
     assert [v for v, _ in leaked_secrets("part-4333 of 99ee-4333")] == [4333, 4333]  # not a UUID: still seen
     assert [v for v, _ in leaked_secrets("x = 4321.0; y = 1,357")] == [4321, 1357]
+    assert leaked_secrets("DEBUG Message from 'tls://127.0.0.1:1': {'op': 'heartbeat_worker', 'metrics': "
+                          "{'read_bytes': 1357, 'num_fds': 4321}}") == []
     assert STATE_TOTAL not in SECRETS
 
 
