@@ -273,9 +273,8 @@ class EstimationConfig(_Strict):
     @model_serializer(mode="wrap")
     def _omit_direct_defaults(self, handler: SerializerFunctionWrapHandler) -> dict:
         """No Pyomo-path keys on the direct path and no ``match_published`` or ``refine_banded`` key when unset
-        (config.json and the
-        config hash stay those of a configuration written before the keys existed), no ``backend`` on the Pyomo
-        path (it chooses no solver there)."""
+        (config.json and the config hash stay those of a configuration written before the keys existed), no
+        ``backend`` on the Pyomo path (it chooses no solver there)."""
         data = handler(self)
         if data.get("match_published") is None:
             data.pop("match_published", None)
