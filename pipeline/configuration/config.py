@@ -232,7 +232,7 @@ class EstimationConfig(_Strict):
             "PIQP (to reproduce an older run); or Gurobi where licensed"))
     refine_banded: bool = Field(default=False, description=(
         "backend piqp-highs: solve an L2 pass with tau bands by PIQP with iterative refinement first (the "
-        "2020 DHC's and the 1940 DHC's presets: several times fewer iterations on their banded passes); "
+        "2020 DHC preset: several times fewer iterations on its banded passes); "
         "false: refined only where the plain try fails, as before (the P.L. 94-171 presets' pinned outputs)"))
     compiler: Literal["direct", "pyomo"] = Field(default="direct", description=(
         "direct (the default): each parent's rows built with numpy and the passes handed to the back end's "
