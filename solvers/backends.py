@@ -279,10 +279,9 @@ class PiqpHighs(HighsLp):
     leaves answers a hundredth of a person from the optimum, and every later pass's tau bands are placed
     around them (benchmarks/RESULTS_pyomo.md). A QP that PIQP does not solve at ``tol`` is solved again with
     iterative refinement (with ``refine_banded``, a QP with a tau band: first with it, then without), then at
-    ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either
-    (seen only on badly scaled rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel,
-    at ``loose_tol``, with its strict re-solve before the failsafe hears of it; the status then names the
-    verdicts. A QP of ``isolate_above`` columns or more is solved in a helper process (same result; None:
+    ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either (seen only on badly scaled
+    rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel, at ``loose_tol``, with its strict re-solve
+    before the failsafe hears of it; the status then names the verdicts. A QP of ``isolate_above`` columns or more is solved in a helper process (same result; None:
     never).
     """
 

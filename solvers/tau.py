@@ -22,13 +22,10 @@ def tau_lp(backend: Backend, a: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, l
     answer): benchmarks/RESULTS_dhc.md (e) and (h).
     """
     t0 = time.perf_counter()
-    zero = zero_band(backend, a, lo, hi, lb, ub, band_cols, answers)
-    if zero is not None and zero.ok:
-        return Result(True, zero.status, np.append(zero.x, 0.0), 0.0, time.perf_counter() - t0)
-    if near > 0:
-        close = zero_band(backend, a, lo, hi, lb, ub, band_cols, answers, near)
-        if close is not None and close.ok:
-            return Result(True, close.status, np.append(close.x, near), near, time.perf_counter() - t0)
+    for width in (0.0, near) if near > 0 else (0.0,):
+        band = zero_band(backend, a, lo, hi, lb, ub, band_cols, answers, width)
+        if band is not None and band.ok:
+            return Result(True, band.status, np.append(band.x, width), width, time.perf_counter() - t0)
     m, n = a.shape
     nb = band_cols.size
     rows = np.repeat(np.arange(nb), 2)
