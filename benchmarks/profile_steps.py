@@ -19,6 +19,12 @@ older tree), so that a machine load that changes during the comparison falls on 
 prints each tree's CPU per block, the median over chunk runs of its CPU over the first tree's, and
 whether the estimates and measurement files are byte-identical.
 
+``splits DIR --costs 5000,50000 [--query "sex * age"]``: the captured Block chunks solved with each value of
+``split_cost`` in turn (one process, chunk by chunk); prints per value the CPU per block and, against the chunks'
+true child histograms (a synthetic input's), the mean absolute error of a block's total and the L1 of its
+detailed cells, and the summed absolute error of each ``--query`` (repeatable). Confidential when the input is
+real: the figures come from the true histograms.
+
 ``profile DIR [--repeats 3]``: for the largest County parent of the Tract chunk and for the Block_Group
 parent of median size in the Block chunk, times every step of ``solve_parent`` (CPU seconds of this
 process, the median over the repeats) and prints one JSON object per parent; then the whole Block chunk
@@ -30,6 +36,8 @@ Usage:
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py capture CONFIG --out /tmp/prof --every 1
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py blocks /tmp/prof
   OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py ab /tmp/prof --tree /tmp/shim-old --tree ''
+  OPENBLAS_NUM_THREADS=1 python benchmarks/profile_steps.py splits /tmp/prof --costs 10000,5000,50000 \
+      --query "sex * age"
 """
 from __future__ import annotations
 
@@ -353,6 +361,55 @@ def profile(d: Path, repeats: int) -> None:
                       "cpu_ms_per_block": round(1000 * total / len(block.children), 3), "steps": steps}), flush=True)
 
 
+def _errors(product, estimate, truth, queries: list[str]) -> dict:
+    """Summed absolute errors of the estimate against the truth (both children x cells): of each child's total,
+    of each query's answers, and of the detailed cells."""
+    import numpy as np
+
+    from topdown.vocab.queries import build_query
+
+    diff = (estimate.astype(np.int64) - truth.astype(np.int64)).tocoo()
+    out = {"total": float(np.abs(np.bincount(diff.row, diff.data, minlength=diff.shape[0])).sum()),
+           "detailed": float(np.abs(diff.data).sum())}
+    for name in queries:
+        query = build_query(product.schema, name)
+        key = diff.row * query.n_answers + query.groups_at(diff.col)
+        out[name] = float(np.abs(np.bincount(key, diff.data, minlength=diff.shape[0] * query.n_answers)).sum())
+    return out
+
+
+def splits(d: Path, costs: list[int], queries: list[str]) -> None:
+    """The captured Block chunks solved with each ``split_cost`` in turn (the values in the given order for each
+    chunk): per value, CPU seconds and ms a block, the mean absolute error of a block's total, the L1 of its
+    detailed cells per block, and the summed absolute error of each query, against the chunks' true histograms."""
+    import io
+    import tempfile
+    from collections import Counter
+
+    from topdown.pipeline.execution.tasks import run_chunk
+
+    sums = {cost: Counter() for cost in costs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in sorted((d / "block").glob("*.pkl")):
+            for cost in costs:
+                chunk = _MovedModules(io.BytesIO(path.read_bytes())).load()
+                chunk.measurements_path = f"{tmp}/{path.stem}-{cost}.parquet"
+                chunk.cfg = type(chunk.cfg).model_validate({**chunk.cfg.model_dump(), "estimation": {
+                    **chunk.cfg.estimation.model_dump(), "split_cost": cost}})
+                c0 = time.process_time()
+                res = run_chunk(chunk)
+                cpu = time.process_time() - c0
+                sums[cost].update({"cpu_s": cpu, "blocks": len(chunk.children), "chunks": 1,
+                                   **_errors(chunk.product, res.hist, chunk.child_hist, queries)})
+    for cost, s in sums.items():
+        blocks = max(s["blocks"], 1)
+        print(json.dumps({"split_cost": cost, "chunks": s["chunks"], "blocks": s["blocks"],
+                          "cpu_s": round(s["cpu_s"], 2), "cpu_ms_per_block": round(1000 * s["cpu_s"] / blocks, 1),
+                          "mae_total": round(s["total"] / blocks, 3),
+                          "l1_detailed_per_block": round(s["detailed"] / blocks, 2),
+                          **{f"abs_error {q}": s[q] for q in queries}}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -369,6 +426,10 @@ def main() -> None:
     x.add_argument("--tree", action="append", required=True,
                    help="a PYTHONPATH to run the chunks with (repeat; '' = this tree)")
     x.add_argument("--rounds", type=int, default=1)
+    t = sub.add_parser("splits")
+    t.add_argument("dir", type=Path)
+    t.add_argument("--costs", required=True, help="values of split_cost, comma-separated (0: no cost rule)")
+    t.add_argument("--query", action="append", default=[], help="a query of the product to score (repeat)")
     p = sub.add_parser("profile")
     p.add_argument("dir", type=Path)
     p.add_argument("--repeats", type=int, default=3)
@@ -381,6 +442,8 @@ def main() -> None:
         serve(args.dir)
     elif args.cmd == "ab":
         ab(args.dir, args.tree, args.rounds)
+    elif args.cmd == "splits":
+        splits(args.dir, [int(v) for v in args.costs.split(",")], args.query)
     else:
         profile(args.dir, args.repeats)
 

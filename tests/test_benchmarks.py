@@ -76,6 +76,16 @@ def test_profile_steps_captures_and_times_every_step(tmp_path, demo_input):
     for row in (first, second):
         assert {k: row[k] for k in ("chunks", "blocks", "estimates_sha256", "measurements_sha256")} == \
             {k: blocks[k] for k in ("chunks", "blocks", "estimates_sha256", "measurements_sha256")}
+    # The same chunks at two values of split_cost (0: no cost rule; 1: every parent of two or more blocks split),
+    # scored against their true histograms: a coarser query's error is at most a finer one's (|sum d| <= sum |d|).
+    rows = _json_lines("profile_steps.py", "splits", str(tmp_path / "p"), "--costs", "0,1", "--query", "total",
+                       "--query", "hhgq")
+    assert [r["split_cost"] for r in rows] == [0, 1]
+    for row in rows:
+        assert row["blocks"] == blocks["blocks"] and row["cpu_s"] > 0
+        assert row["abs_error total"] == pytest.approx(row["mae_total"] * row["blocks"], abs=5e-4 * row["blocks"])
+        detailed = row["l1_detailed_per_block"] * row["blocks"]  # rounded to 2 decimals a block
+        assert row["abs_error total"] <= row["abs_error hhgq"] <= detailed + 0.005 * row["blocks"]
 
 
 def test_peer_censusdp_converts_demo_persons_and_spends_each_level_rho(demo_input):
