@@ -362,8 +362,8 @@ def profile(d: Path, repeats: int) -> None:
 
 
 def _errors(product, estimate, truth, queries: list[str]) -> dict:
-    """Summed absolute errors of the estimate against the truth (both children x cells): of each child's total,
-    of each query's answers, and of the detailed cells."""
+    """Summed absolute errors of the estimate against the truth (both children x cells): of each child's total
+    (``total``, from the rows' sums), of the detailed cells, and of each query's answers (``abs_error NAME``)."""
     import numpy as np
 
     from topdown.vocab.queries import build_query
@@ -374,7 +374,8 @@ def _errors(product, estimate, truth, queries: list[str]) -> dict:
     for name in queries:
         query = build_query(product.schema, name)
         key = diff.row * query.n_answers + query.groups_at(diff.col)
-        out[name] = float(np.abs(np.bincount(key, diff.data, minlength=diff.shape[0] * query.n_answers)).sum())
+        out[f"abs_error {name}"] = float(np.abs(np.bincount(key, diff.data,
+                                                       minlength=diff.shape[0] * query.n_answers)).sum())
     return out
 
 
@@ -407,7 +408,7 @@ def splits(d: Path, costs: list[int], queries: list[str]) -> None:
                           "cpu_s": round(s["cpu_s"], 2), "cpu_ms_per_block": round(1000 * s["cpu_s"] / blocks, 1),
                           "mae_total": round(s["total"] / blocks, 3),
                           "l1_detailed_per_block": round(s["detailed"] / blocks, 2),
-                          **{f"abs_error {q}": s[q] for q in queries}}), flush=True)
+                          **{f"abs_error {q}": s[f"abs_error {q}"] for q in queries}}), flush=True)
 
 
 def main() -> None:
