@@ -281,8 +281,8 @@ class PiqpHighs(HighsLp):
     iterative refinement (with ``refine_banded``, a QP with a tau band: first with it, then without), then at
     ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either (seen only on badly scaled
     rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel, at ``loose_tol``, with its strict re-solve
-    before the failsafe hears of it; the status then names the verdicts. A QP of ``isolate_above`` columns or more is solved in a helper process (same result; None:
-    never).
+    before the failsafe hears of it; the status then names the verdicts. A QP of ``isolate_above`` columns or
+    more is solved in a helper process (same result; None: never).
     """
 
     def __init__(self, tol: float = 1e-11, max_iter: int = 250, isolate_above: int | None = ISOLATE_COLUMNS,

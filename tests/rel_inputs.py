@@ -84,7 +84,7 @@ def leaked_secrets(text: str, secrets: Collection[int] = SECRETS) -> list[tuple[
     """(secret, line) for every line of ``text`` that shows a confidential number (default: the planted ones)."""
     hits = []
     for line in text.splitlines():
-        if _HEARTBEAT in line:  # a Dask worker's metrics at DEBUG: bytes, seconds, task and file counts
+        if _HEARTBEAT in line:
             continue
         for m in _NUMBER.finditer(_NOT_COUNTS.sub("", line)):
             value = int(m.group(1).replace(",", ""))
