@@ -9,8 +9,9 @@ DIR (``chunk-Tract.pkl``, ``chunk-Block.pkl``), then stops the run. The pickles 
 child histograms (confidential input): keep DIR private; nothing of them is printed.
 
 ``capture ... --every N`` also keeps every N-th Block-level chunk (in DIR/block/) and skips solving the
-Block level; ``blocks DIR`` then runs those chunks one after the other in this process and prints their
-CPU seconds per block (run it alternately with the untouched and the changed tree on the Python path: an
+Block level (``--level NAME``: another spine's last level, such as the 1940 census's ``Enumdist``; its chunks
+go to DIR/block/ as well, and every sub-command below reads them as "blocks"); ``blocks DIR`` then runs those
+chunks one after the other in this process and prints their CPU seconds per block (run it alternately with the untouched and the changed tree on the Python path: an
 A/B comparison under the same load).
 
 ``ab DIR --tree PATH --tree '' [--rounds R]``: the same chunks under several trees at once, interleaved
@@ -53,9 +54,10 @@ from pathlib import Path
 WANTED = ("Tract", "Block")
 
 
-def capture(config_path: str, out: Path, every: int = 0) -> None:
+def capture(config_path: str, out: Path, every: int = 0, level: str = "Block") -> None:
     """Pickle the first chunk of the Tract and Block levels; with ``every`` > 0 also every ``every``-th
-    Block-level chunk to ``out/block/`` (the Block level is then not solved: the run stops after it)."""
+    chunk of ``level`` (the spine's last) to ``out/block/`` (that level is then not solved: the run stops
+    after it)."""
     from distributed import Client
 
     from topdown.pipeline import load_config, run
@@ -73,7 +75,7 @@ def capture(config_path: str, out: Path, every: int = 0) -> None:
         path = out / f"chunk-{chunk.level}.pkl"
         if chunk.level in WANTED and chunk.index == 0 and not path.exists():
             path.write_bytes(pickle.dumps(chunk))
-        if chunk.level == "Block" and every > 0:
+        if chunk.level == level and every > 0:
             if chunk.index % every == 0:
                 (out / "block" / f"{chunk.index:05d}.pkl").write_bytes(pickle.dumps(chunk))
             return ChunkResult(chunk.index, chunk.children, sp.csr_matrix((len(chunk.children), 1), dtype="int64"))
@@ -417,7 +419,8 @@ def main() -> None:
     c = sub.add_parser("capture")
     c.add_argument("config")
     c.add_argument("--out", type=Path, required=True)
-    c.add_argument("--every", type=int, default=0, help="also keep every N-th Block-level chunk (0: none)")
+    c.add_argument("--every", type=int, default=0, help="also keep every N-th chunk of --level (0: none)")
+    c.add_argument("--level", default="Block", help="the spine's last level, whose chunks --every keeps")
     b = sub.add_parser("blocks")
     b.add_argument("dir", type=Path)
     v = sub.add_parser("serve")
@@ -436,7 +439,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.cmd == "capture":
-        capture(args.config, args.out, args.every)
+        capture(args.config, args.out, args.every, args.level)
     elif args.cmd == "blocks":
         block_chunks(args.dir)
     elif args.cmd == "serve":

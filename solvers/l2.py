@@ -165,7 +165,8 @@ def run_l2(layout: Layout, form: StandardForm, backend: Backend) -> L2Result:
         out.pass_values.append(_full(layout, keep, z * s))
         out.band_cols.append(full_cols)
         if k < last and cols.size:
-            t = tau_lp(backend, form.a, lo, hi, lb, ub, cols, z[cols], near=TAU_NEAR * p.tau_slack / s)
+            t = tau_lp(backend, form.a, lo, hi, lb, ub, cols, z[cols], near=TAU_NEAR * p.tau_slack / s,
+                       solution=z)
             if not t.ok:
                 raise SolveFailure(f"tau LP after L2 pass {k}: solver status {t.status}")
             tol = max(t.objective, 0.0) + p.tau_slack / s

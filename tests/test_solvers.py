@@ -463,3 +463,35 @@ def test_tau_lp_near_band_gives_an_upper_bound_only_where_it_is_feasible(answers
     assert res.ok and res.objective == pytest.approx(expected, rel=1e-6, abs=1e-9) and res.objective >= t_star - 1e-9
     z = res.x[:2]
     assert z.sum() == pytest.approx(10.0, abs=1e-7) and np.abs(z - np.array(answers)).max() <= res.objective + 1e-7
+
+
+class _CountingLp:
+    """The default back end, counting its LP calls."""
+
+    def __init__(self) -> None:
+        self.lps = 0
+
+    def lp(self, *args, **kwargs):
+        self.lps += 1
+        return DEFAULT_BACKEND.lp(*args, **kwargs)
+
+
+@pytest.mark.parametrize("solution, t_star, lps", [((5.0, 5.0), 0.0, 0), ((4.0, 6.0), 0.0, 0),
+                                                   ((5.0, 5.0 + 1e-8), 0.0, 1), ((-1.0, 11.0), 1.0, 1)])
+def test_tau_lp_takes_the_pass_solution_as_its_witness(solution, t_star, lps):
+    """Pass k's solution meeting the rows and bounds within WITNESS_TOL is a point of the band fixed at its own
+    answers: t* = 0 with no LP. Off by more (1e-8 here: within HiGHS's tolerance, so the fixed band's LP finds
+    it feasible; or a bound broken), the LPs decide as before."""
+    from topdown.solvers.tau import WITNESS_TOL, tau_lp, witness_holds
+
+    z = np.array(solution)
+    a = sp.csr_matrix(np.array([[1.0, 1.0]]))
+    args = (a, np.array([10.0]), np.array([10.0]), np.zeros(2), np.full(2, np.inf))
+    assert witness_holds(*args, z) == (lps == 0)
+    assert witness_holds(*args, z + np.array([0.0, WITNESS_TOL / 2])) == (lps == 0)
+    backend = _CountingLp()
+    res = tau_lp(backend, *args, np.arange(2), z, solution=z)
+    assert res.ok and res.objective == pytest.approx(t_star, abs=1e-9) and backend.lps == lps
+    assert (res.status == "Witness") == (lps == 0)
+    without = tau_lp(_CountingLp(), *args, np.arange(2), z)  # no solution given: the LPs, with the same t*
+    assert without.objective == pytest.approx(res.objective, abs=1e-9)
