@@ -135,6 +135,8 @@ def test_dhc_1940_is_the_bureaus_configuration():
     assert cfg.invariants == {"State": ["tot"], "Enumdist": ["gqhh_vect", "gqhh_tot"]}
     assert cfg.constraints["State"] == ["total", "hhgq_total_lb", "hhgq_total_ub"]
     assert cfg.constraints["Enumdist"] == ["hhgq_total_lb", "hhgq_total_ub"]
+    # what makes it run at full size (benchmarks/RESULTS_dhc.md (j)): the answers in play, groups of 2,500 variables
+    assert b.measure == "in_play" and cfg.estimation.split_cost == 2500
 
 
 def test_dhc_1940_censusdp_is_censusdps_reconstruction():
@@ -154,6 +156,7 @@ def test_dhc_1940_censusdp_is_censusdps_reconstruction():
         assert [set(q) for q in v.estimation.l2_passes[level]] == [set(shares)]
     assert (v.invariants, v.constraints) == (b.invariants, b.constraints)
     assert v.estimation.rounder_passes == b.estimation.rounder_passes
+    assert (v.budget.measure, v.estimation.split_cost) == ("declared", 50000)  # as measured: RESULTS_dhc.md (g)
 
 
 def test_dhc_1940_certificate_shows_the_bureaus_queries_and_shares(capsys):
