@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -27,7 +28,9 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from .isolated import call as call_isolated
+from .isolated import HelperDied, call as call_isolated
+
+log = logging.getLogger("topdown")
 
 #: Columns above which Clarabel switches from qdldl to faer (solver_notes.md, pitfall 3).
 FAER_ABOVE = 30_000
@@ -282,7 +285,9 @@ class PiqpHighs(HighsLp):
     ``loose_tol`` (:func:`piqp_attempts`); one it does not solve at that either (seen only on badly scaled
     rows: 1e10 bounds beside 1e-3 tau bands) goes to Clarabel, at ``loose_tol``, with its strict re-solve
     before the failsafe hears of it; the status then names the verdicts. A QP of ``isolate_above`` columns or
-    more is solved in a helper process (same result; None: never).
+    more is solved in a helper process (same result; None: never); where that process ends during a solve (PIQP
+    crashed: a root of 211,909 cells in play, whose rows of one to seven thousand columns PIQP's ordering fills
+    past its index range, benchmarks/RESULTS_dhc.md (k)), Clarabel solves the QP.
     """
 
     def __init__(self, tol: float = 1e-11, max_iter: int = 250, isolate_above: int | None = ISOLATE_COLUMNS,
@@ -301,7 +306,13 @@ class PiqpHighs(HighsLp):
         verdicts = []
         banded = self.refine_banded and has_band(lb, ub)
         for tol, refine in piqp_attempts(self.tol, self.loose_tol, banded):
-            status, x, objective = solve(*args, tol, self.max_iter, refine)
+            try:
+                status, x, objective = solve(*args, tol, self.max_iter, refine)
+            except HelperDied as died:  # it would end so again on the same matrices: Clarabel's turn
+                status = f"crashed ({died.how})"
+                log.warning("PIQP's helper process ended with %s on a QP of %d columns and %d rows; solving it "
+                            "with Clarabel", died.how, a.shape[1], a.shape[0])
+                break
             how = f" at {tol:g}" + (" refined" if refine else "")
             if status == "Solved":
                 said = "".join(f"PIQP {v}{h}, " for h, v in verdicts)

@@ -32,7 +32,12 @@ PR_SET_PDEATHSIG = 1
 
 
 class HelperDied(RuntimeError):
-    """The helper process ended during a call (killed, for example by the kernel when memory ran out)."""
+    """The helper process ended during a call: the library crashed (a signal such as SIGSEGV), or the process was
+    killed (for example by the kernel when memory ran out). ``how``: "signal 11", "exit status 1", ..."""
+
+    def __init__(self, message: str, how: str = "") -> None:
+        super().__init__(message)
+        self.how = how
 
 
 class _Helper:
@@ -54,7 +59,7 @@ class _Helper:
             code = self.proc.wait()
             how = f"signal {-code}" if code < 0 else f"exit status {code}"
             raise HelperDied(f"the solver's helper process (pid {self.proc.pid}) ended with {how} during "
-                             f"{fn.__name__}") from None
+                             f"{fn.__name__}", how) from None
         if ok:
             return value
         raise value
