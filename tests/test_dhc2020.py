@@ -124,3 +124,35 @@ def test_a_dhc_run_end_to_end_verifies(tmp_path):
     assert block["count"].sum() == len(persons) and (block["count"] > 0).all()
     households = pd.read_parquet(run / "histograms" / "households" / "level=US")
     assert households["count"].sum() == (pd.read_parquet(data / "units")["tenvacgq"] <= 3).sum()
+
+
+@pytest.mark.slow
+def test_the_commands_after_a_dhc_run(tmp_path, capsys):
+    """A noisy run (test mode, the preset's budgets and root thresholds) of 3,000 synthetic persons: `verify`,
+    `evaluate` (the declared queries of each product), `nmf`, `reprocess` (verified); `uncertainty` says in one
+    line why it computes no GLS for DHC-P (exit 3, before any task: its blocks would be 1.4 GiB); `replicates`
+    says why it cannot rebuild the unit records that two products' MDFs share (exit 4)."""
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "input"
+    assert main(["synth", "--census", "dhc2020", "--persons", "3000", "--seed", "1", str(data)]) == 0
+    config = tmp_path / "dhc.toml"
+    config.write_text(f'include = "dhc2020"\n[run]\nmode = "test"\nseed = 3\ninput = "{data}"\n')
+    run = tmp_path / "run"
+    assert main(["run", str(config), "--out", str(run), "--workers", "1", "--quiet"]) == 0
+    assert main(["verify", str(run)]) == 0
+    assert main(["evaluate", str(run), "--truth", str(data), "--out", str(tmp_path / "eval"), "--workers", "1",
+                 "--quiet"]) == 0
+    summary = pq.read_table(tmp_path / "eval" / "summary.parquet").to_pandas()
+    for product in load_census("dhc2020").products:
+        assert set(product.evaluation_queries) <= set(summary.loc[summary["product"] == product.name, "query"])
+    assert main(["nmf", str(run), "--out", str(tmp_path / "nmf")]) == 0
+    assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
+    assert main(["verify", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("topdown: input error: product 'persons': GLS is not computed for it") and len(err) == 1
+    assert not (tmp_path / "u.parquet").exists()
+    assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), "--workers", "1"]) == 4
+    assert "product 'households': replicates rebuild each record file" in capsys.readouterr().err

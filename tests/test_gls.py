@@ -197,3 +197,27 @@ def test_zeros_that_would_make_large_blocks_are_left_out():
         zeros = tuple(sorted({s.query for s in product.constraints.values() if s.rhs in ("zero", "unit_upper")}))
         alg, left = with_zeros(product.schema, queries, zeros)
         assert len(alg.zeros) == kept and len(left) == len(zeros) - kept and alg.d <= MAX_ZERO_BLOCK
+
+
+@pytest.mark.parametrize("preset, product, fits", [("dhc2020", "persons", False), ("dhc2020", "households", False),
+                                                   ("dhc2020", "units", True), ("dhc_1940", "persons", True),
+                                                   ("ri2010", "persons", True)])
+def test_an_algebra_whose_blocks_are_too_large_is_refused_before_it_is_made(preset, product, fits):
+    """The 2020 DHC's persons and households keep axes of 4,872 and 1,566 levels whole (age with relgq,
+    household type with tenure): one covariance would be over a gigabyte, refused with a GLSError naming the
+    product and the axes, without making any array of that size; the other shipped products fit."""
+    from topdown.pipeline.configuration.config import load_config
+    from topdown.pipeline.evaluation.gls import MAX_MATRIX_BYTES, GLSError
+
+    config = load_config(preset)
+    queries = tuple(sorted({q for level in config.products[product].budget.queries.values() for q in level}))
+    alg = KronAlgebra(config.census.product(product).schema, queries)
+    if fits:
+        alg.check_size()
+        assert alg.n_classes * alg.d ** 2 * 8 <= MAX_MATRIX_BYTES
+        return
+    with pytest.raises(GLSError, match=rf"product '{product}': GLS is not computed for it: .* group the axes "
+                                       r"(relgq, age|tenure, hhtype) .* MiB; at most 64 MiB"):
+        alg.check_size()
+    with pytest.raises(GLSError):
+        alg.precision(np.ones(len(queries)))  # the algebra's arrays are never made

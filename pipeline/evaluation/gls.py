@@ -65,6 +65,10 @@ from topdown.vocab.queries import CROSS, build_query, canonical_name
 from topdown.vocab.schema import Schema
 
 
+#: The largest matrix of class blocks computed (GLSError beyond): the 2020 DHC's persons make 8 blocks of 4,872 x
+#: 4,872 (1.4 GiB), its households 32 of 1,566 x 1,566 (599 MiB); the 1940 DHC's persons 32 of 116 x 116 (3.3 MiB).
+MAX_MATRIX_BYTES = 64 * 2**20
+
 #: The variance of a structural zero's measurement (the Bureau's ``VAR_FOR_CONSTR_QUERY``).
 ZERO_VARIANCE = 2.0 ** -14
 
@@ -116,7 +120,9 @@ class KronAlgebra:
     zeros: tuple[str, ...] = ()  # the queries of structural-zero constraints (an axis they restrict is dense)
 
     @cached_property
-    def _layout(self):
+    def _axes(self):
+        """Each query's per-axis factors, the dense axes, and each other axis's (a, b) per query: nothing of the
+        block size, so :attr:`d` is known before anything of that size is made."""
         dims = [n for _, n in self.schema.dims]
         factors = {q: [_indicator(g, n) for g, n in zip(_axis_groups(self.schema, q), dims)] for q in self.queries}
         restricted = {a for z in self.zeros for a, groups in enumerate(_axis_groups(self.schema, z))
@@ -128,9 +134,15 @@ class KronAlgebra:
                 dense.append(axis)
             else:
                 coef[axis] = ab
+        return dims, factors, dense, coef
+
+    @cached_property
+    def _layout(self):
+        dims, factors, dense, coef = self._axes
         ij = [a for a in range(len(dims)) if a not in dense]
         classes = list(cartesian((True, False), repeat=len(ij)))  # True: constant vector of that axis
-        d = int(np.prod([dims[a] for a in dense])) if dense else 1
+        d = self.d
+        self.check_size()
         grams = np.zeros((len(self.queries), len(classes), d, d))
         for qi, q in enumerate(self.queries):
             block = np.ones((1, 1))
@@ -144,13 +156,28 @@ class KronAlgebra:
                 grams[qi, ci] = lam * block
         return dims, dense, ij, classes, d, grams
 
+    def check_size(self) -> None:
+        """Raise :class:`GLSError` where one matrix of this algebra (its class blocks) would exceed
+        :data:`MAX_MATRIX_BYTES`: the GLS holds several a node."""
+        dims, _, dense, _ = self._axes
+        classes, d = 2 ** (len(dims) - len(dense)), self.d
+        size = classes * d * d * 8
+        if size > MAX_MATRIX_BYTES:
+            names = ", ".join(self.schema.dims[a][0] for a in dense)
+            raise GLSError(f"product {self.schema.name!r}: GLS is not computed for it: its measured queries "
+                           f"group the axes {names} other than whole or summed, so one covariance would be "
+                           f"{classes} blocks of {d:,} x {d:,} ({size / 2**20:,.0f} MiB; at most "
+                           f"{MAX_MATRIX_BYTES // 2**20} MiB)")
+
     @property
     def n_classes(self) -> int:
         return len(self._layout[3])
 
     @property
     def d(self) -> int:
-        return self._layout[4]
+        """The size of a class block: the product of the dense axes' sizes."""
+        dims, _, dense, _ = self._axes
+        return int(np.prod([dims[a] for a in dense], dtype=np.int64)) if dense else 1
 
     # -- construction -------------------------------------------------------------------------------
     def precision(self, weights: np.ndarray) -> np.ndarray:

@@ -683,6 +683,7 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     structure = public_structure(src, spec)
     measured = dclient.submit(measured_queries, _shipped(src), spec, pure=False).result()  # reads every part
     alg, left_out = with_zeros(spec.schema, measured, structure.zero_queries)
+    alg.check_size()  # before any task
     if left_out:
         log.info("uncertainty %s: the structural zeros of %s are not used (their cells would make the covariance "
                  "blocks larger than %d x %d)", product, ", ".join(left_out), MAX_ZERO_BLOCK, MAX_ZERO_BLOCK)
