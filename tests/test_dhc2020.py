@@ -127,12 +127,15 @@ def test_a_dhc_run_end_to_end_verifies(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_commands_after_a_dhc_run(tmp_path, capsys):
+def test_the_commands_after_a_dhc_run(tmp_path, capsys, monkeypatch):
     """A noisy run (test mode, the preset's budgets and root thresholds) of 3,000 synthetic persons: `verify`,
-    `evaluate` (the declared queries of each product), `nmf`, `reprocess` (verified); `uncertainty` says in one
-    line why it computes no GLS for DHC-P (exit 3, before any task: its blocks would be 1.4 GiB); `replicates`
-    says why it cannot rebuild the unit records that two products' MDFs share (exit 4)."""
+    `evaluate` (the declared queries of each product), `nmf`, `reprocess` (verified); `uncertainty` writes the
+    unit histogram's rows and says in a warning a product why it computes no GLS for DHC-P and DHC-H (their
+    covariances would be 1.4 GiB and 599 MiB a node), exit 3 where no product fits; `replicates` says why it
+    cannot rebuild the unit records that two products' MDFs share (exit 4)."""
     import pyarrow.parquet as pq
+
+    from topdown.pipeline.evaluation import gls
 
     data = tmp_path / "input"
     assert main(["synth", "--census", "dhc2020", "--persons", "3000", "--seed", "1", str(data)]) == 0
@@ -150,9 +153,16 @@ def test_the_commands_after_a_dhc_run(tmp_path, capsys):
     assert main(["reprocess", str(run), "--out", str(tmp_path / "again"), "--workers", "1", "--quiet"]) == 0
     assert main(["verify", str(tmp_path / "again")]) == 0
     capsys.readouterr()
-    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 3
+    assert main(["uncertainty", str(run), "--out", str(tmp_path / "u.parquet"), "--workers", "1", "--quiet"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "GLS is not computed" in line]
+    assert len(warned) == 2 and all(f"uncertainty: product '{name}': GLS is not computed for it" in line
+                                    for name, line in zip(("persons", "households"), warned))
+    rows = pq.read_table(tmp_path / "u.parquet").to_pandas()
+    assert set(rows["product"]) == {"units"} and set(rows["query"]) == {"total", "tenvacgq"} and len(rows)
+    monkeypatch.setattr(gls, "MAX_MATRIX_BYTES", 0)  # no product fits: nothing to write
+    assert main(["uncertainty", str(run), "--out", str(tmp_path / "none.parquet"), "--workers", "1", "--quiet"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("topdown: input error: product 'persons': GLS is not computed for it") and len(err) == 1
-    assert not (tmp_path / "u.parquet").exists()
+    assert err[-1].startswith("topdown: input error: product 'persons': GLS is not computed for it")
+    assert not (tmp_path / "none.parquet").exists()
     assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), "--workers", "1"]) == 4
     assert "product 'households': replicates rebuild each record file" in capsys.readouterr().err

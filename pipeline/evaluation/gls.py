@@ -77,6 +77,10 @@ class GLSError(ValueError):
     """The measurements do not identify a node's histogram (a leaf without a full-rank set of queries)."""
 
 
+class BlocksTooLarge(GLSError):
+    """A product's covariances would exceed :data:`MAX_MATRIX_BYTES` (:meth:`KronAlgebra.check_size`)."""
+
+
 def _axis_groups(schema: Schema, name: str) -> list[list[tuple[int, ...]]]:
     """Per schema axis, the groups of levels of a query's factor (one group of all levels: summed over)."""
     name = canonical_name(name)
@@ -157,14 +161,14 @@ class KronAlgebra:
         return dims, dense, ij, classes, d, grams
 
     def check_size(self) -> None:
-        """Raise :class:`GLSError` where one matrix of this algebra (its class blocks) would exceed
+        """Raise :class:`BlocksTooLarge` where one matrix of this algebra (its class blocks) would exceed
         :data:`MAX_MATRIX_BYTES`: the GLS holds several a node."""
         dims, _, dense, _ = self._axes
         classes, d = 2 ** (len(dims) - len(dense)), self.d
         size = classes * d * d * 8
         if size > MAX_MATRIX_BYTES:
             names = ", ".join(self.schema.dims[a][0] for a in dense)
-            raise GLSError(f"product {self.schema.name!r}: GLS is not computed for it: its measured queries "
+            raise BlocksTooLarge(f"product {self.schema.name!r}: GLS is not computed for it: its measured queries "
                            f"group the axes {names} other than whole or summed, so one covariance would be "
                            f"{classes} blocks of {d:,} x {d:,} ({size / 2**20:,.0f} MiB; at most "
                            f"{MAX_MATRIX_BYTES // 2**20} MiB)")

@@ -36,8 +36,9 @@ import pandas as pd
 import pyarrow as pa
 
 from .bounded import count_interval, exact_count, z_value
-from .gls import (MAX_ZERO_BLOCK, GLSError, KronAlgebra, LevelState, downward, entity_covariance, gain,
-                  leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward, with_zeros)
+from .gls import (MAX_ZERO_BLOCK, BlocksTooLarge, GLSError, KronAlgebra, LevelState, downward, entity_covariance,
+                  gain, leaf_covariance, leaf_estimate, segment_sum, snap, top_down_cov, top_down_est, upward,
+                  with_zeros)
 from topdown.geo.spine import Spine
 from topdown.vocab.queries import build_query
 from ..configuration.config import Config
@@ -508,9 +509,16 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
     parts_written: list[Path] = []
     try:
         with dask_client(client, scheduler, workers) as dclient:
+            too_large = []
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
-                parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
+                try:
+                    parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
+                except BlocksTooLarge as err:  # raised before the product's tasks: the others go on
+                    too_large.append(err)
+                    log.warning("uncertainty: %s; its rows are left out", err)
+            if len(too_large) == len(src.products):
+                raise too_large[0]
             parts_written, cpu = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
                                                    location(replicates) if replicates is not None else None, dclient)
             cost.tasks += len(parts_written)
@@ -683,7 +691,7 @@ def _product(dclient, src: Source, spec: Product, out_queries: tuple[str, ...], 
     structure = public_structure(src, spec)
     measured = dclient.submit(measured_queries, _shipped(src), spec, pure=False).result()  # reads every part
     alg, left_out = with_zeros(spec.schema, measured, structure.zero_queries)
-    alg.check_size()  # before any task
+    alg.check_size()  # before the product's estimation tasks
     if left_out:
         log.info("uncertainty %s: the structural zeros of %s are not used (their cells would make the covariance "
                  "blocks larger than %d x %d)", product, ", ".join(left_out), MAX_ZERO_BLOCK, MAX_ZERO_BLOCK)
