@@ -168,10 +168,10 @@ class KronAlgebra:
         size = classes * d * d * 8
         if size > MAX_MATRIX_BYTES:
             names = ", ".join(self.schema.dims[a][0] for a in dense)
-            raise BlocksTooLarge(f"product {self.schema.name!r}: GLS is not computed for it: its measured queries "
-                           f"group the axes {names} other than whole or summed, so one covariance would be "
-                           f"{classes} blocks of {d:,} x {d:,} ({size / 2**20:,.0f} MiB; at most "
-                           f"{MAX_MATRIX_BYTES // 2**20} MiB)")
+            raise BlocksTooLarge(f"product {self.schema.name!r}: GLS is not computed for it: its measured "
+                                 f"queries group the axes {names} other than whole or summed, so one covariance "
+                                 f"would be {classes} blocks of {d:,} x {d:,} ({size / 2**20:,.0f} MiB; at most "
+                                 f"{MAX_MATRIX_BYTES // 2**20} MiB)")
 
     @property
     def n_classes(self) -> int:
