@@ -318,3 +318,27 @@ def test_cli_refuses_a_bad_replicates_folder_before_any_work(demo_run, tmp_path)
     outcome = topdown("uncertainty", demo_run, "--out", out, "--replicates", tmp_path / "one", "--workers", "1")
     assert_clean_failure(outcome, 3, "1 replicate(s); at least 2 are needed")
     assert not out.exists() and not list(tmp_path.glob(".u.parquet*"))
+
+
+def test_a_product_without_gls_gets_the_same_amc_rows(demo_run, dask_client, tmp_path, monkeypatch, caplog):
+    """A product whose GLS is not computed (its covariance blocks too large) still gets with --replicates the
+    amc rows of every cell of its queries at every node and entity: the same rows as alongside its gls rows."""
+    from conftest import DATA
+    from topdown.pipeline.evaluation import gls
+    from topdown.pipeline.evaluation.uncertainty import uncertainty
+
+    _fake_replicates(demo_run, tmp_path / "reps", [0, 2, -1])
+    args = dict(levels=["Tract", "Block_Group", "Block"], client=dask_client, replicates=tmp_path / "reps",
+                entities=DATA / "ri_baf2020", queries={"persons": ("total", "hispanic"), "units": ("total",)})
+    uncertainty(demo_run, tmp_path / "both.parquet", **args)
+    monkeypatch.setattr(gls, "MAX_MATRIX_BYTES", 0)  # no product's GLS fits
+    uncertainty(demo_run, tmp_path / "amc.parquet", **args)
+    assert sum("its gls rows are left out, its amc rows are written" in r.getMessage() for r in caplog.records) == 2
+    key = ["product", "level", "geocode", "query", "cell"]
+    both = pq.read_table(tmp_path / "both.parquet").to_pandas()
+    only = pq.read_table(tmp_path / "amc.parquet").to_pandas()
+    assert set(only["method"]) == {"amc"} and {"place", "Block", "Tract"} <= set(only["level"])
+    expected = both[both["method"] == "amc"].sort_values(key, ignore_index=True)
+    pd.testing.assert_frame_equal(only.sort_values(key, ignore_index=True), expected, check_exact=True,
+                                  check_dtype=False)  # rep_n: int32 here, float beside gls rows (their nulls)
+    assert (expected["rep_bias"] != 0).any()

@@ -74,6 +74,14 @@ def test_the_small_declaration_loads():
     assert people.total_invariant and people.unit_bounds.min_per_unit == (0, 1, 1)
 
 
+def test_a_unit_detail_gives_each_code_its_type():
+    """``[census.units.detail]``: each code's unit type (-1 for a code no type lists) and the vacant codes."""
+    units = census_from_dict(declare(units__detail={"column": "status", "types": [[0, 1, 4], [2], [3]],
+                                                    "vacant": [1]})).units
+    assert units.detail.column == "status" and units.detail.vacant == (1,)
+    assert units.detail.type_of([0, 1, 2, 3, 4, 5, -1]).tolist() == [0, 0, 1, 2, 0, -1, -1]
+
+
 def test_a_column_hierarchy_loads():
     census = census_from_dict(declare(hierarchy={"levels": [{"name": "Nation"}, {"name": "Region", "column": "reg"},
                                                             {"name": "District", "column": "dist"}]}))
@@ -166,6 +174,18 @@ BAD = {
     "more unit types than the invariants hold": (
         {"units__types": 9},
         ("census.units.types", "at most 8 unit types", "got 9")),
+    "unit detail with a list per type missing": (
+        {"units__detail": {"column": "status", "types": [[0, 1], [2]]}},
+        ("census.units.detail.types", "one list of codes per unit type (3)", "[[0, 1], [2]]")),
+    "unit detail listing a code for two types": (
+        {"units__detail": {"column": "status", "types": [[0, 1], [2], [1]]}},
+        ("census.units.detail.types[2]", "code listed for unit types 0 and 2", "got 1")),
+    "unit detail whose vacant code is not a housing unit's": (
+        {"units__detail": {"column": "status", "types": [[0, 1], [2], [3]], "vacant": [2]}},
+        ("census.units.detail.vacant", "unit type 0's", "got 2")),
+    "unit detail without its column": (
+        {"units__detail": {"types": [[0, 1], [2], [3]]}},
+        ("census.units.detail.column",)),
     "unknown MDF layout": (
         {"products__people__mdf": "dhc"},
         ("census.products.people.mdf", "'dhc'", "generic")),

@@ -131,8 +131,9 @@ def test_the_commands_after_a_dhc_run(tmp_path, capsys, monkeypatch):
     """A noisy run (test mode, the preset's budgets and root thresholds) of 3,000 synthetic persons: `verify`,
     `evaluate` (the declared queries of each product), `nmf`, `reprocess` (verified); `uncertainty` writes the
     unit histogram's rows and says in a warning a product why it computes no GLS for DHC-P and DHC-H (their
-    covariances would be 1.4 GiB and 599 MiB a node), exit 3 where no product fits; `replicates` says why it
-    cannot rebuild the unit records that two products' MDFs share (exit 4)."""
+    covariances would be 1.4 GiB and 599 MiB a node), exit 3 where no product fits; `replicates`
+    rebuilds the unit records that two products' MDFs share with the published unit counts ([census.units.detail]),
+    and its replicates verify; `uncertainty --replicates` adds AMC rows for every product, GLS or not."""
     import pyarrow.parquet as pq
 
     from topdown.pipeline.evaluation import gls
@@ -164,5 +165,29 @@ def test_the_commands_after_a_dhc_run(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("topdown: input error: product 'persons': GLS is not computed for it")
     assert not (tmp_path / "none.parquet").exists()
-    assert main(["replicates", str(run), "--n", "2", "--out", str(tmp_path / "reps"), "--workers", "1"]) == 4
-    assert "product 'households': replicates rebuild each record file" in capsys.readouterr().err
+    monkeypatch.undo()
+    reps = tmp_path / "reps"
+    assert main(["replicates", str(run), "--n", "2", "--out", str(reps), "--workers", "1", "--quiet"]) == 0
+    units = pd.read_parquet(reps / "input" / "units.parquet")
+    assert len(units) and (units["unit_type"] == load_census("dhc2020").units.detail.type_of(units["tenvacgq"])).all()
+    for rep in ("rep-000", "rep-001"):
+        assert main(["verify", str(reps / rep)]) == 0
+        for product in ("persons", "households", "units"):  # the replicate input keeps the published invariants
+            assert pd.read_parquet(reps / rep / "invariants" / f"{product}.parquet").equals(
+                pd.read_parquet(run / "invariants" / f"{product}.parquet")), (rep, product)
+    capsys.readouterr()
+    assert main(["uncertainty", str(run), "--replicates", str(reps), "--out", str(tmp_path / "amc.parquet"),
+                 "--workers", "1", "--quiet"]) == 0
+    assert sum("its gls rows are left out, its amc rows are written" in line
+               for line in capsys.readouterr().err.splitlines()) == 2
+    rows = pq.read_table(tmp_path / "amc.parquet").to_pandas()
+    methods = rows.groupby("product")["method"].unique().map(sorted).to_dict()
+    assert methods == {"persons": ["amc"], "households": ["amc"], "units": ["amc", "gls"]}
+    census = load_census("dhc2020")
+    for product in census.products:  # every published count of the declared queries at every node
+        amc = rows[(rows["product"] == product.name) & (rows["method"] == "amc")]
+        for query in product.uncertainty_queries:
+            n = build_query(product.schema, query).n_answers
+            assert len(amc[amc["query"] == query]) == n * sum(
+                pd.read_parquet(run / "spine.parquet")[level].nunique() for level in census.hierarchy.names)
+    assert (rows["rep_n"][rows["method"] == "amc"] == 2).all() and rows["published"].notna().all()

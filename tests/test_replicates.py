@@ -6,14 +6,19 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cli_subprocess import assert_clean_failure, snapshot, topdown
 from topdown.pipeline import load_config, run
 from topdown.pipeline.execution import runner
 from topdown.pipeline.runtime.outdir import MARKER, new_marker
 from topdown.pipeline.runtime.rundir import RunReader
-from topdown.pipeline.evaluation.replicates import SEED_BASE, replicates
+from topdown.pipeline.configuration.census import load_census
+from topdown.pipeline.evaluation.replicates import SEED_BASE, detailed_units, padding_code, replicates
 
 EXIT_CONFIG, EXIT_RUNDIR = 2, 4
 
@@ -121,3 +126,50 @@ def test_bad_replicates_arguments_fail_cleanly(demo_run, tmp_path, case):
     outcome = topdown("replicates", demo_run, "--out", out, "--workers", "1", *args)
     assert_clean_failure(outcome, code, fragment)
     assert snapshot(out) == before
+
+
+DHC = load_census("dhc2020")
+LEAVES = np.array(["440010001001000", "440010001001001", "440010001001002"], dtype=object)
+HH_COLUMNS = ["hh_sex", "hh_age", "hh_hispanic", "hh_race", "hh_elderly", "hh_type"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 4), min_size=24, max_size=24),
+       households=st.lists(st.tuples(st.integers(0, 2), st.sampled_from([0, 1, 2]), st.integers(1, 521)), max_size=20),
+       units=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 34)), max_size=30))
+def test_unit_records_rebuilt_from_two_mdfs_hold_exactly_the_published_units(counts, households, units):
+    """dhc2020's unit records from its households and units MDFs (replicates' input): each leaf holds exactly its
+    published units of each type; the households MDF's records first (in order, up to the housing units), the
+    unit histogram's other records next, then padding of one code per type; occupancy and type from the code."""
+    counts = np.array(counts, dtype=np.int64).reshape(3, 8)
+    hh = pd.DataFrame({"geoid": LEAVES[[h[0] for h in households]], "tenvacgq": [h[1] for h in households],
+                       **{c: np.arange(len(households)) + 1 + i for i, c in enumerate(HH_COLUMNS[:-1])},
+                       "hh_type": [h[2] for h in households]})
+    un = pd.DataFrame({"geoid": LEAVES[[u[0] for u in units]], "tenvacgq": [u[1] for u in units]})
+    products = {p.name: p for p in DHC.products}
+    out = detailed_units(DHC, [(products["units"], un), (products["households"], hh)], LEAVES, counts,
+                         lambda leaves: {"geoid": leaves.to_numpy()})
+    detail = DHC.units.detail
+    code = out["tenvacgq"].to_numpy()
+    assert (out["unit_type"].to_numpy() == detail.type_of(code)).all()
+    assert (out["occupied"].to_numpy() == ~np.isin(code, detail.vacant)).all()
+    held = pd.crosstab(out["geoid"], out["unit_type"]).reindex(index=LEAVES, columns=range(8), fill_value=0)
+    assert (held.to_numpy() == counts).all()
+    for i, leaf in enumerate(LEAVES):
+        mine = out[out["geoid"] == leaf]
+        kept = hh[hh["geoid"] == leaf].head(counts[i, 0])  # the households MDF's, in order, up to the housing units
+        occupied = mine[mine["occupied"] & (mine["unit_type"] == 0)]
+        assert occupied[["tenvacgq", *HH_COLUMNS]].to_numpy().tolist() == kept[["tenvacgq", *HH_COLUMNS]].to_numpy().tolist()
+        assert (mine.loc[~(mine["occupied"] & (mine["unit_type"] == 0)), HH_COLUMNS] == 0).all().all()
+    free = un[~un["tenvacgq"].isin([0, 1, 2, 3])]
+    for k in range(8):  # a type's records beyond the unit histogram's are one padding code
+        extra = out[(out["unit_type"] == k) & (out["tenvacgq"] > 3)]["tenvacgq"].value_counts().sub(
+            free["tenvacgq"][detail.type_of(free["tenvacgq"]) == k].value_counts(), fill_value=0)
+        assert (extra[extra > 0].index == padding_code(free["tenvacgq"].to_numpy(), detail.types[k], {0, 1, 2, 3})).all()
+
+
+def test_the_padding_code_is_the_most_frequent_unselected_code_of_the_type():
+    """Ties go to the lowest code; a type without such records gets its lowest unselected code."""
+    assert padding_code(np.array([5, 7, 7, 5, 4, 0, 0, 0]), tuple(range(11)), {0, 1, 2, 3}) == 5
+    assert padding_code(np.array([0, 0, 12]), tuple(range(11)), {0, 1, 2, 3}) == 4
+    assert padding_code(np.array([12, 13, 13]), (11, 12, 13), set()) == 13

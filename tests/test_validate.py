@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from topdown.pipeline.configuration.census import load_census
 from topdown.pipeline.configuration.errors import InputError
-from topdown.pipeline.inputs.validate import validate_input
+from topdown.pipeline.inputs.validate import check_units, validate_input
 
 A, B, C = "440070001011000", "440070001011001", "440070002002005"
 
@@ -250,3 +251,27 @@ def test_unit_bounds_are_checked_in_a_declared_census_words() -> None:
         raise_block_problem(homeless, "p.parquet", "u.parquet", people, census.units)
     with pytest.raises(InputError, match=r"^u.parquet: column 'kind', block 1001: .*rel_low\) \(value 1\)$"):
         raise_block_problem(short, "p.parquet", "u.parquet", people, census.units)
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    ({"unit_type": [0, 0, 2]}, ("column 'unit_type', block 440010001001001", "not the unit type its tenvacgq implies",
+                               "(tenvacgq 12)", "(value 2)")),
+    ({"occupied": [True, True, True]}, ("column 'occupied', block 440010001001000",
+                                        "not the occupancy its tenvacgq implies", "(tenvacgq 4)", "(value True)")),
+    ({"tenvacgq": [0, 4, 35]}, ("column 'tenvacgq', block 440010001001001", "a code [census.units.detail] does not "
+                                "list", "(value 35)")),
+])
+def test_unit_records_must_match_the_type_and_occupancy_their_detail_code_implies(tmp_path, edit, fragments) -> None:
+    """dhc2020's [census.units.detail]: tenvacgq 0-3 occupied, 4-10 vacant housing units, 11-34 the facilities'
+    types; a record whose unit_type or occupied says otherwise, or whose code is not listed, is refused."""
+    census = load_census("dhc2020")
+    good = {"geoid": ["440010001001001", "440010001001000", "440010001001001"], "unit_type": [0, 0, 1],
+            "occupied": [True, False, True], "tenvacgq": [0, 4, 12]}
+    path = tmp_path / "units.parquet"
+    pd.DataFrame(good).astype({"unit_type": "int8", "tenvacgq": "int8"}).to_parquet(path)
+    _, units = check_units(path, hierarchy=census.hierarchy, declared=census.units)
+    assert units["unit_type"].tolist() == [0, 0, 1]
+    pd.DataFrame({**good, **edit}).astype({"unit_type": "int8", "tenvacgq": "int8"}).to_parquet(path)
+    with pytest.raises(InputError) as err:
+        check_units(path, hierarchy=census.hierarchy, declared=census.units)
+    assert all(f in str(err.value) for f in fragments), str(err.value)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from .schema import Schema
 
 #: What a constraint's right-hand side is, per node (the vocabulary of ``[census.products.P.constraints]``):
@@ -183,15 +185,38 @@ class Hierarchy:
 
 
 @dataclass(frozen=True)
+class UnitDetail:
+    """A detailed code column of the unit records that implies each record's unit type and occupancy:
+    ``types[k]`` lists the codes of unit type k, ``vacant`` the codes of vacant housing units (all of type 0).
+    The input is checked against it, and replicates rebuild unit records from the MDFs of products that
+    count them by it."""
+
+    column: str
+    types: tuple[tuple[int, ...], ...]
+    vacant: tuple[int, ...] = ()
+
+    def type_of(self, codes) -> np.ndarray:
+        """Each code's unit type (-1 for a code no type lists)."""
+        codes = np.asarray(codes, dtype=np.int64)
+        table = np.full(max(max(t) for t in self.types if t) + 1, -1, np.int64)
+        for k, listed in enumerate(self.types):
+            table[list(listed)] = k
+        inside = (codes >= 0) & (codes < table.size)
+        return np.where(inside, table[np.clip(codes, 0, table.size - 1)], -1)
+
+
+@dataclass(frozen=True)
 class Units:
     """The census's unit records (``<name>.parquet``), the source of unit-based invariants and constraints:
     ``type_column`` holds the unit type 0..types-1 (0 housing unit, then group-quarters types in the order of
-    the bounded attribute's levels), ``occupied_column`` whether a housing unit is occupied."""
+    the bounded attribute's levels), ``occupied_column`` whether a housing unit is occupied; ``detail`` (or
+    None) a code column that implies both."""
 
     name: str = "units"
     type_column: str = "unit_type"
     types: int = 8
     occupied_column: str = "occupied"
+    detail: UnitDetail | None = None
 
 
 @dataclass(frozen=True)

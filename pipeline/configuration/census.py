@@ -18,7 +18,8 @@ from typing import Any
 import topdown.conf
 from topdown.vocab.census import (CONSTRAINT_RHS, INVARIANT_KINDS, GENERIC_MDF, MAX_CELLS, MAX_UNIT_TYPES, Attribute, Census,
                                   EvaluationRoles,
-                                  ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, Units)
+                                  ConstraintSpec, Hierarchy, InvariantSpec, Level, Product, Records, UnitBounds, UnitDetail,
+                                  Units)
 from topdown.vocab.queries import QueryError, build_query
 from topdown.vocab.schema import Schema
 
@@ -46,7 +47,8 @@ DECLARATION_KEYS: dict[str, tuple[str, ...]] = {
     "census": ("name", "hierarchy", "units", "products"),
     "census.hierarchy": ("levels", "geocode", "pattern", "root_code", "us", "state"),
     "census.hierarchy.levels[]": ("name", "width", "column"),
-    "census.units": ("name", "type_column", "types", "occupied_column"),
+    "census.units": ("name", "type_column", "types", "occupied_column", "detail"),
+    "census.units.detail": ("column", "types", "vacant"),
     "census.products.P": ("records", "mdf", "evaluation_queries", "uncertainty_queries", "evaluation", "attributes",
                           "recodes", "invariants", "constraints", "unit_bounds", "synth"),
     "census.products.P.evaluation": ("diversity_query", "share_query", "sample_queries", "tradeoff_query",
@@ -254,7 +256,36 @@ def _units(r: _Reader, data: Any) -> Units:
     return Units(name=r.string(data.get("name", default.name), f"{key}.name"),
                  type_column=r.string(data.get("type_column", default.type_column), f"{key}.type_column"),
                  types=types,
-                 occupied_column=r.string(data.get("occupied_column", default.occupied_column), f"{key}.occupied_column"))
+                 occupied_column=r.string(data.get("occupied_column", default.occupied_column), f"{key}.occupied_column"),
+                 detail=None if data.get("detail") is None else _unit_detail(r, data["detail"], types))
+
+
+def _unit_detail(r: _Reader, data: Any, types: int) -> UnitDetail:
+    """``[census.units.detail]``: each of the ``types`` unit types' codes (disjoint, non-negative integers)
+    and the vacant housing units' codes (codes of type 0)."""
+    key = "census.units.detail"
+    data = r.table(data, key, DECLARATION_KEYS[key])
+    listed = r.items(data.get("types"), f"{key}.types")
+    if len(listed) != types:
+        raise r.fail(f"{key}.types", f"one list of codes per unit type ({types})", listed)
+    seen: dict[int, int] = {}
+    by_type = []
+    for k, codes in enumerate(listed):
+        at = f"{key}.types[{k}]"
+        codes = tuple(r.integer(c, f"{at}[{i}]") for i, c in enumerate(r.items(codes, at)))
+        for c in codes:
+            if c in seen:
+                raise r.fail(at, f"code listed for unit types {seen[c]} and {k}", c)
+            seen[c] = k
+        if not codes:
+            raise r.fail(at, "an empty list of codes", listed[k])
+        by_type.append(codes)
+    vacant = tuple(r.integer(c, f"{key}.vacant[{i}]")
+                   for i, c in enumerate(r.items(data.get("vacant", []), f"{key}.vacant")))
+    for c in vacant:
+        if seen.get(c) != 0:
+            raise r.fail(f"{key}.vacant", "a vacant code must be one of unit type 0's (housing units)", c)
+    return UnitDetail(column=r.string(data.get("column"), f"{key}.column"), types=tuple(by_type), vacant=vacant)
 
 
 

@@ -375,14 +375,15 @@ def _amc_rows(pk: PartKeys, k: int, pos: np.ndarray, published: dict, s1: dict, 
     return conform(rep)
 
 
-def _rewrite(part: Path, path: Path, pk: PartKeys, published: dict, s1: dict, s2: dict, n: int, aggs) -> None:
-    """Write ``part``'s GLS rows with their published counts to ``path``, then (``s1``, ``s2``: the replicates'
-    sums) the same cells' ``amc`` rows, key by key in the order the keys first occur, :data:`REWRITE_ROWS` rows
-    at a time (the part is read by batches, never whole)."""
-    q0 = pk.published(published, aggs) if published else np.full(len(pk.key), np.nan)
+def _rewrite(part: Path, path: Path, pk: PartKeys, published: dict, s1: dict, s2: dict, n: int, aggs,
+             keys_only: bool = False) -> None:
+    """Write ``part``'s GLS rows with their published counts to ``path`` (none where the part holds keys
+    only), then (``s1``, ``s2``: the replicates' sums) the same cells' ``amc`` rows, key by key in the order
+    the keys first occur, :data:`REWRITE_ROWS` rows at a time (the part is read by batches, never whole)."""
+    q0 = pk.published(published, aggs) if published and not keys_only else np.full(len(pk.key), np.nan)
     start = 0
     with parquet_writer(path, SCHEMA, compression="zstd") as writer:
-        for batch in parquet_file(part).iter_batches(batch_size=REWRITE_ROWS):
+        for batch in ([] if keys_only else parquet_file(part).iter_batches(batch_size=REWRITE_ROWS)):
             gls = pa.Table.from_batches([batch])
             if "published" in gls.column_names:
                 gls = gls.drop_columns(["published"])
@@ -406,6 +407,7 @@ class Rewrite:
     entities: pd.DataFrame | None
     reps: list[Path]  # the replicates' run folders
     cache: dict = field(default_factory=dict)  # Tabulator's, filled on each worker by its first task
+    keys_only: frozenset[str] = frozenset()  # the parts that hold keys only (amc rows, no gls rows)
 
 
 def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
@@ -431,19 +433,20 @@ def rewrite_part(ctx: Rewrite, part: str, out: str) -> float:
                     s2[k] += d * d
                 else:
                     s1[k], s2[k] = d, d * d
-    _rewrite(location(part), location(out), pk, published, s1, s2, len(ctx.reps), tab.aggs)
+    _rewrite(location(part), location(out), pk, published, s1, s2, len(ctx.reps), tab.aggs, part in ctx.keys_only)
     del pk, tab, published, s1, s2
     release_memory()  # the worker's heap back to where it was before the task
     return time.process_time() - cpu
 
 
 def published_and_amc(parts: list[Path], src, staging: Path, entities: pd.DataFrame | None = None,
-                      rep_dir: Path | None = None, client=None) -> tuple[list[Path], float]:
+                      rep_dir: Path | None = None, client=None, keys_only: frozenset[str] = frozenset()
+                      ) -> tuple[list[Path], float]:
     """Rewrite each output part (GLS rows) with the published count where the run has block histograms, and
-    after them, with ``rep_dir``, the same cells' ``amc`` rows; every part conforms to :data:`SCHEMA`. One
-    Dask task per part on ``client`` (without one, here, part after part). Returns the parts and the tasks'
-    CPU seconds."""
-    ctx = Rewrite(src, entities, replicate_dirs(rep_dir) if rep_dir is not None else [])
+    after them, with ``rep_dir``, the same cells' ``amc`` rows; the parts named in ``keys_only`` hold keys only
+    and get their ``amc`` rows alone. Every part conforms to :data:`SCHEMA`. One Dask task per part on
+    ``client`` (without one, here, part after part). Returns the parts and the tasks' CPU seconds."""
+    ctx = Rewrite(src, entities, replicate_dirs(rep_dir) if rep_dir is not None else [], keys_only=keys_only)
     out = [staging / f"final-{i:05d}.parquet" for i in range(len(parts))]
     if client is None:
         return out, sum(rewrite_part(ctx, str(part), str(path)) for part, path in zip(parts, out))

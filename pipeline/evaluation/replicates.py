@@ -45,8 +45,10 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
     """Write the input of the run's census (one Parquet file per record kind) from the run's MDFs and public
     invariants: each product's records from its MDF (by its layout's ``records`` when the layout reads them
     back, converted in Arrow; else each generic attribute back to an input value: the first one its ``values``
-    map to the level), and with ``[census.units]`` the units of each type no product's MDF holds from the
-    leaves' invariant unit counts (all occupied: their occupancy is not published)."""
+    map to the level). The unit records (``[census.units]``) come from the MDFs of the products that count
+    them and the leaves' invariant unit counts: :func:`detailed_units` where the census declares
+    ``[census.units.detail]``, else each product's types from its MDF and the other types' units from the
+    invariants (all occupied: their occupancy is not published)."""
     reader = RunReader(run_dir)
     census = reader.census()
     hierarchy, spine = census.hierarchy, reader.spine_table()
@@ -58,38 +60,123 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
             return {hierarchy.geocode: codes["geoid"].reindex(leaves).to_numpy()}
         return {lv.column: codes[lv.name].reindex(leaves).to_numpy() for lv in hierarchy.levels[1:]}
 
-    products, unit_frames, covered, written = reader.products(), [], set(), set()
+    products, unit_frames, written = reader.products(), [], set()
+    detailed = census.units is not None and census.units.detail is not None
     for product in products:
         layout, units = MDF_LAYOUT[product.mdf], counts_units(census, product)
         if units and not reader.mdf(product.name).exists():
             continue  # its unit records come from the invariants
         if layout.reads_back is not None and product.records.name not in written:
             frame = layout.records(read_table(reader.mdf(product.name), columns=list(layout.record_columns)))
-        elif product.mdf == GENERIC_MDF and not product.records.where and product.records.name not in written:
+        elif product.mdf == GENERIC_MDF and ((units and detailed) or (not product.records.where
+                                                                     and product.records.name not in written)):
             frame = _generic_records(reader.table(reader.mdf(product.name)), product, hierarchy, geography)
         else:
             raise RunDirError(f"{reader.root}: product {product.name!r}: replicates rebuild each record file from "
                               "one product's MDF (mdf = \"generic\" without records.where, or a layout that reads "
-                              "its records back)")
+                              "its records back), or unit records from several with [census.units.detail]")
         written.add(product.records.name)
         if units:
-            unit_frames.append(frame)
-            covered |= _types_of(census, product)
+            unit_frames.append((product, frame if isinstance(frame, pd.DataFrame) else frame.to_pandas()))
         else:
             write_table(frame if isinstance(frame, pd.DataFrame) else frame.to_pandas(),
                         out / f"{product.records.name}.parquet")
     if census.units is not None:
-        units = census.units
         inv = reader.table(reader.invariants(products[0].name))
         leaves = inv[inv["level"] == hierarchy.leaf].astype({"geocode": str})
-        for k in range(units.types):
-            if k not in covered:
-                where = pd.Series(np.repeat(leaves["geocode"].to_numpy(), leaves[f"u{k}"].to_numpy(np.int64)))
-                unit_frames.append(pd.DataFrame({**geography(where), units.type_column: np.full(len(where), k, np.int64),
-                                                 units.occupied_column: True}))
-        frame = pd.concat(unit_frames, ignore_index=True).astype({units.type_column: np.int64})
-        write_table(frame, out / f"{units.name}.parquet")
+        counts = leaves[[f"u{k}" for k in range(census.units.types)]].to_numpy(np.int64)
+        make = detailed_units if detailed else _typed_units
+        frame = make(census, unit_frames, leaves["geocode"].to_numpy(), counts, geography)
+        write_table(frame, out / f"{census.units.name}.parquet")
     return out
+
+
+def _typed_units(census: Census, frames: list[tuple[Product, pd.DataFrame]], leaves: np.ndarray, counts: np.ndarray,
+                 geography) -> pd.DataFrame:
+    """The unit records of a census without ``[census.units.detail]``: the products' MDF records, and the units
+    of each type no product selects from the leaves' invariant ``counts`` (one column per type)."""
+    units, covered = census.units, set()
+    parts = [frame for _, frame in frames]
+    for product, _ in frames:
+        covered |= _types_of(census, product)
+    for k in range(units.types):
+        if k not in covered:
+            where = pd.Series(np.repeat(leaves, counts[:, k]))
+            parts.append(pd.DataFrame({**geography(where), units.type_column: np.full(len(where), k, np.int64),
+                                       units.occupied_column: True}))
+    return pd.concat(parts, ignore_index=True).astype({units.type_column: np.int64})
+
+
+def detailed_units(census: Census, frames: list[tuple[Product, pd.DataFrame]], leaves: np.ndarray, counts: np.ndarray,
+                   geography) -> pd.DataFrame:
+    """The unit records of a census with ``[census.units.detail]`` (code column ``c``) from the MDFs of the
+    products that count them (``frames``), with exactly the published units of each type in each leaf
+    (``counts``, the invariants u0..u7 of ``leaves``), so that a replicate's invariants are the run's:
+
+    * records of a product with ``records.where`` on ``c`` (households: the occupied housing units) come first,
+      then those of the product without one (the unit histogram) whose code no such ``where`` lists;
+    * each record's type is its code's; a leaf keeps the first ``counts[leaf, k]`` records of type k, in that
+      order, and is padded to ``counts[leaf, k]`` with records of :func:`padding_code` (type k's most frequent
+      code in the MDFs among those no ``where`` lists);
+    * occupancy follows the code (``vacant``); a column a record's product does not hold is 0."""
+    units, detail = census.units, census.units.detail
+    selected: set[int] = set()
+    for product, _ in frames:
+        where = dict(product.records.where)
+        if set(where) - {detail.column}:
+            raise RunDirError(f"product {product.name!r}: replicates rebuild unit records from products whose "
+                              f"records.where is on [census.units.detail] column {detail.column!r} only")
+        selected |= {int(v) for v in where.get(detail.column, ())}
+    parts = []
+    for product, frame in sorted(frames, key=lambda pf: not pf[0].records.where):  # the selecting ones first
+        code = frame[detail.column].to_numpy(np.int64)
+        if not product.records.where:
+            frame = frame[~np.isin(code, list(selected))]
+        parts.append(frame)
+    leaf_column = _leaf_column(census)
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({leaf_column: [], detail.column: []})
+    code = frame[detail.column].to_numpy(np.int64)
+    kind = detail.type_of(code)
+    if (kind < 0).any():
+        raise RunDirError(f"MDF code {code[kind < 0][0]} of {detail.column!r}: not listed in [census.units.detail]")
+    at = pd.Index(leaves).get_indexer(frame[leaf_column].astype(str))
+    if (at < 0).any():
+        raise RunDirError(f"MDF leaf {frame[leaf_column].iloc[int(np.flatnonzero(at < 0)[0])]!r}: not in the invariants")
+    rank = pd.Series(np.arange(len(frame))).groupby([at, kind]).cumcount().to_numpy()
+    kept = frame[rank < counts[at, kind]]
+    free = code[~np.isin(code, list(selected))]
+    have = np.zeros_like(counts)
+    np.add.at(have, (at[rank < counts[at, kind]], kind[rank < counts[at, kind]]), 1)
+    pads = []
+    for k in range(units.types):
+        short = counts[:, k] - have[:, k]
+        if short.any():
+            where = pd.Series(np.repeat(leaves, short))
+            pad_code = padding_code(free, detail.types[k], selected)
+            pads.append(pd.DataFrame({leaf_column: where.to_numpy(), detail.column: np.full(len(where), pad_code)}))
+    frame = pd.concat([kept, *pads], ignore_index=True)
+    code = frame[detail.column].to_numpy(np.int64)
+    places = {census.hierarchy.geocode, *(lv.column for lv in census.hierarchy.levels)}
+    columns = {c: frame[c].fillna(0).to_numpy(np.int64) for c in frame.columns
+               if c not in (*places, units.type_column, units.occupied_column)}
+    return pd.DataFrame({**geography(frame[leaf_column].astype(str)), units.type_column: detail.type_of(code),
+                         units.occupied_column: ~np.isin(code, detail.vacant), **columns})
+
+
+def _leaf_column(census: Census) -> str:
+    """The records' column that holds their leaf's geocode."""
+    hierarchy = census.hierarchy
+    return hierarchy.geocode if hierarchy.by_prefix else hierarchy.levels[-1].column
+
+
+def padding_code(codes: np.ndarray, of_type: tuple[int, ...], selected: set[int]) -> int:
+    """The code a leaf's missing unit of one type gets: the most frequent of ``codes`` among the type's codes
+    that no product's ``where`` selects (``selected``), the lowest on a tie, or the lowest such code."""
+    eligible = sorted(set(of_type) - selected) or sorted(of_type)
+    tally = pd.Series(codes[np.isin(codes, eligible)]).value_counts()
+    if not len(tally):
+        return eligible[0]
+    return int(min(tally.index[tally == tally.max()]))
 
 
 def _types_of(census: Census, product: Product) -> set[int]:

@@ -509,18 +509,23 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
     parts_written: list[Path] = []
     try:
         with dask_client(client, scheduler, workers) as dclient:
-            too_large = []
+            too_large, keys_only = [], []
             for product in src.products:
                 wanted = queries[product.name] if queries else product.uncertainty_queries
                 try:
                     parts_written += _product(dclient, src, product, wanted, want, entities, staging, cost)
                 except BlocksTooLarge as err:  # raised before the product's tasks: the others go on
                     too_large.append(err)
-                    log.warning("uncertainty: %s; its rows are left out", err)
-            if len(too_large) == len(src.products):
+                    if replicates is None:
+                        log.warning("uncertainty: %s; its rows are left out", err)
+                    else:
+                        log.warning("uncertainty: %s; its gls rows are left out, its amc rows are written", err)
+                        keys_only += amc_keys(src, product, wanted, want, entities, staging)
+            if len(too_large) == len(src.products) and replicates is None:
                 raise too_large[0]
-            parts_written, cpu = published_and_amc(parts_written, _shipped(src, spine=True), staging, entities,
-                                                   location(replicates) if replicates is not None else None, dclient)
+            parts_written, cpu = published_and_amc(parts_written + keys_only, _shipped(src, spine=True), staging,
+                                                   entities, location(replicates) if replicates is not None else None,
+                                                   dclient, keys_only=frozenset(map(str, keys_only)))
             cost.tasks += len(parts_written)
             cost.worker_cpu_seconds += cpu
             if calibrate is not None:
@@ -546,6 +551,36 @@ def _uncertainty(run: str | Path, out: Path, marker: dict[str, str], *, entities
         remove_tree(staging)
         remove_tree(converted)
     return cost
+
+
+#: Nodes per part file of :func:`amc_keys` (the block level's parts are rewritten one Dask task each).
+KEY_PART_NODES = 50_000
+
+
+def amc_keys(src: Source, product: Product, queries: tuple[str, ...], want: set[str],
+             entities: pd.DataFrame | None, staging: Path) -> list[Path]:
+    """The keys (product, level, geocode, query, cell) of the ``amc`` rows of a product whose GLS is not
+    computed: every answer of ``queries`` at every node of the levels ``want`` and every entity, as part files
+    of at most :data:`KEY_PART_NODES` nodes, to which :func:`published_and_amc` adds the rows."""
+    answers = [(q, build_query(product.schema, q).n_answers) for q in queries]
+    places = [(level, nodes) for level, nodes in zip(src.levels, src.nodes) if level in want]
+    if entities is not None and len(entities):
+        on_spine = entities[entities["geoid"].isin(src.spine["geoid"])]
+        places += [(str(t), pd.Index(np.sort(g["entity"].astype(str).unique())))
+                   for t, g in on_spine.groupby("entity_type")]
+    out = []
+    for level, nodes in places:
+        for start in range(0, len(nodes), KEY_PART_NODES):
+            geocodes = np.asarray(nodes[start:start + KEY_PART_NODES], dtype=object)
+            frame = pd.concat([pd.DataFrame({"geocode": np.repeat(geocodes, n), "query": q,
+                                             "cell": np.tile(np.arange(n, dtype=np.int32), len(geocodes))})
+                               for q, n in answers], ignore_index=True)
+            frame.insert(0, "level", level)
+            frame.insert(0, "product", product.name)
+            path = staging / f"{product.name}-keys-{len(out):05d}.parquet"
+            write_table(frame, path)
+            out.append(path)
+    return out
 
 
 def save_array(path: str, array: np.ndarray) -> None:

@@ -282,12 +282,14 @@ def check_units(path: Path, row_groups: list[int] | None = None, hierarchy: Hier
         _check_nulls(path, table)
         geo, geography = _geoids(path, table), None
     else:
-        columns = _unique((*geography_columns(hierarchy), declared.type_column, declared.occupied_column))
+        detail = () if declared.detail is None else (declared.detail.column,)
+        columns = _unique((*geography_columns(hierarchy), declared.type_column, declared.occupied_column, *detail))
         table = _read(path, columns, row_groups)
         _check_nulls(path, table)
         geo, geography = _leaf_codes(path, table, hierarchy)
         table = pa.table({"geoid": geo, "unit_type": table.column(declared.type_column),
-                          "occupied": table.column(declared.occupied_column)})
+                          "occupied": table.column(declared.occupied_column),
+                          **{c: table.column(c) for c in detail}})
     units = pd.DataFrame({"geoid": pd.Series(geo.to_pandas(), dtype="str")})
     units["unit_type"] = _codes(path, table, "unit_type", 0, declared.types - 1)
     units["occupied"] = _flags(path, table, "occupied")
@@ -298,7 +300,32 @@ def check_units(path: Path, row_groups: list[int] | None = None, hierarchy: Hier
         row = _first(unoccupied_gq)
         raise _fail(path, "occupied", units['geoid'].iat[row], f"GQ facility of type {utype[row]} "
                     "is marked unoccupied (GQ facilities are always occupied)", False)
+    if declared.detail is not None:
+        _check_unit_detail(path, table, units, declared)
     return geo, units
+
+
+def _check_unit_detail(path: Path, table: pa.Table, units: pd.DataFrame, declared: Units) -> None:
+    """Each unit record's type and occupancy are the ones its ``[census.units.detail]`` code implies."""
+    detail, names = declared.detail, (declared.type_column, declared.occupied_column)
+    col = table.column(detail.column)
+    if not pa.types.is_integer(col.type):
+        raise _fail(path, detail.column, None, f"wrong type {col.type}, expected an integer",
+                    col[0].as_py() if len(col) else None)
+    codes = col.to_numpy()
+    implied = detail.type_of(codes)
+    problems = (
+        (implied < 0, detail.column, "a code [census.units.detail] does not list", codes),
+        (implied != units["unit_type"].to_numpy(np.int64), names[0],
+         f"not the unit type its {detail.column} implies", units["unit_type"].to_numpy()),
+        (units["occupied"].to_numpy() == np.isin(codes, detail.vacant), names[1],
+         f"not the occupancy its {detail.column} implies", units["occupied"].to_numpy()))
+    for bad, column, problem, values in problems:
+        if bad.any():
+            row = _first(bad)
+            if column != detail.column:
+                problem += f" ({detail.column} {int(codes[row])})"
+            raise _fail(path, column, units["geoid"].iat[row], problem, values[row].item())
 
 
 def _unique(names: tuple[str, ...]) -> tuple[str, ...]:
