@@ -186,6 +186,9 @@ BAD = {
     "unit detail without its column": (
         {"units__detail": {"types": [[0, 1], [2], [3]]}},
         ("census.units.detail.column",)),
+    "unit_counts constraint whose query has not one answer per unit type": (
+        {"products__people__constraints__by_type": {"query": "sex", "sense": "==", "rhs": "unit_counts"}},
+        ("census.products.people.constraints.by_type.query", "one answer per unit type (3)", "'sex'")),
     "unknown MDF layout": (
         {"products__people__mdf": "dhc"},
         ("census.products.people.mdf", "'dhc'", "generic")),

@@ -191,3 +191,24 @@ def test_the_commands_after_a_dhc_run(tmp_path, capsys, monkeypatch):
             assert len(amc[amc["query"] == query]) == n * sum(
                 pd.read_parquet(run / "spine.parquet")[level].nunique() for level in census.hierarchy.names)
     assert (rows["rep_n"][rows["method"] == "amc"] == 2).all() and rows["published"].notna().all()
+
+
+def test_verify_holds_the_unit_histogram_to_its_units_of_each_type():
+    """DHC-H's gq_vect (a unit_counts constraint on the unit histogram's hhgq_vect): verify counts a node's records
+    of each unit type against its published units, and finds a facility turned into a vacant housing unit."""
+    from topdown.pipeline.outputs.verify import VerifyReport, verify_declared
+
+    census = load_census("dhc2020")
+    units = census.product("units")
+    config = type("Cfg", (), {"constraints": {"Block": ["gq_vect"]}})()
+    reader = type("Reader", (), {"config": lambda self: type("C", (), {"product": lambda _, name: config})()})()
+    inv = pd.DataFrame({"level": "Block", "geocode": ["b1", "b2"], "u0": [3, 2], "u1": [1, 0],
+                        **{f"u{k}": [0, 0] for k in range(2, 8)}})
+    spine = pd.DataFrame({"geoid": ["b1", "b2"], "Block": ["b1", "b2"]})
+    good = pd.DataFrame({"geocode": ["b1", "b1", "b2"], "cell": [0, 12, 4], "count": [3, 1, 2]})
+    for hist, ok in ((good, True), (good.assign(cell=[0, 5, 4]), False)):
+        rep = VerifyReport()
+        verify_declared(reader, {"Block": hist}, inv, spine, rep, True, units, census.hierarchy, check_mdf=False,
+                        state=None)
+        assert rep.ok == ok and rep.checks >= 1, rep.failures
+    assert rep.failures == ["units Block: gq_vect: records of a unit type differ from its units"]

@@ -25,9 +25,11 @@ from .schema import Schema
 #: ``zero`` a structural zero (every answer = 0); ``total`` the node's invariant total (needs the ``total``
 #: invariant at that level or below); ``unit_lower`` / ``unit_upper`` the unit-based bounds of
 #: :class:`UnitBounds` per answer of the bounded attribute; ``occupied`` the node's occupied housing units;
-#: ``housing_units`` the node's housing-unit count.
-RhsKind = Literal["zero", "total", "unit_lower", "unit_upper", "occupied", "housing_units"]
-CONSTRAINT_RHS: tuple[str, ...] = ("zero", "total", "unit_lower", "unit_upper", "occupied", "housing_units")
+#: ``housing_units`` the node's housing-unit count; ``unit_counts`` the node's units of each type (a query with
+#: one answer per unit type: a unit histogram's records by type).
+RhsKind = Literal["zero", "total", "unit_lower", "unit_upper", "occupied", "housing_units", "unit_counts"]
+CONSTRAINT_RHS: tuple[str, ...] = ("zero", "total", "unit_lower", "unit_upper", "occupied", "housing_units",
+                                   "unit_counts")
 
 #: What an invariant publishes (the vocabulary of ``[census.products.P.invariants]``): ``total`` the node's
 #: record total; ``unit_counts`` the units of each type (housing units and GQ facilities); ``unit_total`` their

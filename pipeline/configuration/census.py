@@ -34,7 +34,7 @@ PL94_PERSONS_MDF, PL94_UNITS_MDF = "pl94_persons", "pl94_units"
 #: The MDF layouts a product may declare (``mdf``).
 MDF_LAYOUTS: tuple[str, ...] = (GENERIC_MDF, PL94_PERSONS_MDF, PL94_UNITS_MDF)
 #: Right-hand sides and invariants computed from the unit records (``[census.units]``).
-UNIT_RHS = ("unit_lower", "unit_upper", "occupied", "housing_units")
+UNIT_RHS = ("unit_lower", "unit_upper", "occupied", "housing_units", "unit_counts")
 UNIT_INVARIANTS = ("unit_counts", "unit_total", "housing_units")
 _UNSET = object()
 
@@ -472,6 +472,10 @@ def _product(r: _Reader, name: str, data: Any, units: Units | None) -> Product:
             if query.n_answers != sizes[bounds.attribute]:
                 raise r.fail(f"{ckey}.query", f"a {rhs} constraint bounds one answer per level of "
                                               f"{bounds.attribute!r} ({sizes[bounds.attribute]})", query.name)
+        elif rhs == "unit_counts":
+            if query.n_answers != units.types:
+                raise r.fail(f"{ckey}.query", f"a unit_counts constraint needs one answer per unit type "
+                                              f"({units.types})", query.name)
         elif rhs != "zero" and query.n_answers != 1:
             raise r.fail(f"{ckey}.query", f"a {rhs} constraint needs a query with one answer", query.name)
         constraints[cname] = ConstraintSpec(cname, query.name, sense, rhs)

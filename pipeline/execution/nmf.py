@@ -459,8 +459,9 @@ class NoisyMeasurementFile:
 def derived_invariants(nmf: NoisyMeasurementFile, product: Product, spine: Spine) -> pd.DataFrame:
     """The invariants of a file of the Bureau's layout, derived from its Constraint rows as DAS-2020 builds
     them: a node's persons total from ``total_con`` (summed, as the Bureau's reader does; on the housing-units
-    product, its housing units); unit counts at the lowest level from the unit bounds (persons of type k <=
-    units of type k x cap[k], so u_k = rhs / cap[k]; untightened there, as no total is invariant at blocks);
+    product, its housing units); unit counts at the lowest level from a ``unit_counts`` constraint or the unit
+    bounds (persons of type k <= units of type k x cap[k], so u_k = rhs / cap[k]; untightened there, as no total
+    is invariant at blocks);
     every level above a level that has them holds its children's sums."""
     name = product.name
     kinds = {spec.name: spec.rhs for spec in product.constraints.values()}
@@ -482,6 +483,9 @@ def derived_invariants(nmf: NoisyMeasurementFile, product: Product, spine: Spine
             vals = pd.DataFrame(np.vstack(rows["value"].to_numpy()), index=rows["geocode"].astype(str).to_numpy())
             if rhs in ("total", "housing_units"):
                 frame[{"total": "tot", "housing_units": "u0"}[rhs]] = vals.sum(axis=1).reindex(nodes).to_numpy(float)
+            elif rhs == "unit_counts" and below is None:  # a unit histogram's records by type
+                for k in vals.columns:
+                    frame[UNIT_COLUMNS[k]] = vals[k].reindex(nodes).to_numpy(dtype=float)
             elif rhs == "unit_upper" and below is None:
                 cap = np.asarray(product.unit_bounds.cap)
                 for k in np.flatnonzero(cap > 0):

@@ -33,7 +33,7 @@ from ..configuration.config import ConfigError, ProductConfig
 UNIT_COLUMNS = [f"u{k}" for k in range(MAX_UNIT_TYPES)]  # units of each type, unused types 0
 #: The order constraints are bound in (the solvers' rows; the feasibility checks report the first violated),
 #: by right-hand side kind, then in declaration order.
-RHS_ORDER = ("unit_lower", "unit_upper", "zero", "occupied", "housing_units", "total")
+RHS_ORDER = ("unit_lower", "unit_upper", "zero", "occupied", "housing_units", "unit_counts", "total")
 
 
 def bind(spec: ConstraintSpec, rhs: np.ndarray) -> Constraint:
@@ -187,6 +187,8 @@ def level_rhs(
             value = nodes[["occupied"]].to_numpy(dtype=float)
         elif spec.rhs == "housing_units":
             value = nodes[["u0"]].to_numpy(dtype=float)
+        elif spec.rhs == "unit_counts":
+            value = nodes[UNIT_COLUMNS[:build_query(product.schema, spec.query).n_answers]].to_numpy(dtype=float)
         else:  # total
             if spec.name not in here:
                 continue

@@ -498,8 +498,8 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
                     mdf: Iterable[pd.DataFrame] | None = None, check_mdf: bool = True, state=_SPINE_STATE,
                     run_levels: list[str] | None = None) -> None:
     """The product's declared invariants and constraints hold at every level of ``hists``: its unit bounds,
-    its structural zeros (where the run configures them), its total (a state's as the sum over its parts) and
-    its housing-unit counts; its MDF (``mdf``: batches of its rows of the blocks of ``spine``; default the whole MDF)
+    its structural zeros and unit counts by type (where the run configures them), its total (a state's as the sum
+    over its parts) and its housing-unit counts; its MDF (``mdf``: batches of its rows of the blocks of ``spine``; default the whole MDF)
     tabulates back to the leaves, unless not ``check_mdf``. ``run_levels``: all the run's levels, when ``hists``
     holds some of them (where a structural zero holds depends on the levels below)."""
     product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
@@ -508,7 +508,8 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
         state = spine_state(*arrow(reader.spine_path))
     type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
     zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
-    active = _active_zeros(reader, spec, run_levels or levels) if zeros else None
+    by_type = {c.name: build_query(schema, c.query) for c in spec.constraints.values() if c.rhs == "unit_counts"}
+    active = _active_zeros(reader, spec, run_levels or levels) if zeros or by_type else None
     kinds = {s.kind for s in spec.invariants.values()}
     for level in levels:
         h = hists[level]
@@ -530,6 +531,13 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
             if active is None or name in active[level]:
                 rep.check(not bool((cells[h["cell"].to_numpy()] & (h["count"].to_numpy() > 0)).any()),
                           f"{product} {level}: structural zero {name} broken")
+        for name, query in by_type.items():
+            if (active is None or name in active[level]) and set(UNIT_COLUMNS[:query.n_answers]) <= set(lv_inv.columns):
+                answer = query.groups[h["cell"].to_numpy()]
+                got = (h[answer >= 0].assign(answer=answer[answer >= 0]).groupby(["geocode", "answer"])["count"].sum()
+                       .unstack(fill_value=0).reindex(index=lv_inv.index, columns=range(query.n_answers), fill_value=0))
+                rep.check(bool((got.to_numpy() == lv_inv[UNIT_COLUMNS[:query.n_answers]].to_numpy()).all()),
+                          f"{product} {level}: {name}: records of a unit type differ from its units")
         if "housing_units" in kinds:
             totals = h.groupby("geocode")["count"].sum()
             u0 = lv_inv["u0"]
