@@ -211,4 +211,4 @@ def test_verify_holds_the_unit_histogram_to_its_units_of_each_type():
         verify_declared(reader, {"Block": hist}, inv, spine, rep, True, units, census.hierarchy, check_mdf=False,
                         state=None)
         assert rep.ok == ok and rep.checks >= 1, rep.failures
-    assert rep.failures == ["units Block: gq_vect: records of a unit type differ from its units"]
+    assert rep.failures == ["units Block: gq_vect: hhgq_vect == the node's units of each type broken"]

@@ -498,7 +498,7 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
                     mdf: Iterable[pd.DataFrame] | None = None, check_mdf: bool = True, state=_SPINE_STATE,
                     run_levels: list[str] | None = None) -> None:
     """The product's declared invariants and constraints hold at every level of ``hists``: its unit bounds,
-    its structural zeros and unit counts by type (where the run configures them), its total (a state's as the sum
+    its structural zeros and constraints to unit counts (where the run configures them), its total (a state's as the sum
     over its parts) and its housing-unit counts; its MDF (``mdf``: batches of its rows of the blocks of ``spine``; default the whole MDF)
     tabulates back to the leaves, unless not ``check_mdf``. ``run_levels``: all the run's levels, when ``hists``
     holds some of them (where a structural zero holds depends on the levels below)."""
@@ -508,8 +508,10 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
         state = spine_state(*arrow(reader.spine_path))
     type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
     zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
-    by_type = {c.name: build_query(schema, c.query) for c in spec.constraints.values() if c.rhs == "unit_counts"}
-    active = _active_zeros(reader, spec, run_levels or levels) if zeros or by_type else None
+    by_units = {c.name: (build_query(schema, c.query), c.sense, UNIT_COLUMNS[:1] if c.rhs == "housing_units" else
+                         UNIT_COLUMNS[:build_query(schema, c.query).n_answers])
+                for c in spec.constraints.values() if c.rhs in ("unit_counts", "housing_units")}
+    active = _active_zeros(reader, spec, run_levels or levels) if zeros or by_units else None
     kinds = {s.kind for s in spec.invariants.values()}
     for level in levels:
         h = hists[level]
@@ -531,13 +533,16 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
             if active is None or name in active[level]:
                 rep.check(not bool((cells[h["cell"].to_numpy()] & (h["count"].to_numpy() > 0)).any()),
                           f"{product} {level}: structural zero {name} broken")
-        for name, query in by_type.items():
-            if (active is None or name in active[level]) and set(UNIT_COLUMNS[:query.n_answers]) <= set(lv_inv.columns):
+        for name, (query, sense, columns) in by_units.items():
+            if (active is None or name in active[level]) and set(columns) <= set(lv_inv.columns):
                 answer = query.groups[h["cell"].to_numpy()]
                 got = (h[answer >= 0].assign(answer=answer[answer >= 0]).groupby(["geocode", "answer"])["count"].sum()
-                       .unstack(fill_value=0).reindex(index=lv_inv.index, columns=range(query.n_answers), fill_value=0))
-                rep.check(bool((got.to_numpy() == lv_inv[UNIT_COLUMNS[:query.n_answers]].to_numpy()).all()),
-                          f"{product} {level}: {name}: records of a unit type differ from its units")
+                       .unstack(fill_value=0).reindex(index=lv_inv.index, columns=range(query.n_answers), fill_value=0)
+                       .to_numpy())
+                units = lv_inv[columns].to_numpy()
+                held = {"==": got == units, "<=": got <= units, ">=": got >= units}[sense]
+                rep.check(bool(held.all()), f"{product} {level}: {name}: {query.name} {sense} the node's "
+                                            f"{'housing units' if len(columns) == 1 else 'units of each type'} broken")
         if "housing_units" in kinds:
             totals = h.groupby("geocode")["count"].sum()
             u0 = lv_inv["u0"]
