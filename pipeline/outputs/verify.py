@@ -498,9 +498,9 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
                     mdf: Iterable[pd.DataFrame] | None = None, check_mdf: bool = True, state=_SPINE_STATE,
                     run_levels: list[str] | None = None) -> None:
     """The product's declared invariants and constraints hold at every level of ``hists``: its unit bounds,
-    its structural zeros and constraints to unit counts (where the run configures them), its total (a state's as the sum
-    over its parts) and its housing-unit counts; its MDF (``mdf``: batches of its rows of the blocks of ``spine``; default the whole MDF)
-    tabulates back to the leaves, unless not ``check_mdf``. ``run_levels``: all the run's levels, when ``hists``
+    its structural zeros and constraints to unit counts (where the run configures them), its total (a state's
+    as the sum over its parts) and its housing-unit counts; its MDF (``mdf``: batches of its rows of the blocks
+    of ``spine``; default the whole MDF) tabulates back to the leaves, unless not ``check_mdf``. ``run_levels``: all the run's levels, when ``hists``
     holds some of them (where a structural zero holds depends on the levels below)."""
     product, schema, bounds = spec.name, spec.schema, spec.unit_bounds
     levels = list(hists)
@@ -508,9 +508,11 @@ def verify_declared(reader: RunReader, hists: dict[str, pd.DataFrame], inv: pd.D
         state = spine_state(*arrow(reader.spine_path))
     type_of_cell = None if bounds is None else schema.unravel(np.arange(schema.ncells))[schema.axis(bounds.attribute)]
     zeros = {c.name: build_query(schema, c.query).groups >= 0 for c in spec.constraints.values() if c.rhs == "zero"}
-    by_units = {c.name: (build_query(schema, c.query), c.sense, UNIT_COLUMNS[:1] if c.rhs == "housing_units" else
-                         UNIT_COLUMNS[:build_query(schema, c.query).n_answers])
-                for c in spec.constraints.values() if c.rhs in ("unit_counts", "housing_units")}
+    by_units = {}  # constraint -> its query, sense and the invariants' unit columns it is held to
+    for c in spec.constraints.values():
+        if c.rhs in ("unit_counts", "housing_units"):
+            query = build_query(schema, c.query)
+            by_units[c.name] = (query, c.sense, UNIT_COLUMNS[:1 if c.rhs == "housing_units" else query.n_answers])
     active = _active_zeros(reader, spec, run_levels or levels) if zeros or by_units else None
     kinds = {s.kind for s in spec.invariants.values()}
     for level in levels:
