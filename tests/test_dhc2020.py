@@ -3,6 +3,7 @@ budget (rho 4.9622 persons, 7.7005 households with its unit histogram), the synt
 group quarters, and a whole run that `topdown verify` accepts."""
 from __future__ import annotations
 
+import shutil
 from fractions import Fraction
 
 import numpy as np
@@ -167,9 +168,16 @@ def test_the_commands_after_a_dhc_run(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "none.parquet").exists()
     monkeypatch.undo()
     reps = tmp_path / "reps"
+    shutil.move(data, tmp_path / "away")  # replicates read published files only: the confidential input is gone
     assert main(["replicates", str(run), "--n", "2", "--out", str(reps), "--workers", "1", "--quiet"]) == 0
+    shutil.move(tmp_path / "away", data)
     units = pd.read_parquet(reps / "input" / "units.parquet")
     assert len(units) and (units["unit_type"] == load_census("dhc2020").units.detail.type_of(units["tenvacgq"])).all()
+    households = pd.read_parquet(run / "mdf" / "households")  # the rebuilt households: the MDF's, in its order
+    occupied = units[units["occupied"] & (units["unit_type"] == 0)]
+    per_block = occupied.groupby("geoid").size()
+    published = households.groupby("Block").size().reindex(per_block.index, fill_value=0)
+    assert (per_block <= published).all() and occupied["hh_type"].isin(households["hhtype"].astype(int)).all()
     for rep in ("rep-000", "rep-001"):
         assert main(["verify", str(reps / rep)]) == 0
         for product in ("persons", "households", "units"):  # the replicate input keeps the published invariants
