@@ -76,11 +76,11 @@ def mdf_input(run_dir: Path, out: Path) -> Path:
                               "one product's MDF (mdf = \"generic\" without records.where, or a layout that reads "
                               "its records back), or unit records from several with [census.units.detail]")
         written.add(product.records.name)
+        frame = frame if isinstance(frame, pd.DataFrame) else frame.to_pandas()
         if units:
-            unit_frames.append((product, frame if isinstance(frame, pd.DataFrame) else frame.to_pandas()))
+            unit_frames.append((product, frame))
         else:
-            write_table(frame if isinstance(frame, pd.DataFrame) else frame.to_pandas(),
-                        out / f"{product.records.name}.parquet")
+            write_table(frame, out / f"{product.records.name}.parquet")
     if census.units is not None:
         inv = reader.table(reader.invariants(products[0].name))
         leaves = inv[inv["level"] == hierarchy.leaf].astype({"geocode": str})
@@ -142,11 +142,11 @@ def detailed_units(census: Census, frames: list[tuple[Product, pd.DataFrame]], l
     at = pd.Index(leaves).get_indexer(frame[leaf_column].astype(str))
     if (at < 0).any():
         raise RunDirError(f"MDF leaf {frame[leaf_column].iloc[int(np.flatnonzero(at < 0)[0])]!r}: not in the invariants")
-    rank = pd.Series(np.arange(len(frame))).groupby([at, kind]).cumcount().to_numpy()
-    kept = frame[rank < counts[at, kind]]
+    keep = pd.Series(np.arange(len(frame))).groupby([at, kind]).cumcount().to_numpy() < counts[at, kind]
+    kept = frame[keep]
     free = code[~np.isin(code, list(selected))]
     have = np.zeros_like(counts)
-    np.add.at(have, (at[rank < counts[at, kind]], kind[rank < counts[at, kind]]), 1)
+    np.add.at(have, (at[keep], kind[keep]), 1)
     pads = []
     for k in range(units.types):
         short = counts[:, k] - have[:, k]
